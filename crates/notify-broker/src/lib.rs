@@ -1,0 +1,288 @@
+//! RabbitMQ for the platform (lapin): the topology every service declares at start, a
+//! confirmed publisher, and the typed message that points at a delivery row.
+//!
+//! Topology (names get an optional prefix so that tests and tenants can share a broker):
+//! - exchange `notify.deliveries` (direct, durable), routing key = channel name;
+//! - one durable quorum queue per channel, `deliveries.<channel>`, with an explicit
+//!   `x-delivery-limit` and `x-dead-letter-exchange = notify.dead`;
+//! - exchange `notify.dead` (fanout, durable) bound to quorum queue `deliveries.dead`.
+
+use lapin::options::{
+    BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+};
+use lapin::Confirmation;
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel as AmqpChannel, Connection, ConnectionProperties, ExchangeKind};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+use uuid::Uuid;
+
+pub use lapin;
+
+/// Errors talking to the broker.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// A protocol or connection error from lapin.
+    #[error("amqp error: {0}")]
+    Amqp(#[from] lapin::Error),
+    /// A publisher confirm did not arrive in time; the outcome is unknown.
+    #[error("publisher confirm timed out after {0:?}")]
+    ConfirmTimeout(Duration),
+}
+
+/// Names of every exchange and queue, derived from an optional prefix.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Topology {
+    /// Prepended to every name (e.g. `test-1a2b.`); empty in production.
+    pub prefix: String,
+    /// `x-delivery-limit` of the channel queues: deliveries of one message before it is
+    /// dead-lettered. Set explicitly because RabbitMQ 3.x and 4.x default differently.
+    pub delivery_limit: i32,
+}
+
+impl Topology {
+    /// Topology with `prefix` and the default delivery limit of 5.
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+            delivery_limit: 5,
+        }
+    }
+
+    /// The direct exchange deliveries are published to.
+    pub fn exchange(&self) -> String {
+        format!("{}notify.deliveries", self.prefix)
+    }
+
+    /// The dead-letter exchange.
+    pub fn dead_letter_exchange(&self) -> String {
+        format!("{}notify.dead", self.prefix)
+    }
+
+    /// The dead-letter queue.
+    pub fn dead_letter_queue(&self) -> String {
+        format!("{}deliveries.dead", self.prefix)
+    }
+
+    /// The queue of one channel (`inapp`, `email`, `push`, `line`).
+    pub fn queue(&self, channel: &str) -> String {
+        format!("{}deliveries.{channel}", self.prefix)
+    }
+
+    /// Declares everything; idempotent (same arguments every time), so every service
+    /// calls it at start.
+    pub async fn declare(&self, ch: &AmqpChannel, channels: &[&str]) -> Result<(), BrokerError> {
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        ch.exchange_declare(self.exchange().into(), ExchangeKind::Direct, durable, FieldTable::default())
+            .await?;
+        ch.exchange_declare(
+            self.dead_letter_exchange().into(),
+            ExchangeKind::Fanout,
+            durable,
+            FieldTable::default(),
+        )
+        .await?;
+        let queue_opts = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        let mut dead_args = FieldTable::default();
+        dead_args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+        ch.queue_declare(self.dead_letter_queue().into(), queue_opts, dead_args)
+            .await?;
+        ch.queue_bind(
+            self.dead_letter_queue().into(),
+            self.dead_letter_exchange().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+        for channel in channels {
+            let mut args = FieldTable::default();
+            // Quorum queues are replicated and count redeliveries per message.
+            args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+            // A message redelivered this many times (crash loops) is dead-lettered instead of
+            // looping forever.
+            args.insert("x-delivery-limit".into(), AMQPValue::LongInt(self.delivery_limit));
+            // Rejected and over-limit messages go to the dead-letter queue for operators.
+            args.insert(
+                "x-dead-letter-exchange".into(),
+                AMQPValue::LongString(self.dead_letter_exchange().into()),
+            );
+            ch.queue_declare(self.queue(channel).into(), queue_opts, args).await?;
+            ch.queue_bind(
+                self.queue(channel).into(),
+                self.exchange().into(),
+                (*channel).into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes every queue and exchange of this topology (tests clean up with it).
+    pub async fn delete(&self, ch: &AmqpChannel, channels: &[&str]) -> Result<(), BrokerError> {
+        for channel in channels {
+            ch.queue_delete(self.queue(channel).into(), QueueDeleteOptions::default()).await?;
+        }
+        ch.queue_delete(self.dead_letter_queue().into(), QueueDeleteOptions::default()).await?;
+        ch.exchange_delete(self.exchange().into(), Default::default()).await?;
+        ch.exchange_delete(self.dead_letter_exchange().into(), Default::default()).await?;
+        Ok(())
+    }
+}
+
+/// Connects to `url` (`amqp://user:pass@host:port/vhost`).
+pub async fn connect(url: &str, name: &str) -> Result<Connection, BrokerError> {
+    let props = ConnectionProperties::default().with_connection_name(name.into());
+    Ok(Connection::connect(url, props).await?)
+}
+
+/// Opens a consuming channel with `prefetch` unacknowledged messages at most, so a worker
+/// never holds more messages than it can work on at once.
+pub async fn consumer_channel(conn: &Connection, prefetch: u16) -> Result<AmqpChannel, BrokerError> {
+    let ch = conn.create_channel().await?;
+    ch.basic_qos(prefetch, BasicQosOptions::default()).await?;
+    Ok(ch)
+}
+
+/// The message body on a channel queue: a pointer to a delivery row. Workers read the row;
+/// the message carries no content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryMessage {
+    /// Format version, 1.
+    pub v: u8,
+    /// The delivery to send.
+    pub delivery_id: Uuid,
+    /// Its channel (must match the queue).
+    pub channel: String,
+}
+
+impl DeliveryMessage {
+    /// Parses a message body; `None` for anything that is not a version-1 message.
+    pub fn parse(body: &[u8]) -> Option<Self> {
+        serde_json::from_slice::<Self>(body).ok().filter(|m| m.v == 1)
+    }
+}
+
+/// How one publish ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublishOutcome {
+    /// The broker confirmed and routed it to a queue.
+    Confirmed,
+    /// Confirmed but returned as unroutable (`mandatory`): no queue is bound for it.
+    Unroutable,
+    /// The broker refused it (nack).
+    Nacked,
+    /// The channel failed or the confirm did not arrive; the outcome is unknown.
+    Unknown(String),
+}
+
+/// A publisher on its own channel in confirm mode. Publishes are pipelined: a batch is
+/// written in full, then its confirms are awaited together.
+pub struct Publisher {
+    channel: AmqpChannel,
+    exchange: String,
+    confirm_timeout: Duration,
+}
+
+impl Publisher {
+    /// Opens a confirm-mode channel on `conn` publishing to `topology`'s exchange.
+    pub async fn new(conn: &Connection, topology: &Topology, confirm_timeout: Duration) -> Result<Self, BrokerError> {
+        let channel = conn.create_channel().await?;
+        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        Ok(Self {
+            channel,
+            exchange: topology.exchange(),
+            confirm_timeout,
+        })
+    }
+
+    /// Whether the channel is still usable.
+    pub fn is_healthy(&self) -> bool {
+        self.channel.status().connected()
+    }
+
+    /// Publishes `messages` (routing key = channel) as persistent, mandatory messages and
+    /// returns one outcome per message, in order. Never waits longer than the confirm
+    /// timeout in total.
+    pub async fn publish_batch(&self, messages: &[DeliveryMessage]) -> Vec<PublishOutcome> {
+        let mut pending = Vec::with_capacity(messages.len());
+        for m in messages {
+            let body = serde_json::to_vec(m).unwrap_or_default();
+            let props = BasicProperties::default()
+                // 2 = persistent: the message survives a broker restart.
+                .with_delivery_mode(2)
+                .with_content_type("application/json".into())
+                .with_message_id(m.delivery_id.to_string().into());
+            let res = self
+                .channel
+                .basic_publish(
+                    self.exchange.clone().into(),
+                    m.channel.clone().into(),
+                    // mandatory: an unroutable message comes back instead of vanishing.
+                    BasicPublishOptions {
+                        mandatory: true,
+                        ..Default::default()
+                    },
+                    &body,
+                    props,
+                )
+                .await;
+            pending.push(res);
+        }
+        let deadline = tokio::time::Instant::now() + self.confirm_timeout;
+        let mut out = Vec::with_capacity(pending.len());
+        for p in pending {
+            let outcome = match p {
+                Err(e) => PublishOutcome::Unknown(e.to_string()),
+                Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
+                    Err(_) => PublishOutcome::Unknown(BrokerError::ConfirmTimeout(self.confirm_timeout).to_string()),
+                    Ok(Err(e)) => PublishOutcome::Unknown(e.to_string()),
+                    Ok(Ok(Confirmation::Ack(Some(_)))) => PublishOutcome::Unroutable,
+                    Ok(Ok(Confirmation::Ack(None))) => PublishOutcome::Confirmed,
+                    Ok(Ok(Confirmation::Nack(_))) => PublishOutcome::Nacked,
+                    Ok(Ok(Confirmation::NotRequested)) => {
+                        PublishOutcome::Unknown("confirms not enabled".into())
+                    }
+                },
+            };
+            out.push(outcome);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_carry_the_prefix() {
+        let t = Topology::new("t1.");
+        assert_eq!(t.exchange(), "t1.notify.deliveries");
+        assert_eq!(t.queue("email"), "t1.deliveries.email");
+        assert_eq!(t.dead_letter_queue(), "t1.deliveries.dead");
+        assert_eq!(Topology::new("").queue("line"), "deliveries.line");
+    }
+
+    #[test]
+    fn only_version_1_pointers_parse() {
+        let m = DeliveryMessage {
+            v: 1,
+            delivery_id: Uuid::nil(),
+            channel: "email".into(),
+        };
+        let body = serde_json::to_vec(&m).unwrap();
+        assert_eq!(DeliveryMessage::parse(&body), Some(m));
+        assert_eq!(DeliveryMessage::parse(&[0xFF, 0xFE, 0x00]), None);
+        assert_eq!(DeliveryMessage::parse(br#"{"v":2,"delivery_id":"00000000-0000-0000-0000-000000000000","channel":"x"}"#), None);
+    }
+}

@@ -1,0 +1,180 @@
+//! Channels, providers and the delivery state machine's states.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A way of reaching a person. Each channel has its own queue and worker binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Channel {
+    /// The in-app inbox (`notifications` table).
+    InApp,
+    /// Email over SMTP.
+    Email,
+    /// Mobile and browser push (FCM, APNs, Web Push), one delivery per endpoint.
+    Push,
+    /// LINE Messaging API push message.
+    Line,
+}
+
+impl Channel {
+    /// Every channel, in a stable order.
+    pub const ALL: [Channel; 4] = [Channel::InApp, Channel::Email, Channel::Push, Channel::Line];
+
+    /// Canonical lowercase name, used in the API, the database and routing keys.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Channel::InApp => "inapp",
+            Channel::Email => "email",
+            Channel::Push => "push",
+            Channel::Line => "line",
+        }
+    }
+
+    /// Name of the channel's RabbitMQ queue, `deliveries.<channel>`.
+    pub fn queue(self) -> String {
+        format!("deliveries.{}", self.as_str())
+    }
+}
+
+impl fmt::Display for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The text is not one of `inapp`, `email`, `push`, `line`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown channel {0:?}: expected one of inapp, email, push, line")]
+pub struct UnknownChannel(pub String);
+
+impl FromStr for Channel {
+    type Err = UnknownChannel;
+
+    /// Case-insensitive; `in_app` and `in-app` are accepted for `inapp`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "inapp" | "in_app" | "in-app" => Ok(Channel::InApp),
+            "email" => Ok(Channel::Email),
+            "push" => Ok(Channel::Push),
+            "line" => Ok(Channel::Line),
+            _ => Err(UnknownChannel(s.to_string())),
+        }
+    }
+}
+
+/// Who carries a delivery on its channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Provider {
+    /// Our own inbox table.
+    Inbox,
+    /// An SMTP relay.
+    Smtp,
+    /// LINE Messaging API.
+    Line,
+    /// Firebase Cloud Messaging HTTP v1.
+    Fcm,
+    /// Apple Push Notification service.
+    Apns,
+    /// A Web Push service (RFC 8030).
+    WebPush,
+}
+
+impl Provider {
+    /// Canonical lowercase name as stored in `notification_deliveries.provider`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Inbox => "inbox",
+            Provider::Smtp => "smtp",
+            Provider::Line => "line",
+            Provider::Fcm => "fcm",
+            Provider::Apns => "apns",
+            Provider::WebPush => "webpush",
+        }
+    }
+
+    /// The provider of a push endpoint platform (`fcm`, `apns`, `webpush`).
+    pub fn for_push_platform(platform: &str) -> Option<Provider> {
+        match platform {
+            "fcm" => Some(Provider::Fcm),
+            "apns" => Some(Provider::Apns),
+            "webpush" => Some(Provider::WebPush),
+            _ => None,
+        }
+    }
+}
+
+/// States of a delivery (see the state machine in docs/ARCHITECTURE.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeliveryStatus {
+    /// Waiting for its next attempt (`next_attempt_at`).
+    Pending,
+    /// Claimed by a worker holding a lease.
+    Sending,
+    /// The provider accepted it. Final.
+    Sent,
+    /// Permanently failed or out of attempts. Final.
+    Failed,
+    /// Canceled before it was sent. Final.
+    Canceled,
+}
+
+impl DeliveryStatus {
+    /// Canonical lowercase name as stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Sending => "sending",
+            DeliveryStatus::Sent => "sent",
+            DeliveryStatus::Failed => "failed",
+            DeliveryStatus::Canceled => "canceled",
+        }
+    }
+
+    /// Parses the stored name; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "pending" => DeliveryStatus::Pending,
+            "sending" => DeliveryStatus::Sending,
+            "sent" => DeliveryStatus::Sent,
+            "failed" => DeliveryStatus::Failed,
+            "canceled" => DeliveryStatus::Canceled,
+            _ => return None,
+        })
+    }
+
+    /// True for sent, failed and canceled: nothing will change any more.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            DeliveryStatus::Sent | DeliveryStatus::Failed | DeliveryStatus::Canceled
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channel_names_round_trip_and_aliases_parse() {
+        for c in Channel::ALL {
+            assert_eq!(c.as_str().parse::<Channel>().unwrap(), c);
+        }
+        assert_eq!("IN_APP".parse::<Channel>().unwrap(), Channel::InApp);
+        assert_eq!(" Line ".parse::<Channel>().unwrap(), Channel::Line);
+        let err = "fax".parse::<Channel>().unwrap_err();
+        assert!(err.to_string().contains("\"fax\""));
+    }
+
+    #[test]
+    fn only_sent_failed_canceled_are_final() {
+        let finals: Vec<_> = ["pending", "sending", "sent", "failed", "canceled"]
+            .iter()
+            .map(|s| DeliveryStatus::parse(s).unwrap())
+            .filter(|s| s.is_final())
+            .map(|s| s.as_str())
+            .collect();
+        assert_eq!(finals, ["sent", "failed", "canceled"]);
+        assert_eq!(DeliveryStatus::parse("queued"), None);
+    }
+}

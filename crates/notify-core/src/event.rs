@@ -1,0 +1,387 @@
+//! A validated `CreateEvent` request and its fingerprint.
+
+use crate::channel::Channel;
+use crate::validate::{FieldViolation, Violations};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use unicode_normalization::UnicodeNormalization;
+
+/// Most bytes an event key may have after NFC normalisation.
+pub const MAX_EVENT_KEY_BYTES: usize = 255;
+/// Most recipients one event may name.
+pub const MAX_RECIPIENTS: usize = 1_000;
+/// Most bytes a user id may have.
+pub const MAX_USER_ID_BYTES: usize = 255;
+/// Most bytes of payload JSON text.
+pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// Most characters of a title or an email subject.
+pub const MAX_TITLE_CHARS: usize = 255;
+/// Most characters of a body.
+pub const MAX_BODY_CHARS: usize = 20_000;
+/// Most characters of an email HTML or text part.
+pub const MAX_EMAIL_PART_CHARS: usize = 256 * 1024;
+
+/// What a notification says. Email fields fall back to title/body when empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Content {
+    /// Short title (inbox, device, default email subject).
+    pub title: String,
+    /// Main text.
+    pub body: String,
+    /// Optional link, empty if none.
+    #[serde(default)]
+    pub url: String,
+    /// Email subject; empty = title.
+    #[serde(default)]
+    pub email_subject: String,
+    /// Email HTML part; empty = escaped text part.
+    #[serde(default)]
+    pub email_html: String,
+    /// Email text part; empty = body and url.
+    #[serde(default)]
+    pub email_text: String,
+}
+
+impl Content {
+    /// The email subject to send: `email_subject`, else `title`.
+    pub fn subject(&self) -> &str {
+        if self.email_subject.is_empty() {
+            &self.title
+        } else {
+            &self.email_subject
+        }
+    }
+
+    /// The email text part to send: `email_text`, else `body` followed by the url.
+    pub fn text_part(&self) -> String {
+        if !self.email_text.is_empty() {
+            return self.email_text.clone();
+        }
+        if self.url.is_empty() {
+            self.body.clone()
+        } else {
+            format!("{}\n\n{}", self.body, self.url)
+        }
+    }
+
+    /// The email HTML part to send: `email_html`, else the text part escaped into `<p>`s.
+    pub fn html_part(&self) -> String {
+        if !self.email_html.is_empty() {
+            return self.email_html.clone();
+        }
+        let mut html = String::from("<!doctype html><html><body>");
+        for para in self.text_part().split("\n\n") {
+            html.push_str("<p>");
+            html.push_str(&escape_html(para).replace('\n', "<br>"));
+            html.push_str("</p>");
+        }
+        html.push_str("</body></html>");
+        html
+    }
+
+    /// Plain message text for chat channels (LINE): title, body and url on their own lines.
+    pub fn chat_text(&self) -> String {
+        let mut parts: Vec<&str> = vec![&self.title];
+        if !self.body.is_empty() {
+            parts.push(&self.body);
+        }
+        if !self.url.is_empty() {
+            parts.push(&self.url);
+        }
+        parts.join("\n")
+    }
+}
+
+/// Escapes `& < > " '` for HTML text and attribute values.
+pub fn escape_html(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// A `CreateEvent` request exactly as received (before validation).
+#[derive(Debug, Clone, Default)]
+pub struct CreateEventInput {
+    /// Caller's idempotency key.
+    pub event_key: String,
+    /// Notification type key.
+    pub type_key: String,
+    /// Who caused the event.
+    pub actor_id: String,
+    /// Recipient user ids.
+    pub recipients: Vec<String>,
+    /// JSON object text; empty = `{}`.
+    pub payload: String,
+    /// What the notification says.
+    pub content: Content,
+    /// Channel names narrowing the type's defaults; empty = all defaults.
+    pub channels: Vec<String>,
+}
+
+/// A validated event request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// NFC-normalised event key, 1 to 255 bytes.
+    pub event_key: String,
+    /// Notification type key (existence is checked by the store).
+    pub type_key: String,
+    /// Who caused the event, possibly empty.
+    pub actor_id: String,
+    /// Distinct recipient ids in request order, 1 to 1,000.
+    pub recipients: Vec<String>,
+    /// The payload, always a JSON object.
+    pub payload: serde_json::Value,
+    /// What the notification says.
+    pub content: Content,
+    /// Requested channels, sorted and distinct; empty = the type's defaults.
+    pub channels: Vec<Channel>,
+}
+
+/// NFC-normalises an event key so that visually identical keys compare equal.
+pub fn normalize_event_key(key: &str) -> String {
+    key.nfc().collect()
+}
+
+impl NewEvent {
+    /// Validates every field and reports every violation at once.
+    ///
+    /// Rules: `event_key` required, at most 255 bytes after NFC; `type` required;
+    /// `actor_id` at most 255 bytes; 1 to 1,000 `recipients`, each non-blank, at most 255
+    /// bytes, no control characters (repeats are merged); `payload` empty or a JSON object
+    /// of at most 64 KiB; `content.title` required; lengths capped; `content.url` an absolute
+    /// http(s) URL; `channels` known names.
+    pub fn parse(input: CreateEventInput) -> Result<NewEvent, Vec<FieldViolation>> {
+        let mut v = Violations::default();
+
+        let event_key = normalize_event_key(&input.event_key);
+        v.check_id("event_key", &event_key, MAX_EVENT_KEY_BYTES);
+        if input.type_key.trim().is_empty() {
+            v.add("type", "is required");
+        }
+        if input.actor_id.len() > 255 {
+            v.add("actor_id", "must be at most 255 bytes");
+        }
+
+        let mut recipients: Vec<String> = Vec::with_capacity(input.recipients.len());
+        if input.recipients.is_empty() {
+            v.add("recipients", "must name at least 1 recipient");
+        } else if input.recipients.len() > MAX_RECIPIENTS {
+            v.add(
+                "recipients",
+                format!(
+                    "must name at most {MAX_RECIPIENTS} recipients, got {}",
+                    input.recipients.len()
+                ),
+            );
+        } else {
+            let mut seen = std::collections::HashSet::new();
+            for (i, r) in input.recipients.iter().enumerate() {
+                if v.check_id(&format!("recipients[{i}]"), r, MAX_USER_ID_BYTES)
+                    && seen.insert(r.as_str())
+                {
+                    recipients.push(r.clone());
+                }
+            }
+        }
+
+        let payload = if input.payload.trim().is_empty() {
+            serde_json::Value::Object(Default::default())
+        } else if input.payload.len() > MAX_PAYLOAD_BYTES {
+            v.add(
+                "payload",
+                format!("must be at most {MAX_PAYLOAD_BYTES} bytes of JSON"),
+            );
+            serde_json::Value::Null
+        } else {
+            match serde_json::from_str::<serde_json::Value>(&input.payload) {
+                Ok(val @ serde_json::Value::Object(_)) => val,
+                Ok(_) => {
+                    v.add("payload", "must be a JSON object ({...})");
+                    serde_json::Value::Null
+                }
+                Err(e) => {
+                    v.add("payload", format!("must be a JSON object: {e}"));
+                    serde_json::Value::Null
+                }
+            }
+        };
+
+        let c = &input.content;
+        if c.title.trim().is_empty() {
+            v.add("content.title", "is required");
+        }
+        v.check_len("content.title", &c.title, MAX_TITLE_CHARS);
+        v.check_len("content.body", &c.body, MAX_BODY_CHARS);
+        v.check_url("content.url", &c.url);
+        v.check_len("content.email_subject", &c.email_subject, MAX_TITLE_CHARS);
+        v.check_len("content.email_html", &c.email_html, MAX_EMAIL_PART_CHARS);
+        v.check_len("content.email_text", &c.email_text, MAX_EMAIL_PART_CHARS);
+        for (field, text) in [("content.title", &c.title), ("content.email_subject", &c.email_subject)] {
+            if text.contains(['\r', '\n']) {
+                v.add(field, "must be a single line");
+            }
+        }
+
+        let mut channels = Vec::new();
+        for (i, name) in input.channels.iter().enumerate() {
+            match name.parse::<Channel>() {
+                Ok(ch) => channels.push(ch),
+                Err(e) => v.add(format!("channels[{i}]"), e.to_string()),
+            }
+        }
+        channels.sort();
+        channels.dedup();
+
+        v.into_result(NewEvent {
+            event_key,
+            type_key: input.type_key.trim().to_string(),
+            actor_id: input.actor_id,
+            recipients,
+            payload,
+            content: input.content,
+            channels,
+        })
+    }
+
+    /// SHA-256 over a canonical form of everything the caller sent, so that a replay of the
+    /// same `event_key` with other content can be told from an honest retry. Object keys
+    /// are sorted (serde_json's map is ordered), channels sorted; recipient order counts
+    /// only through the distinct list.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        let canonical = serde_json::json!({
+            "event_key": self.event_key,
+            "type": self.type_key,
+            "actor_id": self.actor_id,
+            "recipients": self.recipients,
+            "payload": self.payload,
+            "content": self.content,
+            "channels": self.channels.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
+        });
+        Sha256::digest(canonical.to_string().as_bytes()).into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input() -> CreateEventInput {
+        CreateEventInput {
+            event_key: "order:123:paid".into(),
+            type_key: "order_paid".into(),
+            actor_id: "shop".into(),
+            recipients: vec!["u1".into(), "u2".into(), "u1".into()],
+            payload: r#"{"order_id":123,"total":"450.00"}"#.into(),
+            content: Content {
+                title: "ชำระเงินแล้ว".into(),
+                body: "คำสั่งซื้อ #123".into(),
+                ..Default::default()
+            },
+            channels: vec![],
+        }
+    }
+
+    fn fields(errs: &[FieldViolation]) -> Vec<&str> {
+        errs.iter().map(|f| f.field.as_str()).collect()
+    }
+
+    #[test]
+    fn valid_request_merges_repeated_recipients() {
+        let e = NewEvent::parse(input()).unwrap();
+        assert_eq!(e.recipients, ["u1", "u2"]);
+        assert!(e.payload.is_object());
+    }
+
+    #[test]
+    fn event_key_is_nfc_normalised_before_the_length_check() {
+        // "é" as e + combining acute (3 bytes) becomes U+00E9 (2 bytes).
+        let mut i = input();
+        i.event_key = "e\u{301}".repeat(127) + "x"; // 382 bytes decomposed, 255 composed
+        let e = NewEvent::parse(i).unwrap();
+        assert_eq!(e.event_key.len(), 255);
+        assert_eq!(e.event_key, normalize_event_key(&("\u{e9}".repeat(127) + "x")));
+
+        let mut i = input();
+        i.event_key = "k".repeat(256);
+        assert_eq!(fields(&NewEvent::parse(i).unwrap_err()), ["event_key"]);
+    }
+
+    #[test]
+    fn every_bad_field_is_reported_at_once() {
+        let i = CreateEventInput {
+            event_key: "".into(),
+            type_key: "".into(),
+            recipients: vec!["ok".into(), "".into()],
+            payload: "[1,2]".into(),
+            channels: vec!["line".into(), "fax".into()],
+            content: Content {
+                url: "javascript:alert(1)".into(),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let errs = NewEvent::parse(i).unwrap_err();
+        assert_eq!(
+            fields(&errs),
+            [
+                "event_key",
+                "type",
+                "recipients[1]",
+                "payload",
+                "content.title",
+                "content.url",
+                "channels[1]"
+            ]
+        );
+    }
+
+    #[test]
+    fn recipient_count_bounds() {
+        let mut i = input();
+        i.recipients = vec![];
+        assert_eq!(fields(&NewEvent::parse(i).unwrap_err()), ["recipients"]);
+        let mut i = input();
+        i.recipients = (0..1001).map(|n| format!("u{n}")).collect();
+        let errs = NewEvent::parse(i).unwrap_err();
+        assert!(errs[0].description.contains("1001"));
+        let mut i = input();
+        i.recipients = (0..1000).map(|n| format!("u{n}")).collect();
+        assert_eq!(NewEvent::parse(i).unwrap().recipients.len(), 1000);
+    }
+
+    #[test]
+    fn fingerprint_ignores_key_order_but_not_content() {
+        let a = NewEvent::parse(input()).unwrap();
+        let mut i = input();
+        i.payload = r#"{ "total":"450.00", "order_id":123 }"#.into();
+        let b = NewEvent::parse(i).unwrap();
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        let mut i = input();
+        i.content.body = "คำสั่งซื้อ #124".into();
+        assert_ne!(a.fingerprint(), NewEvent::parse(i).unwrap().fingerprint());
+    }
+
+    #[test]
+    fn email_parts_fall_back_to_title_body_and_escape_html() {
+        let c = Content {
+            title: "สวัสดี <ลูกค้า>".into(),
+            body: "a & b\nline2".into(),
+            url: "https://x.test/o?a=1&b=2".into(),
+            ..Default::default()
+        };
+        assert_eq!(c.subject(), "สวัสดี <ลูกค้า>");
+        assert_eq!(c.text_part(), "a & b\nline2\n\nhttps://x.test/o?a=1&b=2");
+        assert!(c.html_part().contains("<p>a &amp; b<br>line2</p>"));
+        assert!(c.html_part().contains("a=1&amp;b=2"));
+        assert_eq!(c.chat_text(), "สวัสดี <ลูกค้า>\na & b\nline2\nhttps://x.test/o?a=1&b=2");
+    }
+}

@@ -1,0 +1,16 @@
+//! Domain types and pure logic of the notification platform. No I/O lives here: the
+//! store, the broker, the gRPC edge and the workers are adapters around this crate.
+
+pub mod channel;
+pub mod event;
+pub mod outcome;
+pub mod plan;
+pub mod retry;
+pub mod validate;
+
+pub use channel::{Channel, DeliveryStatus, Provider};
+pub use event::{Content, NewEvent};
+pub use outcome::{AttemptOutcome, ErrorClass};
+pub use plan::{PlannedDelivery, RecipientFacts, SkipReason, SkippedDelivery};
+pub use retry::RetryPolicy;
+pub use validate::FieldViolation;

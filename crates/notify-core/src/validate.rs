@@ -1,0 +1,168 @@
+//! Input validation shared by every edge. Violations name the field (as a path such as
+//! `recipients[3]` or `content.title`) and the rule, following google.rpc.BadRequest.
+
+/// One bad field: `field` is a path into the request, `description` states the rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldViolation {
+    /// Path of the field, e.g. `event_key`, `recipients[2]`, `content.url`.
+    pub field: String,
+    /// The rule the value breaks, for a person to read.
+    pub description: String,
+}
+
+impl FieldViolation {
+    /// Builds a violation for `field` with `description`.
+    pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            description: description.into(),
+        }
+    }
+}
+
+/// Collects violations so that a request reports every bad field at once.
+#[derive(Debug, Default)]
+pub struct Violations(pub Vec<FieldViolation>);
+
+impl Violations {
+    /// Records one violation.
+    pub fn add(&mut self, field: impl Into<String>, description: impl Into<String>) {
+        self.0.push(FieldViolation::new(field, description));
+    }
+
+    /// `Ok(value)` when nothing was recorded, else every violation.
+    pub fn into_result<T>(self, value: T) -> Result<T, Vec<FieldViolation>> {
+        if self.0.is_empty() {
+            Ok(value)
+        } else {
+            Err(self.0)
+        }
+    }
+
+    /// Checks an identifier-like text: non-blank, at most `max_bytes` UTF-8 bytes and
+    /// free of control characters. Returns whether it passed.
+    pub fn check_id(&mut self, field: &str, value: &str, max_bytes: usize) -> bool {
+        if value.trim().is_empty() {
+            self.add(field, "is required and must not be blank");
+            false
+        } else if value.len() > max_bytes {
+            self.add(
+                field,
+                format!("must be at most {max_bytes} bytes (UTF-8), got {}", value.len()),
+            );
+            false
+        } else if value.chars().any(char::is_control) {
+            self.add(field, "must not contain control characters");
+            false
+        } else {
+            true
+        }
+    }
+
+    /// Checks that `value` has at most `max_chars` Unicode scalar values.
+    pub fn check_len(&mut self, field: &str, value: &str, max_chars: usize) {
+        let n = value.chars().count();
+        if n > max_chars {
+            self.add(field, format!("must be at most {max_chars} characters, got {n}"));
+        }
+    }
+
+    /// Checks an optional link: empty, or an absolute `https://` / `http://` URL of at most
+    /// 2,048 bytes with no whitespace or control characters.
+    pub fn check_url(&mut self, field: &str, value: &str) {
+        if value.is_empty() {
+            return;
+        }
+        let lower = value.to_ascii_lowercase();
+        let rest = lower
+            .strip_prefix("https://")
+            .or_else(|| lower.strip_prefix("http://"));
+        match rest {
+            None => self.add(field, "must be an absolute https:// or http:// URL"),
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+                self.add(field, "must name a host")
+            }
+            Some(_) if value.len() > 2048 => self.add(field, "must be at most 2048 bytes"),
+            Some(_) if value.chars().any(|c| c.is_whitespace() || c.is_control()) => {
+                self.add(field, "must not contain whitespace or control characters")
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// Parses an IANA time zone name such as `Asia/Bangkok` (tz database via chrono-tz).
+pub fn parse_timezone(name: &str) -> Option<chrono_tz::Tz> {
+    name.parse::<chrono_tz::Tz>().ok()
+}
+
+/// Loose BCP 47 check: 2 to 35 characters of ASCII letters, digits and `-`, starting with
+/// a 2- or 3-letter language subtag (`th`, `th-TH`, `en-US`).
+pub fn is_language_tag(tag: &str) -> bool {
+    let mut parts = tag.split('-');
+    let lang = parts.next().unwrap_or("");
+    (2..=3).contains(&lang.len())
+        && lang.chars().all(|c| c.is_ascii_alphabetic())
+        && tag.len() <= 35
+        && parts.all(|p| !p.is_empty() && p.len() <= 8 && p.chars().all(|c| c.is_ascii_alphanumeric()))
+}
+
+/// LINE user ids are `U` followed by 32 lowercase hex digits (LINE Messaging API
+/// reference, "Get user IDs").
+pub fn is_line_user_id(id: &str) -> bool {
+    id.len() == 33
+        && id.starts_with('U')
+        && id[1..].chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+}
+
+/// Notification type keys: 1 to 64 characters of `[a-z0-9_.-]`, starting with a letter.
+pub fn is_type_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 64
+        && key.starts_with(|c: char| c.is_ascii_lowercase())
+        && key
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked_for_blank_length_and_control_characters() {
+        let mut v = Violations::default();
+        assert!(v.check_id("a", "user-1", 255));
+        assert!(!v.check_id("b", "   ", 255));
+        assert!(!v.check_id("c", &"x".repeat(256), 255));
+        assert!(!v.check_id("d", "a\u{0}b", 255));
+        let fields: Vec<_> = v.0.iter().map(|f| f.field.as_str()).collect();
+        assert_eq!(fields, ["b", "c", "d"]);
+        assert!(v.0[1].description.contains("256"));
+    }
+
+    #[test]
+    fn urls_must_be_absolute_http_or_https() {
+        let mut v = Violations::default();
+        v.check_url("ok1", "https://shop.example.test/orders/123");
+        v.check_url("ok2", "");
+        v.check_url("js", "javascript:alert(1)");
+        v.check_url("rel", "/orders/1");
+        v.check_url("nohost", "https:///x");
+        v.check_url("space", "https://a.test/x y");
+        let fields: Vec<_> = v.0.iter().map(|f| f.field.as_str()).collect();
+        assert_eq!(fields, ["js", "rel", "nohost", "space"]);
+    }
+
+    #[test]
+    fn contact_formats() {
+        assert!(is_line_user_id("U4af4980629a0b1c2d3e4f5a6b7c8d9e0"));
+        assert!(!is_line_user_id("U4AF4980629A0B1C2D3E4F5A6B7C8D9E0"));
+        assert!(!is_line_user_id("user-1"));
+        assert!(is_language_tag("th-TH") && is_language_tag("th") && is_language_tag("en-US"));
+        assert!(!is_language_tag("t") && !is_language_tag("th_TH") && !is_language_tag(""));
+        assert!(parse_timezone("Asia/Bangkok").is_some());
+        assert!(parse_timezone("Mars/Olympus").is_none());
+        assert!(is_type_key("order_paid") && !is_type_key("Order") && !is_type_key("1x"));
+    }
+}

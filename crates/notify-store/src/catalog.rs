@@ -1,0 +1,260 @@
+//! Notification types, recipients, push endpoints and preferences.
+
+use crate::{Result, StoreError};
+use notify_core::{Channel, RecipientFacts};
+use sqlx::{PgExecutor, Row};
+use std::collections::HashMap;
+use uuid::Uuid;
+
+/// A notification type as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotificationType {
+    /// Key, e.g. `order_paid`.
+    pub key: String,
+    /// `low`, `normal` or `high`.
+    pub priority: String,
+    /// Channels used when an event does not narrow them.
+    pub default_channels: Vec<Channel>,
+    /// Bypasses opt-outs.
+    pub critical: bool,
+}
+
+/// Creates or replaces a type. Returns true when it was created.
+pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Result<bool> {
+    let channels: Vec<&str> = t.default_channels.iter().map(|c| c.as_str()).collect();
+    let row = sqlx::query(
+        "INSERT INTO notification_types (key, priority, default_channels, critical)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (key) DO UPDATE SET priority = EXCLUDED.priority,
+             default_channels = EXCLUDED.default_channels, critical = EXCLUDED.critical,
+             updated_at = now()
+         RETURNING (xmax = 0) AS created",
+    )
+    .bind(&t.key)
+    .bind(&t.priority)
+    .bind(&channels)
+    .bind(t.critical)
+    .fetch_one(db)
+    .await?;
+    Ok(row.get("created"))
+}
+
+/// Loads a type by key; `None` if unknown.
+pub async fn get_type(db: impl PgExecutor<'_>, key: &str) -> Result<Option<NotificationType>> {
+    let row = sqlx::query(
+        "SELECT key, priority, default_channels, critical FROM notification_types WHERE key = $1",
+    )
+    .bind(key)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|r| NotificationType {
+        key: r.get("key"),
+        priority: r.get("priority"),
+        default_channels: r
+            .get::<Vec<String>, _>("default_channels")
+            .iter()
+            .filter_map(|c| c.parse().ok())
+            .collect(),
+        critical: r.get("critical"),
+    }))
+}
+
+/// A recipient's contact data.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recipient {
+    /// User id.
+    pub user_id: String,
+    /// Name for the email To header.
+    pub display_name: String,
+    /// Email address.
+    pub email: Option<String>,
+    /// LINE user id.
+    pub line_user_id: Option<String>,
+    /// BCP 47 tag.
+    pub locale: String,
+    /// IANA time zone.
+    pub timezone: String,
+}
+
+/// Creates or replaces a recipient. Returns true when it was created.
+pub async fn upsert_recipient(db: impl PgExecutor<'_>, r: &Recipient) -> Result<bool> {
+    let row = sqlx::query(
+        "INSERT INTO recipients (user_id, display_name, email, line_user_id, locale, timezone)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (user_id) DO UPDATE SET display_name = EXCLUDED.display_name,
+             email = EXCLUDED.email, line_user_id = EXCLUDED.line_user_id,
+             locale = EXCLUDED.locale, timezone = EXCLUDED.timezone, updated_at = now()
+         RETURNING (xmax = 0) AS created",
+    )
+    .bind(&r.user_id)
+    .bind(&r.display_name)
+    .bind(&r.email)
+    .bind(&r.line_user_id)
+    .bind(&r.locale)
+    .bind(&r.timezone)
+    .fetch_one(db)
+    .await?;
+    Ok(row.get("created"))
+}
+
+/// Registers a push endpoint; an existing (platform, token) is re-activated and moved to
+/// `user_id`, keeping its id. Fails with [`StoreError::NotFound`] for an unknown user.
+pub async fn register_endpoint(
+    db: impl PgExecutor<'_>,
+    user_id: &str,
+    platform: &str,
+    token: &str,
+    subscription: Option<&serde_json::Value>,
+) -> Result<Uuid> {
+    let row = sqlx::query(
+        "INSERT INTO notification_endpoints (id, user_id, platform, token, subscription_json)
+         SELECT $1, $2, $3, $4, $5 WHERE EXISTS (SELECT 1 FROM recipients WHERE user_id = $2)
+         ON CONFLICT (platform, token) DO UPDATE SET user_id = EXCLUDED.user_id,
+             subscription_json = EXCLUDED.subscription_json, status = 'active',
+             revoked_reason = NULL, revoked_at = NULL, registered_at = now(), last_seen_at = now()
+         RETURNING id",
+    )
+    .bind(Uuid::new_v4())
+    .bind(user_id)
+    .bind(platform)
+    .bind(token)
+    .bind(subscription)
+    .fetch_optional(db)
+    .await?;
+    row.map(|r| r.get("id"))
+        .ok_or_else(|| StoreError::NotFound(format!("recipient {user_id:?}")))
+}
+
+/// Revokes an endpoint with `reason`. Returns false when it was already revoked;
+/// [`StoreError::NotFound`] when it does not exist.
+pub async fn revoke_endpoint(db: &sqlx::PgPool, id: Uuid, reason: &str) -> Result<bool> {
+    let row = sqlx::query(
+        "WITH target AS (SELECT id, status FROM notification_endpoints WHERE id = $1),
+              upd AS (UPDATE notification_endpoints e SET status = 'revoked', revoked_reason = $2,
+                          revoked_at = now()
+                      FROM target WHERE e.id = target.id AND target.status = 'active' RETURNING e.id)
+         SELECT (SELECT count(*) FROM target) AS found, (SELECT count(*) FROM upd) AS revoked",
+    )
+    .bind(id)
+    .bind(reason)
+    .fetch_one(db)
+    .await?;
+    if row.get::<i64, _>("found") == 0 {
+        return Err(StoreError::NotFound(format!("endpoint {id}")));
+    }
+    Ok(row.get::<i64, _>("revoked") > 0)
+}
+
+/// Marks an endpoint revoked because the provider said the token is gone, unless it was
+/// registered again after `not_after` (the moment the attempt started). Returns whether
+/// it was revoked.
+pub async fn deactivate_endpoint(
+    db: impl PgExecutor<'_>,
+    id: Uuid,
+    reason: &str,
+    not_after: chrono::DateTime<chrono::Utc>,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE notification_endpoints SET status = 'revoked', revoked_reason = $2, revoked_at = now()
+         WHERE id = $1 AND status = 'active' AND registered_at <= $3",
+    )
+    .bind(id)
+    .bind(reason)
+    .bind(not_after)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Sets one preference (type `*` = channel-wide).
+pub async fn set_preference(
+    db: impl PgExecutor<'_>,
+    user_id: &str,
+    type_key: &str,
+    channel: Channel,
+    enabled: bool,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO notification_preferences (user_id, type, channel, enabled) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (user_id, type, channel) DO UPDATE SET enabled = EXCLUDED.enabled, updated_at = now()",
+    )
+    .bind(user_id)
+    .bind(type_key)
+    .bind(channel.as_str())
+    .bind(enabled)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Loads what the planner needs for `user_ids` (in that order) and type `type_key`:
+/// contact data, active push endpoints (oldest first) and preferences. Three queries,
+/// whatever the number of recipients.
+pub async fn load_recipient_facts(
+    db: &mut sqlx::PgConnection,
+    type_key: &str,
+    user_ids: &[String],
+) -> Result<Vec<RecipientFacts>> {
+    let mut facts: Vec<RecipientFacts> = user_ids
+        .iter()
+        .map(|u| RecipientFacts {
+            user_id: u.clone(),
+            ..Default::default()
+        })
+        .collect();
+    let index: HashMap<String, usize> = user_ids
+        .iter()
+        .enumerate()
+        .map(|(i, u)| (u.clone(), i))
+        .collect();
+
+    let rows = sqlx::query(
+        "SELECT user_id, email, line_user_id FROM recipients WHERE user_id = ANY($1)",
+    )
+    .bind(user_ids)
+    .fetch_all(&mut *db)
+    .await?;
+    for r in rows {
+        let f = &mut facts[index[r.get::<&str, _>("user_id")]];
+        f.exists = true;
+        f.email = r.get::<Option<String>, _>("email").filter(|s| !s.is_empty());
+        f.line_user_id = r
+            .get::<Option<String>, _>("line_user_id")
+            .filter(|s| !s.is_empty());
+    }
+
+    let rows = sqlx::query(
+        "SELECT user_id, id, platform FROM notification_endpoints
+         WHERE user_id = ANY($1) AND status = 'active' ORDER BY registered_at, id",
+    )
+    .bind(user_ids)
+    .fetch_all(&mut *db)
+    .await?;
+    for r in rows {
+        facts[index[r.get::<&str, _>("user_id")]]
+            .push_endpoints
+            .push((r.get("id"), r.get("platform")));
+    }
+
+    let rows = sqlx::query(
+        "SELECT user_id, type, channel, enabled FROM notification_preferences
+         WHERE user_id = ANY($1) AND type IN ($2, '*')",
+    )
+    .bind(user_ids)
+    .bind(type_key)
+    .fetch_all(&mut *db)
+    .await?;
+    for r in rows {
+        let Ok(channel) = r.get::<&str, _>("channel").parse::<Channel>() else {
+            continue;
+        };
+        let f = &mut facts[index[r.get::<&str, _>("user_id")]];
+        let map = if r.get::<&str, _>("type") == "*" {
+            &mut f.channel_prefs
+        } else {
+            &mut f.type_prefs
+        };
+        map.insert(channel, r.get("enabled"));
+    }
+    Ok(facts)
+}

@@ -1,0 +1,105 @@
+//! PostgreSQL access for the platform (sqlx, runtime-checked queries). Repository
+//! functions take an executor or a pool; callers that need atomicity pass a transaction
+//! and own the commit. Migrations live in `migrations/` at the repository root and run
+//! only when [`migrate`] is called (the `ingest migrate` command).
+
+pub mod catalog;
+pub mod deliveries;
+pub mod events;
+pub mod outbox;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use std::str::FromStr;
+use std::time::Duration;
+
+pub use sqlx::PgPool;
+
+/// Errors of the store. SQL text never leaves this crate in an error shown to callers.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached or a query failed.
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    /// Applying migrations failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A referenced row does not exist (the string names it).
+    #[error("not found: {0}")]
+    NotFound(String),
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Pool settings.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// `postgres://user@host:port/db`.
+    pub url: String,
+    /// Most connections this process opens.
+    pub max_connections: u32,
+    /// How long a caller waits for a free connection before failing.
+    pub acquire_timeout: Duration,
+    /// Server-side `statement_timeout` for every statement of this pool.
+    pub statement_timeout: Duration,
+}
+
+impl PoolConfig {
+    /// Defaults: 10 connections, 5 s acquire timeout, 30 s statement timeout.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(5),
+            statement_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Opens a pool. Fails fast when the URL is malformed; connections are made lazily so a
+/// process can start while Postgres is still coming up.
+pub fn connect(cfg: &PoolConfig) -> Result<PgPool> {
+    let opts = PgConnectOptions::from_str(&cfg.url)?
+        .application_name("notify")
+        .options([(
+            "statement_timeout",
+            format!("{}", cfg.statement_timeout.as_millis()),
+        )]);
+    Ok(PgPoolOptions::new()
+        .max_connections(cfg.max_connections)
+        .acquire_timeout(cfg.acquire_timeout)
+        .connect_lazy_with(opts))
+}
+
+/// Applies every migration in `migrations/` that is not applied yet (idempotent; safe to
+/// run from several processes, sqlx takes an advisory lock).
+pub async fn migrate(pool: &PgPool) -> Result<()> {
+    sqlx::migrate!("../../migrations").run(pool).await?;
+    Ok(())
+}
+
+/// Truncates `s` to at most `max` bytes on a character boundary, marking the cut.
+pub fn truncate_utf8(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max.saturating_sub(3);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_keeps_whole_thai_characters() {
+        let s = "สวัสดี".repeat(10); // 3 bytes per character
+        let t = truncate_utf8(&s, 20);
+        assert!(t.len() <= 20);
+        assert!(t.ends_with("..."));
+        assert_eq!(truncate_utf8("short", 20), "short");
+    }
+}

@@ -1,0 +1,87 @@
+//! The transactional outbox: rows written with deliveries, published by the relay and
+//! deleted only after the broker confirmed them.
+
+use crate::Result;
+use sqlx::{PgPool, Row};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// One message waiting to be published.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRow {
+    /// Outbox row id.
+    pub id: i64,
+    /// The delivery the message points at.
+    pub delivery_id: Uuid,
+    /// Routing key.
+    pub channel: String,
+}
+
+/// Claims up to `limit` due rows, oldest first, for `hold`: their `available_at` moves
+/// forward so other relays skip them, and a relay that dies mid-publish leaves them to be
+/// published again when `hold` runs out. `FOR UPDATE SKIP LOCKED` lets several relays
+/// claim disjoint batches at once. No transaction stays open after this returns.
+pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<OutboxRow>> {
+    let rows = sqlx::query(
+        "UPDATE outbox o SET available_at = now() + $2 * interval '1 millisecond'
+         FROM (SELECT id FROM outbox WHERE available_at <= now()
+               ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) due
+         WHERE o.id = due.id
+         RETURNING o.id, o.delivery_id, o.channel",
+    )
+    .bind(limit)
+    .bind(hold.as_millis() as i64)
+    .fetch_all(db)
+    .await?;
+    let mut out: Vec<OutboxRow> = rows
+        .into_iter()
+        .map(|r| OutboxRow {
+            id: r.get("id"),
+            delivery_id: r.get("delivery_id"),
+            channel: r.get("channel"),
+        })
+        .collect();
+    out.sort_by_key(|r| r.id);
+    Ok(out)
+}
+
+/// Deletes rows whose messages the broker confirmed.
+pub async fn delete(db: &PgPool, ids: &[i64]) -> Result<u64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
+        .bind(ids)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+/// Keeps rows whose publish failed (nack, unroutable, channel error), counts the failure,
+/// records the error and makes them due again after `retry_in`.
+pub async fn publish_failed(db: &PgPool, ids: &[i64], error: &str, retry_in: Duration) -> Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "UPDATE outbox SET publish_failures = publish_failures + 1, last_error = $2,
+             available_at = now() + $3 * interval '1 millisecond'
+         WHERE id = ANY($1)",
+    )
+    .bind(ids)
+    .bind(error)
+    .bind(retry_in.as_millis() as i64)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// Rows still waiting and how many of them have failed to publish at least once.
+pub async fn backlog(db: &PgPool) -> Result<(i64, i64)> {
+    let r = sqlx::query(
+        "SELECT count(*) AS n, count(*) FILTER (WHERE publish_failures > 0) AS failing FROM outbox",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok((r.get("n"), r.get("failing")))
+}

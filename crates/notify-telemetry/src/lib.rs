@@ -1,0 +1,140 @@
+//! Process bootstrap shared by every binary: structured logging (tracing), configuration
+//! read from the environment with every bad variable reported at once, and shutdown on
+//! SIGTERM / SIGINT passed around as a `CancellationToken`.
+//!
+//! Logs are human-readable by default and JSON lines with `NOTIFY_LOG_FORMAT=json`;
+//! the level comes from `RUST_LOG` (default `info`).
+
+use std::fmt::Display;
+use std::str::FromStr;
+use tokio_util::sync::CancellationToken;
+
+/// Exit code for bad configuration (`EX_CONFIG`-style usage error, sysexits.h 64).
+pub const EXIT_BAD_CONFIG: i32 = 64;
+
+/// Installs the global tracing subscriber for `service`. Safe to call more than once
+/// (later calls do nothing), so tests can call it too.
+pub fn init(service: &str) {
+    use tracing_subscriber::{EnvFilter, fmt};
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("NOTIFY_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let result = if json {
+        fmt().with_env_filter(filter).json().with_current_span(true).try_init()
+    } else {
+        fmt().with_env_filter(filter).with_target(false).try_init()
+    };
+    if result.is_ok() {
+        tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
+    }
+}
+
+/// Reads typed settings from the environment and collects every problem, so that a
+/// misconfigured process names all bad variables in one go.
+#[derive(Debug, Default)]
+pub struct Env {
+    errors: Vec<String>,
+}
+
+impl Env {
+    /// A new reader.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A required variable; records an error when it is unset or empty.
+    pub fn required(&mut self, name: &str) -> String {
+        match std::env::var(name) {
+            Ok(v) if !v.trim().is_empty() => v,
+            _ => {
+                self.errors.push(format!("{name} is required"));
+                String::new()
+            }
+        }
+    }
+
+    /// An optional text variable with a default.
+    pub fn string(&mut self, name: &str, default: &str) -> String {
+        std::env::var(name).unwrap_or_else(|_| default.to_string())
+    }
+
+    /// An optional variable parsed with `FromStr`, with a default; records an error when
+    /// it does not parse.
+    pub fn parse<T: FromStr>(&mut self, name: &str, default: T) -> T
+    where
+        T::Err: Display,
+    {
+        self.parse_with(name, default, |s| s.parse::<T>().map_err(|e| e.to_string()))
+    }
+
+    /// An optional variable parsed with `f`, with a default.
+    pub fn parse_with<T>(&mut self, name: &str, default: T, f: impl FnOnce(&str) -> Result<T, String>) -> T {
+        match std::env::var(name) {
+            Ok(v) if !v.trim().is_empty() => match f(v.trim()) {
+                Ok(t) => t,
+                Err(e) => {
+                    self.errors.push(format!("{name}={v:?} is invalid: {e}"));
+                    default
+                }
+            },
+            _ => default,
+        }
+    }
+
+    /// Records a problem found while validating related settings.
+    pub fn error(&mut self, message: impl Into<String>) {
+        self.errors.push(message.into());
+    }
+
+    /// `Ok` when every variable was fine, else every problem, one per line.
+    pub fn finish(self) -> Result<(), String> {
+        if self.errors.is_empty() {
+            Ok(())
+        } else {
+            Err(self.errors.join("\n"))
+        }
+    }
+}
+
+/// Exits the process with [`EXIT_BAD_CONFIG`] after printing `problems`.
+pub fn exit_bad_config(service: &str, problems: &str) -> ! {
+    eprintln!("{service}: invalid configuration:\n{problems}");
+    std::process::exit(EXIT_BAD_CONFIG)
+}
+
+/// A token cancelled on the first SIGTERM or SIGINT.
+pub fn shutdown_on_signal() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                return;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+        t.cancel();
+    });
+    token
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bad_variable_is_reported() {
+        // The process environment is not modified (set_var is unsafe in edition 2024).
+        let mut env = Env::new();
+        let a: u32 = env.parse_with("A_TEST_ONLY", 1, |_| Err("not a number".into()));
+        let _ = env.required("NOTIFY_TELEMETRY_TEST_SURELY_UNSET");
+        assert_eq!(a, 1);
+        // parse_with only runs `f` for a set variable, so only `required` fails here.
+        let err = env.finish().unwrap_err();
+        assert_eq!(err, "NOTIFY_TELEMETRY_TEST_SURELY_UNSET is required");
+    }
+}

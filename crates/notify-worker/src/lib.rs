@@ -1,0 +1,460 @@
+//! The worker runtime shared by `worker-email`, `worker-push`, `worker-line` and
+//! `worker-inapp`. A channel implements [`ChannelSender`]; the runtime does the rest:
+//!
+//! 1. consume the channel's queue with prefetch = concurrency and manual acks;
+//! 2. claim the delivery row with a lease (database clock); a message whose delivery is
+//!    already claimed, final or not due yet is acked without a provider call;
+//! 3. call the provider with no transaction open, extending the lease while it runs;
+//! 4. record the attempt and the new state in one transaction fenced by the lease token;
+//! 5. ack only after that commit. Unparseable messages and messages naming a delivery that
+//!    does not exist (or belongs to another channel) are rejected to the dead-letter queue.
+
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::types::FieldTable;
+use notify_broker::{DeliveryMessage, Topology, lapin};
+use notify_core::outcome::{AttemptOutcome, AttemptResult, ErrorClass};
+use notify_core::{Channel, RetryPolicy};
+use notify_store::PgPool;
+use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome, DeliveryJob, NextState};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, error, info, info_span, warn};
+
+pub use notify_store::deliveries::DeliveryJob as Job;
+
+/// One channel's provider adapter. It sorts every provider answer into an
+/// [`AttemptOutcome`]; it never touches the delivery state itself.
+pub trait ChannelSender: Send + Sync + 'static {
+    /// The channel this sender serves (its queue is `deliveries.<channel>`).
+    fn channel(&self) -> Channel;
+
+    /// Makes one provider call for `job` and reports what happened. Must not panic on
+    /// provider errors; timeouts are the adapter's to enforce.
+    fn send(&self, job: &DeliveryJob) -> impl Future<Output = AttemptOutcome> + Send;
+}
+
+/// Settings of a worker process.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// AMQP URL.
+    pub amqp_url: String,
+    /// Names of exchanges and queues.
+    pub topology: Topology,
+    /// Deliveries worked on at once; also the consumer prefetch.
+    pub concurrency: u16,
+    /// Lease length; the lease is extended every third of it while a call runs.
+    pub lease: Duration,
+    /// Retry schedule for transient failures.
+    pub retry: RetryPolicy,
+    /// How long to wait for in-flight deliveries after shutdown was requested.
+    pub shutdown_grace: Duration,
+}
+
+impl WorkerConfig {
+    /// Reads `NOTIFY_AMQP_URL` (required), `NOTIFY_AMQP_PREFIX` (""),
+    /// `NOTIFY_WORKER_CONCURRENCY` (16), `NOTIFY_LEASE` (60s), `NOTIFY_RETRY_DELAYS`
+    /// (30s,2m,10m,1h,6h), `NOTIFY_MAX_ATTEMPTS` (5), `NOTIFY_SHUTDOWN_GRACE` (30s).
+    pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
+        let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
+        let durs = |s: &str| notify_core::retry::parse_durations(s).map_err(|e| e.to_string());
+        let amqp_url = env.required("NOTIFY_AMQP_URL");
+        let prefix = env.string("NOTIFY_AMQP_PREFIX", "");
+        let concurrency = env.parse_with("NOTIFY_WORKER_CONCURRENCY", 16u16, |s| match s.parse::<u16>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err("must be a whole number from 1 to 65535".into()),
+        });
+        let lease = env.parse_with("NOTIFY_LEASE", Duration::from_secs(60), dur);
+        if lease < Duration::from_secs(3) {
+            env.error("NOTIFY_LEASE must be at least 3s");
+        }
+        let mut retry = RetryPolicy::default();
+        retry.delays = env.parse_with("NOTIFY_RETRY_DELAYS", retry.delays.clone(), durs);
+        retry.max_attempts = env.parse("NOTIFY_MAX_ATTEMPTS", retry.max_attempts);
+        let shutdown_grace = env.parse_with("NOTIFY_SHUTDOWN_GRACE", Duration::from_secs(30), dur);
+        Self {
+            amqp_url,
+            topology: Topology::new(prefix),
+            concurrency,
+            lease,
+            retry,
+            shutdown_grace,
+        }
+    }
+}
+
+/// Errors that stop a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The broker could not be reached or the consumer failed.
+    #[error(transparent)]
+    Broker(#[from] notify_broker::BrokerError),
+    /// AMQP error.
+    #[error("amqp: {0}")]
+    Amqp(#[from] lapin::Error),
+}
+
+/// Runs a worker until `shutdown` is cancelled: consumes the channel's queue and sends
+/// each delivery through `sender`. On shutdown it stops taking messages, lets the
+/// deliveries in hand finish (up to the grace period), then closes the channel, which
+/// returns unstarted prefetched messages to the queue.
+pub async fn run<S: ChannelSender>(
+    cfg: WorkerConfig,
+    pool: PgPool,
+    sender: Arc<S>,
+    shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
+    let channel = sender.channel();
+    let conn = notify_broker::connect(&cfg.amqp_url, &format!("worker-{channel}")).await?;
+    let setup = conn.create_channel().await?;
+    cfg.topology.declare(&setup, &[channel.as_str()]).await?;
+    let _ = setup.close(200, "topology declared".into()).await;
+
+    let amqp = notify_broker::consumer_channel(&conn, cfg.concurrency).await?;
+    let tag = format!("worker-{channel}-{}", uuid::Uuid::new_v4());
+    let mut consumer = amqp
+        .basic_consume(
+            cfg.topology.queue(channel.as_str()).into(),
+            tag.clone().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    info!(%channel, queue = %cfg.topology.queue(channel.as_str()), concurrency = cfg.concurrency, "consuming");
+
+    let permits = Arc::new(Semaphore::new(cfg.concurrency as usize));
+    let mut tasks = JoinSet::new();
+    let ctx = Arc::new(Ctx { pool, sender, cfg: cfg.clone() });
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
+        };
+        let next = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            n = consumer.next() => n,
+        };
+        match next {
+            Some(Ok(delivery)) => {
+                let ctx = ctx.clone();
+                tasks.spawn(async move {
+                    ctx.handle(delivery).await;
+                    drop(permit);
+                });
+            }
+            Some(Err(e)) => {
+                error!(error = %e, "consumer failed");
+                return Err(e.into());
+            }
+            None => {
+                warn!("consumer stream ended");
+                break;
+            }
+        }
+        while tasks.try_join_next().is_some() {}
+    }
+    info!(in_flight = tasks.len(), "stopping: no new messages");
+    let _ = amqp.basic_cancel(tag.into(), BasicCancelOptions::default()).await;
+    let drained = tokio::time::timeout(cfg.shutdown_grace, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!(left = tasks.len(), "grace period over; unfinished deliveries keep their lease and are recovered by the sweeper");
+    }
+    let _ = amqp.close(200, "worker stopping".into()).await;
+    let _ = conn.close(200, "worker stopping".into()).await;
+    info!("stopped");
+    Ok(())
+}
+
+struct Ctx<S> {
+    pool: PgPool,
+    sender: Arc<S>,
+    cfg: WorkerConfig,
+}
+
+/// Retries a database operation with backoff while it fails, for up to about a minute.
+async fn with_db_retry<T, F, Fut>(what: &str, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = notify_store::Result<T>>,
+{
+    let mut delay = Duration::from_millis(200);
+    for attempt in 1..=10 {
+        match f().await {
+            Ok(v) => return Some(v),
+            Err(e) => {
+                warn!(error = %e, attempt, what, "database call failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+    error!(what, "database unreachable; giving the message back to the broker");
+    None
+}
+
+impl<S: ChannelSender> Ctx<S> {
+    async fn handle(&self, msg: lapin::message::Delivery) {
+        let channel = self.sender.channel();
+        let Some(pointer) = DeliveryMessage::parse(&msg.data) else {
+            warn!(%channel, bytes = msg.data.len(), "unparseable message: dead-lettered");
+            reject(&msg).await;
+            return;
+        };
+        let span = info_span!("delivery", delivery_id = %pointer.delivery_id, %channel);
+        async {
+            if pointer.channel != channel.as_str() {
+                warn!(message_channel = %pointer.channel, "message for another channel: dead-lettered");
+                let _ = deliveries::fail_unclaimed(&self.pool, pointer.delivery_id, "unsupported_channel").await;
+                reject(&msg).await;
+                return;
+            }
+            let claimed = with_db_retry("claim", || {
+                deliveries::claim(&self.pool, pointer.delivery_id, channel.as_str(), self.cfg.lease)
+            })
+            .await;
+            let job = match claimed {
+                None => return nack_requeue(&msg).await,
+                Some(ClaimOutcome::Missing) => {
+                    warn!("message names no delivery: dead-lettered");
+                    return reject(&msg).await;
+                }
+                Some(ClaimOutcome::WrongChannel(actual)) => {
+                    warn!(%actual, "delivery belongs to another channel: dead-lettered");
+                    let _ = deliveries::fail_unclaimed(&self.pool, pointer.delivery_id, "unsupported_channel").await;
+                    return reject(&msg).await;
+                }
+                Some(ClaimOutcome::NotClaimable(status)) => {
+                    info!(%status, "duplicate or early message: acked without sending");
+                    return ack(&msg).await;
+                }
+                Some(ClaimOutcome::Claimed(job)) => job,
+            };
+            let outcome = self.send_with_heartbeat(&job).await;
+            let (next, record) = decide(&self.cfg.retry, &job, outcome);
+            match &next {
+                NextState::Sent { .. } => info!(attempt = job.attempt, "sent"),
+                NextState::Retry { after, error } => {
+                    warn!(attempt = job.attempt, retry_in_ms = after.as_millis() as u64, %error, "attempt failed; retry scheduled")
+                }
+                NextState::Failed { error } => {
+                    error!(attempt = job.attempt, %error, alert = "delivery_failed", "delivery failed")
+                }
+            }
+            let recorded = with_db_retry("record attempt", || {
+                deliveries::record_attempt(&self.pool, &job, &next, &record)
+            })
+            .await;
+            match recorded {
+                None => nack_requeue(&msg).await,
+                Some(false) => {
+                    warn!("lease lost before recording: another worker owns this delivery now; nothing written");
+                    ack(&msg).await
+                }
+                Some(true) => ack(&msg).await,
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn send_with_heartbeat(&self, job: &DeliveryJob) -> AttemptOutcome {
+        let send = self.sender.send(job);
+        tokio::pin!(send);
+        let mut beat = tokio::time::interval(self.cfg.lease / 3);
+        beat.tick().await;
+        loop {
+            tokio::select! {
+                out = &mut send => return out,
+                _ = beat.tick() => {
+                    match deliveries::extend_lease(&self.pool, job.id, job.lease_token, self.cfg.lease).await {
+                        Ok(true) => {}
+                        Ok(false) => warn!("lease lost while the provider call runs"),
+                        Err(e) => warn!(error = %e, "could not extend the lease"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Turns an attempt's outcome into the delivery's next state and the attempt record,
+/// using the retry policy and the delivery's attempt budget. Pure.
+pub fn decide(policy: &RetryPolicy, job: &DeliveryJob, outcome: AttemptOutcome) -> (NextState, AttemptRecord) {
+    let mut record = AttemptRecord {
+        outcome: "sent",
+        provider_status: outcome.provider_status,
+        error_code: None,
+        provider_response: outcome.provider_response,
+        content: outcome.content,
+        deactivate_endpoint: None,
+    };
+    let next = match outcome.result {
+        AttemptResult::Sent { provider_message_id } => NextState::Sent { provider_message_id },
+        AttemptResult::Failed { class, code, retry_after } => {
+            record.error_code = Some(code.clone());
+            let status = record.provider_status.map(|s| format!(" (provider status {s})")).unwrap_or_default();
+            match class {
+                ErrorClass::Permanent => {
+                    record.outcome = "failed";
+                    NextState::Failed { error: format!("{code}{status}") }
+                }
+                ErrorClass::InvalidEndpoint => {
+                    record.outcome = "failed";
+                    if let Some(ep) = job.endpoint_id {
+                        record.deactivate_endpoint = Some((ep, code.clone()));
+                    }
+                    NextState::Failed { error: format!("{code}{status}") }
+                }
+                ErrorClass::Transient | ErrorClass::RateLimited => {
+                    let budget = RetryPolicy {
+                        max_attempts: job.max_attempts.max(1) as u32,
+                        ..policy.clone()
+                    };
+                    let jitter: f64 = rand::random();
+                    match budget.next_delay(
+                        job.attempt.max(1) as u32,
+                        retry_after,
+                        class == ErrorClass::RateLimited,
+                        jitter,
+                    ) {
+                        Some(after) => {
+                            record.outcome = "retry";
+                            NextState::Retry { after, error: format!("{code}{status}") }
+                        }
+                        None => {
+                            record.outcome = "failed";
+                            NextState::Failed {
+                                error: format!("{code}{status}; gave up after {} attempts", job.attempt),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    };
+    (next, record)
+}
+
+async fn ack(msg: &lapin::message::Delivery) {
+    if let Err(e) = msg.acker.ack(BasicAckOptions::default()).await {
+        warn!(error = %e, "ack failed; the message will be redelivered and its claim will skip it");
+    }
+}
+
+async fn reject(msg: &lapin::message::Delivery) {
+    // requeue = false: the queue's dead-letter exchange takes it.
+    if let Err(e) = msg.acker.reject(BasicRejectOptions { requeue: false }).await {
+        warn!(error = %e, "reject failed");
+    }
+}
+
+async fn nack_requeue(msg: &lapin::message::Delivery) {
+    if let Err(e) = msg
+        .acker
+        .nack(BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        })
+        .await
+    {
+        warn!(error = %e, "nack failed");
+    }
+}
+
+/// Standard `main` body of a worker binary: reads the configuration (exit 64 listing every
+/// bad variable), sets up logging, builds the sender with `build`, and runs until SIGTERM.
+pub async fn main_with<S, F>(service: &str, build: F) -> anyhow::Result<()>
+where
+    S: ChannelSender,
+    F: FnOnce(&mut notify_telemetry::Env) -> Option<S>,
+{
+    notify_telemetry::init(service);
+    let mut env = notify_telemetry::Env::new();
+    let db_url = env.required("NOTIFY_DATABASE_URL");
+    let pool_size: u32 = env.parse("NOTIFY_DB_POOL_SIZE", 10);
+    let cfg = WorkerConfig::from_env(&mut env);
+    let sender = build(&mut env);
+    if let Err(problems) = env.finish() {
+        notify_telemetry::exit_bad_config(service, &problems);
+    }
+    let sender = sender.ok_or_else(|| anyhow::anyhow!("sender could not be built"))?;
+    let mut pool_cfg = notify_store::PoolConfig::new(db_url);
+    pool_cfg.max_connections = pool_size;
+    let pool = notify_store::connect(&pool_cfg)?;
+    let shutdown = notify_telemetry::shutdown_on_signal();
+    run(cfg, pool, Arc::new(sender), shutdown).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn job(attempt: i32) -> DeliveryJob {
+        DeliveryJob {
+            id: uuid::Uuid::nil(),
+            event_id: uuid::Uuid::nil(),
+            event_key: "k".into(),
+            type_key: "t".into(),
+            user_id: "u".into(),
+            channel: "push".into(),
+            provider: "fcm".into(),
+            attempt,
+            max_attempts: 5,
+            idempotency_key: "k".into(),
+            retry_key: None,
+            lease_token: uuid::Uuid::nil(),
+            started_at: chrono::Utc::now(),
+            address: None,
+            display_name: String::new(),
+            locale: "th-TH".into(),
+            timezone: "Asia/Bangkok".into(),
+            payload: json!({}),
+            content: Default::default(),
+            endpoint_id: Some(uuid::Uuid::from_u128(7)),
+            endpoint_platform: Some("fcm".into()),
+            endpoint_token: Some("tok".into()),
+            endpoint_subscription: None,
+            endpoint_status: Some("active".into()),
+        }
+    }
+
+    #[test]
+    fn transient_failures_retry_until_the_budget_is_spent() {
+        let p = RetryPolicy::default();
+        let out = || AttemptOutcome::failed(ErrorClass::Transient, "fcm_unavailable", json!({})).with_status(503);
+        let (next, rec) = decide(&p, &job(1), out());
+        assert!(matches!(next, NextState::Retry { after, .. } if after <= Duration::from_secs(30)));
+        assert_eq!(rec.outcome, "retry");
+        let (next, rec) = decide(&p, &job(5), out());
+        assert!(matches!(&next, NextState::Failed { error } if error.contains("gave up after 5")));
+        assert_eq!(rec.outcome, "failed");
+    }
+
+    #[test]
+    fn invalid_endpoint_fails_at_once_and_deactivates_that_endpoint() {
+        let (next, rec) = decide(
+            &RetryPolicy::default(),
+            &job(1),
+            AttemptOutcome::failed(ErrorClass::InvalidEndpoint, "unregistered", json!({})).with_status(404),
+        );
+        assert_eq!(next, NextState::Failed { error: "unregistered (provider status 404)".into() });
+        assert_eq!(rec.deactivate_endpoint, Some((uuid::Uuid::from_u128(7), "unregistered".into())));
+    }
+
+    #[test]
+    fn rate_limited_waits_for_retry_after() {
+        let out = AttemptOutcome::failed(ErrorClass::RateLimited, "line_rate_limited", json!({}))
+            .with_retry_after(Some(Duration::from_secs(120)));
+        let (next, _) = decide(&RetryPolicy::default(), &job(1), out);
+        assert!(matches!(next, NextState::Retry { after, .. } if after == Duration::from_secs(120)));
+    }
+}

@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# Local stack without Docker: PostgreSQL, RabbitMQ, MailDev and provider-sim as background
+# processes with data, logs and pid files under one folder this script owns.
+#
+#   deploy/local-stack.sh up       install what is missing, start everything, wait until ready
+#   deploy/local-stack.sh down     stop everything this script started (by pid)
+#   deploy/local-stack.sh status   show what runs
+#   deploy/local-stack.sh env      print the environment the services and tests need
+#
+# Settings (environment, with defaults):
+#   NOTIFY_STACK_DIR  folder for data, logs and pids   (<repo>/.stack)
+#   NOTIFY_PG_PORT    PostgreSQL port                   (55432)
+#   NOTIFY_AMQP_PORT  RabbitMQ AMQP port                (5692; Erlang distribution = +20000, CLI tools +30000..+30010)
+#   NOTIFY_SMTP_PORT  MailDev SMTP port                 (51025)
+#   NOTIFY_MAILDEV_WEB_PORT  MailDev web UI / REST API  (51080)
+#   NOTIFY_SIM_PORT   provider-sim HTTP port            (58080)
+#   PROVIDER_SIM_BIN  provider-sim binary (built with cargo when unset)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+STACK=${NOTIFY_STACK_DIR:-$repo/.stack}
+PG_PORT=${NOTIFY_PG_PORT:-55432}
+AMQP_PORT=${NOTIFY_AMQP_PORT:-5692}
+DIST_PORT=$((AMQP_PORT + 20000))
+SMTP_PORT=${NOTIFY_SMTP_PORT:-51025}
+MAILDEV_WEB_PORT=${NOTIFY_MAILDEV_WEB_PORT:-51080}
+SIM_PORT=${NOTIFY_SIM_PORT:-58080}
+RABBIT_NODE=notify${AMQP_PORT}@localhost
+MAILDEV_VERSION=3.0.0
+LINE_TOKEN=${NOTIFY_LINE_CHANNEL_TOKEN:-local-line-channel-access-token}
+
+log() { printf '[stack] %s\n' "$*" >&2; }
+die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
+
+pg_bin() {
+  local d
+  for d in /usr/lib/postgresql/*/bin; do [ -x "$d/pg_ctl" ] && echo "$d"; done | sort -V | tail -n 1
+}
+
+apt_updated=0
+apt_install() {
+  [ "$(id -u)" = 0 ] || die "need $* but not root: install them with your package manager"
+  command -v apt-get >/dev/null || die "need $* and apt-get is missing"
+  if [ "$apt_updated" = 0 ]; then
+    log "apt-get update"
+    apt-get update -qq >"$STACK/logs/apt.log" 2>&1 || die "apt-get update failed: $STACK/logs/apt.log"
+    apt_updated=1
+  fi
+  log "apt-get install $*"
+  # policy-rc.d keeps Debian's postinst scripts from starting system-wide services.
+  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
+    >>"$STACK/logs/apt.log" 2>&1 || { rm -f /usr/sbin/policy-rc.d; die "apt-get install $* failed: $STACK/logs/apt.log"; }
+  rm -f /usr/sbin/policy-rc.d
+}
+
+install_missing() {
+  local pkgs=()
+  [ -n "$(pg_bin)" ] || pkgs+=(postgresql)
+  command -v psql >/dev/null || pkgs+=(postgresql-client)
+  [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || pkgs+=(rabbitmq-server)
+  command -v openssl >/dev/null || pkgs+=(openssl)
+  command -v curl >/dev/null || pkgs+=(curl)
+  command -v node >/dev/null || pkgs+=(nodejs npm)
+  command -v python3 >/dev/null || pkgs+=(python3)
+  [ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
+  if [ ! -x "$STACK/maildev/node_modules/.bin/maildev" ]; then
+    log "npm install maildev@$MAILDEV_VERSION"
+    mkdir -p "$STACK/maildev"
+    (cd "$STACK/maildev" && npm install --no-audit --no-fund --loglevel=error "maildev@$MAILDEV_VERSION" \
+      >"$STACK/logs/npm.log" 2>&1) || die "npm install maildev failed: $STACK/logs/npm.log"
+  fi
+}
+
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+wait_for() { # name seconds command...
+  local name=$1 secs=$2; shift 2
+  local i
+  for ((i = 0; i < secs * 5; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.2
+  done
+  die "$name not ready after ${secs}s (logs in $STACK/logs)"
+}
+
+as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+
+start_postgres() {
+  local bin; bin=$(pg_bin)
+  local data=$STACK/pg/data sock=$STACK/pg/sock
+  if alive "$STACK/pids/postgres.pid"; then log "postgres already running"; return; fi
+  mkdir -p "$STACK/pg" "$sock"
+  if [ "$(id -u)" = 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --home-dir "$STACK/pg" postgres
+    chown -R postgres "$STACK/pg"
+    chmod o+x "$STACK" "$STACK/pg"
+  fi
+  if [ ! -f "$data/PG_VERSION" ]; then
+    log "initdb $data"
+    as_pg "$bin/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 \
+      >"$STACK/logs/initdb.log" 2>&1 || die "initdb failed: $STACK/logs/initdb.log"
+  fi
+  log "starting postgres on 127.0.0.1:$PG_PORT"
+  as_pg "$bin/pg_ctl" -D "$data" -l "$STACK/pg/postgres.log" -w -t 60 start \
+    -o "-p $PG_PORT -k $sock -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=256MB" \
+    >"$STACK/logs/pg_ctl.log" 2>&1 || die "postgres did not start: $STACK/pg/postgres.log"
+  head -n 1 "$data/postmaster.pid" >"$STACK/pids/postgres.pid"
+  wait_for postgres 30 psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -c 'select 1'
+  psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -tAc "select 1 from pg_database where datname='notify'" |
+    grep -q 1 || psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -qc 'create database notify' >/dev/null
+}
+
+rabbit_env() {
+  export HOME=$STACK/rabbitmq/home
+  export RABBITMQ_NODENAME=$RABBIT_NODE
+  export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+  export RABBITMQ_NODE_PORT=$AMQP_PORT
+  export RABBITMQ_DIST_PORT=$DIST_PORT
+  export RABBITMQ_MNESIA_BASE=$STACK/rabbitmq/mnesia
+  export RABBITMQ_LOG_BASE=$STACK/rabbitmq/log
+  export RABBITMQ_PID_FILE=$STACK/rabbitmq/rabbit.pid
+  export RABBITMQ_ENABLED_PLUGINS_FILE=$STACK/rabbitmq/enabled_plugins
+  export RABBITMQ_CONFIG_FILE=$STACK/rabbitmq/rabbitmq.conf
+  export RABBITMQ_ADVANCED_CONFIG_FILE=$STACK/rabbitmq/advanced.config
+  export RABBITMQ_CONF_ENV_FILE=$STACK/rabbitmq/rabbitmq-env.conf
+}
+
+start_rabbitmq() {
+  if alive "$STACK/pids/rabbitmq.pid"; then log "rabbitmq already running"; return; fi
+  mkdir -p "$STACK/rabbitmq/home" "$STACK/rabbitmq/mnesia" "$STACK/rabbitmq/log"
+  cat >"$STACK/rabbitmq/rabbitmq.conf" <<EOF
+loopback_users = none
+EOF
+  echo '[].' >"$STACK/rabbitmq/enabled_plugins"
+  : >"$STACK/rabbitmq/rabbitmq-env.conf"
+  log "starting rabbitmq on 127.0.0.1:$AMQP_PORT"
+  (
+    rabbit_env
+    exec setsid /usr/lib/rabbitmq/bin/rabbitmq-server >"$STACK/logs/rabbitmq.log" 2>&1 </dev/null
+  ) &
+  echo $! >"$STACK/pids/rabbitmq.pid"
+  (rabbit_env; timeout 60 /usr/lib/rabbitmq/bin/rabbitmqctl -q -n "$RABBIT_NODE" wait --timeout 60 \
+    "$STACK/rabbitmq/rabbit.pid" >"$STACK/logs/rabbitmqctl.log" 2>&1) ||
+    die "rabbitmq did not start: $STACK/logs/rabbitmq.log"
+  wait_for rabbitmq 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$AMQP_PORT"
+}
+
+start_maildev() {
+  if alive "$STACK/pids/maildev.pid"; then log "maildev already running"; return; fi
+  log "starting maildev: smtp 127.0.0.1:$SMTP_PORT, web http://127.0.0.1:$MAILDEV_WEB_PORT"
+  setsid "$STACK/maildev/node_modules/.bin/maildev" --smtp "$SMTP_PORT" --web "$MAILDEV_WEB_PORT" \
+    --ip 127.0.0.1 --mail-directory "$STACK/maildev/mail" >"$STACK/logs/maildev.log" 2>&1 </dev/null &
+  echo $! >"$STACK/pids/maildev.pid"
+  wait_for maildev 30 curl -fsS "http://127.0.0.1:$MAILDEV_WEB_PORT/api/email"
+}
+
+make_fcm_key() {
+  local keys=$STACK/keys
+  [ -f "$keys/fcm-service-account.json" ] && return
+  mkdir -p "$keys"
+  log "generating a local FCM service-account key"
+  openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$keys/fcm-key.pem" 2>/dev/null
+  openssl pkey -in "$keys/fcm-key.pem" -pubout -out "$keys/fcm-public.pem"
+  python3 - "$keys" "$SIM_PORT" <<'EOF'
+import json, sys
+keys, port = sys.argv[1], sys.argv[2]
+key = open(f"{keys}/fcm-key.pem").read()
+json.dump({
+    "type": "service_account",
+    "project_id": "notify-local",
+    "private_key_id": "local-1",
+    "private_key": key,
+    "client_email": "notify@notify-local.iam.gserviceaccount.com",
+    "client_id": "1",
+    "token_uri": f"http://127.0.0.1:{port}/token",
+}, open(f"{keys}/fcm-service-account.json", "w"), indent=2)
+EOF
+}
+
+start_sim() {
+  if alive "$STACK/pids/provider-sim.pid"; then log "provider-sim already running"; return; fi
+  local bin=${PROVIDER_SIM_BIN:-}
+  if [ -z "$bin" ]; then
+    log "building provider-sim"
+    (cd "$repo" && cargo build -q -p provider-sim) || die "cargo build -p provider-sim failed"
+    bin=${CARGO_TARGET_DIR:-$repo/target}/debug/provider-sim
+  fi
+  log "starting provider-sim on http://127.0.0.1:$SIM_PORT"
+  SIM_ADDR=127.0.0.1:$SIM_PORT SIM_LINE_CHANNEL_TOKEN=$LINE_TOKEN \
+    SIM_FCM_PUBLIC_KEY_FILE=$STACK/keys/fcm-public.pem SIM_FCM_PROJECT_ID=notify-local \
+    SIM_FCM_CLIENT_EMAIL=notify@notify-local.iam.gserviceaccount.com \
+    setsid "$bin" >"$STACK/logs/provider-sim.log" 2>&1 </dev/null &
+  echo $! >"$STACK/pids/provider-sim.pid"
+  wait_for provider-sim 30 curl -fsS "http://127.0.0.1:$SIM_PORT/_sim/health"
+}
+
+stop_pid() { # name
+  local f=$STACK/pids/$1.pid
+  [ -f "$f" ] || return 0
+  local pid; pid=$(cat "$f")
+  if kill -0 "$pid" 2>/dev/null; then
+    log "stopping $1 (pid $pid)"
+    kill "$pid" 2>/dev/null || true
+    local i
+    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$f"
+}
+
+print_env() {
+  cat <<EOF
+export NOTIFY_DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/notify
+export NOTIFY_TEST_DATABASE_URL=postgres://postgres@127.0.0.1:$PG_PORT/postgres
+export NOTIFY_AMQP_URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT/%2f
+export NOTIFY_SMTP_URL=smtp://127.0.0.1:$SMTP_PORT
+export NOTIFY_MAILDEV_URL=http://127.0.0.1:$MAILDEV_WEB_PORT
+export NOTIFY_SIM_URL=http://127.0.0.1:$SIM_PORT
+export NOTIFY_LINE_API_BASE=http://127.0.0.1:$SIM_PORT
+export NOTIFY_LINE_CHANNEL_TOKEN=$LINE_TOKEN
+export NOTIFY_FCM_API_BASE=http://127.0.0.1:$SIM_PORT
+export NOTIFY_FCM_SERVICE_ACCOUNT_FILE=$STACK/keys/fcm-service-account.json
+EOF
+}
+
+cmd=${1:-}
+case "$cmd" in
+  up)
+    mkdir -p "$STACK/logs" "$STACK/pids"
+    install_missing
+    make_fcm_key
+    start_postgres
+    start_rabbitmq
+    start_maildev
+    start_sim
+    print_env >"$STACK/env"
+    log "ready; environment in $STACK/env"
+    ;;
+  down)
+    if alive "$STACK/pids/rabbitmq.pid"; then
+      (rabbit_env; timeout 30 /usr/lib/rabbitmq/bin/rabbitmqctl -q -n "$RABBIT_NODE" stop >/dev/null 2>&1) || true
+    fi
+    if alive "$STACK/pids/postgres.pid"; then
+      as_pg "$(pg_bin)/pg_ctl" -D "$STACK/pg/data" -m fast -w stop >/dev/null 2>&1 || true
+    fi
+    for s in provider-sim maildev rabbitmq postgres; do stop_pid "$s"; done
+    ;;
+  status)
+    for s in postgres rabbitmq maildev provider-sim; do
+      if alive "$STACK/pids/$s.pid"; then echo "$s: running (pid $(cat "$STACK/pids/$s.pid"))"; else echo "$s: stopped"; fi
+    done
+    ;;
+  env) print_env ;;
+  *) echo "usage: $0 up|down|status|env" >&2; exit 64 ;;
+esac
