@@ -77,9 +77,13 @@ alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
 wait_for() { # name seconds command...
   local name=$1 secs=$2; shift 2
-  local i
+  local i pidfile=$STACK/pids/$name.pid
   for ((i = 0; i < secs * 5; i++)); do
     if "$@" >/dev/null 2>&1; then return 0; fi
+    if [ -f "$pidfile" ] && ! alive "$pidfile"; then
+      tail -n 20 "$STACK/logs/$name.log" >&2 2>/dev/null || true
+      die "$name exited during start (logs in $STACK/logs)"
+    fi
     sleep 0.2
   done
   die "$name not ready after ${secs}s (logs in $STACK/logs)"

@@ -1,1 +1,128 @@
-//! placeholder
+//! The ingest service: the gRPC API (events, recipients, types, health, reflection), the
+//! outbox relay and the lease sweeper, in one process that may run as many replicas.
+//! `main.rs` only reads configuration and calls [`run`]; tests call [`run`] in-process.
+
+pub mod error;
+pub mod grpc;
+pub mod relay;
+
+use notify_broker::Topology;
+use notify_proto::v1 as pb;
+use notify_store::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// Settings of an ingest process.
+#[derive(Debug, Clone)]
+pub struct IngestConfig {
+    /// Relay settings (AMQP URL, topology, batching).
+    pub relay: relay::RelayConfig,
+    /// Attempts each new delivery gets.
+    pub max_attempts: i32,
+    /// Longest a request may run when the caller sets no shorter deadline.
+    pub request_timeout: Duration,
+    /// How often expired leases are recovered.
+    pub sweep_interval: Duration,
+    /// Most deliveries recovered per sweep.
+    pub sweep_batch: i64,
+}
+
+impl IngestConfig {
+    /// Reads `NOTIFY_AMQP_URL` (required), `NOTIFY_AMQP_PREFIX` (""), `NOTIFY_MAX_ATTEMPTS`
+    /// (5), `NOTIFY_REQUEST_TIMEOUT` (30s), `NOTIFY_RELAY_BATCH` (500), `NOTIFY_RELAY_POLL`
+    /// (1s), `NOTIFY_SWEEP_INTERVAL` (10s).
+    pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
+        let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
+        Self {
+            relay: relay::RelayConfig {
+                amqp_url: env.required("NOTIFY_AMQP_URL"),
+                topology: Topology::new(env.string("NOTIFY_AMQP_PREFIX", "")),
+                batch: env.parse("NOTIFY_RELAY_BATCH", 500),
+                poll: env.parse_with("NOTIFY_RELAY_POLL", Duration::from_secs(1), dur),
+                hold: Duration::from_secs(30),
+                confirm_timeout: Duration::from_secs(10),
+                retry_in: Duration::from_secs(5),
+            },
+            max_attempts: env.parse("NOTIFY_MAX_ATTEMPTS", 5),
+            request_timeout: env.parse_with("NOTIFY_REQUEST_TIMEOUT", Duration::from_secs(30), dur),
+            sweep_interval: env.parse_with("NOTIFY_SWEEP_INTERVAL", Duration::from_secs(10), dur),
+            sweep_batch: 500,
+        }
+    }
+}
+
+/// Serves the gRPC API on `listener` and runs the relay and the sweeper until `shutdown`
+/// is cancelled; then stops accepting, finishes in-flight requests and stops the tasks.
+pub async fn run(
+    cfg: IngestConfig,
+    pool: PgPool,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let stats = Arc::new(relay::RelayStats::default());
+    let relay_task = tokio::spawn(relay::run(
+        pool.clone(),
+        cfg.relay.clone(),
+        stats,
+        shutdown.clone(),
+    ));
+    let sweeper_task = tokio::spawn(sweep(
+        pool.clone(),
+        cfg.sweep_interval,
+        cfg.sweep_batch,
+        shutdown.clone(),
+    ));
+
+    let services = grpc::Services::new(pool, cfg.max_attempts);
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::ingest_service_server::IngestServiceServer<grpc::Services>>()
+        .await;
+    health
+        .set_serving::<pb::recipient_service_server::RecipientServiceServer<grpc::Services>>()
+        .await;
+    health
+        .set_serving::<pb::type_service_server::TypeServiceServer<grpc::Services>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(notify_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    info!(addr = %listener.local_addr()?, "gRPC listening");
+    tonic::transport::Server::builder()
+        .timeout(cfg.request_timeout)
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(pb::ingest_service_server::IngestServiceServer::new(
+            services.clone(),
+        ))
+        .add_service(pb::recipient_service_server::RecipientServiceServer::new(
+            services.clone(),
+        ))
+        .add_service(pb::type_service_server::TypeServiceServer::new(services))
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener),
+            shutdown.cancelled(),
+        )
+        .await?;
+    info!("gRPC stopped; draining the relay");
+    let _ = relay_task.await;
+    let _ = sweeper_task.await;
+    Ok(())
+}
+
+async fn sweep(pool: PgPool, every: Duration, batch: i64, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        match notify_store::deliveries::requeue_expired_leases(&pool, batch).await {
+            Ok(0) => {}
+            Ok(n) => warn!(recovered = n, "expired leases returned to pending"),
+            Err(e) => warn!(error = %e, "lease sweep failed"),
+        }
+    }
+}

@@ -7,13 +7,15 @@
 //!   `x-delivery-limit` and `x-dead-letter-exchange = notify.dead`;
 //! - exchange `notify.dead` (fanout, durable) bound to quorum queue `deliveries.dead`.
 
+use lapin::Confirmation;
 use lapin::options::{
     BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
     QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
-use lapin::Confirmation;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel as AmqpChannel, Connection, ConnectionProperties, ExchangeKind};
+use lapin::{
+    BasicProperties, Channel as AmqpChannel, Connection, ConnectionProperties, ExchangeKind,
+};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use uuid::Uuid;
@@ -77,8 +79,13 @@ impl Topology {
             durable: true,
             ..Default::default()
         };
-        ch.exchange_declare(self.exchange().into(), ExchangeKind::Direct, durable, FieldTable::default())
-            .await?;
+        ch.exchange_declare(
+            self.exchange().into(),
+            ExchangeKind::Direct,
+            durable,
+            FieldTable::default(),
+        )
+        .await?;
         ch.exchange_declare(
             self.dead_letter_exchange().into(),
             ExchangeKind::Fanout,
@@ -91,7 +98,10 @@ impl Topology {
             ..Default::default()
         };
         let mut dead_args = FieldTable::default();
-        dead_args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+        dead_args.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
         ch.queue_declare(self.dead_letter_queue().into(), queue_opts, dead_args)
             .await?;
         ch.queue_bind(
@@ -105,16 +115,23 @@ impl Topology {
         for channel in channels {
             let mut args = FieldTable::default();
             // Quorum queues are replicated and count redeliveries per message.
-            args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+            args.insert(
+                "x-queue-type".into(),
+                AMQPValue::LongString("quorum".into()),
+            );
             // A message redelivered this many times (crash loops) is dead-lettered instead of
             // looping forever.
-            args.insert("x-delivery-limit".into(), AMQPValue::LongInt(self.delivery_limit));
+            args.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongInt(self.delivery_limit),
+            );
             // Rejected and over-limit messages go to the dead-letter queue for operators.
             args.insert(
                 "x-dead-letter-exchange".into(),
                 AMQPValue::LongString(self.dead_letter_exchange().into()),
             );
-            ch.queue_declare(self.queue(channel).into(), queue_opts, args).await?;
+            ch.queue_declare(self.queue(channel).into(), queue_opts, args)
+                .await?;
             ch.queue_bind(
                 self.queue(channel).into(),
                 self.exchange().into(),
@@ -130,11 +147,18 @@ impl Topology {
     /// Deletes every queue and exchange of this topology (tests clean up with it).
     pub async fn delete(&self, ch: &AmqpChannel, channels: &[&str]) -> Result<(), BrokerError> {
         for channel in channels {
-            ch.queue_delete(self.queue(channel).into(), QueueDeleteOptions::default()).await?;
+            ch.queue_delete(self.queue(channel).into(), QueueDeleteOptions::default())
+                .await?;
         }
-        ch.queue_delete(self.dead_letter_queue().into(), QueueDeleteOptions::default()).await?;
-        ch.exchange_delete(self.exchange().into(), Default::default()).await?;
-        ch.exchange_delete(self.dead_letter_exchange().into(), Default::default()).await?;
+        ch.queue_delete(
+            self.dead_letter_queue().into(),
+            QueueDeleteOptions::default(),
+        )
+        .await?;
+        ch.exchange_delete(self.exchange().into(), Default::default())
+            .await?;
+        ch.exchange_delete(self.dead_letter_exchange().into(), Default::default())
+            .await?;
         Ok(())
     }
 }
@@ -147,7 +171,10 @@ pub async fn connect(url: &str, name: &str) -> Result<Connection, BrokerError> {
 
 /// Opens a consuming channel with `prefetch` unacknowledged messages at most, so a worker
 /// never holds more messages than it can work on at once.
-pub async fn consumer_channel(conn: &Connection, prefetch: u16) -> Result<AmqpChannel, BrokerError> {
+pub async fn consumer_channel(
+    conn: &Connection,
+    prefetch: u16,
+) -> Result<AmqpChannel, BrokerError> {
     let ch = conn.create_channel().await?;
     ch.basic_qos(prefetch, BasicQosOptions::default()).await?;
     Ok(ch)
@@ -168,7 +195,9 @@ pub struct DeliveryMessage {
 impl DeliveryMessage {
     /// Parses a message body; `None` for anything that is not a version-1 message.
     pub fn parse(body: &[u8]) -> Option<Self> {
-        serde_json::from_slice::<Self>(body).ok().filter(|m| m.v == 1)
+        serde_json::from_slice::<Self>(body)
+            .ok()
+            .filter(|m| m.v == 1)
     }
 }
 
@@ -195,9 +224,15 @@ pub struct Publisher {
 
 impl Publisher {
     /// Opens a confirm-mode channel on `conn` publishing to `topology`'s exchange.
-    pub async fn new(conn: &Connection, topology: &Topology, confirm_timeout: Duration) -> Result<Self, BrokerError> {
+    pub async fn new(
+        conn: &Connection,
+        topology: &Topology,
+        confirm_timeout: Duration,
+    ) -> Result<Self, BrokerError> {
         let channel = conn.create_channel().await?;
-        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
         Ok(Self {
             channel,
             exchange: topology.exchange(),
@@ -244,7 +279,9 @@ impl Publisher {
             let outcome = match p {
                 Err(e) => PublishOutcome::Unknown(e.to_string()),
                 Ok(confirm) => match tokio::time::timeout_at(deadline, confirm).await {
-                    Err(_) => PublishOutcome::Unknown(BrokerError::ConfirmTimeout(self.confirm_timeout).to_string()),
+                    Err(_) => PublishOutcome::Unknown(
+                        BrokerError::ConfirmTimeout(self.confirm_timeout).to_string(),
+                    ),
                     Ok(Err(e)) => PublishOutcome::Unknown(e.to_string()),
                     Ok(Ok(Confirmation::Ack(Some(_)))) => PublishOutcome::Unroutable,
                     Ok(Ok(Confirmation::Ack(None))) => PublishOutcome::Confirmed,
@@ -283,6 +320,11 @@ mod tests {
         let body = serde_json::to_vec(&m).unwrap();
         assert_eq!(DeliveryMessage::parse(&body), Some(m));
         assert_eq!(DeliveryMessage::parse(&[0xFF, 0xFE, 0x00]), None);
-        assert_eq!(DeliveryMessage::parse(br#"{"v":2,"delivery_id":"00000000-0000-0000-0000-000000000000","channel":"x"}"#), None);
+        assert_eq!(
+            DeliveryMessage::parse(
+                br#"{"v":2,"delivery_id":"00000000-0000-0000-0000-000000000000","channel":"x"}"#
+            ),
+            None
+        );
     }
 }

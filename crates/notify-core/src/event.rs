@@ -225,7 +225,10 @@ impl NewEvent {
         v.check_len("content.email_subject", &c.email_subject, MAX_TITLE_CHARS);
         v.check_len("content.email_html", &c.email_html, MAX_EMAIL_PART_CHARS);
         v.check_len("content.email_text", &c.email_text, MAX_EMAIL_PART_CHARS);
-        for (field, text) in [("content.title", &c.title), ("content.email_subject", &c.email_subject)] {
+        for (field, text) in [
+            ("content.title", &c.title),
+            ("content.email_subject", &c.email_subject),
+        ] {
             if text.contains(['\r', '\n']) {
                 v.add(field, "must be a single line");
             }
@@ -308,7 +311,10 @@ mod tests {
         i.event_key = "e\u{301}".repeat(127) + "x"; // 382 bytes decomposed, 255 composed
         let e = NewEvent::parse(i).unwrap();
         assert_eq!(e.event_key.len(), 255);
-        assert_eq!(e.event_key, normalize_event_key(&("\u{e9}".repeat(127) + "x")));
+        assert_eq!(
+            e.event_key,
+            normalize_event_key(&("\u{e9}".repeat(127) + "x"))
+        );
 
         let mut i = input();
         i.event_key = "k".repeat(256);
@@ -382,6 +388,9 @@ mod tests {
         assert_eq!(c.text_part(), "a & b\nline2\n\nhttps://x.test/o?a=1&b=2");
         assert!(c.html_part().contains("<p>a &amp; b<br>line2</p>"));
         assert!(c.html_part().contains("a=1&amp;b=2"));
-        assert_eq!(c.chat_text(), "สวัสดี <ลูกค้า>\na & b\nline2\nhttps://x.test/o?a=1&b=2");
+        assert_eq!(
+            c.chat_text(),
+            "สวัสดี <ลูกค้า>\na & b\nline2\nhttps://x.test/o?a=1&b=2"
+        );
     }
 }

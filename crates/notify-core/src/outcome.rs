@@ -109,8 +109,14 @@ mod tests {
 
     #[test]
     fn retry_after_seconds_only() {
-        assert_eq!(parse_retry_after_seconds(" 120 "), Some(Duration::from_secs(120)));
-        assert_eq!(parse_retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(
+            parse_retry_after_seconds(" 120 "),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            parse_retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT"),
+            None
+        );
         assert_eq!(parse_retry_after_seconds("-1"), None);
     }
 
@@ -118,9 +124,16 @@ mod tests {
     fn retry_after_only_applies_to_failures() {
         let ok = AttemptOutcome::sent(None, serde_json::Value::Null)
             .with_retry_after(Some(Duration::from_secs(5)));
-        assert_eq!(ok.result, AttemptResult::Sent { provider_message_id: None });
+        assert_eq!(
+            ok.result,
+            AttemptResult::Sent {
+                provider_message_id: None
+            }
+        );
         let f = AttemptOutcome::failed(ErrorClass::RateLimited, "x", serde_json::Value::Null)
             .with_retry_after(Some(Duration::from_secs(5)));
-        assert!(matches!(f.result, AttemptResult::Failed { retry_after: Some(d), .. } if d.as_secs() == 5));
+        assert!(
+            matches!(f.result, AttemptResult::Failed { retry_after: Some(d), .. } if d.as_secs() == 5)
+        );
     }
 }

@@ -205,7 +205,10 @@ mod tests {
             exists: true,
             email: Some("somchai@example.test".into()),
             line_user_id: Some("U0123456789abcdef0123456789abcdef".into()),
-            push_endpoints: vec![(Uuid::from_u128(1), "fcm".into()), (Uuid::from_u128(2), "fcm".into())],
+            push_endpoints: vec![
+                (Uuid::from_u128(1), "fcm".into()),
+                (Uuid::from_u128(2), "fcm".into()),
+            ],
             ..Default::default()
         }
     }
@@ -213,9 +216,15 @@ mod tests {
     #[test]
     fn preference_resolution_order() {
         assert!(is_enabled(true, Some(false), Some(false)), "critical wins");
-        assert!(!is_enabled(false, Some(false), Some(true)), "type x channel beats channel-wide");
+        assert!(
+            !is_enabled(false, Some(false), Some(true)),
+            "type x channel beats channel-wide"
+        );
         assert!(is_enabled(false, Some(true), Some(false)));
-        assert!(!is_enabled(false, None, Some(false)), "channel-wide beats default");
+        assert!(
+            !is_enabled(false, None, Some(false)),
+            "channel-wide beats default"
+        );
         assert!(is_enabled(false, None, None), "default on");
     }
 
@@ -243,9 +252,15 @@ mod tests {
             ..Default::default()
         };
         let (p, s) = plan(Uuid::nil(), false, &Channel::ALL, &[r, unknown]);
-        let planned: Vec<_> = p.iter().map(|d| (d.user_id.as_str(), d.channel.as_str())).collect();
+        let planned: Vec<_> = p
+            .iter()
+            .map(|d| (d.user_id.as_str(), d.channel.as_str()))
+            .collect();
         assert_eq!(planned, [("somchai", "inapp"), ("ghost", "inapp")]);
-        let why: Vec<_> = s.iter().map(|d| (d.user_id.as_str(), d.channel.as_str(), d.reason.as_str())).collect();
+        let why: Vec<_> = s
+            .iter()
+            .map(|d| (d.user_id.as_str(), d.channel.as_str(), d.reason.as_str()))
+            .collect();
         assert_eq!(
             why,
             [
@@ -272,9 +287,13 @@ mod tests {
     fn requested_channels_must_be_type_defaults() {
         let defaults = [Channel::InApp, Channel::Email];
         let names = vec!["email".to_string(), "line".to_string()];
-        let errs = effective_channels(&defaults, &[Channel::Email, Channel::Line], &names, "t").unwrap_err();
+        let errs = effective_channels(&defaults, &[Channel::Email, Channel::Line], &names, "t")
+            .unwrap_err();
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].field, "channels[1]");
-        assert_eq!(effective_channels(&defaults, &[], &[], "t").unwrap(), [Channel::InApp, Channel::Email]);
+        assert_eq!(
+            effective_channels(&defaults, &[], &[], "t").unwrap(),
+            [Channel::InApp, Channel::Email]
+        );
     }
 }

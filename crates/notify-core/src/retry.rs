@@ -80,7 +80,11 @@ impl RetryPolicy {
             0 => Duration::ZERO,
             n => self.delays[(attempts_made.max(1) as usize - 1).min(n - 1)],
         };
-        let jitter = if jitter.is_finite() { jitter.clamp(0.0, 1.0) } else { 0.0 };
+        let jitter = if jitter.is_finite() {
+            jitter.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         let mut delay = Duration::try_from_secs_f64(base.as_secs_f64() * jitter).unwrap_or(base);
         if let Some(after) = retry_after {
             delay = delay.max(after.min(self.max_retry_after));
@@ -103,7 +107,9 @@ mod tests {
     #[test]
     fn default_schedule_with_full_jitter_and_give_up_after_five() {
         let p = RetryPolicy::default();
-        let top: Vec<_> = (1..=4).map(|a| p.next_delay(a, None, false, 0.999_999).unwrap().as_secs()).collect();
+        let top: Vec<_> = (1..=4)
+            .map(|a| p.next_delay(a, None, false, 0.999_999).unwrap().as_secs())
+            .collect();
         assert_eq!(top, [29, 119, 599, 3599]);
         assert_eq!(p.next_delay(1, None, false, 0.0), Some(Duration::ZERO));
         assert_eq!(p.next_delay(5, None, false, 0.5), None);
@@ -114,7 +120,10 @@ mod tests {
     fn retry_after_is_honoured_clamped_and_429_has_a_floor() {
         let p = RetryPolicy::default();
         assert_eq!(p.next_delay(1, Some(secs(90)), false, 0.1), Some(secs(90)));
-        assert_eq!(p.next_delay(1, Some(secs(10 * 86_400)), false, 0.1), Some(secs(6 * 3600)));
+        assert_eq!(
+            p.next_delay(1, Some(secs(10 * 86_400)), false, 0.1),
+            Some(secs(6 * 3600))
+        );
         assert_eq!(p.next_delay(1, None, true, 0.0), Some(secs(60)));
         assert_eq!(p.next_delay(1, Some(secs(5)), true, 0.0), Some(secs(60)));
     }
@@ -126,7 +135,10 @@ mod tests {
             max_attempts: u32::MAX,
             ..Default::default()
         };
-        assert_eq!(p.next_delay(u32::MAX - 1, None, false, f64::NAN), Some(Duration::ZERO));
+        assert_eq!(
+            p.next_delay(u32::MAX - 1, None, false, f64::NAN),
+            Some(Duration::ZERO)
+        );
         assert_eq!(p.next_delay(0, None, false, 7.0), Some(Duration::ZERO));
         let q = RetryPolicy {
             delays: vec![Duration::MAX],
@@ -137,7 +149,10 @@ mod tests {
 
     #[test]
     fn durations_parse_with_units() {
-        assert_eq!(parse_durations("30s,2m,10m,1h,6h").unwrap(), RetryPolicy::default().delays);
+        assert_eq!(
+            parse_durations("30s,2m,10m,1h,6h").unwrap(),
+            RetryPolicy::default().delays
+        );
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("5").unwrap(), secs(5));
         assert!(parse_duration("5d").is_err());

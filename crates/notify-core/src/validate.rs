@@ -48,7 +48,10 @@ impl Violations {
         } else if value.len() > max_bytes {
             self.add(
                 field,
-                format!("must be at most {max_bytes} bytes (UTF-8), got {}", value.len()),
+                format!(
+                    "must be at most {max_bytes} bytes (UTF-8), got {}",
+                    value.len()
+                ),
             );
             false
         } else if value.chars().any(char::is_control) {
@@ -63,7 +66,10 @@ impl Violations {
     pub fn check_len(&mut self, field: &str, value: &str, max_chars: usize) {
         let n = value.chars().count();
         if n > max_chars {
-            self.add(field, format!("must be at most {max_chars} characters, got {n}"));
+            self.add(
+                field,
+                format!("must be at most {max_chars} characters, got {n}"),
+            );
         }
     }
 
@@ -104,7 +110,8 @@ pub fn is_language_tag(tag: &str) -> bool {
     (2..=3).contains(&lang.len())
         && lang.chars().all(|c| c.is_ascii_alphabetic())
         && tag.len() <= 35
-        && parts.all(|p| !p.is_empty() && p.len() <= 8 && p.chars().all(|c| c.is_ascii_alphanumeric()))
+        && parts
+            .all(|p| !p.is_empty() && p.len() <= 8 && p.chars().all(|c| c.is_ascii_alphanumeric()))
 }
 
 /// LINE user ids are `U` followed by 32 lowercase hex digits (LINE Messaging API
@@ -112,7 +119,9 @@ pub fn is_language_tag(tag: &str) -> bool {
 pub fn is_line_user_id(id: &str) -> bool {
     id.len() == 33
         && id.starts_with('U')
-        && id[1..].chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+        && id[1..]
+            .chars()
+            .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
 }
 
 /// Notification type keys: 1 to 64 characters of `[a-z0-9_.-]`, starting with a letter.

@@ -7,4 +7,5 @@ pub mod v1 {
 }
 
 /// Encoded `FileDescriptorSet` of the API (including imports), for server reflection.
-pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/notify_descriptor.bin"));
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/notify_descriptor.bin"));

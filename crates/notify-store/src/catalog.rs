@@ -208,16 +208,17 @@ pub async fn load_recipient_facts(
         .map(|(i, u)| (u.clone(), i))
         .collect();
 
-    let rows = sqlx::query(
-        "SELECT user_id, email, line_user_id FROM recipients WHERE user_id = ANY($1)",
-    )
-    .bind(user_ids)
-    .fetch_all(&mut *db)
-    .await?;
+    let rows =
+        sqlx::query("SELECT user_id, email, line_user_id FROM recipients WHERE user_id = ANY($1)")
+            .bind(user_ids)
+            .fetch_all(&mut *db)
+            .await?;
     for r in rows {
         let f = &mut facts[index[r.get::<&str, _>("user_id")]];
         f.exists = true;
-        f.email = r.get::<Option<String>, _>("email").filter(|s| !s.is_empty());
+        f.email = r
+            .get::<Option<String>, _>("email")
+            .filter(|s| !s.is_empty());
         f.line_user_id = r
             .get::<Option<String>, _>("line_user_id")
             .filter(|s| !s.is_empty());

@@ -147,14 +147,21 @@ pub async fn claim(db: &PgPool, id: Uuid, channel: &str, lease: Duration) -> Res
         .await?;
     Ok(match row {
         None => ClaimOutcome::Missing,
-        Some(r) if r.get::<&str, _>("channel") != channel => ClaimOutcome::WrongChannel(r.get("channel")),
+        Some(r) if r.get::<&str, _>("channel") != channel => {
+            ClaimOutcome::WrongChannel(r.get("channel"))
+        }
         Some(r) => ClaimOutcome::NotClaimable(r.get("status")),
     })
 }
 
 /// Extends a live lease by `lease` from now (database clock). Returns false when the
 /// lease was lost (expired and taken over, or the delivery finished elsewhere).
-pub async fn extend_lease(db: &PgPool, id: Uuid, lease_token: Uuid, lease: Duration) -> Result<bool> {
+pub async fn extend_lease(
+    db: &PgPool,
+    id: Uuid,
+    lease_token: Uuid,
+    lease: Duration,
+) -> Result<bool> {
     let done = sqlx::query(
         "UPDATE notification_deliveries SET lease_expires_at = now() + $3 * interval '1 millisecond'
          WHERE id = $1 AND lease_token = $2 AND status = 'sending'",
@@ -208,11 +215,23 @@ pub struct AttemptRecord {
 
 /// Records an attempt and the delivery's new state in one transaction fenced by the
 /// lease token. Returns false, writing nothing, when the lease was lost.
-pub async fn record_attempt(db: &PgPool, job: &DeliveryJob, next: &NextState, attempt: &AttemptRecord) -> Result<bool> {
+pub async fn record_attempt(
+    db: &PgPool,
+    job: &DeliveryJob,
+    next: &NextState,
+    attempt: &AttemptRecord,
+) -> Result<bool> {
     let mut tx = db.begin().await?;
     let (status, pmid, retry_ms, last_error) = match next {
-        NextState::Sent { provider_message_id } => ("sent", provider_message_id.clone(), None, None),
-        NextState::Retry { after, error } => ("pending", None, Some(after.as_millis() as i64), Some(error.clone())),
+        NextState::Sent {
+            provider_message_id,
+        } => ("sent", provider_message_id.clone(), None, None),
+        NextState::Retry { after, error } => (
+            "pending",
+            None,
+            Some(after.as_millis() as i64),
+            Some(error.clone()),
+        ),
         NextState::Failed { error } => ("failed", None, None, Some(error.clone())),
     };
     let done = sqlx::query(
@@ -246,7 +265,12 @@ pub async fn record_attempt(db: &PgPool, job: &DeliveryJob, next: &NextState, at
     .bind(attempt.outcome)
     .bind(attempt.provider_status)
     .bind(&attempt.error_code)
-    .bind(attempt.provider_response.as_deref().map(|s| truncate_utf8(s, MAX_PROVIDER_RESPONSE_BYTES)))
+    .bind(
+        attempt
+            .provider_response
+            .as_deref()
+            .map(|s| truncate_utf8(s, MAX_PROVIDER_RESPONSE_BYTES)),
+    )
     .bind(&attempt.content)
     .execute(&mut *tx)
     .await?;

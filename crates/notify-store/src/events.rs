@@ -90,10 +90,19 @@ pub async fn insert_deliveries(
     let ids: Vec<Uuid> = deliveries.iter().map(|d| d.id).collect();
     let users: Vec<&str> = deliveries.iter().map(|d| d.plan.user_id.as_str()).collect();
     let channels: Vec<&str> = deliveries.iter().map(|d| d.plan.channel.as_str()).collect();
-    let providers: Vec<&str> = deliveries.iter().map(|d| d.plan.provider.as_str()).collect();
+    let providers: Vec<&str> = deliveries
+        .iter()
+        .map(|d| d.plan.provider.as_str())
+        .collect();
     let endpoints: Vec<Option<Uuid>> = deliveries.iter().map(|d| d.plan.endpoint_id).collect();
-    let addresses: Vec<Option<&str>> = deliveries.iter().map(|d| d.plan.address.as_deref()).collect();
-    let keys: Vec<&str> = deliveries.iter().map(|d| d.plan.idempotency_key.as_str()).collect();
+    let addresses: Vec<Option<&str>> = deliveries
+        .iter()
+        .map(|d| d.plan.address.as_deref())
+        .collect();
+    let keys: Vec<&str> = deliveries
+        .iter()
+        .map(|d| d.plan.idempotency_key.as_str())
+        .collect();
     let retry_keys: Vec<Option<Uuid>> = deliveries.iter().map(|d| d.retry_key).collect();
     let max_attempts: Vec<i32> = deliveries.iter().map(|d| d.max_attempts).collect();
     sqlx::query(
@@ -185,7 +194,10 @@ pub enum EventSelector {
 }
 
 /// Loads an event; `None` if it does not exist.
-pub async fn get_event(db: impl PgExecutor<'_>, sel: &EventSelector) -> Result<Option<EventRecord>> {
+pub async fn get_event(
+    db: impl PgExecutor<'_>,
+    sel: &EventSelector,
+) -> Result<Option<EventRecord>> {
     let (id, key) = match sel {
         EventSelector::Id(id) => (Some(*id), None),
         EventSelector::Key(k) => (None, Some(k.as_str())),
@@ -213,7 +225,10 @@ pub async fn get_event(db: impl PgExecutor<'_>, sel: &EventSelector) -> Result<O
 }
 
 /// Every delivery of an event, by user then channel.
-pub async fn list_deliveries(db: impl PgExecutor<'_>, event_id: Uuid) -> Result<Vec<DeliveryRecord>> {
+pub async fn list_deliveries(
+    db: impl PgExecutor<'_>,
+    event_id: Uuid,
+) -> Result<Vec<DeliveryRecord>> {
     let rows = sqlx::query(
         "SELECT id, user_id, channel, provider, endpoint_id, status, attempts, next_attempt_at,
                 last_error, provider_message_id, sent_at

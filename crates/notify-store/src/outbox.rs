@@ -59,7 +59,12 @@ pub async fn delete(db: &PgPool, ids: &[i64]) -> Result<u64> {
 
 /// Keeps rows whose publish failed (nack, unroutable, channel error), counts the failure,
 /// records the error and makes them due again after `retry_in`.
-pub async fn publish_failed(db: &PgPool, ids: &[i64], error: &str, retry_in: Duration) -> Result<()> {
+pub async fn publish_failed(
+    db: &PgPool,
+    ids: &[i64],
+    error: &str,
+    retry_in: Duration,
+) -> Result<()> {
     if ids.is_empty() {
         return Ok(());
     }

@@ -12,20 +12,31 @@ use tokio_util::sync::CancellationToken;
 /// Exit code for bad configuration (`EX_CONFIG`-style usage error, sysexits.h 64).
 pub const EXIT_BAD_CONFIG: i32 = 64;
 
-/// Installs the global tracing subscriber for `service`. Safe to call more than once
-/// (later calls do nothing), so tests can call it too.
+/// Installs the global tracing subscriber for `service` and the process-wide rustls
+/// crypto provider (ring; needed because more than one provider may be compiled in).
+/// Safe to call more than once (later calls do nothing), so tests can call it too.
 pub fn init(service: &str) {
+    install_crypto_provider();
     use tracing_subscriber::{EnvFilter, fmt};
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("NOTIFY_LOG_FORMAT").is_ok_and(|v| v == "json");
     let result = if json {
-        fmt().with_env_filter(filter).json().with_current_span(true).try_init()
+        fmt()
+            .with_env_filter(filter)
+            .json()
+            .with_current_span(true)
+            .try_init()
     } else {
         fmt().with_env_filter(filter).with_target(false).try_init()
     };
     if result.is_ok() {
         tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
     }
+}
+
+/// Installs ring as rustls' process-wide crypto provider (no-op when one is installed).
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// Reads typed settings from the environment and collects every problem, so that a
@@ -67,7 +78,12 @@ impl Env {
     }
 
     /// An optional variable parsed with `f`, with a default.
-    pub fn parse_with<T>(&mut self, name: &str, default: T, f: impl FnOnce(&str) -> Result<T, String>) -> T {
+    pub fn parse_with<T>(
+        &mut self,
+        name: &str,
+        default: T,
+        f: impl FnOnce(&str) -> Result<T, String>,
+    ) -> T {
         match std::env::var(name) {
             Ok(v) if !v.trim().is_empty() => match f(v.trim()) {
                 Ok(t) => t,
@@ -106,13 +122,14 @@ pub fn shutdown_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
     tokio::spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM");
+                    return;
+                }
+            };
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),

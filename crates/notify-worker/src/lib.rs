@@ -10,7 +10,9 @@
 //!    does not exist (or belongs to another channel) are rejected to the dead-letter queue.
 
 use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicRejectOptions,
+};
 use lapin::types::FieldTable;
 use notify_broker::{DeliveryMessage, Topology, lapin};
 use notify_core::outcome::{AttemptOutcome, AttemptResult, ErrorClass};
@@ -64,9 +66,11 @@ impl WorkerConfig {
         let durs = |s: &str| notify_core::retry::parse_durations(s).map_err(|e| e.to_string());
         let amqp_url = env.required("NOTIFY_AMQP_URL");
         let prefix = env.string("NOTIFY_AMQP_PREFIX", "");
-        let concurrency = env.parse_with("NOTIFY_WORKER_CONCURRENCY", 16u16, |s| match s.parse::<u16>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err("must be a whole number from 1 to 65535".into()),
+        let concurrency = env.parse_with("NOTIFY_WORKER_CONCURRENCY", 16u16, |s| {
+            match s.parse::<u16>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err("must be a whole number from 1 to 65535".into()),
+            }
         });
         let lease = env.parse_with("NOTIFY_LEASE", Duration::from_secs(60), dur);
         if lease < Duration::from_secs(3) {
@@ -128,7 +132,11 @@ pub async fn run<S: ChannelSender>(
 
     let permits = Arc::new(Semaphore::new(cfg.concurrency as usize));
     let mut tasks = JoinSet::new();
-    let ctx = Arc::new(Ctx { pool, sender, cfg: cfg.clone() });
+    let ctx = Arc::new(Ctx {
+        pool,
+        sender,
+        cfg: cfg.clone(),
+    });
     loop {
         let permit = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -157,14 +165,20 @@ pub async fn run<S: ChannelSender>(
         }
         while tasks.try_join_next().is_some() {}
     }
+    while tasks.try_join_next().is_some() {}
     info!(in_flight = tasks.len(), "stopping: no new messages");
-    let _ = amqp.basic_cancel(tag.into(), BasicCancelOptions::default()).await;
+    let _ = amqp
+        .basic_cancel(tag.into(), BasicCancelOptions::default())
+        .await;
     let drained = tokio::time::timeout(cfg.shutdown_grace, async {
         while tasks.join_next().await.is_some() {}
     })
     .await;
     if drained.is_err() {
-        warn!(left = tasks.len(), "grace period over; unfinished deliveries keep their lease and are recovered by the sweeper");
+        warn!(
+            left = tasks.len(),
+            "grace period over; unfinished deliveries keep their lease and are recovered by the sweeper"
+        );
     }
     let _ = amqp.close(200, "worker stopping".into()).await;
     let _ = conn.close(200, "worker stopping".into()).await;
@@ -195,7 +209,10 @@ where
             }
         }
     }
-    error!(what, "database unreachable; giving the message back to the broker");
+    error!(
+        what,
+        "database unreachable; giving the message back to the broker"
+    );
     None
 }
 
@@ -286,7 +303,11 @@ impl<S: ChannelSender> Ctx<S> {
 
 /// Turns an attempt's outcome into the delivery's next state and the attempt record,
 /// using the retry policy and the delivery's attempt budget. Pure.
-pub fn decide(policy: &RetryPolicy, job: &DeliveryJob, outcome: AttemptOutcome) -> (NextState, AttemptRecord) {
+pub fn decide(
+    policy: &RetryPolicy,
+    job: &DeliveryJob,
+    outcome: AttemptOutcome,
+) -> (NextState, AttemptRecord) {
     let mut record = AttemptRecord {
         outcome: "sent",
         provider_status: outcome.provider_status,
@@ -296,21 +317,36 @@ pub fn decide(policy: &RetryPolicy, job: &DeliveryJob, outcome: AttemptOutcome) 
         deactivate_endpoint: None,
     };
     let next = match outcome.result {
-        AttemptResult::Sent { provider_message_id } => NextState::Sent { provider_message_id },
-        AttemptResult::Failed { class, code, retry_after } => {
+        AttemptResult::Sent {
+            provider_message_id,
+        } => NextState::Sent {
+            provider_message_id,
+        },
+        AttemptResult::Failed {
+            class,
+            code,
+            retry_after,
+        } => {
             record.error_code = Some(code.clone());
-            let status = record.provider_status.map(|s| format!(" (provider status {s})")).unwrap_or_default();
+            let status = record
+                .provider_status
+                .map(|s| format!(" (provider status {s})"))
+                .unwrap_or_default();
             match class {
                 ErrorClass::Permanent => {
                     record.outcome = "failed";
-                    NextState::Failed { error: format!("{code}{status}") }
+                    NextState::Failed {
+                        error: format!("{code}{status}"),
+                    }
                 }
                 ErrorClass::InvalidEndpoint => {
                     record.outcome = "failed";
                     if let Some(ep) = job.endpoint_id {
                         record.deactivate_endpoint = Some((ep, code.clone()));
                     }
-                    NextState::Failed { error: format!("{code}{status}") }
+                    NextState::Failed {
+                        error: format!("{code}{status}"),
+                    }
                 }
                 ErrorClass::Transient | ErrorClass::RateLimited => {
                     let budget = RetryPolicy {
@@ -326,12 +362,18 @@ pub fn decide(policy: &RetryPolicy, job: &DeliveryJob, outcome: AttemptOutcome) 
                     ) {
                         Some(after) => {
                             record.outcome = "retry";
-                            NextState::Retry { after, error: format!("{code}{status}") }
+                            NextState::Retry {
+                                after,
+                                error: format!("{code}{status}"),
+                            }
                         }
                         None => {
                             record.outcome = "failed";
                             NextState::Failed {
-                                error: format!("{code}{status}; gave up after {} attempts", job.attempt),
+                                error: format!(
+                                    "{code}{status}; gave up after {} attempts",
+                                    job.attempt
+                                ),
                             }
                         }
                     }
@@ -350,7 +392,11 @@ async fn ack(msg: &lapin::message::Delivery) {
 
 async fn reject(msg: &lapin::message::Delivery) {
     // requeue = false: the queue's dead-letter exchange takes it.
-    if let Err(e) = msg.acker.reject(BasicRejectOptions { requeue: false }).await {
+    if let Err(e) = msg
+        .acker
+        .reject(BasicRejectOptions { requeue: false })
+        .await
+    {
         warn!(error = %e, "reject failed");
     }
 }
@@ -369,25 +415,32 @@ async fn nack_requeue(msg: &lapin::message::Delivery) {
 }
 
 /// Standard `main` body of a worker binary: reads the configuration (exit 64 listing every
-/// bad variable), sets up logging, builds the sender with `build`, and runs until SIGTERM.
+/// bad variable), sets up logging, builds the sender with `build` (given the environment
+/// reader and the database pool), and runs until SIGTERM.
 pub async fn main_with<S, F>(service: &str, build: F) -> anyhow::Result<()>
 where
     S: ChannelSender,
-    F: FnOnce(&mut notify_telemetry::Env) -> Option<S>,
+    F: FnOnce(&mut notify_telemetry::Env, &PgPool) -> Option<S>,
 {
     notify_telemetry::init(service);
     let mut env = notify_telemetry::Env::new();
-    let db_url = env.required("NOTIFY_DATABASE_URL");
-    let pool_size: u32 = env.parse("NOTIFY_DB_POOL_SIZE", 10);
+    let mut pool_cfg = notify_store::PoolConfig::new(env.required("NOTIFY_DATABASE_URL"));
+    pool_cfg.max_connections = env.parse("NOTIFY_DB_POOL_SIZE", 10);
     let cfg = WorkerConfig::from_env(&mut env);
-    let sender = build(&mut env);
+    let pool = match notify_store::connect(&pool_cfg) {
+        Ok(pool) => Some(pool),
+        Err(e) => {
+            env.error(format!("NOTIFY_DATABASE_URL is invalid: {e}"));
+            None
+        }
+    };
+    let sender = pool.as_ref().and_then(|pool| build(&mut env, pool));
     if let Err(problems) = env.finish() {
         notify_telemetry::exit_bad_config(service, &problems);
     }
-    let sender = sender.ok_or_else(|| anyhow::anyhow!("sender could not be built"))?;
-    let mut pool_cfg = notify_store::PoolConfig::new(db_url);
-    pool_cfg.max_connections = pool_size;
-    let pool = notify_store::connect(&pool_cfg)?;
+    let (Some(pool), Some(sender)) = (pool, sender) else {
+        notify_telemetry::exit_bad_config(service, "the channel sender could not be built");
+    };
     let shutdown = notify_telemetry::shutdown_on_signal();
     run(cfg, pool, Arc::new(sender), shutdown).await?;
     Ok(())
@@ -430,7 +483,10 @@ mod tests {
     #[test]
     fn transient_failures_retry_until_the_budget_is_spent() {
         let p = RetryPolicy::default();
-        let out = || AttemptOutcome::failed(ErrorClass::Transient, "fcm_unavailable", json!({})).with_status(503);
+        let out = || {
+            AttemptOutcome::failed(ErrorClass::Transient, "fcm_unavailable", json!({}))
+                .with_status(503)
+        };
         let (next, rec) = decide(&p, &job(1), out());
         assert!(matches!(next, NextState::Retry { after, .. } if after <= Duration::from_secs(30)));
         assert_eq!(rec.outcome, "retry");
@@ -444,10 +500,19 @@ mod tests {
         let (next, rec) = decide(
             &RetryPolicy::default(),
             &job(1),
-            AttemptOutcome::failed(ErrorClass::InvalidEndpoint, "unregistered", json!({})).with_status(404),
+            AttemptOutcome::failed(ErrorClass::InvalidEndpoint, "unregistered", json!({}))
+                .with_status(404),
         );
-        assert_eq!(next, NextState::Failed { error: "unregistered (provider status 404)".into() });
-        assert_eq!(rec.deactivate_endpoint, Some((uuid::Uuid::from_u128(7), "unregistered".into())));
+        assert_eq!(
+            next,
+            NextState::Failed {
+                error: "unregistered (provider status 404)".into()
+            }
+        );
+        assert_eq!(
+            rec.deactivate_endpoint,
+            Some((uuid::Uuid::from_u128(7), "unregistered".into()))
+        );
     }
 
     #[test]
@@ -455,6 +520,8 @@ mod tests {
         let out = AttemptOutcome::failed(ErrorClass::RateLimited, "line_rate_limited", json!({}))
             .with_retry_after(Some(Duration::from_secs(120)));
         let (next, _) = decide(&RetryPolicy::default(), &job(1), out);
-        assert!(matches!(next, NextState::Retry { after, .. } if after == Duration::from_secs(120)));
+        assert!(
+            matches!(next, NextState::Retry { after, .. } if after == Duration::from_secs(120))
+        );
     }
 }

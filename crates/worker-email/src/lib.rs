@@ -1,1 +1,160 @@
-//! placeholder
+//! The email channel: SMTP through lettre, multipart/alternative (text + HTML), a stable
+//! `Message-ID` per delivery (`<delivery id@domain>`, so a resend after a crash is
+//! recognisable as the same message), and UTF-8 headers encoded as RFC 2047 words.
+//!
+//! Classification (RFC 5321 §4.2.1): 4xx replies and connection errors before the end of
+//! DATA are transient; 5xx replies are permanent.
+
+use lettre::message::{Mailbox, MultiPart};
+use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use notify_core::{AttemptOutcome, Channel, ErrorClass};
+use notify_worker::{ChannelSender, Job};
+use serde_json::json;
+use std::time::Duration;
+
+/// Settings of the email channel.
+#[derive(Debug, Clone)]
+pub struct EmailConfig {
+    /// `smtp://host:port` (plain), `smtp://host:port?tls=required` (STARTTLS) or
+    /// `smtps://host:port` (implicit TLS), optionally with `user:password@` (lettre's URL
+    /// format).
+    pub smtp_url: String,
+    /// Sender mailbox, e.g. `ฝ่ายบริการลูกค้า <noreply@example.test>`.
+    pub from: Mailbox,
+    /// Right-hand side of generated Message-IDs; defaults to the sender's domain.
+    pub message_id_domain: String,
+    /// Timeout of one SMTP exchange.
+    pub timeout: Duration,
+}
+
+impl EmailConfig {
+    /// Reads `NOTIFY_SMTP_URL` (required), `NOTIFY_EMAIL_FROM` (required),
+    /// `NOTIFY_EMAIL_MESSAGE_ID_DOMAIN` (sender's domain), `NOTIFY_SMTP_TIMEOUT` (15s).
+    pub fn from_env(env: &mut notify_telemetry::Env) -> Option<Self> {
+        let smtp_url = env.required("NOTIFY_SMTP_URL");
+        let from_text = env.required("NOTIFY_EMAIL_FROM");
+        let from = match from_text.parse::<Mailbox>() {
+            Ok(m) => Some(m),
+            Err(e) if !from_text.is_empty() => {
+                env.error(format!(
+                    "NOTIFY_EMAIL_FROM={from_text:?} is not a mailbox: {e}"
+                ));
+                None
+            }
+            Err(_) => None,
+        };
+        let domain = from
+            .as_ref()
+            .map(|m| m.email.domain().to_string())
+            .unwrap_or_default();
+        let message_id_domain = env.string("NOTIFY_EMAIL_MESSAGE_ID_DOMAIN", &domain);
+        let timeout = env.parse_with("NOTIFY_SMTP_TIMEOUT", Duration::from_secs(15), |s| {
+            notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
+        });
+        Some(Self {
+            smtp_url,
+            from: from?,
+            message_id_domain,
+            timeout,
+        })
+    }
+}
+
+/// Sender for email over SMTP (pooled connections).
+pub struct EmailSender {
+    transport: AsyncSmtpTransport<Tokio1Executor>,
+    cfg: EmailConfig,
+}
+
+impl EmailSender {
+    /// Builds the SMTP transport. Errors when the URL is malformed.
+    pub fn new(cfg: EmailConfig) -> Result<Self, lettre::transport::smtp::Error> {
+        let transport = AsyncSmtpTransport::<Tokio1Executor>::from_url(&cfg.smtp_url)?
+            .timeout(Some(cfg.timeout))
+            .build();
+        Ok(Self { transport, cfg })
+    }
+
+    /// Builds the message for `job`: From, To (with the recipient's display name),
+    /// Subject, Message-ID `<delivery id@domain>`, text and HTML parts.
+    pub fn build_message(&self, job: &Job) -> Result<Message, String> {
+        let address = job
+            .address
+            .as_deref()
+            .ok_or("no email address on the delivery")?;
+        let email = address
+            .parse()
+            .map_err(|e| format!("invalid recipient address {address:?}: {e}"))?;
+        let name = Some(job.display_name.clone()).filter(|n| !n.trim().is_empty());
+        let to = Mailbox::new(name, email);
+        Message::builder()
+            .message_id(Some(message_id(job, &self.cfg.message_id_domain)))
+            .from(self.cfg.from.clone())
+            .to(to)
+            .subject(job.content.subject())
+            .multipart(MultiPart::alternative_plain_html(
+                job.content.text_part(),
+                job.content.html_part(),
+            ))
+            .map_err(|e| format!("cannot build message: {e}"))
+    }
+}
+
+/// The stable Message-ID of a delivery: `<delivery-id@domain>` (RFC 5322 §3.6.4).
+pub fn message_id(job: &Job, domain: &str) -> String {
+    format!("<{}@{}>", job.id, domain)
+}
+
+impl ChannelSender for EmailSender {
+    fn channel(&self) -> Channel {
+        Channel::Email
+    }
+
+    async fn send(&self, job: &Job) -> AttemptOutcome {
+        let content = json!({
+            "to": job.address,
+            "display_name": job.display_name,
+            "from": self.cfg.from.to_string(),
+            "message_id": message_id(job, &self.cfg.message_id_domain),
+            "subject": job.content.subject(),
+            "text": job.content.text_part(),
+            "html": job.content.html_part(),
+        });
+        let message = match self.build_message(job) {
+            Ok(m) => m,
+            Err(e) => {
+                return AttemptOutcome::failed(ErrorClass::Permanent, "invalid_address", content)
+                    .with_response(e);
+            }
+        };
+        match self.transport.send(message).await {
+            Ok(resp) => {
+                let text = resp.message().collect::<Vec<_>>().join(" ");
+                AttemptOutcome::sent(Some(message_id(job, &self.cfg.message_id_domain)), content)
+                    .with_status(code_number(&resp.code().to_string()))
+                    .with_response(format!("{} {text}", resp.code()))
+            }
+            Err(e) => {
+                let (class, code) = if e.is_permanent() {
+                    (ErrorClass::Permanent, "smtp_rejected")
+                } else if e.is_transient() {
+                    (ErrorClass::Transient, "smtp_transient")
+                } else if e.is_timeout() {
+                    (ErrorClass::Transient, "smtp_timeout")
+                } else {
+                    (ErrorClass::Transient, "smtp_connection")
+                };
+                let mut out =
+                    AttemptOutcome::failed(class, code, content).with_response(e.to_string());
+                if let Some(status) = e.status() {
+                    out = out.with_status(code_number(&status.to_string()));
+                }
+                out
+            }
+        }
+    }
+}
+
+fn code_number(code: &str) -> i32 {
+    code.trim().parse().unwrap_or(0)
+}

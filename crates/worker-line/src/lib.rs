@@ -1,1 +1,134 @@
-//! placeholder
+//! The LINE channel: Messaging API push message
+//! (`POST {base}/v2/bot/message/push`, developers.line.biz/en/reference/messaging-api).
+//!
+//! Every attempt of a delivery carries the same `X-Line-Retry-Key` (a UUID stored with the
+//! delivery before the first call), so LINE itself drops a resend of an accepted request
+//! and answers 409 with `x-line-accepted-request-id`: we count that as sent.
+
+use notify_core::outcome::parse_retry_after_seconds;
+use notify_core::{AttemptOutcome, Channel, ErrorClass};
+use notify_worker::{ChannelSender, Job};
+use serde_json::json;
+use std::time::Duration;
+
+/// Most UTF-16 code units in one LINE text message object (LINE text-character-count).
+pub const MAX_TEXT_UTF16: usize = 5_000;
+
+/// Settings of the LINE channel.
+#[derive(Debug, Clone)]
+pub struct LineConfig {
+    /// API base URL, `https://api.line.me` in production.
+    pub api_base: String,
+    /// Channel access token (long-lived or v2.1).
+    pub channel_token: String,
+    /// Timeout of one HTTP call.
+    pub timeout: Duration,
+}
+
+impl LineConfig {
+    /// Reads `NOTIFY_LINE_API_BASE` (https://api.line.me), `NOTIFY_LINE_CHANNEL_TOKEN`
+    /// (required), `NOTIFY_HTTP_TIMEOUT` (10s).
+    pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
+        Self {
+            api_base: env.string("NOTIFY_LINE_API_BASE", "https://api.line.me"),
+            channel_token: env.required("NOTIFY_LINE_CHANNEL_TOKEN"),
+            timeout: env.parse_with("NOTIFY_HTTP_TIMEOUT", Duration::from_secs(10), |s| {
+                notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
+            }),
+        }
+    }
+}
+
+/// Sender for LINE push messages.
+pub struct LineSender {
+    http: reqwest::Client,
+    cfg: LineConfig,
+}
+
+impl LineSender {
+    /// Builds the HTTP client (rustls, HTTP/2 when offered).
+    pub fn new(cfg: LineConfig) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .timeout(cfg.timeout)
+            .user_agent(concat!("notify-worker-line/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Self { http, cfg })
+    }
+}
+
+fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
+    resp.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+impl ChannelSender for LineSender {
+    fn channel(&self) -> Channel {
+        Channel::Line
+    }
+
+    async fn send(&self, job: &Job) -> AttemptOutcome {
+        let text = job.content.chat_text();
+        let retry_key = job.retry_key.unwrap_or(job.id);
+        let body = json!({
+            "to": job.address,
+            "messages": [{"type": "text", "text": text}],
+        });
+        let content = json!({"retry_key": retry_key, "request": body});
+        let Some(_) = job.address.as_deref() else {
+            return AttemptOutcome::failed(ErrorClass::Permanent, "no_line_user_id", content);
+        };
+        if text.encode_utf16().count() > MAX_TEXT_UTF16 {
+            return AttemptOutcome::failed(ErrorClass::Permanent, "content_too_long", content);
+        }
+        let url = format!(
+            "{}/v2/bot/message/push",
+            self.cfg.api_base.trim_end_matches('/')
+        );
+        let resp = self
+            .http
+            .post(url)
+            .bearer_auth(&self.cfg.channel_token)
+            .header("X-Line-Retry-Key", retry_key.to_string())
+            .json(&body)
+            .send()
+            .await;
+        let resp = match resp {
+            Ok(r) => r,
+            Err(e) => {
+                let code = if e.is_timeout() {
+                    "line_timeout"
+                } else {
+                    "line_connection"
+                };
+                return AttemptOutcome::failed(ErrorClass::Transient, code, content)
+                    .with_response(e.to_string());
+            }
+        };
+        let status = resp.status().as_u16();
+        let request_id = header(&resp, "x-line-request-id");
+        let accepted_id = header(&resp, "x-line-accepted-request-id");
+        let retry_after = header(&resp, "retry-after").and_then(|v| parse_retry_after_seconds(&v));
+        let text = resp.text().await.unwrap_or_default();
+        let out = match status {
+            200 => {
+                let sent_id = serde_json::from_str::<serde_json::Value>(&text)
+                    .ok()
+                    .and_then(|v| v["sentMessages"][0]["id"].as_str().map(str::to_string));
+                AttemptOutcome::sent(sent_id.or(request_id), content)
+            }
+            // The retry key was already accepted: an earlier attempt went through.
+            409 => AttemptOutcome::sent(accepted_id.or(request_id), content),
+            429 => AttemptOutcome::failed(ErrorClass::RateLimited, "line_rate_limited", content)
+                .with_retry_after(retry_after),
+            500..=599 => {
+                AttemptOutcome::failed(ErrorClass::Transient, format!("line_{status}"), content)
+                    .with_retry_after(retry_after)
+            }
+            // 400 (bad request, unknown user), 401 (token), 403 (not allowed), 413 (too large).
+            _ => AttemptOutcome::failed(ErrorClass::Permanent, format!("line_{status}"), content),
+        };
+        out.with_status(status as i32).with_response(text)
+    }
+}

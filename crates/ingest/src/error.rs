@@ -1,0 +1,142 @@
+//! The one place where service errors become gRPC statuses (Google API conventions,
+//! google.aip.dev/193). SQL text never reaches a caller.
+
+use notify_core::FieldViolation;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+/// Errors of the gRPC services.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Bad input: one violation per bad field.
+    #[error("invalid argument")]
+    Invalid(Vec<FieldViolation>),
+    /// A named resource does not exist.
+    #[error("{kind} {name:?} not found")]
+    NotFound {
+        /// What kind of thing, e.g. `notification type`.
+        kind: &'static str,
+        /// Its name or id.
+        name: String,
+    },
+    /// The event key exists with other content.
+    #[error("event_key {event_key:?} was already used for another request (event {event_id})")]
+    EventKeyConflict {
+        /// The normalised key.
+        event_key: String,
+        /// The existing event's id.
+        event_id: uuid::Uuid,
+    },
+    /// A store failure.
+    #[error(transparent)]
+    Store(#[from] notify_store::StoreError),
+}
+
+impl ApiError {
+    /// A single-field violation.
+    pub fn field(field: &str, description: impl Into<String>) -> Self {
+        ApiError::Invalid(vec![FieldViolation::new(field, description)])
+    }
+}
+
+impl From<ApiError> for Status {
+    fn from(e: ApiError) -> Status {
+        match e {
+            ApiError::Invalid(violations) => {
+                let summary = violations
+                    .iter()
+                    .map(|v| format!("{}: {}", v.field, v.description))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                let details = ErrorDetails::with_bad_request(
+                    violations
+                        .into_iter()
+                        .map(|v| tonic_types::FieldViolation::new(v.field, v.description))
+                        .collect::<Vec<_>>(),
+                );
+                Status::with_error_details(Code::InvalidArgument, summary, details)
+            }
+            ApiError::NotFound { kind, name } => Status::with_error_details(
+                Code::NotFound,
+                format!("{kind} {name:?} not found"),
+                ErrorDetails::with_resource_info(kind, name, "", "does not exist"),
+            ),
+            ApiError::EventKeyConflict {
+                event_key,
+                event_id,
+            } => Status::with_error_details(
+                Code::AlreadyExists,
+                format!(
+                    "event_key {event_key:?} already names event {event_id} with different content; \
+                     use a new event_key for a different event"
+                ),
+                ErrorDetails::with_resource_info(
+                    "notification event",
+                    event_id.to_string(),
+                    "",
+                    "existing event",
+                ),
+            ),
+            ApiError::Store(e) => store_status(&e),
+        }
+    }
+}
+
+fn store_status(e: &notify_store::StoreError) -> Status {
+    use notify_store::StoreError;
+    match e {
+        StoreError::NotFound(what) => Status::not_found(format!("{what} not found")),
+        StoreError::Db(
+            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed,
+        ) => {
+            tracing::error!(error = %e, "database unavailable");
+            Status::unavailable("database unavailable; retry with the same event_key")
+        }
+        _ => {
+            tracing::error!(error = %e, "store error");
+            Status::internal("internal error; retry with the same event_key")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invalid_argument_carries_one_violation_per_field() {
+        let status: Status = ApiError::Invalid(vec![
+            FieldViolation::new("event_key", "is required"),
+            FieldViolation::new("recipients[2]", "must not be blank"),
+        ])
+        .into();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        let br = status.get_details_bad_request().expect("BadRequest detail");
+        let fields: Vec<_> = br
+            .field_violations
+            .iter()
+            .map(|v| v.field.as_str())
+            .collect();
+        assert_eq!(fields, ["event_key", "recipients[2]"]);
+        assert!(
+            status
+                .message()
+                .contains("recipients[2]: must not be blank")
+        );
+    }
+
+    #[test]
+    fn conflict_names_the_existing_event() {
+        let id = uuid::Uuid::from_u128(42);
+        let status: Status = ApiError::EventKeyConflict {
+            event_key: "k".into(),
+            event_id: id,
+        }
+        .into();
+        assert_eq!(status.code(), Code::AlreadyExists);
+        assert_eq!(
+            status.get_details_resource_info().unwrap().resource_name,
+            id.to_string()
+        );
+    }
+}

@@ -1,0 +1,549 @@
+//! The gRPC services: `IngestService`, `RecipientService`, `TypeService`.
+
+use crate::error::ApiError;
+use chrono::{DateTime, Utc};
+use notify_core::event::{CreateEventInput, normalize_event_key};
+use notify_core::plan::{effective_channels, plan};
+use notify_core::validate::{self, Violations};
+use notify_core::{Channel, Content, NewEvent, Provider};
+use notify_proto::v1 as pb;
+use notify_store::PgPool;
+use notify_store::catalog::{self, NotificationType, Recipient};
+use notify_store::events::{self, DeliveryRecord, EventRecord, EventSelector, NewDelivery};
+use std::collections::BTreeMap;
+use tonic::{Request, Response, Status};
+use uuid::Uuid;
+
+/// Shared state of the services.
+#[derive(Clone)]
+pub struct Services {
+    pool: PgPool,
+    max_attempts: i32,
+}
+
+impl Services {
+    /// Services over `pool`; new deliveries get `max_attempts` attempts.
+    pub fn new(pool: PgPool, max_attempts: i32) -> Self {
+        Self { pool, max_attempts }
+    }
+}
+
+fn ts(t: DateTime<Utc>) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: t.timestamp(),
+        nanos: t.timestamp_subsec_nanos() as i32,
+    }
+}
+
+fn content_from_pb(c: Option<pb::Content>) -> Content {
+    let c = c.unwrap_or_default();
+    Content {
+        title: c.title,
+        body: c.body,
+        url: c.url,
+        email_subject: c.email_subject,
+        email_html: c.email_html,
+        email_text: c.email_text,
+    }
+}
+
+fn content_to_pb(c: Content) -> pb::Content {
+    pb::Content {
+        title: c.title,
+        body: c.body,
+        url: c.url,
+        email_subject: c.email_subject,
+        email_html: c.email_html,
+        email_text: c.email_text,
+    }
+}
+
+fn delivery_to_pb(d: DeliveryRecord) -> pb::Delivery {
+    pb::Delivery {
+        delivery_id: d.id.to_string(),
+        user_id: d.user_id,
+        channel: d.channel,
+        provider: d.provider,
+        endpoint_id: d.endpoint_id.map(|e| e.to_string()).unwrap_or_default(),
+        next_attempt_at: (d.status == "pending").then(|| ts(d.next_attempt_at)),
+        status: d.status,
+        attempts: d.attempts.max(0) as u32,
+        last_error: d.last_error.unwrap_or_default(),
+        provider_message_id: d.provider_message_id.unwrap_or_default(),
+        sent_at: d.sent_at.map(ts),
+    }
+}
+
+fn skipped_to_pb(v: &serde_json::Value) -> Vec<pb::SkippedDelivery> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|s| pb::SkippedDelivery {
+                    user_id: s["user_id"].as_str().unwrap_or_default().into(),
+                    channel: s["channel"].as_str().unwrap_or_default().into(),
+                    reason: s["reason"].as_str().unwrap_or_default().into(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn counts(deliveries: &[pb::Delivery]) -> Vec<pb::ChannelCount> {
+    let mut m: BTreeMap<&str, u32> = BTreeMap::new();
+    for d in deliveries {
+        *m.entry(d.channel.as_str()).or_default() += 1;
+    }
+    Channel::ALL
+        .iter()
+        .filter_map(|c| {
+            m.get(c.as_str()).map(|n| pb::ChannelCount {
+                channel: c.as_str().into(),
+                count: *n,
+            })
+        })
+        .collect()
+}
+
+impl Services {
+    async fn load_event(
+        &self,
+        sel: &EventSelector,
+    ) -> Result<Option<(EventRecord, Vec<pb::Delivery>)>, ApiError> {
+        let Some(ev) = events::get_event(&self.pool, sel).await? else {
+            return Ok(None);
+        };
+        let deliveries = events::list_deliveries(&self.pool, ev.id)
+            .await?
+            .into_iter()
+            .map(delivery_to_pb)
+            .collect();
+        Ok(Some((ev, deliveries)))
+    }
+
+    async fn create_event(
+        &self,
+        r: pb::CreateEventRequest,
+    ) -> Result<pb::CreateEventResponse, ApiError> {
+        let requested_names = r.channels.clone();
+        let event = NewEvent::parse(CreateEventInput {
+            event_key: r.event_key,
+            type_key: r.r#type,
+            actor_id: r.actor_id,
+            recipients: r.recipients,
+            payload: r.payload,
+            content: content_from_pb(r.content),
+            channels: r.channels,
+        })
+        .map_err(ApiError::Invalid)?;
+        let ty = catalog::get_type(&self.pool, &event.type_key)
+            .await?
+            .ok_or_else(|| ApiError::NotFound {
+                kind: "notification type",
+                name: event.type_key.clone(),
+            })?;
+        let channels = effective_channels(
+            &ty.default_channels,
+            &event.channels,
+            &requested_names,
+            &ty.key,
+        )
+        .map_err(ApiError::Invalid)?;
+
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(notify_store::StoreError::from)?;
+        let facts = catalog::load_recipient_facts(&mut tx, &ty.key, &event.recipients).await?;
+        let event_id = Uuid::new_v4();
+        let (planned, skipped) = plan(event_id, ty.critical, &channels, &facts);
+        if let Some(existing) =
+            events::insert_event_or_get_existing(&mut tx, event_id, &event, &channels, &skipped)
+                .await?
+        {
+            tx.rollback()
+                .await
+                .map_err(notify_store::StoreError::from)?;
+            if existing.fingerprint != event.fingerprint() {
+                return Err(ApiError::EventKeyConflict {
+                    event_key: event.event_key,
+                    event_id: existing.id,
+                });
+            }
+            let (ev, deliveries) = self
+                .load_event(&EventSelector::Id(existing.id))
+                .await?
+                .ok_or_else(|| ApiError::NotFound {
+                    kind: "notification event",
+                    name: existing.id.to_string(),
+                })?;
+            return Ok(pb::CreateEventResponse {
+                event_id: ev.id.to_string(),
+                duplicate: true,
+                planned: counts(&deliveries),
+                skipped: skipped_to_pb(&ev.skipped),
+                deliveries,
+            });
+        }
+        let new: Vec<NewDelivery> = planned
+            .into_iter()
+            .map(|p| NewDelivery {
+                id: Uuid::new_v4(),
+                retry_key: (p.provider == Provider::Line).then(Uuid::new_v4),
+                plan: p,
+                max_attempts: self.max_attempts,
+            })
+            .collect();
+        events::insert_deliveries(&mut tx, event_id, &new).await?;
+        tx.commit().await.map_err(notify_store::StoreError::from)?;
+
+        let deliveries: Vec<pb::Delivery> = new
+            .into_iter()
+            .map(|d| pb::Delivery {
+                delivery_id: d.id.to_string(),
+                user_id: d.plan.user_id,
+                channel: d.plan.channel.as_str().into(),
+                provider: d.plan.provider.as_str().into(),
+                endpoint_id: d
+                    .plan
+                    .endpoint_id
+                    .map(|e| e.to_string())
+                    .unwrap_or_default(),
+                status: "pending".into(),
+                ..Default::default()
+            })
+            .collect();
+        tracing::info!(%event_id, event_key = %event.event_key, deliveries = deliveries.len(), skipped = skipped.len(), "event recorded");
+        Ok(pb::CreateEventResponse {
+            event_id: event_id.to_string(),
+            duplicate: false,
+            planned: counts(&deliveries),
+            deliveries,
+            skipped: skipped
+                .iter()
+                .map(|s| pb::SkippedDelivery {
+                    user_id: s.user_id.clone(),
+                    channel: s.channel.as_str().into(),
+                    reason: s.reason.as_str().into(),
+                })
+                .collect(),
+        })
+    }
+
+    async fn get_event(&self, r: pb::GetEventRequest) -> Result<pb::GetEventResponse, ApiError> {
+        let sel = match r.selector {
+            Some(pb::get_event_request::Selector::EventId(id)) => EventSelector::Id(
+                Uuid::parse_str(&id).map_err(|_| ApiError::field("event_id", "must be a UUID"))?,
+            ),
+            Some(pb::get_event_request::Selector::EventKey(k)) if !k.trim().is_empty() => {
+                EventSelector::Key(normalize_event_key(&k))
+            }
+            _ => return Err(ApiError::field("selector", "set event_id or event_key")),
+        };
+        let name = match &sel {
+            EventSelector::Id(id) => id.to_string(),
+            EventSelector::Key(k) => k.clone(),
+        };
+        let (ev, deliveries) = self.load_event(&sel).await?.ok_or(ApiError::NotFound {
+            kind: "notification event",
+            name,
+        })?;
+        Ok(pb::GetEventResponse {
+            event_id: ev.id.to_string(),
+            event_key: ev.event_key,
+            r#type: ev.type_key,
+            actor_id: ev.actor_id,
+            recipients: ev.recipients,
+            payload: ev.payload.to_string(),
+            content: Some(content_to_pb(ev.content)),
+            created_at: Some(ts(ev.created_at)),
+            deliveries,
+            skipped: skipped_to_pb(&ev.skipped),
+        })
+    }
+
+    async fn upsert_recipient(
+        &self,
+        r: pb::UpsertRecipientRequest,
+    ) -> Result<pb::UpsertRecipientResponse, ApiError> {
+        let mut v = Violations::default();
+        v.check_id("user_id", &r.user_id, 255);
+        v.check_len("display_name", &r.display_name, 255);
+        if r.display_name.chars().any(char::is_control) {
+            v.add("display_name", "must not contain control characters");
+        }
+        let email = Some(r.email.trim().to_string()).filter(|e| !e.is_empty());
+        if let Some(e) = &email
+            && e.parse::<lettre::Address>().is_err()
+        {
+            v.add("email", "must be an email address (local@domain)");
+        }
+        let line = Some(r.line_user_id.trim().to_string()).filter(|e| !e.is_empty());
+        if let Some(l) = &line
+            && !validate::is_line_user_id(l)
+        {
+            v.add(
+                "line_user_id",
+                "must be \"U\" followed by 32 lowercase hex digits",
+            );
+        }
+        let locale = if r.locale.is_empty() {
+            "th-TH".to_string()
+        } else {
+            r.locale
+        };
+        if !validate::is_language_tag(&locale) {
+            v.add("locale", "must be a BCP 47 language tag such as th-TH");
+        }
+        let timezone = if r.timezone.is_empty() {
+            "Asia/Bangkok".to_string()
+        } else {
+            r.timezone
+        };
+        if validate::parse_timezone(&timezone).is_none() {
+            v.add("timezone", "must be an IANA time zone such as Asia/Bangkok");
+        }
+        let rec = v
+            .into_result(Recipient {
+                user_id: r.user_id,
+                display_name: r.display_name,
+                email,
+                line_user_id: line,
+                locale,
+                timezone,
+            })
+            .map_err(ApiError::Invalid)?;
+        let created = catalog::upsert_recipient(&self.pool, &rec).await?;
+        Ok(pb::UpsertRecipientResponse {
+            user_id: rec.user_id,
+            created,
+        })
+    }
+
+    async fn register_endpoint(
+        &self,
+        r: pb::RegisterEndpointRequest,
+    ) -> Result<pb::RegisterEndpointResponse, ApiError> {
+        let mut v = Violations::default();
+        v.check_id("user_id", &r.user_id, 255);
+        let (token, subscription) = match r.platform.as_str() {
+            "fcm" | "apns" => {
+                v.check_id("token", &r.token, 4096);
+                (r.token.clone(), None)
+            }
+            "webpush" => match &r.web_push {
+                None => {
+                    v.add("web_push", "is required for platform webpush");
+                    (String::new(), None)
+                }
+                Some(s) => {
+                    if !s.endpoint.starts_with("https://") {
+                        v.add("web_push.endpoint", "must be an https:// URL");
+                    }
+                    v.check_url("web_push.endpoint", &s.endpoint);
+                    let b64url = |x: &str| {
+                        !x.is_empty()
+                            && x.chars()
+                                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '='))
+                    };
+                    if !b64url(&s.p256dh) {
+                        v.add("web_push.p256dh", "must be base64url");
+                    }
+                    if !b64url(&s.auth) {
+                        v.add("web_push.auth", "must be base64url");
+                    }
+                    (
+                        s.endpoint.clone(),
+                        Some(serde_json::json!({"p256dh": s.p256dh, "auth": s.auth})),
+                    )
+                }
+            },
+            _ => {
+                v.add("platform", "must be one of fcm, apns, webpush");
+                (String::new(), None)
+            }
+        };
+        v.into_result(()).map_err(ApiError::Invalid)?;
+        let id = catalog::register_endpoint(
+            &self.pool,
+            &r.user_id,
+            &r.platform,
+            &token,
+            subscription.as_ref(),
+        )
+        .await
+        .map_err(|e| match e {
+            notify_store::StoreError::NotFound(_) => ApiError::NotFound {
+                kind: "recipient",
+                name: r.user_id.clone(),
+            },
+            e => e.into(),
+        })?;
+        Ok(pb::RegisterEndpointResponse {
+            endpoint_id: id.to_string(),
+        })
+    }
+
+    async fn revoke_endpoint(
+        &self,
+        r: pb::RevokeEndpointRequest,
+    ) -> Result<pb::RevokeEndpointResponse, ApiError> {
+        let id = Uuid::parse_str(&r.endpoint_id)
+            .map_err(|_| ApiError::field("endpoint_id", "must be a UUID"))?;
+        let reason = if r.reason.trim().is_empty() {
+            "revoked_by_caller".to_string()
+        } else {
+            r.reason
+        };
+        let revoked = catalog::revoke_endpoint(&self.pool, id, &reason)
+            .await
+            .map_err(|e| match e {
+                notify_store::StoreError::NotFound(_) => ApiError::NotFound {
+                    kind: "endpoint",
+                    name: id.to_string(),
+                },
+                e => e.into(),
+            })?;
+        Ok(pb::RevokeEndpointResponse { revoked })
+    }
+
+    async fn set_preference(
+        &self,
+        r: pb::SetPreferenceRequest,
+    ) -> Result<pb::SetPreferenceResponse, ApiError> {
+        let mut v = Violations::default();
+        v.check_id("user_id", &r.user_id, 255);
+        if r.r#type != "*" && !validate::is_type_key(&r.r#type) {
+            v.add("type", "must be a notification type key or \"*\"");
+        }
+        let channel = r.channel.parse::<Channel>();
+        if let Err(e) = &channel {
+            v.add("channel", e.to_string());
+        }
+        v.into_result(()).map_err(ApiError::Invalid)?;
+        if r.r#type != "*" && catalog::get_type(&self.pool, &r.r#type).await?.is_none() {
+            return Err(ApiError::NotFound {
+                kind: "notification type",
+                name: r.r#type,
+            });
+        }
+        let channel = channel.map_err(|e| ApiError::field("channel", e.to_string()))?;
+        catalog::set_preference(&self.pool, &r.user_id, &r.r#type, channel, r.enabled).await?;
+        Ok(pb::SetPreferenceResponse {})
+    }
+
+    async fn upsert_type(
+        &self,
+        r: pb::UpsertNotificationTypeRequest,
+    ) -> Result<pb::UpsertNotificationTypeResponse, ApiError> {
+        let mut v = Violations::default();
+        if !validate::is_type_key(&r.key) {
+            v.add(
+                "key",
+                "must be 1 to 64 characters of [a-z0-9_.-] starting with a letter",
+            );
+        }
+        let priority = if r.priority.is_empty() {
+            "normal".to_string()
+        } else {
+            r.priority.to_ascii_lowercase()
+        };
+        if !matches!(priority.as_str(), "low" | "normal" | "high") {
+            v.add("priority", "must be low, normal or high");
+        }
+        if r.default_channels.is_empty() {
+            v.add("default_channels", "must name at least one channel");
+        }
+        let mut channels = Vec::new();
+        for (i, c) in r.default_channels.iter().enumerate() {
+            match c.parse::<Channel>() {
+                Ok(ch) if !channels.contains(&ch) => channels.push(ch),
+                Ok(_) => {}
+                Err(e) => v.add(format!("default_channels[{i}]"), e.to_string()),
+            }
+        }
+        let t = v
+            .into_result(NotificationType {
+                key: r.key,
+                priority,
+                default_channels: channels,
+                critical: r.critical,
+            })
+            .map_err(ApiError::Invalid)?;
+        let created = catalog::upsert_type(&self.pool, &t).await?;
+        Ok(pb::UpsertNotificationTypeResponse {
+            key: t.key,
+            created,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl pb::ingest_service_server::IngestService for Services {
+    async fn create_event(
+        &self,
+        req: Request<pb::CreateEventRequest>,
+    ) -> Result<Response<pb::CreateEventResponse>, Status> {
+        Ok(Response::new(
+            Services::create_event(self, req.into_inner()).await?,
+        ))
+    }
+
+    async fn get_event(
+        &self,
+        req: Request<pb::GetEventRequest>,
+    ) -> Result<Response<pb::GetEventResponse>, Status> {
+        Ok(Response::new(
+            Services::get_event(self, req.into_inner()).await?,
+        ))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::recipient_service_server::RecipientService for Services {
+    async fn upsert_recipient(
+        &self,
+        req: Request<pb::UpsertRecipientRequest>,
+    ) -> Result<Response<pb::UpsertRecipientResponse>, Status> {
+        Ok(Response::new(
+            Services::upsert_recipient(self, req.into_inner()).await?,
+        ))
+    }
+
+    async fn register_endpoint(
+        &self,
+        req: Request<pb::RegisterEndpointRequest>,
+    ) -> Result<Response<pb::RegisterEndpointResponse>, Status> {
+        Ok(Response::new(
+            Services::register_endpoint(self, req.into_inner()).await?,
+        ))
+    }
+
+    async fn revoke_endpoint(
+        &self,
+        req: Request<pb::RevokeEndpointRequest>,
+    ) -> Result<Response<pb::RevokeEndpointResponse>, Status> {
+        Ok(Response::new(
+            Services::revoke_endpoint(self, req.into_inner()).await?,
+        ))
+    }
+
+    async fn set_preference(
+        &self,
+        req: Request<pb::SetPreferenceRequest>,
+    ) -> Result<Response<pb::SetPreferenceResponse>, Status> {
+        Ok(Response::new(
+            Services::set_preference(self, req.into_inner()).await?,
+        ))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::type_service_server::TypeService for Services {
+    async fn upsert_notification_type(
+        &self,
+        req: Request<pb::UpsertNotificationTypeRequest>,
+    ) -> Result<Response<pb::UpsertNotificationTypeResponse>, Status> {
+        Ok(Response::new(self.upsert_type(req.into_inner()).await?))
+    }
+}

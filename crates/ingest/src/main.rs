@@ -1,0 +1,41 @@
+//! `ingest`: the gRPC API, outbox relay and lease sweeper.
+//!
+//! Usage: `ingest [serve]` runs the service; `ingest migrate` applies database migrations
+//! and exits. Configuration comes from the environment (see README).
+
+use std::process::ExitCode;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<ExitCode> {
+    notify_telemetry::init("ingest");
+    let command = std::env::args().nth(1).unwrap_or_else(|| "serve".into());
+    let mut env = notify_telemetry::Env::new();
+    let mut pool_cfg = notify_store::PoolConfig::new(env.required("NOTIFY_DATABASE_URL"));
+    pool_cfg.max_connections = env.parse("NOTIFY_DB_POOL_SIZE", 20);
+    match command.as_str() {
+        "migrate" => {
+            if let Err(problems) = env.finish() {
+                notify_telemetry::exit_bad_config("ingest", &problems);
+            }
+            let pool = notify_store::connect(&pool_cfg)?;
+            notify_store::migrate(&pool).await?;
+            tracing::info!("migrations applied");
+            Ok(ExitCode::SUCCESS)
+        }
+        "serve" => {
+            let addr = env.string("NOTIFY_GRPC_ADDR", "127.0.0.1:50051");
+            let cfg = ingest::IngestConfig::from_env(&mut env);
+            if let Err(problems) = env.finish() {
+                notify_telemetry::exit_bad_config("ingest", &problems);
+            }
+            let pool = notify_store::connect(&pool_cfg)?;
+            let listener = tokio::net::TcpListener::bind(&addr).await?;
+            ingest::run(cfg, pool, listener, notify_telemetry::shutdown_on_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        other => {
+            eprintln!("ingest: unknown command {other:?}; use `ingest serve` or `ingest migrate`");
+            Ok(ExitCode::from(64))
+        }
+    }
+}

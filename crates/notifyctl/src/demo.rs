@@ -1,0 +1,366 @@
+//! The demo scenario: one `order_paid` event to three Thai recipients on in-app, email,
+//! LINE and push, sent twice, then every outcome read back and checked against what the
+//! real SMTP server (MailDev), the provider simulator and Postgres received.
+
+use anyhow::{Context, bail};
+use notify_proto::v1 as pb;
+use pb::ingest_service_client::IngestServiceClient;
+use pb::recipient_service_client::RecipientServiceClient;
+use pb::type_service_client::TypeServiceClient;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashSet};
+use std::time::{Duration, Instant};
+
+/// Where the demo finds the platform and the places it checks.
+#[derive(Debug, Clone)]
+pub struct DemoConfig {
+    /// Ingest gRPC URL.
+    pub grpc_url: String,
+    /// Database of the running platform (for the in-app inbox count).
+    pub database_url: String,
+    /// MailDev web/REST base URL.
+    pub maildev_url: String,
+    /// provider-sim base URL.
+    pub sim_url: String,
+}
+
+struct Person {
+    user_id: &'static str,
+    name: &'static str,
+    email: &'static str,
+    line: &'static str,
+    devices: &'static [&'static str],
+    email_off: bool,
+}
+
+const PEOPLE: [Person; 3] = [
+    Person {
+        user_id: "somchai",
+        name: "สมชาย ใจดี",
+        email: "somchai@example.test",
+        line: "U5f1c2a9e8d7b6c4a3e2f1d0c9b8a7e6d",
+        devices: &["fcm-somchai-phone", "fcm-somchai-tablet"],
+        email_off: false,
+    },
+    Person {
+        user_id: "somying",
+        name: "สมหญิง รักไทย",
+        email: "somying@example.test",
+        line: "",
+        devices: &["fcm-somying-phone"],
+        email_off: false,
+    },
+    Person {
+        user_id: "wichai",
+        name: "วิชัย ศรีสุข",
+        email: "wichai@example.test",
+        line: "U0d9c8b7a6f5e4d3c2b1a0f9e8d7c6b5a",
+        devices: &[],
+        email_off: true,
+    },
+];
+
+const EVENT_KEY: &str = "order:123:paid";
+
+fn check(ok: bool, what: &str, failures: &mut Vec<String>) {
+    println!("  [{}] {what}", if ok { "ok" } else { "FAIL" });
+    if !ok {
+        failures.push(what.to_string());
+    }
+}
+
+/// Runs the scenario and prints the outcome. Returns whether every check passed.
+pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
+    let http = reqwest::Client::new();
+    http.delete(format!("{}/api/email/all", cfg.maildev_url))
+        .send()
+        .await
+        .context("clearing MailDev")?;
+    http.delete(format!("{}/_sim/requests", cfg.sim_url))
+        .send()
+        .await
+        .context("clearing provider-sim")?;
+
+    let channel = tonic::transport::Endpoint::from_shared(cfg.grpc_url.clone())?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .with_context(|| format!("connecting to ingest at {}", cfg.grpc_url))?;
+    let mut types = TypeServiceClient::new(channel.clone());
+    let mut recipients = RecipientServiceClient::new(channel.clone());
+    let mut ingest = IngestServiceClient::new(channel);
+
+    println!("== 1. register notification type order_paid (inapp, email, line, push)");
+    types
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "order_paid".into(),
+            priority: "high".into(),
+            default_channels: vec!["inapp".into(), "email".into(), "line".into(), "push".into()],
+            critical: false,
+        })
+        .await?;
+
+    println!("== 2. recipients");
+    for p in &PEOPLE {
+        recipients
+            .upsert_recipient(pb::UpsertRecipientRequest {
+                user_id: p.user_id.into(),
+                display_name: p.name.into(),
+                email: p.email.into(),
+                line_user_id: p.line.into(),
+                locale: "th-TH".into(),
+                timezone: "Asia/Bangkok".into(),
+            })
+            .await?;
+        for d in p.devices {
+            recipients
+                .register_endpoint(pb::RegisterEndpointRequest {
+                    user_id: p.user_id.into(),
+                    platform: "fcm".into(),
+                    token: (*d).into(),
+                    web_push: None,
+                })
+                .await?;
+        }
+        if p.email_off {
+            recipients
+                .set_preference(pb::SetPreferenceRequest {
+                    user_id: p.user_id.into(),
+                    r#type: "order_paid".into(),
+                    channel: "email".into(),
+                    enabled: false,
+                })
+                .await?;
+        }
+        println!(
+            "  {:<8} {}  email={}{}  line={}  devices={}",
+            p.user_id,
+            p.name,
+            p.email,
+            if p.email_off { " (turned off)" } else { "" },
+            if p.line.is_empty() { "-" } else { p.line },
+            p.devices.len()
+        );
+    }
+
+    let request = pb::CreateEventRequest {
+        event_key: EVENT_KEY.into(),
+        r#type: "order_paid".into(),
+        actor_id: "shop-checkout".into(),
+        recipients: PEOPLE.iter().map(|p| p.user_id.to_string()).collect(),
+        payload: r#"{"order_id":123,"total":"1,250.00","currency":"THB"}"#.into(),
+        content: Some(pb::Content {
+            title: "ชำระเงินสำเร็จ คำสั่งซื้อ #123".into(),
+            body: "เราได้รับชำระเงิน 1,250.00 บาท เรียบร้อยแล้ว ขอบคุณที่ใช้บริการ".into(),
+            url: "https://shop.example.test/orders/123".into(),
+            ..Default::default()
+        }),
+        channels: vec![],
+    };
+    println!("== 3. CreateEvent {EVENT_KEY}");
+    let first = ingest.create_event(request.clone()).await?.into_inner();
+    println!(
+        "  event_id={} duplicate={}",
+        first.event_id, first.duplicate
+    );
+    for c in &first.planned {
+        println!("  planned {:<6} {}", c.channel, c.count);
+    }
+    for s in &first.skipped {
+        println!("  skipped {:<8} {:<6} {}", s.user_id, s.channel, s.reason);
+    }
+    println!("== 4. CreateEvent {EVENT_KEY} again");
+    let second = ingest.create_event(request).await?.into_inner();
+    println!(
+        "  event_id={} duplicate={}",
+        second.event_id, second.duplicate
+    );
+
+    println!("== 5. waiting until every delivery is final");
+    let started = Instant::now();
+    let event = loop {
+        let ev = ingest
+            .get_event(pb::GetEventRequest {
+                selector: Some(pb::get_event_request::Selector::EventId(
+                    first.event_id.clone(),
+                )),
+            })
+            .await?
+            .into_inner();
+        let open = ev
+            .deliveries
+            .iter()
+            .filter(|d| d.status == "pending" || d.status == "sending")
+            .count();
+        if open == 0 {
+            break ev;
+        }
+        if started.elapsed() > Duration::from_secs(90) {
+            bail!("{open} deliveries still not final after 90 s; see .stack/logs/demo-*.log");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    println!("  all final after {:.1} s", started.elapsed().as_secs_f64());
+
+    println!("== 6. outcome per recipient x channel (read back through GetEvent)");
+    println!(
+        "  {:<8} {:<6} {:<8} {:<9} {:<8} detail",
+        "user", "channel", "provider", "status", "attempts"
+    );
+    let mut rows: Vec<_> = event.deliveries.iter().collect();
+    rows.sort_by_key(|d| (d.user_id.clone(), d.channel.clone()));
+    for d in &rows {
+        let detail = if !d.last_error.is_empty() {
+            d.last_error.clone()
+        } else {
+            d.provider_message_id.clone()
+        };
+        println!(
+            "  {:<8} {:<6} {:<8} {:<9} {:<8} {}",
+            d.user_id, d.channel, d.provider, d.status, d.attempts, detail
+        );
+    }
+    for s in &event.skipped {
+        println!(
+            "  {:<8} {:<6} {:<8} {:<9} {:<8} {}",
+            s.user_id, s.channel, "-", "skipped", "-", s.reason
+        );
+    }
+
+    println!("== 7. checks");
+    let mut failures = Vec::new();
+    check(
+        !first.duplicate && second.duplicate && first.event_id == second.event_id,
+        "second send: duplicate = true with the same event_id",
+        &mut failures,
+    );
+    check(
+        event.deliveries.len() == 10
+            && event
+                .deliveries
+                .iter()
+                .all(|d| d.status == "sent" && d.attempts == 1),
+        "10 deliveries, all sent on the first attempt",
+        &mut failures,
+    );
+    let skipped: BTreeMap<(String, String), String> = event
+        .skipped
+        .iter()
+        .map(|s| ((s.user_id.clone(), s.channel.clone()), s.reason.clone()))
+        .collect();
+    let expected_skips: BTreeMap<(String, String), String> = [
+        ("somying", "line", "no_line_user_id"),
+        ("wichai", "email", "opted_out"),
+        ("wichai", "push", "no_push_endpoint"),
+    ]
+    .into_iter()
+    .map(|(u, c, r)| ((u.to_string(), c.to_string()), r.to_string()))
+    .collect();
+    check(
+        skipped == expected_skips,
+        "skipped pairs and reasons as expected",
+        &mut failures,
+    );
+
+    let mails: Vec<Value> = http
+        .get(format!("{}/api/email", cfg.maildev_url))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let mut per_address: BTreeMap<String, usize> = BTreeMap::new();
+    for m in &mails {
+        for to in m["to"].as_array().into_iter().flatten() {
+            *per_address
+                .entry(to["address"].as_str().unwrap_or_default().to_string())
+                .or_default() += 1;
+        }
+    }
+    let expected_mail: BTreeMap<String, usize> = [
+        ("somchai@example.test".to_string(), 1),
+        ("somying@example.test".to_string(), 1),
+    ]
+    .into();
+    check(
+        per_address == expected_mail,
+        &format!(
+            "MailDev holds exactly one email per recipient with email on (got {per_address:?})"
+        ),
+        &mut failures,
+    );
+    check(
+        mails
+            .iter()
+            .all(|m| m["subject"] == "ชำระเงินสำเร็จ คำสั่งซื้อ #123"),
+        "the Thai subject arrived intact",
+        &mut failures,
+    );
+
+    let line: Vec<Value> = http
+        .get(format!("{}/_sim/requests?provider=line", cfg.sim_url))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let line_to: Vec<&str> = line
+        .iter()
+        .filter_map(|r| r["body"]["to"].as_str())
+        .collect();
+    let retry_keys: HashSet<&str> = line
+        .iter()
+        .filter_map(|r| r["headers"]["x-line-retry-key"].as_str())
+        .collect();
+    let mut line_sorted = line_to.clone();
+    line_sorted.sort();
+    check(
+        line_sorted == [PEOPLE[2].line, PEOPLE[0].line] && retry_keys.len() == 2,
+        "LINE: exactly one push per recipient with a LINE id, each with its own retry key",
+        &mut failures,
+    );
+    let fcm: Vec<Value> = http
+        .get(format!("{}/_sim/requests?provider=fcm", cfg.sim_url))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let mut tokens: Vec<&str> = fcm
+        .iter()
+        .filter_map(|r| r["body"]["message"]["token"].as_str())
+        .collect();
+    tokens.sort();
+    check(
+        tokens
+            == [
+                "fcm-somchai-phone",
+                "fcm-somchai-tablet",
+                "fcm-somying-phone",
+            ],
+        "FCM: exactly one request per registered device",
+        &mut failures,
+    );
+
+    let pool = sqlx::PgPool::connect(&cfg.database_url).await?;
+    let inbox: Vec<(String,)> = sqlx::query_as(
+        "SELECT user_id FROM notifications WHERE event_id = $1::uuid ORDER BY user_id",
+    )
+    .bind(&first.event_id)
+    .fetch_all(&pool)
+    .await?;
+    let inbox: Vec<String> = inbox.into_iter().map(|r| r.0).collect();
+    check(
+        inbox == ["somchai", "somying", "wichai"],
+        "one in-app notification per recipient",
+        &mut failures,
+    );
+
+    println!();
+    println!("Read the emails in MailDev: {}/", cfg.maildev_url);
+    println!("What LINE and FCM received: {}/_sim/requests", cfg.sim_url);
+    if failures.is_empty() {
+        println!("DEMO OK: every recipient x channel ended as expected.");
+        Ok(true)
+    } else {
+        println!("DEMO FAILED: {} check(s) failed.", failures.len());
+        Ok(false)
+    }
+}

@@ -1,0 +1,39 @@
+//! `notifyctl`: operator command line.
+//!
+//! `notifyctl demo` runs the demo scenario against a running ingest and workers and exits
+//! 0 only when every recipient x channel ended as expected. Environment:
+//! `NOTIFY_GRPC_URL` (http://127.0.0.1:50051), `NOTIFY_DATABASE_URL`, `NOTIFY_MAILDEV_URL`,
+//! `NOTIFY_SIM_URL` (required for the checks).
+
+use std::process::ExitCode;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    notify_telemetry::install_crypto_provider();
+    match std::env::args().nth(1).as_deref() {
+        Some("demo") => {
+            let mut env = notify_telemetry::Env::new();
+            let cfg = notifyctl::demo::DemoConfig {
+                grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
+                database_url: env.required("NOTIFY_DATABASE_URL"),
+                maildev_url: env.required("NOTIFY_MAILDEV_URL"),
+                sim_url: env.required("NOTIFY_SIM_URL"),
+            };
+            if let Err(problems) = env.finish() {
+                notify_telemetry::exit_bad_config("notifyctl", &problems);
+            }
+            match notifyctl::demo::run(&cfg).await {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("demo failed: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        _ => {
+            eprintln!("usage: notifyctl demo");
+            ExitCode::from(64)
+        }
+    }
+}

@@ -1,0 +1,38 @@
+//! `provider-sim`: serves the LINE and FCM stand-ins (see the library docs).
+//!
+//! Environment: `SIM_ADDR` (127.0.0.1:58080), `SIM_LINE_CHANNEL_TOKEN` (required),
+//! `SIM_FCM_PUBLIC_KEY_FILE` (required, PEM public key of the service account), `SIM_FCM_PROJECT_ID`
+//! (notify-local), `SIM_FCM_CLIENT_EMAIL` (required).
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    notify_telemetry::init("provider-sim");
+    let mut env = notify_telemetry::Env::new();
+    let addr = env.string("SIM_ADDR", "127.0.0.1:58080");
+    let line_channel_token = env.required("SIM_LINE_CHANNEL_TOKEN");
+    let key_file = env.required("SIM_FCM_PUBLIC_KEY_FILE");
+    let fcm_public_key_pem = match std::fs::read_to_string(&key_file) {
+        Ok(pem) => pem,
+        Err(e) => {
+            if !key_file.is_empty() {
+                env.error(format!(
+                    "SIM_FCM_PUBLIC_KEY_FILE={key_file:?} cannot be read: {e}"
+                ));
+            }
+            String::new()
+        }
+    };
+    let cfg = provider_sim::SimConfig {
+        line_channel_token,
+        fcm_public_key_pem,
+        fcm_project_id: env.string("SIM_FCM_PROJECT_ID", "notify-local"),
+        fcm_client_email: env.required("SIM_FCM_CLIENT_EMAIL"),
+    };
+    if let Err(problems) = env.finish() {
+        notify_telemetry::exit_bad_config("provider-sim", &problems);
+    }
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    tracing::info!(%addr, "provider-sim listening");
+    provider_sim::serve(listener, cfg, notify_telemetry::shutdown_on_signal()).await?;
+    Ok(())
+}

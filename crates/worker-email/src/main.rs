@@ -1,0 +1,16 @@
+//! `worker-email`: consumes `deliveries.email` and sends mail over SMTP.
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    notify_worker::main_with("worker-email", |env, _pool| {
+        let cfg = worker_email::EmailConfig::from_env(env)?;
+        match worker_email::EmailSender::new(cfg) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                env.error(format!("NOTIFY_SMTP_URL is invalid: {e}"));
+                None
+            }
+        }
+    })
+    .await
+}

@@ -1,0 +1,9 @@
+//! `worker-inapp`: consumes `deliveries.inapp` and writes inbox rows.
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    notify_worker::main_with("worker-inapp", |_env, pool| {
+        Some(worker_inapp::InAppSender::new(pool.clone()))
+    })
+    .await
+}

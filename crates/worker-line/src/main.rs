@@ -1,0 +1,16 @@
+//! `worker-line`: consumes `deliveries.line` and sends LINE push messages.
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    notify_worker::main_with(
+        "worker-line",
+        |env, _pool| match worker_line::LineSender::new(worker_line::LineConfig::from_env(env)) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                env.error(format!("cannot build the HTTP client: {e}"));
+                None
+            }
+        },
+    )
+    .await
+}
