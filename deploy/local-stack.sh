@@ -226,6 +226,7 @@ export NOTIFY_LINE_API_BASE=http://127.0.0.1:$SIM_PORT
 export NOTIFY_LINE_CHANNEL_TOKEN=$LINE_TOKEN
 export NOTIFY_FCM_API_BASE=http://127.0.0.1:$SIM_PORT
 export NOTIFY_FCM_SERVICE_ACCOUNT_FILE=$STACK/keys/fcm-service-account.json
+export NOTIFY_FCM_PUBLIC_KEY_FILE=$STACK/keys/fcm-public.pem
 EOF
 }
 

@@ -1,0 +1,449 @@
+//! Test harness: a whole platform per test, in-process, on the real PostgreSQL, RabbitMQ
+//! and MailDev of the local stack (`make test` starts them with deploy/local-stack.sh).
+//! Each test gets its own database, its own exchange/queue prefix and its own provider
+//! simulator, so tests never see each other's work.
+
+#![allow(dead_code)]
+
+use notify_broker::Topology;
+use notify_core::{Channel, RetryPolicy};
+use notify_proto::v1 as pb;
+use notify_worker::WorkerConfig;
+use serde_json::Value;
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// Addresses of the local stack.
+#[derive(Debug, Clone)]
+pub struct Stack {
+    pub admin_db_url: String,
+    pub amqp_url: String,
+    pub smtp_url: String,
+    pub maildev_url: String,
+    pub fcm_key_file: String,
+    pub fcm_public_key_file: String,
+}
+
+fn stack_env() -> HashMap<String, String> {
+    let mut vars: HashMap<String, String> = std::env::vars().collect();
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.stack/env");
+    let dir = std::env::var("NOTIFY_STACK_DIR").map(|d| std::path::PathBuf::from(d).join("env"));
+    let text = std::fs::read_to_string(dir.unwrap_or(file)).unwrap_or_default();
+    for line in text.lines() {
+        if let Some((k, v)) = line.trim_start_matches("export ").split_once('=') {
+            vars.entry(k.to_string()).or_insert_with(|| v.to_string());
+        }
+    }
+    vars
+}
+
+impl Stack {
+    /// Reads the stack's addresses from the environment or `.stack/env`. Panics with the
+    /// command to run when the stack is not up: these tests never skip.
+    pub fn get() -> Stack {
+        let vars = stack_env();
+        let get = |k: &str| {
+            vars.get(k).cloned().unwrap_or_else(|| {
+                panic!("{k} is not set: run `make test` (it starts the local stack) or `deploy/local-stack.sh up`")
+            })
+        };
+        Stack {
+            admin_db_url: get("NOTIFY_TEST_DATABASE_URL"),
+            amqp_url: get("NOTIFY_AMQP_URL"),
+            smtp_url: get("NOTIFY_SMTP_URL"),
+            maildev_url: get("NOTIFY_MAILDEV_URL"),
+            fcm_key_file: get("NOTIFY_FCM_SERVICE_ACCOUNT_FILE"),
+            fcm_public_key_file: get("NOTIFY_FCM_PUBLIC_KEY_FILE"),
+        }
+    }
+}
+
+pub const LINE_TOKEN: &str = "test-line-channel-token";
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub workers: Vec<Channel>,
+    pub retry_delays: Vec<Duration>,
+    pub lease: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            workers: Channel::ALL.to_vec(),
+            retry_delays: vec![Duration::from_millis(300)],
+            lease: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A running platform.
+pub struct Platform {
+    pub stack: Stack,
+    pub db_name: String,
+    pub db_url: String,
+    pub pool: PgPool,
+    pub topology: Topology,
+    pub grpc: tonic::transport::Channel,
+    pub sim_url: String,
+    pub http: reqwest::Client,
+    pub opts: Options,
+    shutdown: CancellationToken,
+    worker_shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    service_account_file: tempfile_path::TempPath,
+}
+
+mod tempfile_path {
+    /// A file deleted on drop.
+    pub struct TempPath(pub std::path::PathBuf);
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+impl Platform {
+    pub async fn start() -> Platform {
+        Self::start_with(Options::default()).await
+    }
+
+    pub async fn start_with(opts: Options) -> Platform {
+        notify_telemetry::init("tests");
+        let stack = Stack::get();
+        let id = Uuid::new_v4().simple().to_string()[..12].to_string();
+
+        // Database.
+        let admin = PgPool::connect(&stack.admin_db_url).await.expect("admin connection");
+        let db_name = format!("notify_t_{id}");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}"))).execute(&admin).await.expect("create database");
+        admin.close().await;
+        let db_url = format!("{}/{db_name}", stack.admin_db_url.rsplit_once('/').unwrap().0);
+        let mut cfg = notify_store::PoolConfig::new(db_url.clone());
+        cfg.max_connections = 20;
+        let pool = notify_store::connect(&cfg).expect("pool");
+        notify_store::migrate(&pool).await.expect("migrate");
+
+        let shutdown = CancellationToken::new();
+        let worker_shutdown = CancellationToken::new();
+        let mut tasks = Vec::new();
+
+        // Provider simulator.
+        let sim_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let sim_url = format!("http://{}", sim_listener.local_addr().unwrap());
+        let sim_cfg = provider_sim::SimConfig {
+            line_channel_token: LINE_TOKEN.into(),
+            fcm_public_key_pem: std::fs::read_to_string(&stack.fcm_public_key_file).expect("fcm public key"),
+            fcm_project_id: "notify-local".into(),
+            fcm_client_email: "notify@notify-local.iam.gserviceaccount.com".into(),
+        };
+        let s = shutdown.clone();
+        tasks.push(tokio::spawn(async move {
+            provider_sim::serve(sim_listener, sim_cfg, s).await.unwrap();
+        }));
+
+        // A service-account key whose token_uri is this test's simulator.
+        let mut key: Value = serde_json::from_str(&std::fs::read_to_string(&stack.fcm_key_file).unwrap()).unwrap();
+        key["token_uri"] = Value::String(format!("{sim_url}/token"));
+        let key_path = std::env::temp_dir().join(format!("notify-fcm-{id}.json"));
+        std::fs::write(&key_path, key.to_string()).unwrap();
+
+        // Ingest.
+        let topology = Topology::new(format!("t{id}."));
+        let ingest_cfg = ingest::IngestConfig {
+            relay: ingest::relay::RelayConfig {
+                amqp_url: stack.amqp_url.clone(),
+                topology: topology.clone(),
+                batch: 500,
+                poll: Duration::from_millis(500),
+                hold: Duration::from_secs(30),
+                confirm_timeout: Duration::from_secs(10),
+                retry_in: Duration::from_secs(1),
+            },
+            max_attempts: 5,
+            request_timeout: Duration::from_secs(30),
+            sweep_interval: Duration::from_secs(1),
+            sweep_batch: 500,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let grpc_url = format!("http://{}", listener.local_addr().unwrap());
+        let (p, s) = (pool.clone(), shutdown.clone());
+        tasks.push(tokio::spawn(async move {
+            ingest::run(ingest_cfg, p, listener, s).await.unwrap();
+        }));
+        let grpc = tonic::transport::Endpoint::from_shared(grpc_url).unwrap().connect_lazy();
+
+        let platform = Platform {
+            stack,
+            db_name,
+            db_url,
+            pool,
+            topology,
+            grpc,
+            sim_url,
+            http: reqwest::Client::new(),
+            opts: opts.clone(),
+            shutdown,
+            worker_shutdown,
+            tasks,
+            service_account_file: tempfile_path::TempPath(key_path),
+        };
+        let mut platform = platform;
+        for ch in opts.workers.clone() {
+            platform.start_worker(ch);
+        }
+        platform
+    }
+
+    pub fn worker_config(&self) -> WorkerConfig {
+        WorkerConfig {
+            amqp_url: self.stack.amqp_url.clone(),
+            topology: self.topology.clone(),
+            concurrency: 8,
+            lease: self.opts.lease,
+            retry: RetryPolicy {
+                delays: self.opts.retry_delays.clone(),
+                ..RetryPolicy::default()
+            },
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+
+    /// Starts one channel's worker in-process.
+    pub fn start_worker(&mut self, channel: Channel) {
+        let cfg = self.worker_config();
+        let pool = self.pool.clone();
+        let s = self.worker_shutdown.clone();
+        let task = match channel {
+            Channel::InApp => {
+                let sender = Arc::new(worker_inapp::InAppSender::new(pool.clone()));
+                tokio::spawn(async move { notify_worker::run(cfg, pool, sender, s).await.unwrap() })
+            }
+            Channel::Email => {
+                let sender = Arc::new(
+                    worker_email::EmailSender::new(worker_email::EmailConfig {
+                        smtp_url: self.stack.smtp_url.clone(),
+                        from: lettre::message::Mailbox::new(
+                            Some("ฝ่ายบริการลูกค้า, ร้านตัวอย่าง".into()),
+                            "noreply@example.test".parse().unwrap(),
+                        ),
+                        message_id_domain: "example.test".into(),
+                        timeout: Duration::from_secs(10),
+                    })
+                    .unwrap(),
+                );
+                tokio::spawn(async move { notify_worker::run(cfg, pool, sender, s).await.unwrap() })
+            }
+            Channel::Line => {
+                let sender = Arc::new(
+                    worker_line::LineSender::new(worker_line::LineConfig {
+                        api_base: self.sim_url.clone(),
+                        channel_token: LINE_TOKEN.into(),
+                        timeout: Duration::from_secs(5),
+                    })
+                    .unwrap(),
+                );
+                tokio::spawn(async move { notify_worker::run(cfg, pool, sender, s).await.unwrap() })
+            }
+            Channel::Push => {
+                let sender = Arc::new(
+                    worker_push::PushSender::new(worker_push::PushConfig {
+                        fcm_api_base: self.sim_url.clone(),
+                        fcm_service_account_file: self.service_account_file.0.display().to_string(),
+                        fcm_project_id: None,
+                        timeout: Duration::from_secs(5),
+                    })
+                    .unwrap(),
+                );
+                tokio::spawn(async move { notify_worker::run(cfg, pool, sender, s).await.unwrap() })
+            }
+        };
+        self.tasks.push(task);
+    }
+
+    pub fn ingest(&self) -> pb::ingest_service_client::IngestServiceClient<tonic::transport::Channel> {
+        pb::ingest_service_client::IngestServiceClient::new(self.grpc.clone())
+    }
+
+    pub fn recipients(&self) -> pb::recipient_service_client::RecipientServiceClient<tonic::transport::Channel> {
+        pb::recipient_service_client::RecipientServiceClient::new(self.grpc.clone())
+    }
+
+    pub fn types(&self) -> pb::type_service_client::TypeServiceClient<tonic::transport::Channel> {
+        pb::type_service_client::TypeServiceClient::new(self.grpc.clone())
+    }
+
+    /// Registers a type with every channel (or `channels`).
+    pub async fn add_type(&self, key: &str, channels: &[&str]) {
+        self.types()
+            .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+                key: key.into(),
+                priority: "normal".into(),
+                default_channels: channels.iter().map(|c| c.to_string()).collect(),
+                critical: false,
+            })
+            .await
+            .expect("upsert type");
+    }
+
+    pub async fn add_recipient(&self, user_id: &str, name: &str, email: &str, line: &str) {
+        self.recipients()
+            .upsert_recipient(pb::UpsertRecipientRequest {
+                user_id: user_id.into(),
+                display_name: name.into(),
+                email: email.into(),
+                line_user_id: line.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("upsert recipient");
+    }
+
+    pub async fn add_device(&self, user_id: &str, token: &str) -> String {
+        self.recipients()
+            .register_endpoint(pb::RegisterEndpointRequest {
+                user_id: user_id.into(),
+                platform: "fcm".into(),
+                token: token.into(),
+                web_push: None,
+            })
+            .await
+            .expect("register endpoint")
+            .into_inner()
+            .endpoint_id
+    }
+
+    pub fn event(&self, key: &str, type_key: &str, recipients: &[&str]) -> pb::CreateEventRequest {
+        pb::CreateEventRequest {
+            event_key: key.into(),
+            r#type: type_key.into(),
+            actor_id: "tests".into(),
+            recipients: recipients.iter().map(|r| r.to_string()).collect(),
+            payload: r#"{"order_id":1001}"#.into(),
+            content: Some(pb::Content {
+                title: "ชำระเงินแล้ว #1001".into(),
+                body: "ขอบคุณที่ใช้บริการ".into(),
+                url: "https://shop.example.test/orders/1001".into(),
+                ..Default::default()
+            }),
+            channels: vec![],
+        }
+    }
+
+    /// Polls GetEvent until no delivery is pending or sending (at most `secs`).
+    pub async fn wait_final(&self, event_id: &str, secs: u64) -> pb::GetEventResponse {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let ev = self
+                .ingest()
+                .get_event(pb::GetEventRequest {
+                    selector: Some(pb::get_event_request::Selector::EventId(event_id.into())),
+                })
+                .await
+                .expect("get event")
+                .into_inner();
+            if ev.deliveries.iter().all(|d| d.status != "pending" && d.status != "sending") {
+                return ev;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("deliveries not final after {secs}s: {:#?}", ev.deliveries);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Requests the simulator recorded for `provider`.
+    pub async fn sim_requests(&self, provider: &str) -> Vec<Value> {
+        self.http
+            .get(format!("{}/_sim/requests?provider={provider}", self.sim_url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    pub async fn sim_fault(&self, fault: Value) {
+        let r = self.http.post(format!("{}/_sim/faults", self.sim_url)).json(&fault).send().await.unwrap();
+        assert!(r.status().is_success());
+    }
+
+    /// Emails in MailDev addressed to `address`.
+    pub async fn mails_to(&self, address: &str) -> Vec<Value> {
+        let all: Vec<Value> = self
+            .http
+            .get(format!("{}/api/email", self.stack.maildev_url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        all.into_iter()
+            .filter(|m| m["to"].as_array().is_some_and(|t| t.iter().any(|a| a["address"] == address)))
+            .collect()
+    }
+
+    /// Row count of `table`.
+    pub async fn count(&self, table: &str) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// An AMQP channel on the stack's broker.
+    pub async fn amqp(&self) -> (lapin::Connection, lapin::Channel) {
+        let conn = notify_broker::connect(&self.stack.amqp_url, "tests").await.unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        (conn, ch)
+    }
+
+    /// Messages ready in `queue` (passive declare).
+    pub async fn queue_depth(&self, queue: &str) -> u32 {
+        let (_conn, ch) = self.amqp().await;
+        let q = ch
+            .queue_declare(
+                queue.into(),
+                lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        q.message_count()
+    }
+
+    /// Stops only the workers (graceful, like SIGTERM).
+    pub fn stop_workers(&self) {
+        self.worker_shutdown.cancel();
+    }
+
+    /// Stops everything and removes the database and broker objects.
+    pub async fn stop(self) {
+        self.worker_shutdown.cancel();
+        self.shutdown.cancel();
+        for t in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(15), t).await;
+        }
+        self.pool.close().await;
+        if let Ok(conn) = notify_broker::connect(&self.stack.amqp_url, "tests-cleanup").await
+            && let Ok(ch) = conn.create_channel().await
+        {
+            let names: Vec<&str> = Channel::ALL.iter().map(|c| c.as_str()).collect();
+            let _ = self.topology.delete(&ch, &names).await;
+        }
+        if let Ok(admin) = PgPool::connect(&self.stack.admin_db_url).await {
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db_name)))
+                .execute(&admin)
+                .await;
+        }
+    }
+}
