@@ -12,7 +12,10 @@ use tonic::Code;
 use tonic_types::StatusExt;
 
 fn uniq(prefix: &str) -> String {
-    format!("{prefix}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
 }
 
 fn line_id() -> String {
@@ -22,9 +25,14 @@ fn line_id() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_event_reaches_every_channel_once_and_a_replay_is_a_duplicate() {
     let p = Platform::start().await;
-    p.add_type("order_paid", &["inapp", "email", "line", "push"]).await;
+    p.add_type("order_paid", &["inapp", "email", "line", "push"])
+        .await;
     let (a, b, c) = (uniq("somchai"), uniq("somying"), uniq("wichai"));
-    let (a_mail, b_mail, c_mail) = (format!("{a}@example.test"), format!("{b}@example.test"), format!("{c}@example.test"));
+    let (a_mail, b_mail, c_mail) = (
+        format!("{a}@example.test"),
+        format!("{b}@example.test"),
+        format!("{c}@example.test"),
+    );
     let (a_line, c_line) = (line_id(), line_id());
     p.add_recipient(&a, "สมชาย ใจดี", &a_mail, &a_line).await;
     p.add_recipient(&b, "สมหญิง รักไทย", &b_mail, "").await;
@@ -33,17 +41,42 @@ async fn one_event_reaches_every_channel_once_and_a_replay_is_a_duplicate() {
     p.add_device(&a, &format!("{a}-tablet")).await;
     p.add_device(&b, &format!("{b}-phone")).await;
     p.recipients()
-        .set_preference(pb::SetPreferenceRequest { user_id: c.clone(), r#type: "order_paid".into(), channel: "email".into(), enabled: false })
+        .set_preference(pb::SetPreferenceRequest {
+            user_id: c.clone(),
+            r#type: "order_paid".into(),
+            channel: "email".into(),
+            enabled: false,
+        })
         .await
         .unwrap();
 
     let req = p.event(&uniq("order:123:paid"), "order_paid", &[&a, &b, &c]);
-    let first = p.ingest().create_event(req.clone()).await.unwrap().into_inner();
+    let first = p
+        .ingest()
+        .create_event(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
     assert!(!first.duplicate);
-    let planned: Vec<(String, u32)> = first.planned.iter().map(|c| (c.channel.clone(), c.count)).collect();
-    assert_eq!(planned, [("inapp".into(), 3), ("email".into(), 2), ("push".into(), 3), ("line".into(), 2)]);
-    let skipped: HashSet<(String, String, String)> =
-        first.skipped.iter().map(|s| (s.user_id.clone(), s.channel.clone(), s.reason.clone())).collect();
+    let planned: Vec<(String, u32)> = first
+        .planned
+        .iter()
+        .map(|c| (c.channel.clone(), c.count))
+        .collect();
+    assert_eq!(
+        planned,
+        [
+            ("inapp".into(), 3),
+            ("email".into(), 2),
+            ("push".into(), 3),
+            ("line".into(), 2)
+        ]
+    );
+    let skipped: HashSet<(String, String, String)> = first
+        .skipped
+        .iter()
+        .map(|s| (s.user_id.clone(), s.channel.clone(), s.reason.clone()))
+        .collect();
     assert_eq!(
         skipped,
         HashSet::from([
@@ -56,7 +89,11 @@ async fn one_event_reaches_every_channel_once_and_a_replay_is_a_duplicate() {
     let second = p.ingest().create_event(req).await.unwrap().into_inner();
     assert!(second.duplicate);
     assert_eq!(second.event_id, first.event_id);
-    assert_eq!(second.deliveries.len(), 10, "the duplicate reply lists the first request's deliveries");
+    assert_eq!(
+        second.deliveries.len(),
+        10,
+        "the duplicate reply lists the first request's deliveries"
+    );
 
     let ev = p.wait_final(&first.event_id, 30).await;
     assert_eq!(ev.deliveries.len(), 10);
@@ -64,41 +101,89 @@ async fn one_event_reaches_every_channel_once_and_a_replay_is_a_duplicate() {
         assert_eq!((d.status.as_str(), d.attempts), ("sent", 1), "{d:?}");
     }
     assert_eq!(p.count("notification_events").await, 1);
-    assert_eq!(p.count("notifications").await, 3, "one in-app row per recipient");
-    assert_eq!(p.count("outbox").await, 0, "every outbox row was confirmed and deleted");
+    assert_eq!(
+        p.count("notifications").await,
+        3,
+        "one in-app row per recipient"
+    );
+    assert_eq!(
+        p.count("outbox").await,
+        0,
+        "every outbox row was confirmed and deleted"
+    );
 
     // Email: one per recipient with an address and email on, Thai intact, stable Message-ID.
-    for (addr, name) in [(&a_mail, "สมชาย ใจดี"), (&b_mail, "สมหญิง รักไทย")] {
+    for (addr, name) in [(&a_mail, "สมชาย ใจดี"), (&b_mail, "สมหญิง รักไทย")]
+    {
         let mails = p.mails_to(addr).await;
         assert_eq!(mails.len(), 1, "{addr}");
         assert_eq!(mails[0]["subject"], "ชำระเงินแล้ว #1001");
         assert_eq!(mails[0]["to"][0]["name"], name);
         assert_eq!(mails[0]["from"][0]["name"], "ฝ่ายบริการลูกค้า, ร้านตัวอย่าง");
-        let d = ev.deliveries.iter().find(|d| d.channel == "email" && addr.starts_with(&d.user_id)).unwrap();
-        assert_eq!(mails[0]["headers"]["message-id"], format!("<{}@example.test>", d.delivery_id));
+        let d = ev
+            .deliveries
+            .iter()
+            .find(|d| d.channel == "email" && addr.starts_with(&d.user_id))
+            .unwrap();
+        assert_eq!(
+            mails[0]["headers"]["message-id"],
+            format!("<{}@example.test>", d.delivery_id)
+        );
     }
     assert!(p.mails_to(&c_mail).await.is_empty(), "email turned off");
 
     // LINE: one push per LINE recipient, each with its own retry key, as stored.
     let line = p.sim_requests("line").await;
-    let to: HashSet<&str> = line.iter().map(|r| r["body"]["to"].as_str().unwrap()).collect();
+    let to: HashSet<&str> = line
+        .iter()
+        .map(|r| r["body"]["to"].as_str().unwrap())
+        .collect();
     assert_eq!(to, HashSet::from([a_line.as_str(), c_line.as_str()]));
-    let keys: HashSet<&str> = line.iter().map(|r| r["headers"]["x-line-retry-key"].as_str().unwrap()).collect();
+    let keys: HashSet<&str> = line
+        .iter()
+        .map(|r| r["headers"]["x-line-retry-key"].as_str().unwrap())
+        .collect();
     assert_eq!(keys.len(), 2);
-    assert!(line.iter().all(|r| r["headers"]["authorization"] == format!("Bearer {}", support::LINE_TOKEN)));
+    assert!(
+        line.iter()
+            .all(|r| r["headers"]["authorization"] == format!("Bearer {}", support::LINE_TOKEN))
+    );
 
     // FCM: one request per device, with an OAuth token from the service-account key.
     let fcm = p.sim_requests("fcm").await;
-    let tokens: HashSet<&str> = fcm.iter().map(|r| r["body"]["message"]["token"].as_str().unwrap()).collect();
-    assert_eq!(tokens, HashSet::from([format!("{a}-phone").as_str(), format!("{a}-tablet").as_str(), format!("{b}-phone").as_str()]));
-    assert!(fcm.iter().all(|r| r["headers"]["authorization"].as_str().unwrap().starts_with("Bearer ya29.sim-")));
-    assert_eq!(p.sim_requests("oauth").await.len(), 1, "the access token is cached");
+    let tokens: HashSet<&str> = fcm
+        .iter()
+        .map(|r| r["body"]["message"]["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tokens,
+        HashSet::from([
+            format!("{a}-phone").as_str(),
+            format!("{a}-tablet").as_str(),
+            format!("{b}-phone").as_str()
+        ])
+    );
+    assert!(fcm.iter().all(|r| {
+        r["headers"]["authorization"]
+            .as_str()
+            .unwrap()
+            .starts_with("Bearer ya29.sim-")
+    }));
+    assert_eq!(
+        p.sim_requests("oauth").await.len(),
+        1,
+        "the access token is cached"
+    );
     p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_identical_requests_make_one_event() {
-    let p = Platform::start_with(support::Options { workers: vec![], ..Default::default() }).await;
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
     p.add_type("comment_reply", &["inapp"]).await;
     let req = p.event("comment:55:reply:9", "comment_reply", &["u1", "u2"]);
     let calls = (0..20).map(|_| {
@@ -109,7 +194,12 @@ async fn twenty_concurrent_identical_requests_make_one_event() {
     let replies = futures_util::future::join_all(calls).await;
     let ids: HashSet<String> = replies
         .into_iter()
-        .map(|r| r.unwrap().expect("every call succeeds").into_inner().event_id)
+        .map(|r| {
+            r.unwrap()
+                .expect("every call succeeds")
+                .into_inner()
+                .event_id
+        })
         .collect();
     assert_eq!(ids.len(), 1, "one event id for all 20 replies");
     assert_eq!(p.count("notification_events").await, 1);
@@ -119,11 +209,25 @@ async fn twenty_concurrent_identical_requests_make_one_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
-    let p = Platform::start_with(support::Options { workers: vec![], ..Default::default() }).await;
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
     p.add_type("comment_reply", &["inapp"]).await;
     // "café" precomposed vs e + combining acute: one key after NFC.
-    let first = p.ingest().create_event(p.event("caf\u{e9}:1", "comment_reply", &["u1"])).await.unwrap().into_inner();
-    let again = p.ingest().create_event(p.event("cafe\u{301}:1", "comment_reply", &["u1"])).await.unwrap().into_inner();
+    let first = p
+        .ingest()
+        .create_event(p.event("caf\u{e9}:1", "comment_reply", &["u1"]))
+        .await
+        .unwrap()
+        .into_inner();
+    let again = p
+        .ingest()
+        .create_event(p.event("cafe\u{301}:1", "comment_reply", &["u1"]))
+        .await
+        .unwrap()
+        .into_inner();
     assert!(again.duplicate);
     assert_eq!(again.event_id, first.event_id);
 
@@ -131,7 +235,10 @@ async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
     other.content.as_mut().unwrap().body = "another text".into();
     let err = p.ingest().create_event(other).await.unwrap_err();
     assert_eq!(err.code(), Code::AlreadyExists);
-    assert_eq!(err.get_details_resource_info().unwrap().resource_name, first.event_id);
+    assert_eq!(
+        err.get_details_resource_info().unwrap().resource_name,
+        first.event_id
+    );
     assert_eq!(p.count("notification_events").await, 1);
     assert_eq!(p.count("notification_deliveries").await, 1);
     p.stop().await;
@@ -139,7 +246,11 @@ async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_names_the_field_and_writes_nothing() {
-    let p = Platform::start_with(support::Options { workers: vec![], ..Default::default() }).await;
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
     p.add_type("order_paid", &["inapp", "email"]).await;
     let base = || p.event("k:1", "order_paid", &["u1"]);
     let mut cases: Vec<(&str, pb::CreateEventRequest, &str)> = Vec::new();
@@ -212,11 +323,22 @@ async fn bad_input_names_the_field_and_writes_nothing() {
         })
         .await
         .unwrap_err();
-    let fields: Vec<String> = err.get_details_bad_request().unwrap().field_violations.into_iter().map(|v| v.field).collect();
+    let fields: Vec<String> = err
+        .get_details_bad_request()
+        .unwrap()
+        .field_violations
+        .into_iter()
+        .map(|v| v.field)
+        .collect();
     assert_eq!(fields, ["email", "line_user_id", "timezone"]);
     let err = p
         .recipients()
-        .register_endpoint(pb::RegisterEndpointRequest { user_id: "nobody".into(), platform: "fcm".into(), token: "t".into(), web_push: None })
+        .register_endpoint(pb::RegisterEndpointRequest {
+            user_id: "nobody".into(),
+            platform: "fcm".into(),
+            token: "t".into(),
+            web_push: None,
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
@@ -226,7 +348,11 @@ async fn bad_input_names_the_field_and_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once() {
-    let mut p = Platform::start_with(support::Options { workers: vec![], ..Default::default() }).await;
+    let mut p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
     p.add_type("order_paid", &["push"]).await;
     let users: Vec<String> = (0..4).map(|i| uniq(&format!("user-100{i}"))).collect();
     for u in &users {
@@ -234,7 +360,12 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
         p.add_device(u, &format!("fcm-tok-{u}")).await;
     }
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
-    let ev = p.ingest().create_event(p.event("b03", "order_paid", &refs)).await.unwrap().into_inner();
+    let ev = p
+        .ingest()
+        .create_event(p.event("b03", "order_paid", &refs))
+        .await
+        .unwrap()
+        .into_inner();
     // Wait until the relay published all four.
     for _ in 0..100 {
         if p.count("outbox").await == 0 {
@@ -245,7 +376,13 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
     assert_eq!(p.count("outbox").await, 0);
     // The fourth delivery is not due: its queued message must be acked without a send,
     // and a well-formed message naming it on the wrong channel must fail it.
-    let fourth = ev.deliveries.iter().find(|d| d.user_id == users[3]).unwrap().delivery_id.clone();
+    let fourth = ev
+        .deliveries
+        .iter()
+        .find(|d| d.user_id == users[3])
+        .unwrap()
+        .delivery_id
+        .clone();
     sqlx::query("UPDATE notification_deliveries SET next_attempt_at = now() + interval '1 hour' WHERE id = $1::uuid")
         .bind(&fourth)
         .execute(&p.pool)
@@ -257,14 +394,27 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
         let ch = ch.clone();
         let queue = queue.clone();
         async move {
-            ch.basic_publish("".into(), queue.into(), Default::default(), &body, Default::default())
-                .await
-                .unwrap();
+            ch.basic_publish(
+                "".into(),
+                queue.into(),
+                Default::default(),
+                &body,
+                Default::default(),
+            )
+            .await
+            .unwrap();
         }
     };
     publish(vec![0xFF, 0xFE, 0x00]).await;
-    publish(serde_json::to_vec(&json!({"v": 1, "delivery_id": fourth, "channel": "fax"})).unwrap()).await;
-    publish(serde_json::to_vec(&json!({"v": 1, "delivery_id": uuid::Uuid::new_v4(), "channel": "push"})).unwrap()).await;
+    publish(serde_json::to_vec(&json!({"v": 1, "delivery_id": fourth, "channel": "fax"})).unwrap())
+        .await;
+    publish(
+        serde_json::to_vec(
+            &json!({"v": 1, "delivery_id": uuid::Uuid::new_v4(), "channel": "push"}),
+        )
+        .unwrap(),
+    )
+    .await;
 
     p.start_worker(notify_core::Channel::Push);
     let dead = p.topology.dead_letter_queue();
@@ -274,17 +424,32 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(p.queue_depth(&dead).await, 3, "three poison messages dead-lettered");
+    assert_eq!(
+        p.queue_depth(&dead).await,
+        3,
+        "three poison messages dead-lettered"
+    );
     let fcm = p.sim_requests("fcm").await;
-    let tokens: Vec<&str> = fcm.iter().map(|r| r["body"]["message"]["token"].as_str().unwrap()).collect();
-    assert_eq!(tokens.len(), 3, "exactly the three due deliveries were sent: {tokens:?}");
-    let (status, error): (String, Option<String>) =
-        sqlx::query_as("SELECT status, last_error FROM notification_deliveries WHERE id = $1::uuid")
-            .bind(&fourth)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
-    assert_eq!((status.as_str(), error.as_deref()), ("failed", Some("unsupported_channel")));
+    let tokens: Vec<&str> = fcm
+        .iter()
+        .map(|r| r["body"]["message"]["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tokens.len(),
+        3,
+        "exactly the three due deliveries were sent: {tokens:?}"
+    );
+    let (status, error): (String, Option<String>) = sqlx::query_as(
+        "SELECT status, last_error FROM notification_deliveries WHERE id = $1::uuid",
+    )
+    .bind(&fourth)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (status.as_str(), error.as_deref()),
+        ("failed", Some("unsupported_channel"))
+    );
     assert_eq!(p.queue_depth(&p.topology.queue("push")).await, 0);
     p.stop().await;
 }
@@ -296,7 +461,12 @@ async fn a_resent_line_push_with_the_same_retry_key_counts_as_sent() {
     let u = uniq("u");
     let lid = line_id();
     p.add_recipient(&u, "", "", &lid).await;
-    let ev = p.ingest().create_event(p.event("line-409", "order_paid", &[&u])).await.unwrap().into_inner();
+    let ev = p
+        .ingest()
+        .create_event(p.event("line-409", "order_paid", &[&u]))
+        .await
+        .unwrap()
+        .into_inner();
     let first = p.wait_final(&ev.event_id, 20).await;
     let d = &first.deliveries[0];
     assert_eq!(d.status, "sent");
@@ -319,9 +489,18 @@ async fn a_resent_line_push_with_the_same_retry_key_counts_as_sent() {
     assert_eq!((d2.status.as_str(), d2.attempts), ("sent", 2));
     let line = p.sim_requests("line").await;
     assert_eq!(line.len(), 2);
-    assert_eq!(line[0]["headers"]["x-line-retry-key"], line[1]["headers"]["x-line-retry-key"]);
-    assert_eq!((line[0]["status"].as_u64(), line[1]["status"].as_u64()), (Some(200), Some(409)));
-    assert!(!d2.provider_message_id.is_empty(), "x-line-accepted-request-id recorded");
+    assert_eq!(
+        line[0]["headers"]["x-line-retry-key"],
+        line[1]["headers"]["x-line-retry-key"]
+    );
+    assert_eq!(
+        (line[0]["status"].as_u64(), line[1]["status"].as_u64()),
+        (Some(200), Some(409))
+    );
+    assert!(
+        !d2.provider_message_id.is_empty(),
+        "x-line-accepted-request-id recorded"
+    );
     p.stop().await;
 }
 
@@ -335,9 +514,20 @@ async fn transient_errors_retry_and_permanent_errors_fail_at_once() {
     p.add_recipient(&u2, "", "", &l2).await;
     p.sim_fault(json!({"provider": "line", "target_contains": l1, "status": 500, "body": {"message": "internal"}, "times": 1})).await;
     p.sim_fault(json!({"provider": "line", "target_contains": l2, "status": 403, "body": {"message": "forbidden"}})).await;
-    let ev = p.ingest().create_event(p.event("retry", "order_paid", &[&u1, &u2])).await.unwrap().into_inner();
+    let ev = p
+        .ingest()
+        .create_event(p.event("retry", "order_paid", &[&u1, &u2]))
+        .await
+        .unwrap()
+        .into_inner();
     let done = p.wait_final(&ev.event_id, 30).await;
-    let by_user = |u: &str| done.deliveries.iter().find(|d| d.user_id == u).unwrap().clone();
+    let by_user = |u: &str| {
+        done.deliveries
+            .iter()
+            .find(|d| d.user_id == u)
+            .unwrap()
+            .clone()
+    };
     let (d1, d2) = (by_user(&u1), by_user(&u2));
     assert_eq!((d1.status.as_str(), d1.attempts), ("sent", 2));
     assert_eq!((d2.status.as_str(), d2.attempts), ("failed", 1));
@@ -349,7 +539,13 @@ async fn transient_errors_retry_and_permanent_errors_fail_at_once() {
     .fetch_all(&p.pool)
     .await
     .unwrap();
-    assert_eq!(attempts, [(1, "retry".to_string(), Some(500)), (2, "sent".to_string(), Some(200))]);
+    assert_eq!(
+        attempts,
+        [
+            (1, "retry".to_string(), Some(500)),
+            (2, "sent".to_string(), Some(200))
+        ]
+    );
     p.stop().await;
 }
 
@@ -361,22 +557,42 @@ async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
     p.add_recipient(&u, "", "", "").await;
     let dead = p.add_device(&u, &format!("unregistered-{u}")).await;
     let live = p.add_device(&u, &format!("fcm-tok-{u}")).await;
-    let ev = p.ingest().create_event(p.event("e1", "order_paid", &[&u])).await.unwrap().into_inner();
+    let ev = p
+        .ingest()
+        .create_event(p.event("e1", "order_paid", &[&u]))
+        .await
+        .unwrap()
+        .into_inner();
     let done = p.wait_final(&ev.event_id, 30).await;
-    let by_ep = |e: &str| done.deliveries.iter().find(|d| d.endpoint_id == e).unwrap().clone();
+    let by_ep = |e: &str| {
+        done.deliveries
+            .iter()
+            .find(|d| d.endpoint_id == e)
+            .unwrap()
+            .clone()
+    };
     let (d_dead, d_live) = (by_ep(&dead), by_ep(&live));
     assert_eq!((d_dead.status.as_str(), d_dead.attempts), ("failed", 1));
     assert!(d_dead.last_error.starts_with("unregistered"));
     assert_eq!(d_live.status, "sent");
-    let (status, reason): (String, Option<String>) =
-        sqlx::query_as("SELECT status, revoked_reason FROM notification_endpoints WHERE id = $1::uuid")
-            .bind(&dead)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
-    assert_eq!((status.as_str(), reason.as_deref()), ("revoked", Some("unregistered")));
+    let (status, reason): (String, Option<String>) = sqlx::query_as(
+        "SELECT status, revoked_reason FROM notification_endpoints WHERE id = $1::uuid",
+    )
+    .bind(&dead)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_deref()),
+        ("revoked", Some("unregistered"))
+    );
 
-    let ev2 = p.ingest().create_event(p.event("e2", "order_paid", &[&u])).await.unwrap().into_inner();
+    let ev2 = p
+        .ingest()
+        .create_event(p.event("e2", "order_paid", &[&u]))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(ev2.deliveries.len(), 1, "only the live device is planned");
     assert_eq!(ev2.deliveries[0].endpoint_id, live);
     p.stop().await;
@@ -384,13 +600,22 @@ async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_service_reports_serving() {
-    let p = Platform::start_with(support::Options { workers: vec![], ..Default::default() }).await;
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
     let mut health = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone());
     let resp = health
-        .check(tonic_health::pb::HealthCheckRequest { service: "notify.v1.IngestService".into() })
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "notify.v1.IngestService".into(),
+        })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(resp.status(), tonic_health::pb::health_check_response::ServingStatus::Serving);
+    assert_eq!(
+        resp.status(),
+        tonic_health::pb::health_check_response::ServingStatus::Serving
+    );
     p.stop().await;
 }

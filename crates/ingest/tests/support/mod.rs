@@ -121,11 +121,19 @@ impl Platform {
         let id = Uuid::new_v4().simple().to_string()[..12].to_string();
 
         // Database.
-        let admin = PgPool::connect(&stack.admin_db_url).await.expect("admin connection");
+        let admin = PgPool::connect(&stack.admin_db_url)
+            .await
+            .expect("admin connection");
         let db_name = format!("notify_t_{id}");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}"))).execute(&admin).await.expect("create database");
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db_name}")))
+            .execute(&admin)
+            .await
+            .expect("create database");
         admin.close().await;
-        let db_url = format!("{}/{db_name}", stack.admin_db_url.rsplit_once('/').unwrap().0);
+        let db_url = format!(
+            "{}/{db_name}",
+            stack.admin_db_url.rsplit_once('/').unwrap().0
+        );
         let mut cfg = notify_store::PoolConfig::new(db_url.clone());
         cfg.max_connections = 20;
         let pool = notify_store::connect(&cfg).expect("pool");
@@ -140,7 +148,8 @@ impl Platform {
         let sim_url = format!("http://{}", sim_listener.local_addr().unwrap());
         let sim_cfg = provider_sim::SimConfig {
             line_channel_token: LINE_TOKEN.into(),
-            fcm_public_key_pem: std::fs::read_to_string(&stack.fcm_public_key_file).expect("fcm public key"),
+            fcm_public_key_pem: std::fs::read_to_string(&stack.fcm_public_key_file)
+                .expect("fcm public key"),
             fcm_project_id: "notify-local".into(),
             fcm_client_email: "notify@notify-local.iam.gserviceaccount.com".into(),
         };
@@ -150,7 +159,8 @@ impl Platform {
         }));
 
         // A service-account key whose token_uri is this test's simulator.
-        let mut key: Value = serde_json::from_str(&std::fs::read_to_string(&stack.fcm_key_file).unwrap()).unwrap();
+        let mut key: Value =
+            serde_json::from_str(&std::fs::read_to_string(&stack.fcm_key_file).unwrap()).unwrap();
         key["token_uri"] = Value::String(format!("{sim_url}/token"));
         let key_path = std::env::temp_dir().join(format!("notify-fcm-{id}.json"));
         std::fs::write(&key_path, key.to_string()).unwrap();
@@ -178,7 +188,9 @@ impl Platform {
         tasks.push(tokio::spawn(async move {
             ingest::run(ingest_cfg, p, listener, s).await.unwrap();
         }));
-        let grpc = tonic::transport::Endpoint::from_shared(grpc_url).unwrap().connect_lazy();
+        let grpc = tonic::transport::Endpoint::from_shared(grpc_url)
+            .unwrap()
+            .connect_lazy();
 
         let platform = Platform {
             stack,
@@ -268,11 +280,15 @@ impl Platform {
         self.tasks.push(task);
     }
 
-    pub fn ingest(&self) -> pb::ingest_service_client::IngestServiceClient<tonic::transport::Channel> {
+    pub fn ingest(
+        &self,
+    ) -> pb::ingest_service_client::IngestServiceClient<tonic::transport::Channel> {
         pb::ingest_service_client::IngestServiceClient::new(self.grpc.clone())
     }
 
-    pub fn recipients(&self) -> pb::recipient_service_client::RecipientServiceClient<tonic::transport::Channel> {
+    pub fn recipients(
+        &self,
+    ) -> pb::recipient_service_client::RecipientServiceClient<tonic::transport::Channel> {
         pb::recipient_service_client::RecipientServiceClient::new(self.grpc.clone())
     }
 
@@ -349,7 +365,11 @@ impl Platform {
                 .await
                 .expect("get event")
                 .into_inner();
-            if ev.deliveries.iter().all(|d| d.status != "pending" && d.status != "sending") {
+            if ev
+                .deliveries
+                .iter()
+                .all(|d| d.status != "pending" && d.status != "sending")
+            {
                 return ev;
             }
             if tokio::time::Instant::now() > deadline {
@@ -362,7 +382,10 @@ impl Platform {
     /// Requests the simulator recorded for `provider`.
     pub async fn sim_requests(&self, provider: &str) -> Vec<Value> {
         self.http
-            .get(format!("{}/_sim/requests?provider={provider}", self.sim_url))
+            .get(format!(
+                "{}/_sim/requests?provider={provider}",
+                self.sim_url
+            ))
             .send()
             .await
             .unwrap()
@@ -372,7 +395,13 @@ impl Platform {
     }
 
     pub async fn sim_fault(&self, fault: Value) {
-        let r = self.http.post(format!("{}/_sim/faults", self.sim_url)).json(&fault).send().await.unwrap();
+        let r = self
+            .http
+            .post(format!("{}/_sim/faults", self.sim_url))
+            .json(&fault)
+            .send()
+            .await
+            .unwrap();
         assert!(r.status().is_success());
     }
 
@@ -388,7 +417,11 @@ impl Platform {
             .await
             .unwrap();
         all.into_iter()
-            .filter(|m| m["to"].as_array().is_some_and(|t| t.iter().any(|a| a["address"] == address)))
+            .filter(|m| {
+                m["to"]
+                    .as_array()
+                    .is_some_and(|t| t.iter().any(|a| a["address"] == address))
+            })
             .collect()
     }
 
@@ -402,7 +435,9 @@ impl Platform {
 
     /// An AMQP channel on the stack's broker.
     pub async fn amqp(&self) -> (lapin::Connection, lapin::Channel) {
-        let conn = notify_broker::connect(&self.stack.amqp_url, "tests").await.unwrap();
+        let conn = notify_broker::connect(&self.stack.amqp_url, "tests")
+            .await
+            .unwrap();
         let ch = conn.create_channel().await.unwrap();
         (conn, ch)
     }
@@ -413,7 +448,10 @@ impl Platform {
         let q = ch
             .queue_declare(
                 queue.into(),
-                lapin::options::QueueDeclareOptions { passive: true, ..Default::default() },
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
                 Default::default(),
             )
             .await
@@ -441,9 +479,12 @@ impl Platform {
             let _ = self.topology.delete(&ch, &names).await;
         }
         if let Ok(admin) = PgPool::connect(&self.stack.admin_db_url).await {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db_name)))
-                .execute(&admin)
-                .await;
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.db_name
+            )))
+            .execute(&admin)
+            .await;
         }
     }
 }

@@ -1,0 +1,47 @@
+# Every CI step is a target here. The local stack (PostgreSQL, RabbitMQ, MailDev,
+# provider-sim) is installed and started by deploy/local-stack.sh; nothing is needed
+# beforehand but a Rust toolchain.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
+STACK_DIR := $(or $(NOTIFY_STACK_DIR),$(CURDIR)/.stack)
+
+.PHONY: demo test up down status migrate lint fmt build
+
+## demo: start the stack and the services, send one event to every channel, show the outcome
+demo:
+	deploy/demo.sh
+
+## test: unit tests and end-to-end tests against the real services of the local stack
+test: up
+	source $(STACK_DIR)/env && cargo test --workspace --all-targets 2>&1 | tee $(STACK_DIR)/logs/test.log
+	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "tests: %d passed, %d failed\n", p, f}' $(STACK_DIR)/logs/test.log
+
+## up: install what is missing and start PostgreSQL, RabbitMQ, MailDev and provider-sim
+up:
+	cargo build -p provider-sim
+	PROVIDER_SIM_BIN=$(TARGET_DIR)/debug/provider-sim deploy/local-stack.sh up
+
+## down: stop everything `make up` started
+down:
+	deploy/local-stack.sh down
+
+status:
+	deploy/local-stack.sh status
+
+## migrate: apply database migrations to NOTIFY_DATABASE_URL (default: the local stack's)
+migrate: up
+	cargo build -p ingest
+	source $(STACK_DIR)/env && $(TARGET_DIR)/debug/ingest migrate
+
+## lint: formatting and clippy, warnings are errors
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	cargo fmt --all
+
+build:
+	cargo build --workspace --bins
