@@ -619,3 +619,99 @@ async fn health_service_reports_serving() {
     );
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
+    let p = Platform::start().await;
+    p.add_type("order_paid", &["line"]).await;
+    let u = uniq("user-1001");
+    let lid = line_id();
+    p.add_recipient(&u, "", "", &lid).await;
+    // A first event proves the topology is declared and the route works; then cut it.
+    let warm = p
+        .ingest()
+        .create_event(p.event("warm-up", "order_paid", &[&u]))
+        .await
+        .unwrap()
+        .into_inner();
+    p.wait_final(&warm.event_id, 30).await;
+    let (_conn, ch) = p.amqp().await;
+    let (queue, exchange) = (p.topology.queue("line"), p.topology.exchange());
+    ch.queue_unbind(
+        queue.clone().into(),
+        exchange.clone().into(),
+        "line".into(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+
+    let ev = p
+        .ingest()
+        .create_event(p.event("b02-1", "order_paid", &[&u]))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut failures = 0;
+    for _ in 0..100 {
+        failures =
+            sqlx::query_scalar::<_, i32>("SELECT coalesce(max(publish_failures), 0) FROM outbox")
+                .fetch_one(&p.pool)
+                .await
+                .unwrap();
+        if failures > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        failures > 0,
+        "the unroutable publish is counted on the outbox row"
+    );
+    let last_error: Option<String> = sqlx::query_scalar("SELECT last_error FROM outbox")
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+    assert_eq!(last_error.as_deref(), Some("unroutable"));
+    let got = p
+        .ingest()
+        .get_event(pb::GetEventRequest {
+            selector: Some(pb::get_event_request::Selector::EventId(
+                ev.event_id.clone(),
+            )),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(got.deliveries[0].status, "pending");
+    assert_eq!(
+        p.sim_requests("line").await.len(),
+        1,
+        "only the warm-up push so far"
+    );
+
+    ch.queue_bind(
+        queue.into(),
+        exchange.into(),
+        "line".into(),
+        Default::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(
+        (
+            done.deliveries[0].status.as_str(),
+            done.deliveries[0].attempts
+        ),
+        ("sent", 1)
+    );
+    assert_eq!(
+        p.sim_requests("line").await.len(),
+        2,
+        "exactly one more push once the route is back"
+    );
+    assert_eq!(p.count("outbox").await, 0);
+    p.stop().await;
+}
