@@ -9,6 +9,8 @@
 //! 5. ack only after that commit. Unparseable messages and messages naming a delivery that
 //!    does not exist (or belongs to another channel) are rejected to the dead-letter queue.
 
+pub mod http;
+
 use futures_util::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicRejectOptions,

@@ -5,7 +5,6 @@
 //! delivery before the first call), so LINE itself drops a resend of an accepted request
 //! and answers 409 with `x-line-accepted-request-id`: we count that as sent.
 
-use notify_core::outcome::parse_retry_after_seconds;
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
 use notify_worker::{ChannelSender, Job};
 use serde_json::json;
@@ -56,13 +55,6 @@ impl LineSender {
     }
 }
 
-fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
-    resp.headers()
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-}
-
 impl ChannelSender for LineSender {
     fn channel(&self) -> Channel {
         Channel::Line
@@ -86,36 +78,26 @@ impl ChannelSender for LineSender {
             "{}/v2/bot/message/push",
             self.cfg.api_base.trim_end_matches('/')
         );
-        let resp = self
+        let request = self
             .http
             .post(url)
             .bearer_auth(&self.cfg.channel_token)
             .header("X-Line-Retry-Key", retry_key.to_string())
-            .json(&body)
-            .send()
-            .await;
-        let resp = match resp {
-            Ok(r) => r,
-            Err(e) => {
-                let code = if e.is_timeout() {
-                    "line_timeout"
-                } else {
-                    "line_connection"
-                };
-                return AttemptOutcome::failed(ErrorClass::Transient, code, content)
-                    .with_response(e.to_string());
-            }
+            .json(&body);
+        let answer = match notify_worker::http::send(request, "line").await {
+            Ok(a) => a,
+            Err(e) => return e.into_outcome(content),
         };
-        let status = resp.status().as_u16();
-        let request_id = header(&resp, "x-line-request-id");
-        let accepted_id = header(&resp, "x-line-accepted-request-id");
-        let retry_after = header(&resp, "retry-after").and_then(|v| parse_retry_after_seconds(&v));
-        let text = resp.text().await.unwrap_or_default();
+        let (status, retry_after) = (answer.status, answer.retry_after);
+        let request_id = answer.header("x-line-request-id").map(str::to_string);
+        let accepted_id = answer
+            .header("x-line-accepted-request-id")
+            .map(str::to_string);
         let out = match status {
             200 => {
-                let sent_id = serde_json::from_str::<serde_json::Value>(&text)
-                    .ok()
-                    .and_then(|v| v["sentMessages"][0]["id"].as_str().map(str::to_string));
+                let sent_id = answer.json()["sentMessages"][0]["id"]
+                    .as_str()
+                    .map(str::to_string);
                 AttemptOutcome::sent(sent_id.or(request_id), content)
             }
             // The retry key was already accepted: an earlier attempt went through.
@@ -129,6 +111,6 @@ impl ChannelSender for LineSender {
             // 400 (bad request, unknown user), 401 (token), 403 (not allowed), 413 (too large).
             _ => AttemptOutcome::failed(ErrorClass::Permanent, format!("line_{status}"), content),
         };
-        out.with_status(status as i32).with_response(text)
+        out.with_status(status as i32).with_response(answer.body)
     }
 }

@@ -11,7 +11,6 @@
 //! deliveries fail permanently with `provider_not_configured`.
 
 use gcp_auth::{CustomServiceAccount, TokenProvider};
-use notify_core::outcome::parse_retry_after_seconds;
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
 use notify_worker::{ChannelSender, Job};
 use serde_json::{Value, json};
@@ -118,40 +117,23 @@ impl PushSender {
                     .with_response(e.to_string());
             }
         };
-        let resp = self
+        let request = self
             .http
             .post(&self.fcm_send_url)
             .bearer_auth(access.as_str())
-            .json(&body)
-            .send()
-            .await;
-        let resp = match resp {
-            Ok(r) => r,
-            Err(e) => {
-                let code = if e.is_timeout() {
-                    "fcm_timeout"
-                } else {
-                    "fcm_connection"
-                };
-                return AttemptOutcome::failed(ErrorClass::Transient, code, content)
-                    .with_response(e.to_string());
-            }
+            .json(&body);
+        let answer = match notify_worker::http::send(request, "fcm").await {
+            Ok(a) => a,
+            Err(e) => return e.into_outcome(content),
         };
-        let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_retry_after_seconds);
-        let text = resp.text().await.unwrap_or_default();
-        let parsed: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let (status, retry_after, parsed) = (answer.status, answer.retry_after, answer.json());
         let out = if status == 200 {
             AttemptOutcome::sent(parsed["name"].as_str().map(str::to_string), content)
         } else {
             let (class, code) = classify_fcm_error(status, &parsed);
             AttemptOutcome::failed(class, code, content).with_retry_after(retry_after)
         };
-        out.with_status(status as i32).with_response(text)
+        out.with_status(status as i32).with_response(answer.body)
     }
 }
 

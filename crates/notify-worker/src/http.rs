@@ -1,0 +1,79 @@
+//! HTTP plumbing shared by the HTTP provider adapters (LINE, FCM, ...): a transport
+//! failure becomes a transient outcome, an answer is read whole with its headers and its
+//! `Retry-After`.
+
+use notify_core::outcome::parse_retry_after_seconds;
+use notify_core::{AttemptOutcome, ErrorClass};
+use std::time::Duration;
+
+/// A provider's complete HTTP answer.
+#[derive(Debug)]
+pub struct HttpAnswer {
+    /// HTTP status code.
+    pub status: u16,
+    /// Response headers.
+    pub headers: reqwest::header::HeaderMap,
+    /// Body as text (empty if unreadable).
+    pub body: String,
+    /// `Retry-After` in delay-seconds form, if sent.
+    pub retry_after: Option<Duration>,
+}
+
+impl HttpAnswer {
+    /// A header's value as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// The body parsed as JSON (`Null` when it is not JSON).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// The request never got an answer (timeout, refused or reset connection, TLS failure).
+#[derive(Debug)]
+pub struct TransportError {
+    /// `<provider>_timeout` or `<provider>_connection`.
+    pub code: String,
+    /// The client's error text.
+    pub detail: String,
+}
+
+impl TransportError {
+    /// A transient failed attempt carrying `content`.
+    pub fn into_outcome(self, content: serde_json::Value) -> AttemptOutcome {
+        AttemptOutcome::failed(ErrorClass::Transient, self.code, content).with_response(self.detail)
+    }
+}
+
+/// Sends `request` and reads the whole answer. `provider` prefixes the error codes.
+pub async fn send(
+    request: reqwest::RequestBuilder,
+    provider: &str,
+) -> Result<HttpAnswer, TransportError> {
+    let resp = request.send().await.map_err(|e| TransportError {
+        code: format!(
+            "{provider}_{}",
+            if e.is_timeout() {
+                "timeout"
+            } else {
+                "connection"
+            }
+        ),
+        detail: e.to_string(),
+    })?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let retry_after = headers
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_retry_after_seconds);
+    let body = resp.text().await.unwrap_or_default();
+    Ok(HttpAnswer {
+        status,
+        headers,
+        body,
+        retry_after,
+    })
+}
