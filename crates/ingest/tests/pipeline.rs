@@ -599,6 +599,85 @@ async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_deadline_cancels_the_request_and_writes_nothing() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("comment_reply", &["inapp"]).await;
+    // Hold a lock that makes the ingest transaction wait, past the caller's deadline.
+    let mut blocker = p.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE notification_events IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let mut req = tonic::Request::new(p.event("slow:1", "comment_reply", &["u1"]));
+    req.set_timeout(Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    let err = p.ingest().create_event(req).await.unwrap_err();
+    assert!(
+        matches!(err.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the deadline was honoured"
+    );
+    blocker.rollback().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for table in ["notification_events", "notification_deliveries", "outbox"] {
+        assert_eq!(p.count(table).await, 0, "{table}: nothing half-written");
+    }
+    // The same request afterwards succeeds and is new.
+    let ok = p
+        .ingest()
+        .create_event(p.event("slow:1", "comment_reply", &["u1"]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!ok.duplicate);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_lists_the_api() {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let mut client = ServerReflectionClient::new(p.grpc.clone());
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = client
+        .server_reflection_info(futures_util::stream::iter([req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let resp = stream.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
+        panic!("unexpected reflection answer");
+    };
+    let names: HashSet<String> = list.service.into_iter().map(|s| s.name).collect();
+    for s in [
+        "notify.v1.IngestService",
+        "notify.v1.RecipientService",
+        "notify.v1.TypeService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(names.contains(s), "{s} missing from {names:?}");
+    }
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_service_reports_serving() {
     let p = Platform::start_with(support::Options {
         workers: vec![],
