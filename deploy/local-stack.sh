@@ -91,25 +91,37 @@ wait_for() { # name seconds command...
 
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 
+# Postgres runs as the postgres user when we are root; it must be able to reach its data
+# folder. When the stack folder is not reachable for it (a checkout under /root, say), its
+# data lives under /var/lib/notify-local/<hash of the stack folder> instead.
+pg_dir() {
+  if [ "$(id -u)" = 0 ] && id postgres >/dev/null 2>&1 && ! runuser -u postgres -- test -x "$STACK"; then
+    echo "/var/lib/notify-local/$(printf '%s' "$STACK" | sha1sum | cut -c1-12)/pg"
+  else
+    echo "$STACK/pg"
+  fi
+}
+
 start_postgres() {
   local bin; bin=$(pg_bin)
-  local data=$STACK/pg/data sock=$STACK/pg/sock
   if alive "$STACK/pids/postgres.pid"; then log "postgres already running"; return; fi
-  mkdir -p "$STACK/pg" "$sock"
-  if [ "$(id -u)" = 0 ]; then
-    id postgres >/dev/null 2>&1 || useradd --system --home-dir "$STACK/pg" postgres
-    chown -R postgres "$STACK/pg"
-    chmod o+x "$STACK" "$STACK/pg"
+  if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+    useradd --system --no-create-home --shell /usr/sbin/nologin postgres
   fi
+  chmod o+x "$STACK" 2>/dev/null || true
+  local dir; dir=$(pg_dir)
+  local data=$dir/data sock=$dir/sock
+  mkdir -p "$dir" "$sock"
+  [ "$(id -u)" = 0 ] && chown -R postgres "$dir"
   if [ ! -f "$data/PG_VERSION" ]; then
     log "initdb $data"
     as_pg "$bin/initdb" -D "$data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 \
       >"$STACK/logs/initdb.log" 2>&1 || die "initdb failed: $STACK/logs/initdb.log"
   fi
   log "starting postgres on 127.0.0.1:$PG_PORT"
-  as_pg "$bin/pg_ctl" -D "$data" -l "$STACK/pg/postgres.log" -w -t 60 start \
+  as_pg "$bin/pg_ctl" -D "$data" -l "$dir/postgres.log" -w -t 60 start \
     -o "-p $PG_PORT -k $sock -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=256MB" \
-    >"$STACK/logs/pg_ctl.log" 2>&1 || die "postgres did not start: $STACK/pg/postgres.log"
+    >"$STACK/logs/pg_ctl.log" 2>&1 || die "postgres did not start: $dir/postgres.log"
   head -n 1 "$data/postmaster.pid" >"$STACK/pids/postgres.pid"
   wait_for postgres 30 psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -c 'select 1'
   psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -tAc "select 1 from pg_database where datname='notify'" |
@@ -248,7 +260,7 @@ case "$cmd" in
       (rabbit_env; timeout 30 /usr/lib/rabbitmq/bin/rabbitmqctl -q -n "$RABBIT_NODE" stop >/dev/null 2>&1) || true
     fi
     if alive "$STACK/pids/postgres.pid"; then
-      as_pg "$(pg_bin)/pg_ctl" -D "$STACK/pg/data" -m fast -w stop >/dev/null 2>&1 || true
+      as_pg "$(pg_bin)/pg_ctl" -D "$(pg_dir)/data" -m fast -w stop >/dev/null 2>&1 || true
     fi
     for s in provider-sim maildev rabbitmq postgres; do stop_pid "$s"; done
     ;;
