@@ -20,7 +20,7 @@ test: up
 
 ## up: install what is missing and start PostgreSQL, RabbitMQ, MailDev and provider-sim
 up:
-	cargo build -p provider-sim
+	cargo build --workspace --bins
 	PROVIDER_SIM_BIN=$(TARGET_DIR)/debug/provider-sim deploy/local-stack.sh up
 
 ## down: stop everything `make up` started

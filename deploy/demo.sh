@@ -20,7 +20,7 @@ source "$STACK/env"
 
 # A fresh database per demo run, so the demo's counts are exact.
 admin=${NOTIFY_TEST_DATABASE_URL}
-psql "$admin" -qc 'DROP DATABASE IF EXISTS notify_demo WITH (FORCE)' >/dev/null
+PGOPTIONS='-c client_min_messages=warning' psql "$admin" -qc 'DROP DATABASE IF EXISTS notify_demo WITH (FORCE)' >/dev/null
 psql "$admin" -qc 'CREATE DATABASE notify_demo' >/dev/null
 export NOTIFY_DATABASE_URL=${NOTIFY_DATABASE_URL%/*}/notify_demo
 export NOTIFY_AMQP_PREFIX=demo.

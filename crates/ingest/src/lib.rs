@@ -37,15 +37,15 @@ impl IngestConfig {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
         Self {
             relay: relay::RelayConfig {
-                amqp_url: env.required("NOTIFY_AMQP_URL"),
+                amqp_url: env.url("NOTIFY_AMQP_URL", &["amqp", "amqps"]),
                 topology: Topology::new(env.string("NOTIFY_AMQP_PREFIX", "")),
-                batch: env.parse("NOTIFY_RELAY_BATCH", 500),
+                batch: env.number("NOTIFY_RELAY_BATCH", 500, 1, 10_000),
                 poll: env.parse_with("NOTIFY_RELAY_POLL", Duration::from_secs(1), dur),
                 hold: Duration::from_secs(30),
                 confirm_timeout: Duration::from_secs(10),
                 retry_in: Duration::from_secs(5),
             },
-            max_attempts: env.parse("NOTIFY_MAX_ATTEMPTS", 5),
+            max_attempts: env.number("NOTIFY_MAX_ATTEMPTS", 5, 1, 100),
             request_timeout: env.parse_with("NOTIFY_REQUEST_TIMEOUT", Duration::from_secs(30), dur),
             sweep_interval: env.parse_with("NOTIFY_SWEEP_INTERVAL", Duration::from_secs(10), dur),
             sweep_batch: 500,

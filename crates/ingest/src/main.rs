@@ -9,9 +9,16 @@ use std::process::ExitCode;
 async fn main() -> anyhow::Result<ExitCode> {
     notify_telemetry::init("ingest");
     let command = std::env::args().nth(1).unwrap_or_else(|| "serve".into());
+    if matches!(command.as_str(), "-h" | "--help" | "help") {
+        println!(
+            "usage: ingest [serve | migrate]\n  serve    gRPC API, outbox relay and lease sweeper (default)\n  migrate  apply database migrations and exit\nConfiguration: environment variables, see README."
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut env = notify_telemetry::Env::new();
-    let mut pool_cfg = notify_store::PoolConfig::new(env.required("NOTIFY_DATABASE_URL"));
-    pool_cfg.max_connections = env.parse("NOTIFY_DB_POOL_SIZE", 20);
+    let mut pool_cfg =
+        notify_store::PoolConfig::new(env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]));
+    pool_cfg.max_connections = env.number("NOTIFY_DB_POOL_SIZE", 20, 1, 1000);
     match command.as_str() {
         "migrate" => {
             if let Err(problems) = env.finish() {
@@ -23,13 +30,20 @@ async fn main() -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         "serve" => {
-            let addr = env.string("NOTIFY_GRPC_ADDR", "127.0.0.1:50051");
+            let addr = env
+                .parse::<std::net::SocketAddr>("NOTIFY_GRPC_ADDR", ([127, 0, 0, 1], 50051).into());
             let cfg = ingest::IngestConfig::from_env(&mut env);
             if let Err(problems) = env.finish() {
                 notify_telemetry::exit_bad_config("ingest", &problems);
             }
             let pool = notify_store::connect(&pool_cfg)?;
-            let listener = tokio::net::TcpListener::bind(&addr).await?;
+            let listener = match tokio::net::TcpListener::bind(addr).await {
+                Ok(l) => l,
+                Err(e) => notify_telemetry::exit_bad_config(
+                    "ingest",
+                    &format!("NOTIFY_GRPC_ADDR={addr}: cannot listen: {e}"),
+                ),
+            };
             ingest::run(cfg, pool, listener, notify_telemetry::shutdown_on_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }

@@ -17,21 +17,43 @@ pub const EXIT_BAD_CONFIG: i32 = 64;
 /// Safe to call more than once (later calls do nothing), so tests can call it too.
 pub fn init(service: &str) {
     install_crypto_provider();
+    use std::io::IsTerminal;
     use tracing_subscriber::{EnvFilter, fmt};
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("NOTIFY_LOG_FORMAT").is_ok_and(|v| v == "json");
+    // Logs go to stderr, so a command's own output (stdout) stays clean; colours only
+    // on a terminal.
     let result = if json {
         fmt()
             .with_env_filter(filter)
+            .with_writer(std::io::stderr)
             .json()
             .with_current_span(true)
             .try_init()
     } else {
-        fmt().with_env_filter(filter).with_target(false).try_init()
+        fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_target(false)
+            .try_init()
     };
     if result.is_ok() {
         tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
     }
+}
+
+/// Logging for tests: output goes through libtest's capture, so it shows only for a
+/// failing test. Safe to call from every test.
+pub fn init_for_tests() {
+    install_crypto_provider();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .with_target(false)
+        .try_init();
 }
 
 /// Installs ring as rustls' process-wide crypto provider (no-op when one is installed).
@@ -94,6 +116,33 @@ impl Env {
             },
             _ => default,
         }
+    }
+
+    /// A required URL whose scheme is one of `schemes` (e.g. `["postgres", "postgresql"]`).
+    pub fn url(&mut self, name: &str, schemes: &[&str]) -> String {
+        let v = self.required(name);
+        if !v.is_empty() {
+            let scheme = v.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+            if !scheme.is_some_and(|s| schemes.contains(&s.as_str())) {
+                let wanted: Vec<String> = schemes.iter().map(|s| format!("{s}://")).collect();
+                self.errors.push(format!(
+                    "{name}={v:?} is invalid: must start with {}",
+                    wanted.join(" or ")
+                ));
+            }
+        }
+        v
+    }
+
+    /// An optional whole number in `min..=max`, with a default.
+    pub fn number<T>(&mut self, name: &str, default: T, min: T, max: T) -> T
+    where
+        T: FromStr + PartialOrd + Display + Copy,
+    {
+        self.parse_with(name, default, |s| match s.parse::<T>() {
+            Ok(n) if n >= min && n <= max => Ok(n),
+            _ => Err(format!("must be a whole number from {min} to {max}")),
+        })
     }
 
     /// Records a problem found while validating related settings.

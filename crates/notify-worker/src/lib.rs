@@ -80,7 +80,7 @@ impl WorkerConfig {
         }
         let mut retry = RetryPolicy::default();
         retry.delays = env.parse_with("NOTIFY_RETRY_DELAYS", retry.delays.clone(), durs);
-        retry.max_attempts = env.parse("NOTIFY_MAX_ATTEMPTS", retry.max_attempts);
+        retry.max_attempts = env.number("NOTIFY_MAX_ATTEMPTS", retry.max_attempts, 1, 100);
         let shutdown_grace = env.parse_with("NOTIFY_SHUTDOWN_GRACE", Duration::from_secs(30), dur);
         Self {
             amqp_url,
@@ -108,11 +108,37 @@ pub enum WorkerError {
 /// each delivery through `sender`. On shutdown it stops taking messages, lets the
 /// deliveries in hand finish (up to the grace period), then closes the channel, which
 /// returns unstarted prefetched messages to the queue.
+///
+/// A lost or refused broker connection is retried with backoff (up to 10 s between
+/// tries) until shutdown; deliveries in hand when it dropped are still recorded, and their
+/// messages, unacked, come back from the broker and are skipped by the claim.
 pub async fn run<S: ChannelSender>(
     cfg: WorkerConfig,
     pool: PgPool,
     sender: Arc<S>,
     shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match run_connected(&cfg, &pool, &sender, &shutdown).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "broker connection failed; reconnecting");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+async fn run_connected<S: ChannelSender>(
+    cfg: &WorkerConfig,
+    pool: &PgPool,
+    sender: &Arc<S>,
+    shutdown: &CancellationToken,
 ) -> Result<(), WorkerError> {
     let channel = sender.channel();
     let conn = notify_broker::connect(&cfg.amqp_url, &format!("worker-{channel}")).await?;
@@ -135,10 +161,11 @@ pub async fn run<S: ChannelSender>(
     let permits = Arc::new(Semaphore::new(cfg.concurrency as usize));
     let mut tasks = JoinSet::new();
     let ctx = Arc::new(Ctx {
-        pool,
-        sender,
+        pool: pool.clone(),
+        sender: sender.clone(),
         cfg: cfg.clone(),
     });
+    let mut failure = None;
     loop {
         let permit = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -157,8 +184,8 @@ pub async fn run<S: ChannelSender>(
                 });
             }
             Some(Err(e)) => {
-                error!(error = %e, "consumer failed");
-                return Err(e.into());
+                failure = Some(e);
+                break;
             }
             None => {
                 warn!("consumer stream ended");
@@ -184,8 +211,13 @@ pub async fn run<S: ChannelSender>(
     }
     let _ = amqp.close(200, "worker stopping".into()).await;
     let _ = conn.close(200, "worker stopping".into()).await;
-    info!("stopped");
-    Ok(())
+    match failure {
+        Some(e) => Err(e.into()),
+        None => {
+            info!("stopped");
+            Ok(())
+        }
+    }
 }
 
 struct Ctx<S> {
@@ -422,21 +454,25 @@ async fn nack_requeue(msg: &lapin::message::Delivery) {
 pub async fn main_with<S, F>(service: &str, build: F) -> anyhow::Result<()>
 where
     S: ChannelSender,
-    F: FnOnce(&mut notify_telemetry::Env, &PgPool) -> Option<S>,
+    F: FnOnce(&mut notify_telemetry::Env, Option<&PgPool>) -> Option<S>,
 {
     notify_telemetry::init(service);
     let mut env = notify_telemetry::Env::new();
-    let mut pool_cfg = notify_store::PoolConfig::new(env.required("NOTIFY_DATABASE_URL"));
-    pool_cfg.max_connections = env.parse("NOTIFY_DB_POOL_SIZE", 10);
+    let mut pool_cfg =
+        notify_store::PoolConfig::new(env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]));
+    pool_cfg.max_connections = env.number("NOTIFY_DB_POOL_SIZE", 10, 1, 1000);
     let cfg = WorkerConfig::from_env(&mut env);
     let pool = match notify_store::connect(&pool_cfg) {
         Ok(pool) => Some(pool),
-        Err(e) => {
+        Err(e) if !pool_cfg.url.is_empty() => {
             env.error(format!("NOTIFY_DATABASE_URL is invalid: {e}"));
             None
         }
+        Err(_) => None,
     };
-    let sender = pool.as_ref().and_then(|pool| build(&mut env, pool));
+    // The sender reads its own variables even when others are bad, so every problem is
+    // reported in one go.
+    let sender = build(&mut env, pool.as_ref());
     if let Err(problems) = env.finish() {
         notify_telemetry::exit_bad_config(service, &problems);
     }

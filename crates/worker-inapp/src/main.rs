@@ -3,7 +3,7 @@
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     notify_worker::main_with("worker-inapp", |_env, pool| {
-        Some(worker_inapp::InAppSender::new(pool.clone()))
+        pool.map(|pool| worker_inapp::InAppSender::new(pool.clone()))
     })
     .await
 }

@@ -52,8 +52,13 @@ impl PushConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum PushSetupError {
     /// The service-account key could not be read or parsed.
-    #[error("FCM service-account key: {0}")]
-    Key(#[from] gcp_auth::Error),
+    #[error("NOTIFY_FCM_SERVICE_ACCOUNT_FILE={path:?} cannot be used: {source}")]
+    Key {
+        /// The configured path.
+        path: String,
+        /// Why.
+        source: gcp_auth::Error,
+    },
     /// No project id in the key and none configured.
     #[error("no FCM project id: set NOTIFY_FCM_PROJECT_ID or use a key with project_id")]
     NoProject,
@@ -72,7 +77,13 @@ pub struct PushSender {
 impl PushSender {
     /// Reads the key and builds the client.
     pub fn new(cfg: PushConfig) -> Result<Self, PushSetupError> {
-        let fcm_auth = CustomServiceAccount::from_file(&cfg.fcm_service_account_file)?;
+        let fcm_auth =
+            CustomServiceAccount::from_file(&cfg.fcm_service_account_file).map_err(|source| {
+                PushSetupError::Key {
+                    path: cfg.fcm_service_account_file.clone(),
+                    source,
+                }
+            })?;
         let project = cfg
             .fcm_project_id
             .clone()

@@ -2,15 +2,18 @@
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    notify_worker::main_with(
-        "worker-push",
-        |env, _pool| match worker_push::PushSender::new(worker_push::PushConfig::from_env(env)) {
+    notify_worker::main_with("worker-push", |env, _pool| {
+        let cfg = worker_push::PushConfig::from_env(env);
+        if cfg.fcm_service_account_file.is_empty() {
+            return None; // already reported as required
+        }
+        match worker_push::PushSender::new(cfg) {
             Ok(s) => Some(s),
             Err(e) => {
                 env.error(e.to_string());
                 None
             }
-        },
-    )
+        }
+    })
     .await
 }

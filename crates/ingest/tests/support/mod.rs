@@ -116,7 +116,7 @@ impl Platform {
     }
 
     pub async fn start_with(opts: Options) -> Platform {
-        notify_telemetry::init("tests");
+        notify_telemetry::init_for_tests();
         let stack = Stack::get();
         let id = Uuid::new_v4().simple().to_string()[..12].to_string();
 
