@@ -342,16 +342,22 @@ async fn line_push(
             break 'done (400, e);
         }
         let target = body["to"].as_str().unwrap_or_default().to_string();
-        if let Some(f) = sim.take_fault("line", &target) {
-            sim.record("line", path, &headers, &body, f.status);
-            return apply_fault(f, extra).await;
-        }
-        if let Some(k) = retry_key {
+        let fault = sim.take_fault("line", &target);
+        // A (possibly slow) success accepts the retry key as soon as the request arrives.
+        if fault
+            .as_ref()
+            .is_none_or(|f| (200..300).contains(&f.status))
+            && let Some(k) = retry_key
+        {
             sim.inner
                 .lock()
                 .expect("sim lock")
                 .line_accepted
                 .insert(k, request_id.clone());
+        }
+        if let Some(f) = fault {
+            sim.record("line", path, &headers, &body, f.status);
+            return apply_fault(f, extra).await;
         }
         let sent: Vec<Value> = body["messages"]
             .as_array()

@@ -71,6 +71,7 @@ pub struct Options {
     pub workers: Vec<Channel>,
     pub retry_delays: Vec<Duration>,
     pub lease: Duration,
+    pub concurrency: u16,
 }
 
 impl Default for Options {
@@ -79,6 +80,7 @@ impl Default for Options {
             workers: Channel::ALL.to_vec(),
             retry_delays: vec![Duration::from_millis(300)],
             lease: Duration::from_secs(30),
+            concurrency: 8,
         }
     }
 }
@@ -97,6 +99,7 @@ pub struct Platform {
     shutdown: CancellationToken,
     worker_shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    workers: Vec<JoinHandle<()>>,
     service_account_file: tempfile_path::TempPath,
 }
 
@@ -205,6 +208,7 @@ impl Platform {
             shutdown,
             worker_shutdown,
             tasks,
+            workers: Vec::new(),
             service_account_file: tempfile_path::TempPath(key_path),
         };
         let mut platform = platform;
@@ -218,7 +222,7 @@ impl Platform {
         WorkerConfig {
             amqp_url: self.stack.amqp_url.clone(),
             topology: self.topology.clone(),
-            concurrency: 8,
+            concurrency: self.opts.concurrency,
             lease: self.opts.lease,
             retry: RetryPolicy {
                 delays: self.opts.retry_delays.clone(),
@@ -277,7 +281,7 @@ impl Platform {
                 tokio::spawn(async move { notify_worker::run(cfg, pool, sender, s).await.unwrap() })
             }
         };
-        self.tasks.push(task);
+        self.workers.push(task);
     }
 
     pub fn ingest(
@@ -459,16 +463,24 @@ impl Platform {
         q.message_count()
     }
 
-    /// Stops only the workers (graceful, like SIGTERM).
-    pub fn stop_workers(&self) {
+    /// Stops the workers gracefully (as on SIGTERM) and waits until they returned; new
+    /// workers can be started afterwards.
+    pub async fn stop_workers(&mut self) {
         self.worker_shutdown.cancel();
+        for w in self.workers.drain(..) {
+            tokio::time::timeout(Duration::from_secs(20), w)
+                .await
+                .expect("worker stopped within its grace period")
+                .expect("worker task ended without panicking");
+        }
+        self.worker_shutdown = CancellationToken::new();
     }
 
     /// Stops everything and removes the database and broker objects.
     pub async fn stop(self) {
         self.worker_shutdown.cancel();
         self.shutdown.cancel();
-        for t in self.tasks {
+        for t in self.workers.into_iter().chain(self.tasks) {
             let _ = tokio::time::timeout(Duration::from_secs(15), t).await;
         }
         self.pool.close().await;
