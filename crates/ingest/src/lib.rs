@@ -27,12 +27,14 @@ pub struct IngestConfig {
     pub sweep_interval: Duration,
     /// Most deliveries recovered per sweep.
     pub sweep_batch: i64,
+    /// A pending delivery due this long with no outbox row is republished.
+    pub republish_after: Duration,
 }
 
 impl IngestConfig {
     /// Reads `NOTIFY_AMQP_URL` (required), `NOTIFY_AMQP_PREFIX` (""), `NOTIFY_MAX_ATTEMPTS`
     /// (5), `NOTIFY_REQUEST_TIMEOUT` (30s), `NOTIFY_RELAY_BATCH` (500), `NOTIFY_RELAY_POLL`
-    /// (1s), `NOTIFY_SWEEP_INTERVAL` (10s).
+    /// (1s), `NOTIFY_SWEEP_INTERVAL` (10s), `NOTIFY_REPUBLISH_AFTER` (5m).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
         Self {
@@ -49,6 +51,11 @@ impl IngestConfig {
             request_timeout: env.parse_with("NOTIFY_REQUEST_TIMEOUT", Duration::from_secs(30), dur),
             sweep_interval: env.parse_with("NOTIFY_SWEEP_INTERVAL", Duration::from_secs(10), dur),
             sweep_batch: 500,
+            republish_after: env.parse_with(
+                "NOTIFY_REPUBLISH_AFTER",
+                Duration::from_secs(300),
+                dur,
+            ),
         }
     }
 }
@@ -68,12 +75,7 @@ pub async fn run(
         stats,
         shutdown.clone(),
     ));
-    let sweeper_task = tokio::spawn(sweep(
-        pool.clone(),
-        cfg.sweep_interval,
-        cfg.sweep_batch,
-        shutdown.clone(),
-    ));
+    let sweeper_task = tokio::spawn(sweep(pool.clone(), cfg.clone(), shutdown.clone()));
 
     let services = grpc::Services::new(pool, cfg.max_attempts);
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -113,16 +115,29 @@ pub async fn run(
     Ok(())
 }
 
-async fn sweep(pool: PgPool, every: Duration, batch: i64, shutdown: CancellationToken) {
+/// The sweeper: returns deliveries with an expired lease to `pending`, and republishes
+/// pending deliveries whose message was lost. Every statement uses SKIP LOCKED, so any
+/// number of ingest replicas may sweep at once.
+async fn sweep(pool: PgPool, cfg: IngestConfig, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(every) => {}
+            _ = tokio::time::sleep(cfg.sweep_interval) => {}
         }
-        match notify_store::deliveries::requeue_expired_leases(&pool, batch).await {
+        match notify_store::deliveries::requeue_expired_leases(&pool, cfg.sweep_batch).await {
             Ok(0) => {}
             Ok(n) => warn!(recovered = n, "expired leases returned to pending"),
             Err(e) => warn!(error = %e, "lease sweep failed"),
+        }
+        match notify_store::deliveries::republish_stale(&pool, cfg.republish_after, cfg.sweep_batch)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => warn!(
+                republished = n,
+                "pending deliveries without a message were republished"
+            ),
+            Err(e) => warn!(error = %e, "republish sweep failed"),
         }
     }
 }

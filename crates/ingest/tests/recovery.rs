@@ -210,3 +210,40 @@ async fn a_stopped_worker_finishes_the_delivery_in_hand_and_leaves_the_rest_queu
     );
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_lost_after_the_confirm_is_republished_from_postgres() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let u = uniq("u");
+    p.add_recipient(&u, "", "", &line_id()).await;
+    let ev = p
+        .ingest()
+        .create_event(p.event("lost", "order_paid", &[&u]))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_outbox_empty(&p).await;
+    // The broker confirmed it; now the message is gone (queue purged).
+    let (_conn, ch) = p.amqp().await;
+    let purged = ch
+        .queue_purge(p.topology.queue("line").into(), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(purged, 1);
+    p.start_worker(Channel::Line);
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(
+        (
+            done.deliveries[0].status.as_str(),
+            done.deliveries[0].attempts
+        ),
+        ("sent", 1)
+    );
+    assert_eq!(p.sim_requests("line").await.len(), 1);
+    p.stop().await;
+}

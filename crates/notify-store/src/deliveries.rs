@@ -329,6 +329,31 @@ pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<u64> {
     Ok(done.rows_affected())
 }
 
+/// Republishes up to `limit` deliveries that have been due for longer than `stale` with
+/// no outbox row: their message was lost after the broker confirmed it (a purged or
+/// deleted queue, a lost node) or sits unconsumed. Each gets a new outbox row and its
+/// `next_attempt_at` moves to now, so it is republished at most once per `stale` period.
+/// A duplicate message is harmless: the claim lets only one through. Returns how many.
+pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result<u64> {
+    let done = sqlx::query(
+        "WITH stale AS (
+             SELECT id FROM notification_deliveries d
+             WHERE status = 'pending' AND next_attempt_at < now() - $1 * interval '1 millisecond'
+               AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = d.id)
+             ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED),
+         upd AS (
+             UPDATE notification_deliveries d SET next_attempt_at = now(), updated_at = now()
+             FROM stale WHERE d.id = stale.id
+             RETURNING d.id, d.channel)
+         INSERT INTO outbox (delivery_id, channel) SELECT id, channel FROM upd",
+    )
+    .bind(stale.as_millis() as i64)
+    .bind(limit)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// Writes the in-app notification of a delivery; idempotent on the delivery id.
 /// Returns false when the row already existed.
 pub async fn insert_inbox_notification(db: &PgPool, job: &DeliveryJob) -> Result<bool> {

@@ -72,6 +72,7 @@ pub struct Options {
     pub retry_delays: Vec<Duration>,
     pub lease: Duration,
     pub concurrency: u16,
+    pub republish_after: Duration,
 }
 
 impl Default for Options {
@@ -81,6 +82,7 @@ impl Default for Options {
             retry_delays: vec![Duration::from_millis(300)],
             lease: Duration::from_secs(30),
             concurrency: 8,
+            republish_after: Duration::from_secs(2),
         }
     }
 }
@@ -184,6 +186,7 @@ impl Platform {
             request_timeout: Duration::from_secs(30),
             sweep_interval: Duration::from_secs(1),
             sweep_batch: 500,
+            republish_after: opts.republish_after,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc_url = format!("http://{}", listener.local_addr().unwrap());
