@@ -40,6 +40,8 @@ pub struct DeliveryJob {
     pub lease_token: Uuid,
     /// When the claim happened (database clock).
     pub started_at: DateTime<Utc>,
+    /// When the delivery was created (database clock).
+    pub created_at: DateTime<Utc>,
     /// Email address or LINE user id at planning time.
     pub address: Option<String>,
     /// Recipient's display name (may be empty).
@@ -99,6 +101,7 @@ pub async fn claim(db: &PgPool, id: Uuid, channel: &str, lease: Duration) -> Res
              RETURNING *)
          SELECT c.id, c.event_id, c.user_id, c.channel, c.provider, c.attempts, c.max_attempts,
                 c.idempotency_key, c.retry_key, c.lease_token, c.address, c.endpoint_id, now() AS started_at,
+                c.created_at,
                 e.event_key, e.type, e.payload_json, e.content_json,
                 coalesce(r.display_name, '') AS display_name, coalesce(r.locale, 'th-TH') AS locale,
                 coalesce(r.timezone, 'Asia/Bangkok') AS timezone,
@@ -128,6 +131,7 @@ pub async fn claim(db: &PgPool, id: Uuid, channel: &str, lease: Duration) -> Res
             retry_key: r.get("retry_key"),
             lease_token: r.get("lease_token"),
             started_at: r.get("started_at"),
+            created_at: r.get("created_at"),
             address: r.get("address"),
             display_name: r.get("display_name"),
             locale: r.get("locale"),

@@ -37,6 +37,12 @@ pub trait ChannelSender: Send + Sync + 'static {
     /// The channel this sender serves (its queue is `deliveries.<channel>`).
     fn channel(&self) -> Channel;
 
+    /// How long after a delivery's creation a retry may still start, if the provider limits
+    /// it (LINE: a retry key is honoured for 24 hours). `None`: no limit beyond the policy.
+    fn retry_horizon(&self) -> Option<Duration> {
+        None
+    }
+
     /// Makes one provider call for `job` and reports what happened. Must not panic on
     /// provider errors; timeouts are the adapter's to enforce.
     fn send(&self, job: &DeliveryJob) -> impl Future<Output = AttemptOutcome> + Send;
@@ -288,7 +294,7 @@ impl<S: ChannelSender> Ctx<S> {
                 Some(ClaimOutcome::Claimed(job)) => job,
             };
             let outcome = self.send_with_heartbeat(&job).await;
-            let (next, record) = decide(&self.cfg.retry, &job, outcome);
+            let (next, record) = decide(&self.cfg.retry, self.sender.retry_horizon(), &job, outcome);
             match &next {
                 NextState::Sent { .. } => info!(attempt = job.attempt, "sent"),
                 NextState::Retry { after, error } => {
@@ -336,9 +342,12 @@ impl<S: ChannelSender> Ctx<S> {
 }
 
 /// Turns an attempt's outcome into the delivery's next state and the attempt record,
-/// using the retry policy and the delivery's attempt budget. Pure.
+/// using the retry policy, the delivery's attempt budget and the provider's retry horizon
+/// (measured from the delivery's creation to the next attempt, on the database clock).
+/// Pure.
 pub fn decide(
     policy: &RetryPolicy,
+    horizon: Option<Duration>,
     job: &DeliveryJob,
     outcome: AttemptOutcome,
 ) -> (NextState, AttemptRecord) {
@@ -388,12 +397,18 @@ pub fn decide(
                         ..policy.clone()
                     };
                     let jitter: f64 = rand::random();
-                    match budget.next_delay(
-                        job.attempt.max(1) as u32,
-                        retry_after,
-                        class == ErrorClass::RateLimited,
-                        jitter,
-                    ) {
+                    let age = (job.started_at - job.created_at)
+                        .to_std()
+                        .unwrap_or_default();
+                    let delay = budget
+                        .next_delay(
+                            job.attempt.max(1) as u32,
+                            retry_after,
+                            class == ErrorClass::RateLimited,
+                            jitter,
+                        )
+                        .filter(|d| horizon.is_none_or(|h| age.saturating_add(*d) < h));
+                    match delay {
                         Some(after) => {
                             record.outcome = "retry";
                             NextState::Retry {
@@ -405,7 +420,7 @@ pub fn decide(
                             record.outcome = "failed";
                             NextState::Failed {
                                 error: format!(
-                                    "{code}{status}; gave up after {} attempts",
+                                    "{code}{status}; gave up after {} attempts (attempt budget or retry horizon spent)",
                                     job.attempt
                                 ),
                             }
@@ -504,6 +519,7 @@ mod tests {
             retry_key: None,
             lease_token: uuid::Uuid::nil(),
             started_at: chrono::Utc::now(),
+            created_at: chrono::Utc::now(),
             address: None,
             display_name: String::new(),
             locale: "th-TH".into(),
@@ -525,10 +541,10 @@ mod tests {
             AttemptOutcome::failed(ErrorClass::Transient, "fcm_unavailable", json!({}))
                 .with_status(503)
         };
-        let (next, rec) = decide(&p, &job(1), out());
+        let (next, rec) = decide(&p, None, &job(1), out());
         assert!(matches!(next, NextState::Retry { after, .. } if after <= Duration::from_secs(30)));
         assert_eq!(rec.outcome, "retry");
-        let (next, rec) = decide(&p, &job(5), out());
+        let (next, rec) = decide(&p, None, &job(5), out());
         assert!(matches!(&next, NextState::Failed { error } if error.contains("gave up after 5")));
         assert_eq!(rec.outcome, "failed");
     }
@@ -537,6 +553,7 @@ mod tests {
     fn invalid_endpoint_fails_at_once_and_deactivates_that_endpoint() {
         let (next, rec) = decide(
             &RetryPolicy::default(),
+            None,
             &job(1),
             AttemptOutcome::failed(ErrorClass::InvalidEndpoint, "unregistered", json!({}))
                 .with_status(404),
@@ -554,10 +571,26 @@ mod tests {
     }
 
     #[test]
+    fn no_retry_is_scheduled_past_the_provider_horizon() {
+        let mut j = job(2);
+        j.created_at = j.started_at - chrono::Duration::hours(20);
+        let out = AttemptOutcome::failed(ErrorClass::RateLimited, "line_rate_limited", json!({}))
+            .with_retry_after(Some(Duration::from_secs(5 * 3600)));
+        let horizon = Some(Duration::from_secs(23 * 3600));
+        let (next, _) = decide(&RetryPolicy::default(), horizon, &j, out.clone());
+        assert!(
+            matches!(&next, NextState::Failed { error } if error.contains("retry horizon")),
+            "{next:?}"
+        );
+        let (next, _) = decide(&RetryPolicy::default(), None, &j, out);
+        assert!(matches!(next, NextState::Retry { .. }));
+    }
+
+    #[test]
     fn rate_limited_waits_for_retry_after() {
         let out = AttemptOutcome::failed(ErrorClass::RateLimited, "line_rate_limited", json!({}))
             .with_retry_after(Some(Duration::from_secs(120)));
-        let (next, _) = decide(&RetryPolicy::default(), &job(1), out);
+        let (next, _) = decide(&RetryPolicy::default(), None, &job(1), out);
         assert!(
             matches!(next, NextState::Retry { after, .. } if after == Duration::from_secs(120))
         );

@@ -55,9 +55,18 @@ impl LineSender {
     }
 }
 
+/// Retries must start within this long of a delivery's creation: LINE honours a retry
+/// key for 24 hours (developers.line.biz/en/docs/messaging-api/retrying-api-request), and
+/// the hour of margin covers clock skew and a slow last call.
+pub const RETRY_HORIZON: Duration = Duration::from_secs(23 * 3600);
+
 impl ChannelSender for LineSender {
     fn channel(&self) -> Channel {
         Channel::Line
+    }
+
+    fn retry_horizon(&self) -> Option<Duration> {
+        Some(RETRY_HORIZON)
     }
 
     async fn send(&self, job: &Job) -> AttemptOutcome {
