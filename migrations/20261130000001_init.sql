@@ -62,9 +62,39 @@ CREATE TABLE notification_events (
     channels     text[] NOT NULL,
     -- SHA-256 of the canonical request: a replay with other content is reported.
     fingerprint  bytea NOT NULL,
-    -- Recipient x channel pairs that got no delivery, with the reason.
-    skipped_json jsonb NOT NULL DEFAULT '[]',
+    -- Broadcast to a topic's subscribers instead of listed recipients.
+    topic        text,
+    -- Fan-out of a topic event: 'none' (listed recipients), 'pending', 'done'.
+    fanout_status text NOT NULL DEFAULT 'none' CHECK (fanout_status IN ('none', 'pending', 'done')),
+    -- Last subscriber user_id planned (subscribers are fanned out in user_id order).
+    fanout_cursor text NOT NULL DEFAULT '',
+    -- Recipients planned so far.
+    fanout_recipients integer NOT NULL DEFAULT 0,
+    -- The replica fanning it out holds it until then.
+    fanout_locked_until timestamptz,
     created_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX notification_events_fanout ON notification_events (created_at) WHERE fanout_status = 'pending';
+
+-- Recipient x channel pairs that got no delivery, with the reason.
+CREATE TABLE delivery_skips (
+    event_id uuid NOT NULL REFERENCES notification_events (id),
+    user_id  text NOT NULL,
+    channel  text NOT NULL,
+    reason   text NOT NULL,
+    PRIMARY KEY (event_id, user_id, channel)
+);
+
+-- Broadcast audiences.
+CREATE TABLE topics (
+    key        text PRIMARY KEY,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE topic_subscriptions (
+    topic      text NOT NULL REFERENCES topics (key),
+    user_id    text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (topic, user_id)
 );
 
 CREATE TABLE notification_deliveries (
@@ -156,3 +186,15 @@ END;
 $$;
 CREATE TRIGGER outbox_notify AFTER INSERT ON outbox
     FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();
+
+-- Wake the fan-out when a topic event is recorded.
+CREATE FUNCTION fanout_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.fanout_status = 'pending' THEN
+        PERFORM pg_notify('notify_fanout', '');
+    END IF;
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER fanout_notify AFTER INSERT ON notification_events
+    FOR EACH ROW EXECUTE FUNCTION fanout_notify();

@@ -8,9 +8,10 @@ use notify_core::validate::{self, Violations};
 use notify_core::{Channel, Content, NewEvent, Provider};
 use notify_proto::v1 as pb;
 use notify_store::PgPool;
+use notify_store::StoreError;
 use notify_store::catalog::{self, NotificationType, Recipient};
 use notify_store::events::{self, DeliveryRecord, EventRecord, EventSelector, NewDelivery};
-use std::collections::BTreeMap;
+use notify_store::topics;
 use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
@@ -74,50 +75,95 @@ fn delivery_to_pb(d: DeliveryRecord) -> pb::Delivery {
     }
 }
 
-fn skipped_to_pb(v: &serde_json::Value) -> Vec<pb::SkippedDelivery> {
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .map(|s| pb::SkippedDelivery {
-                    user_id: s["user_id"].as_str().unwrap_or_default().into(),
-                    channel: s["channel"].as_str().unwrap_or_default().into(),
-                    reason: s["reason"].as_str().unwrap_or_default().into(),
-                })
-                .collect()
+fn skipped_to_pb(rows: Vec<(String, String, String)>) -> Vec<pb::SkippedDelivery> {
+    rows.into_iter()
+        .map(|(user_id, channel, reason)| pb::SkippedDelivery {
+            user_id,
+            channel,
+            reason,
         })
-        .unwrap_or_default()
+        .collect()
 }
 
-fn counts(deliveries: &[pb::Delivery]) -> Vec<pb::ChannelCount> {
-    let mut m: BTreeMap<&str, u32> = BTreeMap::new();
-    for d in deliveries {
-        *m.entry(d.channel.as_str()).or_default() += 1;
-    }
+/// Most deliveries (and skipped pairs) in one reply.
+const PAGE_MAX: u32 = 1_000;
+
+/// Deliveries per channel (any status), in channel order.
+fn channel_counts(counts: &[(String, String, i64)]) -> Vec<pb::ChannelCount> {
     Channel::ALL
         .iter()
         .filter_map(|c| {
-            m.get(c.as_str()).map(|n| pb::ChannelCount {
+            let n: i64 = counts
+                .iter()
+                .filter(|(ch, _, _)| ch == c.as_str())
+                .map(|(_, _, n)| n)
+                .sum();
+            (n > 0).then(|| pb::ChannelCount {
                 channel: c.as_str().into(),
-                count: *n,
+                count: n as u32,
             })
         })
         .collect()
 }
 
+/// Gives planned deliveries their ids (and LINE its retry key, fixed before any call).
+pub fn new_deliveries(
+    planned: Vec<notify_core::PlannedDelivery>,
+    max_attempts: i32,
+) -> Vec<NewDelivery> {
+    planned
+        .into_iter()
+        .map(|p| NewDelivery {
+            id: Uuid::new_v4(),
+            retry_key: (p.provider == Provider::Line).then(Uuid::new_v4),
+            plan: p,
+            max_attempts,
+        })
+        .collect()
+}
+
+struct LoadedEvent {
+    event: EventRecord,
+    deliveries: Vec<pb::Delivery>,
+    skipped: Vec<pb::SkippedDelivery>,
+    next_page_token: String,
+}
+
 impl Services {
+    /// Loads an event with one page of deliveries (after `after`), plus its skipped pairs.
     async fn load_event(
         &self,
         sel: &EventSelector,
-    ) -> Result<Option<(EventRecord, Vec<pb::Delivery>)>, ApiError> {
-        let Some(ev) = events::get_event(&self.pool, sel).await? else {
+        after: Option<Uuid>,
+        page_size: u32,
+    ) -> Result<Option<LoadedEvent>, ApiError> {
+        let Some(event) = events::get_event(&self.pool, sel).await? else {
             return Ok(None);
         };
-        let deliveries = events::list_deliveries(&self.pool, ev.id)
-            .await?
+        let page =
+            events::list_deliveries(&self.pool, event.id, after, i64::from(page_size) + 1).await?;
+        let more = page.len() > page_size as usize;
+        let deliveries: Vec<pb::Delivery> = page
             .into_iter()
+            .take(page_size as usize)
             .map(delivery_to_pb)
             .collect();
-        Ok(Some((ev, deliveries)))
+        let next_page_token = if more {
+            deliveries
+                .last()
+                .map(|d| d.delivery_id.clone())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let skipped =
+            skipped_to_pb(events::list_skips(&self.pool, event.id, i64::from(PAGE_MAX)).await?);
+        Ok(Some(LoadedEvent {
+            event,
+            deliveries,
+            skipped,
+            next_page_token,
+        }))
     }
 
     async fn create_event(
@@ -133,6 +179,7 @@ impl Services {
             payload: r.payload,
             content: content_from_pb(r.content),
             channels: r.channels,
+            topic: r.topic,
         })
         .map_err(ApiError::Invalid)?;
         let ty = catalog::get_type(&self.pool, &event.type_key)
@@ -148,54 +195,54 @@ impl Services {
             &ty.key,
         )
         .map_err(ApiError::Invalid)?;
-
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(notify_store::StoreError::from)?;
-        let facts = catalog::load_recipient_facts(&mut tx, &ty.key, &event.recipients).await?;
-        let event_id = Uuid::new_v4();
-        let (planned, skipped) = plan(event_id, ty.critical, &channels, &facts);
-        if let Some(existing) =
-            events::insert_event_or_get_existing(&mut tx, event_id, &event, &channels, &skipped)
-                .await?
+        if let Some(topic) = &event.topic
+            && !topics::topic_exists(&self.pool, topic).await?
         {
-            tx.rollback()
-                .await
-                .map_err(notify_store::StoreError::from)?;
+            return Err(ApiError::NotFound {
+                kind: "topic",
+                name: topic.clone(),
+            });
+        }
+
+        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
+        let event_id = Uuid::new_v4();
+        if let Some(existing) =
+            events::insert_event_or_get_existing(&mut tx, event_id, &event, &channels).await?
+        {
+            tx.rollback().await.map_err(StoreError::from)?;
             if existing.fingerprint != event.fingerprint() {
                 return Err(ApiError::EventKeyConflict {
                     event_key: event.event_key,
                     event_id: existing.id,
                 });
             }
-            let (ev, deliveries) = self
-                .load_event(&EventSelector::Id(existing.id))
+            let loaded = self
+                .load_event(&EventSelector::Id(existing.id), None, PAGE_MAX)
                 .await?
                 .ok_or_else(|| ApiError::NotFound {
                     kind: "notification event",
                     name: existing.id.to_string(),
                 })?;
+            let counts = events::delivery_counts(&self.pool, existing.id).await?;
             return Ok(pb::CreateEventResponse {
-                event_id: ev.id.to_string(),
+                event_id: existing.id.to_string(),
                 duplicate: true,
-                planned: counts(&deliveries),
-                skipped: skipped_to_pb(&ev.skipped),
-                deliveries,
+                planned: channel_counts(&counts),
+                skipped: loaded.skipped,
+                deliveries: loaded.deliveries,
             });
         }
-        let new: Vec<NewDelivery> = planned
-            .into_iter()
-            .map(|p| NewDelivery {
-                id: Uuid::new_v4(),
-                retry_key: (p.provider == Provider::Line).then(Uuid::new_v4),
-                plan: p,
-                max_attempts: self.max_attempts,
-            })
-            .collect();
+        // A topic event is planned by the fan-out task, in batches, after this reply.
+        let (planned, skipped) = if event.topic.is_some() {
+            (Vec::new(), Vec::new())
+        } else {
+            let facts = catalog::load_recipient_facts(&mut tx, &ty.key, &event.recipients).await?;
+            plan(event_id, ty.critical, &channels, &facts)
+        };
+        let new = new_deliveries(planned, self.max_attempts);
         events::insert_deliveries(&mut tx, event_id, &new).await?;
-        tx.commit().await.map_err(notify_store::StoreError::from)?;
+        events::insert_skips(&mut tx, event_id, &skipped).await?;
+        tx.commit().await.map_err(StoreError::from)?;
 
         let deliveries: Vec<pb::Delivery> = new
             .into_iter()
@@ -213,11 +260,16 @@ impl Services {
                 ..Default::default()
             })
             .collect();
-        tracing::info!(%event_id, event_key = %event.event_key, deliveries = deliveries.len(), skipped = skipped.len(), "event recorded");
+        tracing::info!(%event_id, event_key = %event.event_key, topic = event.topic.as_deref().unwrap_or(""),
+            deliveries = deliveries.len(), skipped = skipped.len(), "event recorded");
+        let counts: Vec<(String, String, i64)> = deliveries
+            .iter()
+            .map(|d| (d.channel.clone(), d.status.clone(), 1))
+            .collect();
         Ok(pb::CreateEventResponse {
             event_id: event_id.to_string(),
             duplicate: false,
-            planned: counts(&deliveries),
+            planned: channel_counts(&counts),
             deliveries,
             skipped: skipped
                 .iter()
@@ -240,14 +292,31 @@ impl Services {
             }
             _ => return Err(ApiError::field("selector", "set event_id or event_key")),
         };
+        let page_size = match r.page_size {
+            0 => PAGE_MAX,
+            n if n <= PAGE_MAX => n,
+            _ => return Err(ApiError::field("page_size", "must be at most 1000")),
+        };
+        let after = if r.page_token.is_empty() {
+            None
+        } else {
+            Some(Uuid::parse_str(&r.page_token).map_err(|_| {
+                ApiError::field("page_token", "must be a next_page_token from GetEvent")
+            })?)
+        };
         let name = match &sel {
             EventSelector::Id(id) => id.to_string(),
             EventSelector::Key(k) => k.clone(),
         };
-        let (ev, deliveries) = self.load_event(&sel).await?.ok_or(ApiError::NotFound {
-            kind: "notification event",
-            name,
-        })?;
+        let loaded = self
+            .load_event(&sel, after, page_size)
+            .await?
+            .ok_or(ApiError::NotFound {
+                kind: "notification event",
+                name,
+            })?;
+        let ev = loaded.event;
+        let counts = events::delivery_counts(&self.pool, ev.id).await?;
         Ok(pb::GetEventResponse {
             event_id: ev.id.to_string(),
             event_key: ev.event_key,
@@ -257,8 +326,20 @@ impl Services {
             payload: ev.payload.to_string(),
             content: Some(content_to_pb(ev.content)),
             created_at: Some(ts(ev.created_at)),
-            deliveries,
-            skipped: skipped_to_pb(&ev.skipped),
+            deliveries: loaded.deliveries,
+            skipped: loaded.skipped,
+            next_page_token: loaded.next_page_token,
+            counts: counts
+                .into_iter()
+                .map(|(channel, status, count)| pb::StatusCount {
+                    channel,
+                    status,
+                    count: count as u32,
+                })
+                .collect(),
+            topic: ev.topic.unwrap_or_default(),
+            fanout_status: ev.fanout_status,
+            fanout_recipients: ev.fanout_recipients.max(0) as u32,
         })
     }
 
@@ -545,5 +626,91 @@ impl pb::type_service_server::TypeService for Services {
         req: Request<pb::UpsertNotificationTypeRequest>,
     ) -> Result<Response<pb::UpsertNotificationTypeResponse>, Status> {
         Ok(Response::new(self.upsert_type(req.into_inner()).await?))
+    }
+}
+
+impl Services {
+    fn check_topic_users(v: &mut Violations, topic: &str, user_ids: &[String]) {
+        if !validate::is_type_key(topic) {
+            v.add(
+                "topic",
+                "must be 1 to 64 characters of [a-z0-9_.-] starting with a letter",
+            );
+        }
+        if user_ids.is_empty() || user_ids.len() > 1_000 {
+            v.add(
+                "user_ids",
+                format!("must name 1 to 1000 users, got {}", user_ids.len()),
+            );
+        }
+        for (i, u) in user_ids.iter().enumerate().take(1_000) {
+            v.check_id(&format!("user_ids[{i}]"), u, 255);
+        }
+    }
+
+    async fn require_topic(&self, topic: &str) -> Result<(), ApiError> {
+        if topics::topic_exists(&self.pool, topic).await? {
+            Ok(())
+        } else {
+            Err(ApiError::NotFound {
+                kind: "topic",
+                name: topic.to_string(),
+            })
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl pb::topic_service_server::TopicService for Services {
+    async fn create_topic(
+        &self,
+        req: Request<pb::CreateTopicRequest>,
+    ) -> Result<Response<pb::CreateTopicResponse>, Status> {
+        let r = req.into_inner();
+        if !validate::is_type_key(&r.key) {
+            return Err(ApiError::field(
+                "key",
+                "must be 1 to 64 characters of [a-z0-9_.-] starting with a letter",
+            )
+            .into());
+        }
+        let created = topics::create_topic(&self.pool, &r.key)
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(pb::CreateTopicResponse { created }))
+    }
+
+    async fn subscribe(
+        &self,
+        req: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<pb::SubscribeResponse>, Status> {
+        let r = req.into_inner();
+        let mut v = Violations::default();
+        Self::check_topic_users(&mut v, &r.topic, &r.user_ids);
+        v.into_result(()).map_err(ApiError::Invalid)?;
+        self.require_topic(&r.topic).await?;
+        let added = topics::subscribe(&self.pool, &r.topic, &r.user_ids)
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(pb::SubscribeResponse {
+            added: added as u32,
+        }))
+    }
+
+    async fn unsubscribe(
+        &self,
+        req: Request<pb::UnsubscribeRequest>,
+    ) -> Result<Response<pb::UnsubscribeResponse>, Status> {
+        let r = req.into_inner();
+        let mut v = Violations::default();
+        Self::check_topic_users(&mut v, &r.topic, &r.user_ids);
+        v.into_result(()).map_err(ApiError::Invalid)?;
+        self.require_topic(&r.topic).await?;
+        let removed = topics::unsubscribe(&self.pool, &r.topic, &r.user_ids)
+            .await
+            .map_err(ApiError::from)?;
+        Ok(Response::new(pb::UnsubscribeResponse {
+            removed: removed as u32,
+        }))
     }
 }

@@ -3,6 +3,7 @@
 //! `main.rs` only reads configuration and calls [`run`]; tests call [`run`] in-process.
 
 pub mod error;
+pub mod fanout;
 pub mod grpc;
 pub mod relay;
 
@@ -76,6 +77,12 @@ pub async fn run(
         shutdown.clone(),
     ));
     let sweeper_task = tokio::spawn(sweep(pool.clone(), cfg.clone(), shutdown.clone()));
+    let fanout_task = tokio::spawn(fanout::run(
+        pool.clone(),
+        cfg.max_attempts,
+        cfg.relay.poll,
+        shutdown.clone(),
+    ));
 
     let services = grpc::Services::new(pool, cfg.max_attempts);
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -103,7 +110,10 @@ pub async fn run(
         .add_service(pb::recipient_service_server::RecipientServiceServer::new(
             services.clone(),
         ))
-        .add_service(pb::type_service_server::TypeServiceServer::new(services))
+        .add_service(pb::type_service_server::TypeServiceServer::new(
+            services.clone(),
+        ))
+        .add_service(pb::topic_service_server::TopicServiceServer::new(services))
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener),
             shutdown.cancelled(),
@@ -112,6 +122,7 @@ pub async fn run(
     info!("gRPC stopped; draining the relay");
     let _ = relay_task.await;
     let _ = sweeper_task.await;
+    let _ = fanout_task.await;
     Ok(())
 }
 

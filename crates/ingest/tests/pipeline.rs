@@ -758,6 +758,7 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
             selector: Some(pb::get_event_request::Selector::EventId(
                 ev.event_id.clone(),
             )),
+            ..Default::default()
         })
         .await
         .unwrap()

@@ -125,6 +125,8 @@ pub struct CreateEventInput {
     pub content: Content,
     /// Channel names narrowing the type's defaults; empty = all defaults.
     pub channels: Vec<String>,
+    /// Topic whose subscribers receive the event, instead of `recipients`; empty = none.
+    pub topic: String,
 }
 
 /// A validated event request.
@@ -144,6 +146,8 @@ pub struct NewEvent {
     pub content: Content,
     /// Requested channels, sorted and distinct; empty = the type's defaults.
     pub channels: Vec<Channel>,
+    /// Topic to broadcast to (then `recipients` is empty).
+    pub topic: Option<String>,
 }
 
 /// NFC-normalises an event key so that visually identical keys compare equal.
@@ -171,9 +175,25 @@ impl NewEvent {
             v.add("actor_id", "must be at most 255 bytes");
         }
 
+        let topic = Some(input.topic.trim().to_string()).filter(|t| !t.is_empty());
+        if let Some(t) = &topic
+            && !crate::validate::is_type_key(t)
+        {
+            v.add(
+                "topic",
+                "must be 1 to 64 characters of [a-z0-9_.-] starting with a letter",
+            );
+        }
         let mut recipients: Vec<String> = Vec::with_capacity(input.recipients.len());
-        if input.recipients.is_empty() {
-            v.add("recipients", "must name at least 1 recipient");
+        if topic.is_some() {
+            if !input.recipients.is_empty() {
+                v.add("recipients", "must be empty when topic is set");
+            }
+        } else if input.recipients.is_empty() {
+            v.add(
+                "recipients",
+                "must name at least 1 recipient (or set topic)",
+            );
         } else if input.recipients.len() > MAX_RECIPIENTS {
             v.add(
                 "recipients",
@@ -252,6 +272,7 @@ impl NewEvent {
             payload,
             content: input.content,
             channels,
+            topic,
         })
     }
 
@@ -268,6 +289,7 @@ impl NewEvent {
             "payload": self.payload,
             "content": self.content,
             "channels": self.channels.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
+            "topic": self.topic,
         });
         Sha256::digest(canonical.to_string().as_bytes()).into()
     }
@@ -290,6 +312,7 @@ mod tests {
                 ..Default::default()
             },
             channels: vec![],
+            topic: String::new(),
         }
     }
 
@@ -348,6 +371,23 @@ mod tests {
                 "channels[1]"
             ]
         );
+    }
+
+    #[test]
+    fn a_topic_replaces_the_recipient_list() {
+        let mut i = input();
+        i.recipients.clear();
+        i.topic = "shop.th.promotions".into();
+        let e = NewEvent::parse(i).unwrap();
+        assert_eq!(e.topic.as_deref(), Some("shop.th.promotions"));
+        assert!(e.recipients.is_empty());
+        let mut i = input();
+        i.topic = "shop".into();
+        assert_eq!(fields(&NewEvent::parse(i).unwrap_err()), ["recipients"]);
+        let mut i = input();
+        i.recipients.clear();
+        i.topic = "Bad Topic".into();
+        assert_eq!(fields(&NewEvent::parse(i).unwrap_err()), ["topic"]);
     }
 
     #[test]

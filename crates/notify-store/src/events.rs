@@ -17,26 +17,21 @@ pub struct ExistingEvent {
 
 /// Inserts the event unless its key exists. Returns `None` when it was inserted, or the
 /// existing event. Concurrent inserts of one key serialise on the unique index: the loser
-/// waits for the winner's commit and then sees its row, never an error.
+/// waits for the winner's commit and then sees its row, never an error. A topic event
+/// starts with fan-out `pending`.
 pub async fn insert_event_or_get_existing(
     db: &mut sqlx::PgConnection,
     id: Uuid,
     event: &NewEvent,
     channels: &[Channel],
-    skipped: &[SkippedDelivery],
 ) -> Result<Option<ExistingEvent>> {
     let channel_names: Vec<&str> = channels.iter().map(|c| c.as_str()).collect();
-    let skipped_json: Vec<serde_json::Value> = skipped
-        .iter()
-        .map(|s| {
-            serde_json::json!({"user_id": s.user_id, "channel": s.channel.as_str(), "reason": s.reason.as_str()})
-        })
-        .collect();
     let inserted = sqlx::query(
         "INSERT INTO notification_events
              (id, event_key, type, actor_id, recipients, payload_json, content_json, channels,
-              fingerprint, skipped_json)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+              fingerprint, topic, fanout_status)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
+                 CASE WHEN $10::text IS NULL THEN 'none' ELSE 'pending' END)
          ON CONFLICT (event_key) DO NOTHING",
     )
     .bind(id)
@@ -48,7 +43,7 @@ pub async fn insert_event_or_get_existing(
     .bind(serde_json::to_value(&event.content).unwrap_or_default())
     .bind(&channel_names)
     .bind(event.fingerprint().as_slice())
-    .bind(serde_json::Value::Array(skipped_json))
+    .bind(&event.topic)
     .execute(&mut *db)
     .await?;
     if inserted.rows_affected() == 1 {
@@ -64,6 +59,32 @@ pub async fn insert_event_or_get_existing(
     }))
 }
 
+/// Records recipient x channel pairs that got no delivery (idempotent).
+pub async fn insert_skips(
+    db: &mut sqlx::PgConnection,
+    event_id: Uuid,
+    skipped: &[SkippedDelivery],
+) -> Result<()> {
+    if skipped.is_empty() {
+        return Ok(());
+    }
+    let users: Vec<&str> = skipped.iter().map(|s| s.user_id.as_str()).collect();
+    let channels: Vec<&str> = skipped.iter().map(|s| s.channel.as_str()).collect();
+    let reasons: Vec<&str> = skipped.iter().map(|s| s.reason.as_str()).collect();
+    sqlx::query(
+        "INSERT INTO delivery_skips (event_id, user_id, channel, reason)
+         SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[])
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(event_id)
+    .bind(&users)
+    .bind(&channels)
+    .bind(&reasons)
+    .execute(&mut *db)
+    .await?;
+    Ok(())
+}
+
 /// A delivery to insert: the plan plus its ids.
 #[derive(Debug, Clone)]
 pub struct NewDelivery {
@@ -77,15 +98,17 @@ pub struct NewDelivery {
     pub max_attempts: i32,
 }
 
-/// Inserts deliveries and one outbox row each (due now), in one statement each, whatever
-/// their number. Run it in the transaction that inserted the event.
+/// Inserts deliveries and one outbox row each (due now), in one statement, whatever their
+/// number. A delivery whose idempotency key exists is skipped (with no outbox row), so a
+/// resumed fan-out never duplicates. Run it in the transaction that records the event or
+/// the fan-out checkpoint. Returns how many were inserted.
 pub async fn insert_deliveries(
     db: &mut sqlx::PgConnection,
     event_id: Uuid,
     deliveries: &[NewDelivery],
-) -> Result<()> {
+) -> Result<u64> {
     if deliveries.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let ids: Vec<Uuid> = deliveries.iter().map(|d| d.id).collect();
     let users: Vec<&str> = deliveries.iter().map(|d| d.plan.user_id.as_str()).collect();
@@ -115,6 +138,7 @@ pub async fn insert_deliveries(
              FROM UNNEST($2::uuid[], $3::text[], $4::text[], $5::text[], $6::uuid[], $7::text[],
                          $8::text[], $9::uuid[], $10::int[])
                   AS t(id, user_id, channel, provider, endpoint_id, address, key, retry_key, max_attempts)
+             ON CONFLICT (channel, idempotency_key) DO NOTHING
              RETURNING id, channel, next_attempt_at)
          INSERT INTO outbox (delivery_id, channel, available_at)
          SELECT id, channel, next_attempt_at FROM d",
@@ -130,8 +154,9 @@ pub async fn insert_deliveries(
     .bind(&retry_keys)
     .bind(&max_attempts)
     .execute(&mut *db)
-    .await?;
-    Ok(())
+    .await
+    .map(|done| done.rows_affected())
+    .map_err(Into::into)
 }
 
 /// A stored event.
@@ -151,8 +176,12 @@ pub struct EventRecord {
     pub payload: serde_json::Value,
     /// Content as sent by the caller.
     pub content: Content,
-    /// Skipped recipient x channel pairs: `[{user_id, channel, reason}]`.
-    pub skipped: serde_json::Value,
+    /// Topic broadcast to, if any.
+    pub topic: Option<String>,
+    /// `none`, `pending` or `done`.
+    pub fanout_status: String,
+    /// Topic subscribers planned so far.
+    pub fanout_recipients: i32,
     /// When it was recorded (database clock).
     pub created_at: DateTime<Utc>,
 }
@@ -203,8 +232,8 @@ pub async fn get_event(
         EventSelector::Key(k) => (None, Some(k.as_str())),
     };
     let row = sqlx::query(
-        "SELECT id, event_key, type, actor_id, recipients, payload_json, content_json, skipped_json,
-                created_at
+        "SELECT id, event_key, type, actor_id, recipients, payload_json, content_json, topic,
+                fanout_status, fanout_recipients, created_at
          FROM notification_events WHERE id = $1 OR event_key = $2",
     )
     .bind(id)
@@ -219,23 +248,29 @@ pub async fn get_event(
         recipients: r.get("recipients"),
         payload: r.get("payload_json"),
         content: serde_json::from_value(r.get("content_json")).unwrap_or_default(),
-        skipped: r.get("skipped_json"),
+        topic: r.get("topic"),
+        fanout_status: r.get("fanout_status"),
+        fanout_recipients: r.get("fanout_recipients"),
         created_at: r.get("created_at"),
     }))
 }
 
-/// Every delivery of an event, by user then channel.
+/// Up to `limit` deliveries of an event in id order, after `after` (for paging).
 pub async fn list_deliveries(
     db: impl PgExecutor<'_>,
     event_id: Uuid,
+    after: Option<Uuid>,
+    limit: i64,
 ) -> Result<Vec<DeliveryRecord>> {
     let rows = sqlx::query(
         "SELECT id, user_id, channel, provider, endpoint_id, status, attempts, next_attempt_at,
                 last_error, provider_message_id, sent_at
-         FROM notification_deliveries WHERE event_id = $1
-         ORDER BY created_at, user_id, channel, endpoint_id",
+         FROM notification_deliveries WHERE event_id = $1 AND ($2::uuid IS NULL OR id > $2)
+         ORDER BY id LIMIT $3",
     )
     .bind(event_id)
+    .bind(after)
+    .bind(limit)
     .fetch_all(db)
     .await?;
     Ok(rows
@@ -254,4 +289,122 @@ pub async fn list_deliveries(
             sent_at: r.get("sent_at"),
         })
         .collect())
+}
+
+/// Number of an event's deliveries per (channel, status).
+pub async fn delivery_counts(
+    db: impl PgExecutor<'_>,
+    event_id: Uuid,
+) -> Result<Vec<(String, String, i64)>> {
+    Ok(sqlx::query_as(
+        "SELECT channel, status, count(*) FROM notification_deliveries WHERE event_id = $1
+         GROUP BY channel, status ORDER BY channel, status",
+    )
+    .bind(event_id)
+    .fetch_all(db)
+    .await?)
+}
+
+/// Up to `limit` skipped pairs of an event, by user then channel.
+pub async fn list_skips(
+    db: impl PgExecutor<'_>,
+    event_id: Uuid,
+    limit: i64,
+) -> Result<Vec<(String, String, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT user_id, channel, reason FROM delivery_skips WHERE event_id = $1
+         ORDER BY user_id, channel LIMIT $2",
+    )
+    .bind(event_id)
+    .bind(limit)
+    .fetch_all(db)
+    .await?)
+}
+
+/// A topic event whose fan-out this replica holds.
+#[derive(Debug, Clone)]
+pub struct FanoutJob {
+    /// Event id.
+    pub event_id: Uuid,
+    /// Notification type key.
+    pub type_key: String,
+    /// Topic.
+    pub topic: String,
+    /// Channels to plan.
+    pub channels: Vec<String>,
+    /// Last subscriber planned.
+    pub cursor: String,
+}
+
+/// Claims the oldest topic event whose fan-out is pending and not held by a live replica,
+/// holding it for `hold`.
+pub async fn claim_fanout(
+    db: &sqlx::PgPool,
+    hold: std::time::Duration,
+) -> Result<Option<FanoutJob>> {
+    let row = sqlx::query(
+        "UPDATE notification_events e SET fanout_locked_until = now() + $1 * interval '1 millisecond'
+         FROM (SELECT id FROM notification_events
+               WHERE fanout_status = 'pending' AND (fanout_locked_until IS NULL OR fanout_locked_until < now())
+               ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED) due
+         WHERE e.id = due.id
+         RETURNING e.id, e.type, e.topic, e.channels, e.fanout_cursor",
+    )
+    .bind(hold.as_millis() as i64)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|r| FanoutJob {
+        event_id: r.get("id"),
+        type_key: r.get("type"),
+        topic: r.get("topic"),
+        channels: r.get("channels"),
+        cursor: r.get("fanout_cursor"),
+    }))
+}
+
+/// Subscribers of `topic` after `after` in user_id order, at most `limit`.
+pub async fn subscribers_page(
+    db: &mut sqlx::PgConnection,
+    topic: &str,
+    after: &str,
+    limit: i64,
+) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT user_id FROM topic_subscriptions WHERE topic = $1 AND user_id > $2 ORDER BY user_id LIMIT $3",
+    )
+    .bind(topic)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(db)
+    .await?)
+}
+
+/// Moves a fan-out checkpoint from `from` to `to` (adding `planned` recipients), marking
+/// it done when `done`, and extends the hold. Fenced by the old cursor: returns false when
+/// another replica moved it meanwhile (then the caller rolls back).
+pub async fn advance_fanout(
+    db: &mut sqlx::PgConnection,
+    event_id: Uuid,
+    from: &str,
+    to: &str,
+    planned: i32,
+    done: bool,
+    hold: std::time::Duration,
+) -> Result<bool> {
+    let r = sqlx::query(
+        "UPDATE notification_events
+         SET fanout_cursor = $3, fanout_recipients = fanout_recipients + $4,
+             fanout_status = CASE WHEN $5 THEN 'done' ELSE 'pending' END,
+             fanout_locked_until = now() + $6 * interval '1 millisecond'
+         WHERE id = $1 AND fanout_cursor = $2 AND fanout_status = 'pending'",
+    )
+    .bind(event_id)
+    .bind(from)
+    .bind(to)
+    .bind(planned)
+    .bind(done)
+    .bind(hold.as_millis() as i64)
+    .execute(db)
+    .await?;
+    Ok(r.rows_affected() == 1)
 }

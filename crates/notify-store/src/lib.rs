@@ -7,6 +7,7 @@ pub mod catalog;
 pub mod deliveries;
 pub mod events;
 pub mod outbox;
+pub mod topics;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::str::FromStr;

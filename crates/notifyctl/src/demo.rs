@@ -156,6 +156,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
             ..Default::default()
         }),
         channels: vec![],
+        topic: String::new(),
     };
     println!("== 3. CreateEvent {EVENT_KEY}");
     let first = ingest.create_event(request.clone()).await?.into_inner();
@@ -184,6 +185,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
                 selector: Some(pb::get_event_request::Selector::EventId(
                     first.event_id.clone(),
                 )),
+                ..Default::default()
             })
             .await?
             .into_inner();

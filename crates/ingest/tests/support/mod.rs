@@ -299,6 +299,12 @@ impl Platform {
         pb::recipient_service_client::RecipientServiceClient::new(self.grpc.clone())
     }
 
+    pub fn topics(
+        &self,
+    ) -> pb::topic_service_client::TopicServiceClient<tonic::transport::Channel> {
+        pb::topic_service_client::TopicServiceClient::new(self.grpc.clone())
+    }
+
     pub fn types(&self) -> pb::type_service_client::TypeServiceClient<tonic::transport::Channel> {
         pb::type_service_client::TypeServiceClient::new(self.grpc.clone())
     }
@@ -357,6 +363,7 @@ impl Platform {
                 ..Default::default()
             }),
             channels: vec![],
+            topic: String::new(),
         }
     }
 
@@ -368,6 +375,7 @@ impl Platform {
                 .ingest()
                 .get_event(pb::GetEventRequest {
                     selector: Some(pb::get_event_request::Selector::EventId(event_id.into())),
+                    ..Default::default()
                 })
                 .await
                 .expect("get event")

@@ -1,0 +1,117 @@
+//! Topic fan-out: plans the deliveries of a topic event in the background, 1,000
+//! subscribers per transaction. Each transaction writes the batch's deliveries, outbox rows
+//! and skipped pairs together with the checkpoint (the last subscriber planned), so a crash
+//! resumes exactly after the last committed batch and never duplicates. Any number of
+//! ingest replicas may run it: an event is held by one replica at a time, and the
+//! checkpoint update is fenced by the previous cursor.
+
+use crate::grpc::new_deliveries;
+use notify_core::Channel;
+use notify_core::plan::plan;
+use notify_store::PgPool;
+use notify_store::events::{self, FanoutJob};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// Subscribers planned per transaction.
+pub const BATCH: i64 = 1_000;
+/// How long a replica holds an event between checkpoints.
+const HOLD: Duration = Duration::from_secs(30);
+
+/// Runs until `shutdown`: wakes on `LISTEN notify_fanout` or every `poll`.
+pub async fn run(pool: PgPool, max_attempts: i32, poll: Duration, shutdown: CancellationToken) {
+    let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
+        Ok(mut l) => match l.listen("notify_fanout").await {
+            Ok(()) => Some(l),
+            Err(e) => {
+                warn!(error = %e, "fan-out cannot LISTEN; polling only");
+                None
+            }
+        },
+        Err(e) => {
+            warn!(error = %e, "fan-out cannot LISTEN; polling only");
+            None
+        }
+    };
+    loop {
+        if shutdown.is_cancelled() {
+            return;
+        }
+        match events::claim_fanout(&pool, HOLD).await {
+            Ok(Some(job)) => {
+                if let Err(e) = fan_out(&pool, &job, max_attempts, &shutdown).await {
+                    warn!(event_id = %job.event_id, error = %e, "fan-out interrupted; it resumes from its checkpoint");
+                }
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => warn!(error = %e, "fan-out claim failed"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(poll) => {}
+            _ = async {
+                match listener.as_mut() {
+                    Some(l) => { let _ = l.recv().await; }
+                    None => std::future::pending().await,
+                }
+            } => {}
+        }
+    }
+}
+
+async fn fan_out(
+    pool: &PgPool,
+    job: &FanoutJob,
+    max_attempts: i32,
+    shutdown: &CancellationToken,
+) -> notify_store::Result<()> {
+    let Some(ty) = notify_store::catalog::get_type(pool, &job.type_key).await? else {
+        return Err(notify_store::StoreError::NotFound(format!(
+            "notification type {:?}",
+            job.type_key
+        )));
+    };
+    let channels: Vec<Channel> = job.channels.iter().filter_map(|c| c.parse().ok()).collect();
+    let mut cursor = job.cursor.clone();
+    loop {
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+        let mut tx = pool.begin().await?;
+        let users = events::subscribers_page(&mut tx, &job.topic, &cursor, BATCH).await?;
+        let done = (users.len() as i64) < BATCH;
+        let next = users.last().cloned().unwrap_or_else(|| cursor.clone());
+        let facts = notify_store::catalog::load_recipient_facts(&mut tx, &ty.key, &users).await?;
+        let (planned, skipped) = plan(job.event_id, ty.critical, &channels, &facts);
+        events::insert_deliveries(
+            &mut tx,
+            job.event_id,
+            &new_deliveries(planned, max_attempts),
+        )
+        .await?;
+        events::insert_skips(&mut tx, job.event_id, &skipped).await?;
+        if !events::advance_fanout(
+            &mut tx,
+            job.event_id,
+            &cursor,
+            &next,
+            users.len() as i32,
+            done,
+            HOLD,
+        )
+        .await?
+        {
+            tx.rollback().await?;
+            warn!(event_id = %job.event_id, "fan-out checkpoint moved by another replica; leaving it");
+            return Ok(());
+        }
+        tx.commit().await?;
+        cursor = next;
+        if done {
+            info!(event_id = %job.event_id, topic = %job.topic, "fan-out done");
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Topic broadcasts: the reply comes at once, the fan-out runs in checkpointed batches and
+//! never duplicates, even when it runs again.
+
+mod support;
+
+use notify_proto::v1 as pb;
+use std::time::{Duration, Instant};
+use support::{Options, Platform};
+use tonic::Code;
+
+async fn subscribe_many(p: &Platform, topic: &str, users: &[String]) {
+    for chunk in users.chunks(1000) {
+        p.topics()
+            .subscribe(pb::SubscribeRequest {
+                topic: topic.into(),
+                user_ids: chunk.to_vec(),
+            })
+            .await
+            .unwrap();
+    }
+}
+
+async fn wait_fanout_done(p: &Platform, event_id: &str) -> pb::GetEventResponse {
+    for _ in 0..300 {
+        let ev = p
+            .ingest()
+            .get_event(pb::GetEventRequest {
+                selector: Some(pb::get_event_request::Selector::EventId(event_id.into())),
+                page_size: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if ev.fanout_status == "done" {
+            return ev;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("fan-out not done in 30 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_event_reaches_every_subscriber_once_in_checkpointed_batches() {
+    let p = Platform::start_with(Options {
+        workers: vec![notify_core::Channel::InApp],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("promo", &["inapp", "line"]).await;
+    assert!(
+        p.topics()
+            .create_topic(pb::CreateTopicRequest {
+                key: "shop.promotions".into()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .created
+    );
+    let users: Vec<String> = (0..2_500).map(|i| format!("user-{i:06}")).collect();
+    subscribe_many(&p, "shop.promotions", &users).await;
+    // One subscriber has a LINE id; the rest are only reachable in-app.
+    p.add_recipient(
+        "user-000007",
+        "",
+        "",
+        &format!("U{}", uuid::Uuid::new_v4().simple()),
+    )
+    .await;
+
+    let mut req = p.event("promo:2026-12", "promo", &[]);
+    req.topic = "shop.promotions".into();
+    let started = Instant::now();
+    let reply = p
+        .ingest()
+        .create_event(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the reply does not wait for the fan-out"
+    );
+    assert!(reply.deliveries.is_empty());
+
+    let ev = wait_fanout_done(&p, &reply.event_id).await;
+    assert_eq!(ev.fanout_recipients, 2_500);
+    assert_eq!(ev.topic, "shop.promotions");
+    assert_eq!(ev.deliveries.len(), 10, "one page of the requested size");
+    assert!(!ev.next_page_token.is_empty());
+    let total: u32 = ev.counts.iter().map(|c| c.count).sum();
+    assert_eq!(
+        total, 2_501,
+        "2,500 in-app deliveries and one LINE delivery"
+    );
+    assert_eq!(
+        p.count("delivery_skips").await,
+        2_499,
+        "everyone else has no LINE id"
+    );
+
+    // A replay adds nothing.
+    let again = p.ingest().create_event(req).await.unwrap().into_inner();
+    assert!(again.duplicate);
+    assert_eq!(again.event_id, reply.event_id);
+    assert_eq!(p.count("notification_deliveries").await, 2_501);
+
+    // A fan-out that runs again from any checkpoint (as after a crash) duplicates nothing.
+    sqlx::query("UPDATE notification_events SET fanout_status = 'pending', fanout_cursor = 'user-000999', fanout_locked_until = NULL")
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    wait_fanout_done(&p, &reply.event_id).await;
+    assert_eq!(p.count("notification_deliveries").await, 2_501);
+
+    // Every in-app notification is written exactly once.
+    for _ in 0..300 {
+        if p.count("notifications").await == 2_500 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(p.count("notifications").await, 2_500);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topic_calls_validate_their_input() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("promo", &["inapp"]).await;
+    let err = p
+        .topics()
+        .create_topic(pb::CreateTopicRequest {
+            key: "Bad Key".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let err = p
+        .topics()
+        .subscribe(pb::SubscribeRequest {
+            topic: "nope".into(),
+            user_ids: vec!["u1".into()],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = p
+        .topics()
+        .subscribe(pb::SubscribeRequest {
+            topic: "nope".into(),
+            user_ids: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let mut req = p.event("x", "promo", &[]);
+    req.topic = "nope".into();
+    assert_eq!(
+        p.ingest().create_event(req).await.unwrap_err().code(),
+        Code::NotFound
+    );
+    let mut req = p.event("x", "promo", &["u1"]);
+    req.topic = "nope".into();
+    assert_eq!(
+        p.ingest().create_event(req).await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+    assert_eq!(p.count("notification_events").await, 0);
+    p.stop().await;
+}
