@@ -7,7 +7,7 @@ SHELL := /bin/bash
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 STACK_DIR := $(or $(NOTIFY_STACK_DIR),$(CURDIR)/.stack)
 
-.PHONY: demo test up down status migrate lint fmt build
+.PHONY: demo test chaos up down status migrate lint fmt build
 
 ## demo: start the stack and the services, send one event to every channel, show the outcome
 demo:
@@ -17,6 +17,10 @@ demo:
 test: up
 	source $(STACK_DIR)/env && cargo test --workspace --all-targets 2>&1 | tee $(STACK_DIR)/logs/test.log
 	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "tests: %d passed, %d failed\n", p, f}' $(STACK_DIR)/logs/test.log
+
+## chaos: broadcasts under kill -9, SIGTERM, RabbitMQ and PostgreSQL restarts; prints chaos: lines
+chaos:
+	deploy/chaos.sh
 
 ## up: install what is missing and start PostgreSQL, RabbitMQ, MailDev and provider-sim
 up:

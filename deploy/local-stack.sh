@@ -4,6 +4,7 @@
 #
 #   deploy/local-stack.sh up       install what is missing, start everything, wait until ready
 #   deploy/local-stack.sh down     stop everything this script started (by pid)
+#   deploy/local-stack.sh stop S   stop one service (postgres, rabbitmq, maildev, provider-sim)
 #   deploy/local-stack.sh status   show what runs
 #   deploy/local-stack.sh env      print the environment the services and tests need
 #
@@ -196,8 +197,16 @@ EOF
 }
 
 start_sim() {
-  if alive "$STACK/pids/provider-sim.pid"; then log "provider-sim already running"; return; fi
   local bin=${PROVIDER_SIM_BIN:-}
+  if alive "$STACK/pids/provider-sim.pid"; then
+    # A rebuilt simulator replaces the running one.
+    if [ -n "$bin" ] && [ "$bin" -nt "$STACK/pids/provider-sim.pid" ]; then
+      log "provider-sim was rebuilt: restarting it"
+      stop_pid provider-sim
+    else
+      log "provider-sim already running"; return
+    fi
+  fi
   if [ -z "$bin" ]; then
     log "building provider-sim"
     (cd "$repo" && cargo build -q -p provider-sim) || die "cargo build -p provider-sim failed"
@@ -224,6 +233,20 @@ stop_pid() { # name
     kill -9 "$pid" 2>/dev/null || true
   fi
   rm -f "$f"
+}
+
+stop_service() { # name
+  case "$1" in
+    rabbitmq)
+      if alive "$STACK/pids/rabbitmq.pid"; then
+        (rabbit_env; timeout 30 /usr/lib/rabbitmq/bin/rabbitmqctl -q -n "$RABBIT_NODE" stop >/dev/null 2>&1) || true
+      fi ;;
+    postgres)
+      if alive "$STACK/pids/postgres.pid"; then
+        as_pg "$(pg_bin)/pg_ctl" -D "$(pg_dir)/data" -m fast -w stop >/dev/null 2>&1 || true
+      fi ;;
+  esac
+  stop_pid "$1"
 }
 
 print_env() {
@@ -256,13 +279,14 @@ case "$cmd" in
     log "ready; environment in $STACK/env"
     ;;
   down)
-    if alive "$STACK/pids/rabbitmq.pid"; then
-      (rabbit_env; timeout 30 /usr/lib/rabbitmq/bin/rabbitmqctl -q -n "$RABBIT_NODE" stop >/dev/null 2>&1) || true
-    fi
-    if alive "$STACK/pids/postgres.pid"; then
-      as_pg "$(pg_bin)/pg_ctl" -D "$(pg_dir)/data" -m fast -w stop >/dev/null 2>&1 || true
-    fi
-    for s in provider-sim maildev rabbitmq postgres; do stop_pid "$s"; done
+    for s in provider-sim maildev rabbitmq postgres; do stop_service "$s"; done
+    ;;
+  stop)
+    # Stops one service (e.g. to test recovery); `up` starts it again.
+    case "${2:-}" in
+      postgres | rabbitmq | maildev | provider-sim) stop_service "$2" ;;
+      *) echo "usage: $0 stop postgres|rabbitmq|maildev|provider-sim" >&2; exit 64 ;;
+    esac
     ;;
   status)
     for s in postgres rabbitmq maildev provider-sim; do
@@ -270,5 +294,5 @@ case "$cmd" in
     done
     ;;
   env) print_env ;;
-  *) echo "usage: $0 up|down|status|env" >&2; exit 64 ;;
+  *) echo "usage: $0 up|down|stop SERVICE|status|env" >&2; exit 64 ;;
 esac

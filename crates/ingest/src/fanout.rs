@@ -53,7 +53,8 @@ pub async fn run(pool: PgPool, max_attempts: i32, poll: Duration, shutdown: Canc
             _ = tokio::time::sleep(poll) => {}
             _ = async {
                 match listener.as_mut() {
-                    Some(l) => { let _ = l.recv().await; }
+                    // recv reconnects by itself; while Postgres is down it fails at once.
+                    Some(l) => if l.recv().await.is_err() { tokio::time::sleep(poll).await },
                     None => std::future::pending().await,
                 }
             } => {}

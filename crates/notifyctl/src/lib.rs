@@ -1,4 +1,6 @@
-//! Operator command line for the platform. Today it has one job, `demo`: the end-to-end
-//! scenario of `make demo` (see [`demo`]).
+//! Operator command line for the platform: `demo` (the end-to-end scenario of
+//! `make demo`, see [`demo`]) and `chaos` (the crash and outage test of `make chaos`,
+//! see [`chaos`]).
 
+pub mod chaos;
 pub mod demo;

@@ -1,5 +1,6 @@
 //! `notifyctl`: operator command line.
 //!
+//! `notifyctl chaos` runs the crash and outage test (see the library docs).
 //! `notifyctl demo` runs the demo scenario against a running ingest and workers and exits
 //! 0 only when every recipient x channel ended as expected. Environment:
 //! `NOTIFY_GRPC_URL` (http://127.0.0.1:50051), `NOTIFY_DATABASE_URL`, `NOTIFY_MAILDEV_URL`,
@@ -31,8 +32,46 @@ async fn main() -> ExitCode {
                 }
             }
         }
+        Some("chaos") => {
+            let mut env = notify_telemetry::Env::new();
+            let cfg = notifyctl::chaos::ChaosConfig {
+                bin_dir: env.required("NOTIFY_BIN_DIR").into(),
+                stack_script: env.required("NOTIFY_STACK_SCRIPT").into(),
+                log_dir: env.required("NOTIFY_LOG_DIR").into(),
+                database_url: env.required("NOTIFY_DATABASE_URL"),
+                grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
+                maildev_url: env.required("NOTIFY_MAILDEV_URL"),
+                sim_url: env.required("NOTIFY_SIM_URL"),
+                settle: env.parse_with(
+                    "NOTIFY_CHAOS_SETTLE",
+                    std::time::Duration::from_secs(300),
+                    |s| {
+                        s.trim_end_matches('s')
+                            .parse()
+                            .map(std::time::Duration::from_secs)
+                            .map_err(|e| format!("{e}"))
+                    },
+                ),
+                amqp_url: env.required("NOTIFY_AMQP_URL"),
+                amqp_prefix: env.string("NOTIFY_AMQP_PREFIX", ""),
+            };
+            if let Err(problems) = env.finish() {
+                notify_telemetry::exit_bad_config("notifyctl", &problems);
+            }
+            match notifyctl::chaos::run(&cfg).await {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => {
+                    eprintln!("chaos: a promise was broken (see the lines above)");
+                    ExitCode::FAILURE
+                }
+                Err(e) => {
+                    eprintln!("chaos failed: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         _ => {
-            eprintln!("usage: notifyctl demo");
+            eprintln!("usage: notifyctl demo | notifyctl chaos");
             ExitCode::from(64)
         }
     }

@@ -14,7 +14,8 @@
 //! Control endpoints:
 //! - `GET /_sim/health`; `GET /_sim/requests?provider=line|fcm|oauth` (recorded requests,
 //!   oldest first); `DELETE /_sim/requests`;
-//! - `POST /_sim/faults` with a [`Fault`]; `DELETE /_sim/faults`.
+//! - `POST /_sim/faults` with a [`Fault`]; `DELETE /_sim/faults`;
+//! - `POST /_sim/latency` `{"provider", "min_ms", "max_ms"}`: random latency; `DELETE` clears.
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -82,6 +83,18 @@ pub struct Fault {
     /// How many requests it applies to; `None` = until cleared.
     #[serde(default)]
     pub times: Option<u32>,
+    /// Chance in `[0, 1]` that a matching request gets the fault; `None` = always.
+    #[serde(default)]
+    pub probability: Option<f64>,
+}
+
+/// Body of `POST /_sim/latency`: every answer of `provider` waits a random time in
+/// `[min_ms, max_ms]`.
+#[derive(Debug, Deserialize)]
+struct LatencyRequest {
+    provider: String,
+    min_ms: u64,
+    max_ms: u64,
 }
 
 #[derive(Default)]
@@ -92,6 +105,8 @@ struct Inner {
     line_accepted: HashMap<String, String>,
     /// Access tokens handed out by `/token`.
     access_tokens: HashSet<String>,
+    /// Random latency per provider.
+    latency: HashMap<String, (u64, u64)>,
 }
 
 #[derive(Clone)]
@@ -136,12 +151,34 @@ impl Sim {
                 && f.target_contains
                     .as_deref()
                     .is_none_or(|t| target.contains(t))
+                && f.probability.is_none_or(|p| rand::random::<f64>() < p)
         })?;
         let f = &mut inner.faults[idx];
         if let Some(n) = f.times.as_mut() {
             *n -= 1;
         }
         Some(f.clone())
+    }
+}
+
+impl Sim {
+    /// Sleeps for the provider's configured random latency, if any.
+    async fn latency(&self, provider: &str) {
+        let range = self
+            .inner
+            .lock()
+            .expect("sim lock")
+            .latency
+            .get(provider)
+            .copied();
+        if let Some((min, max)) = range {
+            let ms = if max > min {
+                min + rand::random::<u64>() % (max - min + 1)
+            } else {
+                min
+            };
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
     }
 }
 
@@ -155,6 +192,7 @@ pub fn router(cfg: SimConfig) -> Router {
         .route("/_sim/health", get(|| async { "ok" }))
         .route("/_sim/requests", get(list_requests).delete(clear_requests))
         .route("/_sim/faults", post(add_fault).delete(clear_faults))
+        .route("/_sim/latency", post(set_latency).delete(clear_latency))
         .route("/v2/bot/message/push", post(line_push))
         .route("/token", post(oauth_token))
         .route("/v1/projects/{project}/messages:send", post(fcm_send))
@@ -202,6 +240,23 @@ async fn clear_requests(State(sim): State<Sim>) -> StatusCode {
 async fn add_fault(State(sim): State<Sim>, Json(f): Json<Fault>) -> StatusCode {
     sim.inner.lock().expect("sim lock").faults.push(f);
     StatusCode::CREATED
+}
+
+async fn set_latency(State(sim): State<Sim>, Json(l): Json<LatencyRequest>) -> StatusCode {
+    if l.max_ms < l.min_ms {
+        return StatusCode::BAD_REQUEST;
+    }
+    sim.inner
+        .lock()
+        .expect("sim lock")
+        .latency
+        .insert(l.provider, (l.min_ms, l.max_ms));
+    StatusCode::CREATED
+}
+
+async fn clear_latency(State(sim): State<Sim>) -> StatusCode {
+    sim.inner.lock().expect("sim lock").latency.clear();
+    StatusCode::NO_CONTENT
 }
 
 async fn clear_faults(State(sim): State<Sim>) -> StatusCode {
@@ -301,6 +356,7 @@ async fn line_push(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
+    sim.latency("line").await;
     let body = json_body(&body);
     let request_id = Uuid::new_v4().simple().to_string();
     let mut extra = vec![("x-line-request-id", request_id.clone())];
@@ -539,6 +595,7 @@ async fn fcm_send(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
+    sim.latency("fcm").await;
     let body = json_body(&body);
     let path = format!("/v1/projects/{project}/messages:send");
     let (status, resp) = 'done: {

@@ -1,0 +1,683 @@
+//! `notifyctl chaos`: broadcasts under crashes and outages, then checks every provider
+//! record against Postgres.
+//!
+//! Two runs: 2,000 recipients on LINE, email and in-app, then 20,000 on LINE and in-app.
+//! During each run the tool kills every worker type and ingest with SIGKILL at random
+//! moments, restarts a worker with SIGTERM twice, restarts RabbitMQ once and PostgreSQL
+//! once, while the simulator answers 5 % of LINE calls with 503 and adds random latency.
+//! It then prints one line per run:
+//!
+//! `chaos: deliveries=N sent=S failed=F lost=0 duplicates_line=0 duplicates_other=D ambiguous=A stuck=0 max_recovery_s=R`
+//!
+//! - lost: a delivery not final at the end, or `sent` while the provider has no record;
+//! - duplicates_line: LINE pushes accepted (200) more than once for one delivery;
+//! - duplicates_other: extra copies on other channels (email by Message-ID);
+//! - ambiguous: deliveries with a provider call that was never recorded (a crash after the
+//!   claim); every duplicate must be one of them;
+//! - max_recovery_s: longest time from a kill until no delivery still held a lease of the
+//!   killed worker (the sweeper returned it to pending).
+
+use anyhow::{Context, bail};
+use notify_proto::v1 as pb;
+use rand::Rng;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::process::{Child, Command};
+use uuid::Uuid;
+
+/// Where the chaos run finds its binaries, services and logs.
+#[derive(Debug, Clone)]
+pub struct ChaosConfig {
+    /// Folder holding `ingest` and the `worker-*` binaries.
+    pub bin_dir: PathBuf,
+    /// `deploy/local-stack.sh` (restarts RabbitMQ and PostgreSQL).
+    pub stack_script: PathBuf,
+    /// Folder for the processes' logs.
+    pub log_dir: PathBuf,
+    /// Database of the run (migrated).
+    pub database_url: String,
+    /// gRPC URL of the ingest this tool starts (`NOTIFY_GRPC_ADDR` is derived from it).
+    pub grpc_url: String,
+    /// MailDev base URL.
+    pub maildev_url: String,
+    /// provider-sim base URL.
+    pub sim_url: String,
+    /// Longest wait for a run to finish after the chaos stops.
+    pub settle: Duration,
+    /// AMQP URL, to clear the run's queues before it starts.
+    pub amqp_url: String,
+    /// Prefix of the run's exchanges and queues.
+    pub amqp_prefix: String,
+}
+
+const WORKERS: [&str; 4] = ["worker-line", "worker-email", "worker-inapp", "worker-push"];
+
+struct Procs {
+    cfg: ChaosConfig,
+    children: HashMap<&'static str, Child>,
+}
+
+impl Procs {
+    fn spawn(&mut self, name: &'static str) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.cfg.log_dir.join(format!("chaos-{name}.log")))?;
+        let mut cmd =
+            Command::new(
+                self.cfg
+                    .bin_dir
+                    .join(if name == "ingest" { "ingest" } else { name }),
+            );
+        if name == "ingest" {
+            cmd.arg("serve");
+        }
+        let child = cmd
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        self.children.insert(name, child);
+        Ok(())
+    }
+
+    async fn kill9(&mut self, name: &'static str) -> anyhow::Result<()> {
+        if let Some(mut c) = self.children.remove(name) {
+            c.start_kill()?;
+            c.wait().await?;
+        }
+        Ok(())
+    }
+
+    /// SIGTERM and wait for a clean exit (status 0) within 40 s.
+    async fn terminate(&mut self, name: &'static str) -> anyhow::Result<bool> {
+        let Some(mut c) = self.children.remove(name) else {
+            return Ok(true);
+        };
+        if let Some(pid) = c.id() {
+            Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status()
+                .await?;
+        }
+        match tokio::time::timeout(Duration::from_secs(40), c.wait()).await {
+            Ok(status) => Ok(status?.success()),
+            Err(_) => {
+                c.start_kill()?;
+                c.wait().await?;
+                Ok(false)
+            }
+        }
+    }
+
+    async fn stop_all(&mut self) {
+        let names: Vec<&'static str> = self.children.keys().copied().collect();
+        for n in names {
+            let _ = self.terminate(n).await;
+        }
+    }
+}
+
+async fn stack(cfg: &ChaosConfig, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(&cfg.stack_script)
+        .args(args)
+        .output()
+        .await
+        .context("running local-stack.sh")?;
+    if !out.status.success() {
+        bail!(
+            "local-stack.sh {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// One run's audience.
+struct Audience {
+    label: &'static str,
+    type_key: &'static str,
+    channels: &'static [&'static str],
+    topic: &'static str,
+    users: usize,
+    with_email: bool,
+}
+
+async fn setup(
+    pool: &PgPool,
+    grpc: &tonic::transport::Channel,
+    a: &Audience,
+) -> anyhow::Result<()> {
+    pb::type_service_client::TypeServiceClient::new(grpc.clone())
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: a.type_key.into(),
+            priority: "normal".into(),
+            default_channels: a.channels.iter().map(|c| c.to_string()).collect(),
+            critical: false,
+        })
+        .await?;
+    pb::topic_service_client::TopicServiceClient::new(grpc.clone())
+        .create_topic(pb::CreateTopicRequest {
+            key: a.topic.into(),
+        })
+        .await?;
+    // Bulk set-up straight in SQL: 20,000 gRPC calls would only slow the tool down.
+    let ids: Vec<String> = (0..a.users)
+        .map(|i| format!("{}-{i:06}", a.label))
+        .collect();
+    let emails: Vec<Option<String>> = ids
+        .iter()
+        .map(|u| a.with_email.then(|| format!("{u}@example.test")))
+        .collect();
+    let lines: Vec<String> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, _)| format!("U{:016x}{:016x}", a.users as u64, i as u64))
+        .collect();
+    sqlx::query(
+        "INSERT INTO recipients (user_id, display_name, email, line_user_id)
+         SELECT u, 'ลูกค้า ' || u, e, l FROM UNNEST($1::text[], $2::text[], $3::text[]) AS t(u, e, l)
+         ON CONFLICT (user_id) DO NOTHING",
+    )
+    .bind(&ids)
+    .bind(&emails)
+    .bind(&lines)
+    .execute(pool)
+    .await?;
+    sqlx::query("INSERT INTO topic_subscriptions (topic, user_id) SELECT $1, u FROM UNNEST($2::text[]) AS u ON CONFLICT DO NOTHING")
+        .bind(a.topic)
+        .bind(&ids)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// What a kill left in flight: deliveries `sending` on the killed worker's channel, with
+/// the lease tokens the dead worker held. Recovered once no delivery holds one of those
+/// tokens any more (the sweeper returned it to pending, or another attempt finished it).
+struct KillSnapshot {
+    at: Instant,
+    ids: Vec<Uuid>,
+    tokens: Vec<Uuid>,
+    recovered_after: Option<Duration>,
+}
+
+async fn snapshot(pool: &PgPool, event_id: Uuid, channel: &str) -> anyhow::Result<KillSnapshot> {
+    let rows: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "SELECT id, lease_token FROM notification_deliveries
+         WHERE event_id = $1 AND status = 'sending' AND channel = $2",
+    )
+    .bind(event_id)
+    .bind(channel)
+    .fetch_all(pool)
+    .await?;
+    Ok(KillSnapshot {
+        at: Instant::now(),
+        ids: rows.iter().map(|r| r.0).collect(),
+        tokens: rows.iter().map(|r| r.1).collect(),
+        recovered_after: None,
+    })
+}
+
+/// Checks every unrecovered snapshot every 500 ms until `stop`.
+async fn watch_recovery(
+    pool: PgPool,
+    snapshots: std::sync::Arc<tokio::sync::Mutex<Vec<KillSnapshot>>>,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    while !stop.is_cancelled() {
+        {
+            let mut snaps = snapshots.lock().await;
+            for s in snaps.iter_mut().filter(|s| s.recovered_after.is_none()) {
+                let held: Result<i64, _> = sqlx::query_scalar(
+                    "SELECT count(*) FROM notification_deliveries
+                     WHERE id = ANY($1) AND status = 'sending' AND lease_token = ANY($2)",
+                )
+                .bind(&s.ids)
+                .bind(&s.tokens)
+                .fetch_one(&pool)
+                .await;
+                if let Ok(0) = held {
+                    s.recovered_after = Some(s.at.elapsed());
+                }
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => {}
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
+
+fn channel_of(worker: &str) -> Option<&str> {
+    worker.strip_prefix("worker-")
+}
+
+/// The result line of one run.
+#[derive(Debug, Default)]
+pub struct RunReport {
+    /// Deliveries of the run.
+    pub deliveries: i64,
+    /// Sent.
+    pub sent: i64,
+    /// Failed.
+    pub failed: i64,
+    /// Not final, or sent without a provider record.
+    pub lost: i64,
+    /// LINE pushes accepted more than once.
+    pub duplicates_line: i64,
+    /// Extra copies on other channels.
+    pub duplicates_other: i64,
+    /// Deliveries with an unrecorded provider call.
+    pub ambiguous: i64,
+    /// Not final at the end.
+    pub stuck: i64,
+    /// Longest recovery after a kill, seconds.
+    pub max_recovery_s: f64,
+    /// Duplicates not explained by an ambiguous retry.
+    pub unexplained_duplicates: i64,
+}
+
+impl RunReport {
+    fn line(&self) -> String {
+        format!(
+            "chaos: deliveries={} sent={} failed={} lost={} duplicates_line={} duplicates_other={} ambiguous={} stuck={} max_recovery_s={:.0}",
+            self.deliveries,
+            self.sent,
+            self.failed,
+            self.lost,
+            self.duplicates_line,
+            self.duplicates_other,
+            self.ambiguous,
+            self.stuck,
+            self.max_recovery_s
+        )
+    }
+
+    /// Whether the run kept every promise.
+    pub fn ok(&self) -> bool {
+        self.lost == 0
+            && self.duplicates_line == 0
+            && self.stuck == 0
+            && self.unexplained_duplicates == 0
+            && self.max_recovery_s <= 90.0
+    }
+}
+
+/// Runs both scenarios; returns whether every run kept its promises.
+pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
+    // Start from empty queues: messages of an earlier run point at rows that are gone.
+    if let Ok(conn) = notify_broker::connect(&cfg.amqp_url, "chaos").await
+        && let Ok(ch) = conn.create_channel().await
+    {
+        let _ = notify_broker::Topology::new(cfg.amqp_prefix.clone())
+            .delete(&ch, &["inapp", "email", "push", "line"])
+            .await;
+    }
+    let http = reqwest::Client::new();
+    http.delete(format!("{}/api/email/all", cfg.maildev_url))
+        .send()
+        .await?;
+    http.delete(format!("{}/_sim/requests", cfg.sim_url))
+        .send()
+        .await?;
+    http.delete(format!("{}/_sim/faults", cfg.sim_url))
+        .send()
+        .await?;
+    http.post(format!("{}/_sim/faults", cfg.sim_url))
+        .json(&json!({"provider": "line", "status": 503, "body": {"message": "chaos"}, "probability": 0.05}))
+        .send()
+        .await?
+        .error_for_status()?;
+    http.post(format!("{}/_sim/latency", cfg.sim_url))
+        .json(&json!({"provider": "line", "min_ms": 5, "max_ms": 250}))
+        .send()
+        .await?
+        .error_for_status()?;
+
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&cfg.database_url)
+        .await?;
+    let mut procs = Procs {
+        cfg: cfg.clone(),
+        children: HashMap::new(),
+    };
+    procs.spawn("ingest")?;
+    for w in WORKERS {
+        procs.spawn(w)?;
+    }
+    let grpc = connect(&cfg.grpc_url).await?;
+
+    let audiences = [
+        Audience {
+            label: "chaos-a",
+            type_key: "chaos_small",
+            channels: &["line", "email", "inapp"],
+            topic: "chaos.small",
+            users: 2_000,
+            with_email: true,
+        },
+        Audience {
+            label: "chaos-b",
+            type_key: "chaos_large",
+            channels: &["line", "inapp"],
+            topic: "chaos.large",
+            users: 20_000,
+            with_email: false,
+        },
+    ];
+    let mut all_ok = true;
+    for (n, a) in audiences.iter().enumerate() {
+        setup(&pool, &grpc, a).await?;
+        let report = chaos_run(cfg, &pool, &mut procs, a, n).await;
+        let report = match report {
+            Ok(r) => r,
+            Err(e) => {
+                procs.stop_all().await;
+                return Err(e);
+            }
+        };
+        println!("{}", report.line());
+        if report.unexplained_duplicates > 0 {
+            println!(
+                "  {} duplicate(s) not matched by an ambiguous retry",
+                report.unexplained_duplicates
+            );
+        }
+        all_ok &= report.ok();
+    }
+    procs.stop_all().await;
+    Ok(all_ok)
+}
+
+async fn connect(url: &str) -> anyhow::Result<tonic::transport::Channel> {
+    let started = Instant::now();
+    loop {
+        match tonic::transport::Endpoint::from_shared(url.to_string())?
+            .connect()
+            .await
+        {
+            Ok(c) => return Ok(c),
+            Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+async fn chaos_run(
+    cfg: &ChaosConfig,
+    pool: &PgPool,
+    procs: &mut Procs,
+    a: &Audience,
+    run: usize,
+) -> anyhow::Result<RunReport> {
+    let grpc = connect(&cfg.grpc_url).await?;
+    let reply = pb::ingest_service_client::IngestServiceClient::new(grpc)
+        .create_event(pb::CreateEventRequest {
+            event_key: format!("chaos:{}:{}", a.topic, Uuid::new_v4()),
+            r#type: a.type_key.into(),
+            actor_id: "chaos".into(),
+            topic: a.topic.into(),
+            content: Some(pb::Content {
+                title: format!("ทดสอบระบบ รอบที่ {}", run + 1),
+                body: "ข้อความทดสอบความทนทาน".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let event_id: Uuid = reply.event_id.parse()?;
+    println!(
+        "run {}: event {event_id} to {} subscribers of {}",
+        run + 1,
+        a.users,
+        a.topic
+    );
+
+    // The chaos plan: every worker type and ingest killed, two SIGTERM restarts, one
+    // RabbitMQ and one PostgreSQL restart, in random order and at random moments.
+    let mut plan: Vec<&'static str> = vec![
+        "kill:worker-line",
+        "kill:worker-email",
+        "kill:worker-inapp",
+        "kill:worker-push",
+        "kill:ingest",
+        "kill:worker-line",
+        "term:worker-line",
+        "term:worker-inapp",
+        "restart:rabbitmq",
+        "restart:postgres",
+    ];
+    {
+        let mut rng = rand::rng();
+        for i in (1..plan.len()).rev() {
+            let j = rng.random_range(0..=i);
+            plan.swap(i, j);
+        }
+    }
+    let snapshots = std::sync::Arc::new(tokio::sync::Mutex::new(Vec::new()));
+    let stop_watch = tokio_util::sync::CancellationToken::new();
+    let watcher = tokio::spawn(watch_recovery(
+        pool.clone(),
+        snapshots.clone(),
+        stop_watch.clone(),
+    ));
+    for action in plan {
+        let wait = rand::rng().random_range(500..2_500);
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        let (verb, target) = action.split_once(':').unwrap_or((action, ""));
+        let target: &'static str = match target {
+            "worker-line" => "worker-line",
+            "worker-email" => "worker-email",
+            "worker-inapp" => "worker-inapp",
+            "worker-push" => "worker-push",
+            "ingest" => "ingest",
+            "rabbitmq" => "rabbitmq",
+            _ => "postgres",
+        };
+        match verb {
+            "kill" => {
+                if let Some(channel) = channel_of(target)
+                    && let Ok(s) = snapshot(pool, event_id, channel).await
+                {
+                    snapshots.lock().await.push(s);
+                }
+                procs.kill9(target).await?;
+                println!("  kill -9 {target}");
+                tokio::time::sleep(Duration::from_millis(rand::rng().random_range(100..1_000)))
+                    .await;
+                procs.spawn(target)?;
+            }
+            "term" => {
+                let clean = procs.terminate(target).await?;
+                println!(
+                    "  SIGTERM {target}: {}",
+                    if clean {
+                        "exited 0"
+                    } else {
+                        "did NOT exit cleanly"
+                    }
+                );
+                if !clean {
+                    bail!("{target} did not exit 0 within 40 s of SIGTERM");
+                }
+                procs.spawn(target)?;
+            }
+            _ => {
+                stack(cfg, &["stop", target]).await?;
+                println!("  {target} stopped");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                stack(cfg, &["up"]).await?;
+                println!("  {target} started again");
+            }
+        }
+    }
+
+    // Let it settle with every process up.
+    let started = Instant::now();
+    loop {
+        let fanout: Option<String> =
+            sqlx::query_scalar("SELECT fanout_status FROM notification_events WHERE id = $1")
+                .bind(event_id)
+                .fetch_optional(pool)
+                .await
+                .ok()
+                .flatten();
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM notification_deliveries WHERE event_id = $1 AND status IN ('pending', 'sending')",
+        )
+        .bind(event_id)
+        .fetch_one(pool)
+        .await
+        .unwrap_or(-1);
+        if fanout.as_deref() == Some("done") && open == 0 {
+            break;
+        }
+        if started.elapsed() > cfg.settle {
+            println!(
+                "  not settled after {:?}: fan-out {fanout:?}, {open} deliveries open",
+                cfg.settle
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    stop_watch.cancel();
+    let _ = watcher.await;
+    let mut report = check(cfg, pool, event_id).await?;
+    for s in snapshots.lock().await.iter() {
+        // Not recovered by the end: count the whole time.
+        let took = s.recovered_after.unwrap_or_else(|| s.at.elapsed());
+        report.max_recovery_s = report.max_recovery_s.max(took.as_secs_f64());
+    }
+    Ok(report)
+}
+
+async fn check(cfg: &ChaosConfig, pool: &PgPool, event_id: Uuid) -> anyhow::Result<RunReport> {
+    let http = reqwest::Client::new();
+    let rows: Vec<(Uuid, String, String, i32, Option<Uuid>)> = sqlx::query_as(
+        "SELECT id, channel, status, attempts, retry_key FROM notification_deliveries WHERE event_id = $1",
+    )
+    .bind(event_id)
+    .fetch_all(pool)
+    .await?;
+    let recorded: HashMap<Uuid, i64> = sqlx::query_as::<_, (Uuid, i64)>(
+        "SELECT a.delivery_id, count(*) FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
+         WHERE d.event_id = $1 GROUP BY a.delivery_id",
+    )
+    .bind(event_id)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .collect();
+    let inbox: HashSet<Uuid> =
+        sqlx::query_scalar("SELECT delivery_id FROM notifications WHERE event_id = $1")
+            .bind(event_id)
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .collect();
+
+    // LINE: accepted pushes per retry key.
+    let line: Vec<Value> = http
+        .get(format!("{}/_sim/requests?provider=line", cfg.sim_url))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let mut accepted: HashMap<String, i64> = HashMap::new();
+    let mut seen_line: HashSet<String> = HashSet::new();
+    for r in &line {
+        let key = r["headers"]["x-line-retry-key"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        match r["status"].as_u64() {
+            Some(200) => {
+                *accepted.entry(key.clone()).or_default() += 1;
+                seen_line.insert(key);
+            }
+            Some(409) => {
+                seen_line.insert(key);
+            }
+            _ => {}
+        }
+    }
+    // Email: messages per Message-ID.
+    let mails: Vec<Value> = http
+        .get(format!("{}/api/email", cfg.maildev_url))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let mut per_message: HashMap<String, i64> = HashMap::new();
+    for m in &mails {
+        if let Some(id) = m["headers"]["message-id"].as_str() {
+            *per_message
+                .entry(id.trim_matches(['<', '>']).to_string())
+                .or_default() += 1;
+        }
+    }
+
+    let mut r = RunReport {
+        deliveries: rows.len() as i64,
+        ..Default::default()
+    };
+    for (id, channel, status, attempts, retry_key) in &rows {
+        let calls_unrecorded = i64::from(*attempts) > recorded.get(id).copied().unwrap_or(0);
+        if calls_unrecorded {
+            r.ambiguous += 1;
+        }
+        match status.as_str() {
+            "sent" => r.sent += 1,
+            "failed" => r.failed += 1,
+            _ => {
+                r.stuck += 1;
+                r.lost += 1;
+                continue;
+            }
+        }
+        let (seen, copies) = match channel.as_str() {
+            "line" => {
+                let k = retry_key.map(|k| k.to_string()).unwrap_or_default();
+                (
+                    seen_line.contains(&k),
+                    accepted.get(&k).copied().unwrap_or(0),
+                )
+            }
+            "email" => {
+                let n = per_message
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(&id.to_string()))
+                    .map(|(_, n)| *n)
+                    .sum();
+                (n > 0, n)
+            }
+            _ => (inbox.contains(id), i64::from(inbox.contains(id))),
+        };
+        if status == "sent" && !seen {
+            r.lost += 1;
+        }
+        if copies > 1 {
+            if channel == "line" {
+                r.duplicates_line += copies - 1;
+            } else {
+                r.duplicates_other += copies - 1;
+            }
+            if !calls_unrecorded {
+                r.unexplained_duplicates += copies - 1;
+            }
+        }
+    }
+    Ok(r)
+}
