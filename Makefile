@@ -7,7 +7,7 @@ SHELL := /bin/bash
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 STACK_DIR := $(or $(NOTIFY_STACK_DIR),$(CURDIR)/.stack)
 
-.PHONY: demo test chaos up down status migrate lint fmt build
+.PHONY: demo test chaos bench up down status migrate lint fmt build
 
 ## demo: start the stack and the services, send one event to every channel, show the outcome
 demo:
@@ -21,6 +21,10 @@ test: up
 ## chaos: broadcasts under kill -9, SIGTERM, RabbitMQ and PostgreSQL restarts; prints chaos: lines
 chaos:
 	deploy/chaos.sh
+
+## bench: release build; broker and Postgres ceilings, ingest, end-to-end and fan-out figures
+bench:
+	deploy/bench.sh
 
 ## up: install what is missing and start PostgreSQL, RabbitMQ, MailDev and provider-sim
 up:

@@ -17,6 +17,7 @@
 //! - max_recovery_s: longest time from a kill until no delivery still held a lease of the
 //!   killed worker (the sweeper returned it to pending).
 
+use crate::procs::Procs;
 use anyhow::{Context, bail};
 use notify_proto::v1 as pb;
 use rand::Rng;
@@ -24,9 +25,8 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use uuid::Uuid;
 
 /// Where the chaos run finds its binaries, services and logs.
@@ -54,75 +54,7 @@ pub struct ChaosConfig {
     pub amqp_prefix: String,
 }
 
-const WORKERS: [&str; 4] = ["worker-line", "worker-email", "worker-inapp", "worker-push"];
-
-struct Procs {
-    cfg: ChaosConfig,
-    children: HashMap<&'static str, Child>,
-}
-
-impl Procs {
-    fn spawn(&mut self, name: &'static str) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.cfg.log_dir.join(format!("chaos-{name}.log")))?;
-        let mut cmd =
-            Command::new(
-                self.cfg
-                    .bin_dir
-                    .join(if name == "ingest" { "ingest" } else { name }),
-            );
-        if name == "ingest" {
-            cmd.arg("serve");
-        }
-        let child = cmd
-            .stdout(Stdio::from(log.try_clone()?))
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {name}"))?;
-        self.children.insert(name, child);
-        Ok(())
-    }
-
-    async fn kill9(&mut self, name: &'static str) -> anyhow::Result<()> {
-        if let Some(mut c) = self.children.remove(name) {
-            c.start_kill()?;
-            c.wait().await?;
-        }
-        Ok(())
-    }
-
-    /// SIGTERM and wait for a clean exit (status 0) within 40 s.
-    async fn terminate(&mut self, name: &'static str) -> anyhow::Result<bool> {
-        let Some(mut c) = self.children.remove(name) else {
-            return Ok(true);
-        };
-        if let Some(pid) = c.id() {
-            Command::new("kill")
-                .arg("-TERM")
-                .arg(pid.to_string())
-                .status()
-                .await?;
-        }
-        match tokio::time::timeout(Duration::from_secs(40), c.wait()).await {
-            Ok(status) => Ok(status?.success()),
-            Err(_) => {
-                c.start_kill()?;
-                c.wait().await?;
-                Ok(false)
-            }
-        }
-    }
-
-    async fn stop_all(&mut self) {
-        let names: Vec<&'static str> = self.children.keys().copied().collect();
-        for n in names {
-            let _ = self.terminate(n).await;
-        }
-    }
-}
+use crate::procs::WORKERS;
 
 async fn stack(cfg: &ChaosConfig, args: &[&str]) -> anyhow::Result<()> {
     let out = Command::new(&cfg.stack_script)
@@ -336,7 +268,7 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
         .await?
         .error_for_status()?;
     http.post(format!("{}/_sim/latency", cfg.sim_url))
-        .json(&json!({"provider": "line", "min_ms": 5, "max_ms": 250}))
+        .json(&json!({"provider": "line", "min_ms": 5, "max_ms": 400}))
         .send()
         .await?
         .error_for_status()?;
@@ -345,10 +277,7 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
         .max_connections(4)
         .connect(&cfg.database_url)
         .await?;
-    let mut procs = Procs {
-        cfg: cfg.clone(),
-        children: HashMap::new(),
-    };
+    let mut procs = Procs::new(&cfg.bin_dir, &cfg.log_dir, "chaos");
     procs.spawn("ingest")?;
     for w in WORKERS {
         procs.spawn(w)?;
@@ -487,13 +416,23 @@ async fn chaos_run(
         };
         match verb {
             "kill" => {
-                if let Some(channel) = channel_of(target)
-                    && let Ok(s) = snapshot(pool, event_id, channel).await
-                {
-                    snapshots.lock().await.push(s);
+                let mut in_flight = 0;
+                if let Some(channel) = channel_of(target) {
+                    // Kill during provider calls: wait (up to 5 s) until the worker holds some.
+                    let until = Instant::now() + Duration::from_secs(5);
+                    loop {
+                        if let Ok(s) = snapshot(pool, event_id, channel).await
+                            && (!s.ids.is_empty() || Instant::now() > until)
+                        {
+                            in_flight = s.ids.len();
+                            snapshots.lock().await.push(s);
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
                 }
                 procs.kill9(target).await?;
-                println!("  kill -9 {target}");
+                println!("  kill -9 {target} ({in_flight} deliveries in flight)");
                 tokio::time::sleep(Duration::from_millis(rand::rng().random_range(100..1_000)))
                     .await;
                 procs.spawn(target)?;

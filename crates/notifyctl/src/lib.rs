@@ -2,5 +2,7 @@
 //! `make demo`, see [`demo`]) and `chaos` (the crash and outage test of `make chaos`,
 //! see [`chaos`]).
 
+pub mod bench;
 pub mod chaos;
 pub mod demo;
+pub mod procs;

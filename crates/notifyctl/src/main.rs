@@ -70,8 +70,39 @@ async fn main() -> ExitCode {
                 }
             }
         }
+        Some("bench") => {
+            let mut env = notify_telemetry::Env::new();
+            let cfg = notifyctl::bench::BenchConfig {
+                bin_dir: env.required("NOTIFY_BIN_DIR").into(),
+                log_dir: env.required("NOTIFY_LOG_DIR").into(),
+                database_url: env.required("NOTIFY_DATABASE_URL"),
+                amqp_url: env.required("NOTIFY_AMQP_URL"),
+                grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
+                sim_url: env.required("NOTIFY_SIM_URL"),
+                phase: env.parse_with(
+                    "NOTIFY_BENCH_PHASE",
+                    std::time::Duration::from_secs(30),
+                    |s| {
+                        s.trim_end_matches('s')
+                            .parse()
+                            .map(std::time::Duration::from_secs)
+                            .map_err(|e| format!("{e}"))
+                    },
+                ),
+            };
+            if let Err(problems) = env.finish() {
+                notify_telemetry::exit_bad_config("notifyctl", &problems);
+            }
+            match notifyctl::bench::run(&cfg).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("bench failed: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         _ => {
-            eprintln!("usage: notifyctl demo | notifyctl chaos");
+            eprintln!("usage: notifyctl demo | notifyctl chaos | notifyctl bench");
             ExitCode::from(64)
         }
     }

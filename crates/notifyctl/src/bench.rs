@@ -1,0 +1,528 @@
+//! `notifyctl bench`: throughput and latency of the platform, measured against the two
+//! ceilings of this machine (RabbitMQ and PostgreSQL) in the same run.
+//!
+//! Prints, in order: the broker ceiling, the Postgres ceiling for the ingest transaction,
+//! ingest `CreateEvent` rate and latency at 32 and 128 clients, end-to-end deliveries per
+//! second, event-to-provider latency at a steady 500 events/s, the 100,000-recipient
+//! fan-out time, peak memory per process, and the ratios to the ceilings.
+
+use crate::procs::{Procs, WORKERS, peak_rss_kib};
+use anyhow::Context;
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use notify_proto::v1 as pb;
+use serde_json::Value;
+use sqlx::PgPool;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+/// Where the benchmark finds its binaries and services.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Folder with `ingest` and the workers (release build).
+    pub bin_dir: PathBuf,
+    /// Folder for the processes' logs.
+    pub log_dir: PathBuf,
+    /// Database of the run (migrated, empty).
+    pub database_url: String,
+    /// AMQP URL.
+    pub amqp_url: String,
+    /// gRPC URL of the ingest this tool starts.
+    pub grpc_url: String,
+    /// provider-sim base URL.
+    pub sim_url: String,
+    /// Length of each sustained-load phase.
+    pub phase: Duration,
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Persistent 256-byte messages, publisher confirms in windows of 500, consumer with
+/// prefetch 200 and manual acks, on one quorum queue: messages per second end to end.
+async fn broker_ceiling(amqp_url: &str, n: u64) -> anyhow::Result<f64> {
+    let conn = notify_broker::connect(amqp_url, "bench-ceiling").await?;
+    let ch = conn.create_channel().await?;
+    let queue = format!("bench.ceiling.{}", Uuid::new_v4().simple());
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    ch.queue_declare(
+        queue.clone().into(),
+        QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        args,
+    )
+    .await?;
+    let pub_ch = conn.create_channel().await?;
+    pub_ch.confirm_select(Default::default()).await?;
+    let cons_ch = notify_broker::consumer_channel(&conn, 200).await?;
+    let mut consumer = cons_ch
+        .basic_consume(
+            queue.clone().into(),
+            "bench".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let started = Instant::now();
+    let consume = tokio::spawn(async move {
+        let mut got = 0u64;
+        while got < n {
+            let Some(Ok(d)) = consumer.next().await else {
+                break;
+            };
+            d.ack(BasicAckOptions::default()).await.ok();
+            got += 1;
+        }
+        got
+    });
+    let body = vec![b'x'; 256];
+    let mut sent = 0u64;
+    while sent < n {
+        let window = 500.min(n - sent);
+        let mut confirms = Vec::with_capacity(window as usize);
+        for _ in 0..window {
+            confirms.push(
+                pub_ch
+                    .basic_publish(
+                        "".into(),
+                        queue.clone().into(),
+                        BasicPublishOptions::default(),
+                        &body,
+                        lapin::BasicProperties::default().with_delivery_mode(2),
+                    )
+                    .await?,
+            );
+        }
+        for c in confirms {
+            c.await?;
+        }
+        sent += window;
+    }
+    let got = consume.await?;
+    let rate = got as f64 / started.elapsed().as_secs_f64();
+    ch.queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await?;
+    Ok(rate)
+}
+
+/// The ingest transaction (one event, three deliveries, three outbox rows) from one
+/// client, for `secs`: transactions per second.
+async fn postgres_ceiling(pool: &PgPool, for_: Duration) -> anyhow::Result<f64> {
+    sqlx::query("INSERT INTO notification_types (key, default_channels) VALUES ('bench_pg', '{inapp}') ON CONFLICT DO NOTHING")
+        .execute(pool)
+        .await?;
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed() < for_ {
+        let mut tx = pool.begin().await?;
+        let event = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO notification_events (id, event_key, type, recipients, payload_json, content_json, channels, fingerprint)
+             VALUES ($1, $2, 'bench_pg', '{u1}', '{}', '{}', '{inapp,email,line}', '\\x00')",
+        )
+        .bind(event)
+        .bind(event.to_string())
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "WITH d AS (INSERT INTO notification_deliveries (id, event_id, user_id, channel, provider, idempotency_key)
+                        SELECT gen_random_uuid(), $1, 'u1', c, 'x', $1 || '/' || c FROM UNNEST('{inapp,email,line}'::text[]) AS c
+                        RETURNING id, channel)
+             INSERT INTO outbox (delivery_id, channel, available_at) SELECT id, channel, now() + interval '1 day' FROM d",
+        )
+        .bind(event)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        n += 1;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// `clients` concurrent callers sending one-recipient, three-channel events for `for_`.
+async fn ingest_load(
+    grpc: &tonic::transport::Channel,
+    clients: usize,
+    for_: Duration,
+    tag: &str,
+) -> anyhow::Result<(f64, Duration, Duration, u64)> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let mut client = pb::ingest_service_client::IngestServiceClient::new(grpc.clone());
+        let (stop, errors, tag) = (stop.clone(), errors.clone(), tag.to_string());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let req = pb::CreateEventRequest {
+                    event_key: format!("bench:{tag}:{c}:{i}"),
+                    r#type: "bench_ingest".into(),
+                    recipients: vec![format!("bench-user-{}", i % 1000)],
+                    content: Some(pb::Content {
+                        title: "ทดสอบ".into(),
+                        body: "bench".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                };
+                let t = Instant::now();
+                match client.create_event(req).await {
+                    Ok(_) => lat.push(t.elapsed()),
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                i += 1;
+            }
+            lat
+        }));
+    }
+    tokio::time::sleep(for_).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await?);
+    }
+    let elapsed = started.elapsed();
+    all.sort();
+    Ok((
+        all.len() as f64 / elapsed.as_secs_f64(),
+        pct(&all, 0.5),
+        pct(&all, 0.99),
+        errors.load(Ordering::Relaxed),
+    ))
+}
+
+async fn sim_requests(http: &reqwest::Client, sim: &str) -> anyhow::Result<Vec<Value>> {
+    Ok(http
+        .get(format!("{sim}/_sim/requests?provider=line"))
+        .send()
+        .await?
+        .json()
+        .await?)
+}
+
+async fn open_deliveries(pool: &PgPool, type_key: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM notification_deliveries d JOIN notification_events e ON e.id = d.event_id
+         WHERE e.type = $1 AND d.status IN ('pending', 'sending')",
+    )
+    .bind(type_key)
+    .fetch_one(pool)
+    .await?)
+}
+
+async fn grpc(url: &str) -> anyhow::Result<tonic::transport::Channel> {
+    let started = Instant::now();
+    loop {
+        match tonic::transport::Endpoint::from_shared(url.to_string())?
+            .connect()
+            .await
+        {
+            Ok(c) => return Ok(c),
+            Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Runs every measurement and prints the figures.
+pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    http.delete(format!("{}/_sim/requests", cfg.sim_url))
+        .send()
+        .await?;
+    http.delete(format!("{}/_sim/faults", cfg.sim_url))
+        .send()
+        .await?;
+    http.delete(format!("{}/_sim/latency", cfg.sim_url))
+        .send()
+        .await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&cfg.database_url)
+        .await?;
+
+    println!(
+        "bench: phases of {:?}; release build; 2 cores shared by everything",
+        cfg.phase
+    );
+    let broker = broker_ceiling(&cfg.amqp_url, 50_000)
+        .await
+        .context("broker ceiling")?;
+    println!(
+        "broker ceiling: {broker:.0} msg/s (persistent 256 B, confirms window 500, prefetch 200, manual acks, quorum queue)"
+    );
+    let pg = postgres_ceiling(&pool, Duration::from_secs(10))
+        .await
+        .context("postgres ceiling")?;
+    println!("postgres ceiling: {pg:.0} tx/s (1 event + 3 deliveries + 3 outbox rows, one client)");
+
+    let mut procs = Procs::new(&cfg.bin_dir, &cfg.log_dir, "bench");
+    procs.spawn("ingest")?;
+    let channel = grpc(&cfg.grpc_url).await?;
+    let mut types = pb::type_service_client::TypeServiceClient::new(channel.clone());
+    for (key, channels) in [
+        ("bench_ingest", vec!["inapp", "email", "line"]),
+        ("bench_e2e", vec!["inapp", "line"]),
+        ("bench_fanout", vec!["inapp"]),
+    ] {
+        types
+            .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+                key: key.into(),
+                priority: "normal".into(),
+                default_channels: channels.into_iter().map(String::from).collect(),
+                critical: false,
+            })
+            .await?;
+    }
+    // Recipients with an email address and a LINE id.
+    let users: Vec<String> = (0..1000).map(|i| format!("bench-user-{i}")).collect();
+    let emails: Vec<String> = users.iter().map(|u| format!("{u}@example.test")).collect();
+    let lines: Vec<String> = (0..1000)
+        .map(|i| format!("U{:032x}", 0xbe00_0000u64 + i))
+        .collect();
+    sqlx::query(
+        "INSERT INTO recipients (user_id, email, line_user_id) SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[])
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(&users)
+    .bind(&emails)
+    .bind(&lines)
+    .execute(&pool)
+    .await?;
+
+    let mut ingest_rate = 0.0;
+    for clients in [32, 128] {
+        let (rate, p50, p99, errors) =
+            ingest_load(&channel, clients, cfg.phase, &format!("c{clients}")).await?;
+        if clients == 32 {
+            ingest_rate = rate;
+        }
+        println!(
+            "ingest: {rate:.0} events/s at {clients} clients (1 recipient x 3 channels), p50 {:.1} ms, p99 {:.1} ms, errors {errors}",
+            ms(p50),
+            ms(p99)
+        );
+    }
+    // Clear what the load phases queued (no workers ran) before the end-to-end phase.
+    sqlx::query("DELETE FROM outbox").execute(&pool).await?;
+    sqlx::query("UPDATE notification_deliveries SET status = 'canceled' WHERE status = 'pending'")
+        .execute(&pool)
+        .await?;
+    procs.terminate("ingest").await?;
+    if let Ok(conn) = notify_broker::connect(&cfg.amqp_url, "bench-purge").await {
+        let ch = conn.create_channel().await?;
+        let topo =
+            notify_broker::Topology::new(std::env::var("NOTIFY_AMQP_PREFIX").unwrap_or_default());
+        for c in ["inapp", "email", "line", "push"] {
+            let _ = ch
+                .queue_purge(topo.queue(c).into(), Default::default())
+                .await;
+        }
+    }
+    procs.spawn("ingest")?;
+    for w in WORKERS {
+        procs.spawn(w)?;
+    }
+    let channel = grpc(&cfg.grpc_url).await?;
+
+    // End to end: a burst of events, until every delivery is final.
+    let events = 5_000usize;
+    let started = Instant::now();
+    let mut sends = Vec::new();
+    for w in 0..32 {
+        let mut client = pb::ingest_service_client::IngestServiceClient::new(channel.clone());
+        sends.push(tokio::spawn(async move {
+            for i in (w..events).step_by(32) {
+                let _ = client
+                    .create_event(pb::CreateEventRequest {
+                        event_key: format!("bench:e2e:{i}"),
+                        r#type: "bench_e2e".into(),
+                        recipients: vec![format!("bench-user-{}", i % 1000)],
+                        content: Some(pb::Content {
+                            title: "e2e".into(),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    })
+                    .await;
+            }
+        }));
+    }
+    for s in sends {
+        s.await?;
+    }
+    while open_deliveries(&pool, "bench_e2e").await? > 0 {
+        if started.elapsed() > Duration::from_secs(300) {
+            anyhow::bail!("end-to-end phase did not finish in 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let e2e = (events * 2) as f64 / started.elapsed().as_secs_f64();
+    println!(
+        "end to end: {e2e:.0} deliveries/s ({} events x in-app + LINE, zero-latency simulator, one replica per worker)",
+        events
+    );
+
+    // Latency at a steady 500 events/s (LINE only: the simulator stamps arrival).
+    http.delete(format!("{}/_sim/requests", cfg.sim_url))
+        .send()
+        .await?;
+    let client = pb::ingest_service_client::IngestServiceClient::new(channel.clone());
+    let mut sent_at = std::collections::HashMap::new();
+    let total = (500.0 * cfg.phase.as_secs_f64().min(10.0)) as usize;
+    let tick = Duration::from_micros(2_000);
+    let mut next = tokio::time::Instant::now();
+    let mut inflight = Vec::new();
+    for i in 0..total {
+        next += tick;
+        tokio::time::sleep_until(next).await;
+        let key = format!("bench:lat:{i}");
+        sent_at.insert(key.clone(), chrono::Utc::now());
+        let mut c = client.clone();
+        let user = format!("bench-user-{}", i % 1000);
+        inflight.push(tokio::spawn(async move {
+            c.create_event(pb::CreateEventRequest {
+                event_key: key.clone(),
+                r#type: "bench_e2e".into(),
+                recipients: vec![user],
+                channels: vec!["line".into()],
+                content: Some(pb::Content {
+                    title: key,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_inner().event_id)
+        }));
+    }
+    for t in inflight {
+        let _ = t.await?;
+    }
+    while open_deliveries(&pool, "bench_e2e").await? > 0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let recs = sim_requests(&http, &cfg.sim_url).await?;
+    let mut lat: Vec<Duration> = recs
+        .iter()
+        .filter_map(|r| {
+            let key = r["body"]["messages"][0]["text"].as_str()?.lines().next()?;
+            let sent = sent_at.get(key)?;
+            let got = chrono::DateTime::parse_from_rfc3339(r["received_at"].as_str()?).ok()?;
+            (got.with_timezone(&chrono::Utc) - *sent).to_std().ok()
+        })
+        .collect();
+    lat.sort();
+    println!(
+        "event to provider at 500 events/s: p50 {:.1} ms, p99 {:.1} ms ({} events)",
+        ms(pct(&lat, 0.5)),
+        ms(pct(&lat, 0.99)),
+        lat.len()
+    );
+
+    // Fan-out: time to write every delivery of a 100,000-subscriber topic event.
+    let subs: Vec<String> = (0..100_000).map(|i| format!("fan-{i:06}")).collect();
+    sqlx::query("INSERT INTO topics (key) VALUES ('bench.fanout') ON CONFLICT DO NOTHING")
+        .execute(&pool)
+        .await?;
+    sqlx::query("INSERT INTO topic_subscriptions (topic, user_id) SELECT 'bench.fanout', u FROM UNNEST($1::text[]) AS u ON CONFLICT DO NOTHING")
+        .bind(&subs)
+        .execute(&pool)
+        .await?;
+    let inapp_peak = procs.pid("worker-inapp").and_then(peak_rss_kib);
+    procs.terminate("worker-inapp").await?; // measure the fan-out alone
+    let started = Instant::now();
+    let reply = pb::ingest_service_client::IngestServiceClient::new(channel.clone())
+        .create_event(pb::CreateEventRequest {
+            event_key: "bench:fanout".into(),
+            r#type: "bench_fanout".into(),
+            topic: "bench.fanout".into(),
+            content: Some(pb::Content {
+                title: "fan-out".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let reply_ms = ms(started.elapsed());
+    loop {
+        let status: String =
+            sqlx::query_scalar("SELECT fanout_status FROM notification_events WHERE id = $1::uuid")
+                .bind(&reply.event_id)
+                .fetch_one(&pool)
+                .await?;
+        if status == "done" {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            anyhow::bail!("fan-out did not finish in 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!(
+        "fan-out: 100,000 deliveries written in {:.1} s (CreateEvent replied in {reply_ms:.0} ms)",
+        started.elapsed().as_secs_f64()
+    );
+
+    for name in [
+        "ingest",
+        "worker-line",
+        "worker-email",
+        "worker-push",
+        "worker-inapp",
+    ] {
+        let kib = if name == "worker-inapp" {
+            inapp_peak
+        } else {
+            procs.pid(name).and_then(peak_rss_kib)
+        };
+        if let Some(kib) = kib {
+            println!("peak memory {name}: {:.1} MiB", kib as f64 / 1024.0);
+        }
+    }
+    println!(
+        "ratios: ingest {:.0}% of the postgres ceiling; end to end {:.0}% of the broker ceiling",
+        100.0 * ingest_rate / pg,
+        100.0 * e2e / broker
+    );
+    procs.stop_all().await;
+    if let Ok(conn) = notify_broker::connect(&cfg.amqp_url, "bench-cleanup").await
+        && let Ok(ch) = conn.create_channel().await
+    {
+        let prefix = std::env::var("NOTIFY_AMQP_PREFIX").unwrap_or_default();
+        let _ = notify_broker::Topology::new(prefix)
+            .delete(&ch, &["inapp", "email", "line", "push"])
+            .await;
+    }
+    Ok(())
+}

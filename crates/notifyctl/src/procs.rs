@@ -1,0 +1,106 @@
+//! Child processes of the platform (ingest and the workers) started, killed and stopped
+//! by pid, with their output appended to log files. Used by `chaos` and `bench`.
+
+use anyhow::Context;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+
+/// The four worker binaries.
+pub const WORKERS: [&str; 4] = ["worker-line", "worker-email", "worker-inapp", "worker-push"];
+
+/// Running platform processes, by binary name.
+pub struct Procs {
+    bin_dir: PathBuf,
+    log_dir: PathBuf,
+    log_prefix: String,
+    children: HashMap<&'static str, Child>,
+}
+
+impl Procs {
+    /// Processes from `bin_dir`, logging to `log_dir/<prefix>-<name>.log`. They inherit this
+    /// process's environment.
+    pub fn new(bin_dir: &Path, log_dir: &Path, log_prefix: &str) -> Self {
+        Self {
+            bin_dir: bin_dir.to_path_buf(),
+            log_dir: log_dir.to_path_buf(),
+            log_prefix: log_prefix.to_string(),
+            children: HashMap::new(),
+        }
+    }
+
+    /// Starts `name` (`ingest` runs `ingest serve`).
+    pub fn spawn(&mut self, name: &'static str) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_dir.join(format!("{}-{name}.log", self.log_prefix)))?;
+        let mut cmd = Command::new(self.bin_dir.join(name));
+        if name == "ingest" {
+            cmd.arg("serve");
+        }
+        let child = cmd
+            .stdout(Stdio::from(log.try_clone()?))
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        self.children.insert(name, child);
+        Ok(())
+    }
+
+    /// The pid of a running process.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.children.get(name).and_then(|c| c.id())
+    }
+
+    /// SIGKILL and reap.
+    pub async fn kill9(&mut self, name: &'static str) -> anyhow::Result<()> {
+        if let Some(mut c) = self.children.remove(name) {
+            c.start_kill()?;
+            c.wait().await?;
+        }
+        Ok(())
+    }
+
+    /// SIGTERM and wait for the exit; true when it exited 0 within 40 s.
+    pub async fn terminate(&mut self, name: &'static str) -> anyhow::Result<bool> {
+        let Some(mut c) = self.children.remove(name) else {
+            return Ok(true);
+        };
+        if let Some(pid) = c.id() {
+            Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status()
+                .await?;
+        }
+        match tokio::time::timeout(Duration::from_secs(40), c.wait()).await {
+            Ok(status) => Ok(status?.success()),
+            Err(_) => {
+                c.start_kill()?;
+                c.wait().await?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Stops every process with SIGTERM.
+    pub async fn stop_all(&mut self) {
+        let names: Vec<&'static str> = self.children.keys().copied().collect();
+        for n in names {
+            let _ = self.terminate(n).await;
+        }
+    }
+}
+
+/// Peak resident memory (VmHWM) of a process, in KiB, from /proc.
+pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
