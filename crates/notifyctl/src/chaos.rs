@@ -421,14 +421,15 @@ async fn chaos_run(
                     // Kill during provider calls: wait (up to 5 s) until the worker holds some.
                     let until = Instant::now() + Duration::from_secs(5);
                     loop {
-                        if let Ok(s) = snapshot(pool, event_id, channel).await
-                            && (!s.ids.is_empty() || Instant::now() > until)
-                        {
-                            in_flight = s.ids.len();
-                            snapshots.lock().await.push(s);
-                            break;
+                        match snapshot(pool, event_id, channel).await {
+                            Ok(s) if !s.ids.is_empty() || Instant::now() > until => {
+                                in_flight = s.ids.len();
+                                snapshots.lock().await.push(s);
+                                break;
+                            }
+                            Err(_) if Instant::now() > until => break,
+                            _ => tokio::time::sleep(Duration::from_millis(50)).await,
                         }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }
                 procs.kill9(target).await?;
