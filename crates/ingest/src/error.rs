@@ -56,11 +56,23 @@ impl From<ApiError> for Status {
                 );
                 Status::with_error_details(Code::InvalidArgument, summary, details)
             }
-            ApiError::NotFound { kind, name } => Status::with_error_details(
-                Code::NotFound,
-                format!("{kind} {name:?} not found"),
-                ErrorDetails::with_resource_info(kind, name, "", "does not exist"),
-            ),
+            ApiError::NotFound { kind, name } => {
+                // Never echo unbounded input into trailers.
+                let name = if name.len() > 100 {
+                    let mut end = 100;
+                    while !name.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    format!("{}...", &name[..end])
+                } else {
+                    name
+                };
+                Status::with_error_details(
+                    Code::NotFound,
+                    format!("{kind} {name:?} not found"),
+                    ErrorDetails::with_resource_info(kind, name, "", "does not exist"),
+                )
+            }
             ApiError::EventKeyConflict {
                 event_key,
                 event_id,

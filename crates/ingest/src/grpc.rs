@@ -288,7 +288,11 @@ impl Services {
                 Uuid::parse_str(&id).map_err(|_| ApiError::field("event_id", "must be a UUID"))?,
             ),
             Some(pb::get_event_request::Selector::EventKey(k)) if !k.trim().is_empty() => {
-                EventSelector::Key(normalize_event_key(&k))
+                let key = normalize_event_key(&k);
+                let mut v = Violations::default();
+                v.check_id("event_key", &key, notify_core::event::MAX_EVENT_KEY_BYTES);
+                v.into_result(()).map_err(ApiError::Invalid)?;
+                EventSelector::Key(key)
             }
             _ => return Err(ApiError::field("selector", "set event_id or event_key")),
         };
@@ -409,7 +413,12 @@ impl Services {
         v.check_id("user_id", &r.user_id, 255);
         let (token, subscription) = match r.platform.as_str() {
             "fcm" | "apns" => {
-                v.check_id("token", &r.token, 4096);
+                if v.check_id("token", &r.token, 4096) && r.token.chars().any(char::is_whitespace) {
+                    v.add("token", "must not contain whitespace");
+                }
+                if r.web_push.is_some() {
+                    v.add("web_push", "must be empty for platform fcm and apns");
+                }
                 (r.token.clone(), None)
             }
             "webpush" => match &r.web_push {
@@ -418,20 +427,31 @@ impl Services {
                     (String::new(), None)
                 }
                 Some(s) => {
+                    if !r.token.is_empty() {
+                        v.add(
+                            "token",
+                            "must be empty for platform webpush (the endpoint is in web_push)",
+                        );
+                    }
                     if !s.endpoint.starts_with("https://") {
                         v.add("web_push.endpoint", "must be an https:// URL");
                     }
                     v.check_url("web_push.endpoint", &s.endpoint);
-                    let b64url = |x: &str| {
-                        !x.is_empty()
+                    // RFC 8291: p256dh is an uncompressed P-256 point (65 bytes), auth a
+                    // 16-byte secret, both base64url (86-88 and 22-24 characters).
+                    let b64url = |x: &str, lens: std::ops::RangeInclusive<usize>| {
+                        lens.contains(&x.len())
                             && x.chars()
                                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '='))
                     };
-                    if !b64url(&s.p256dh) {
-                        v.add("web_push.p256dh", "must be base64url");
+                    if !b64url(&s.p256dh, 86..=88) {
+                        v.add(
+                            "web_push.p256dh",
+                            "must be a base64url P-256 public key (65 bytes)",
+                        );
                     }
-                    if !b64url(&s.auth) {
-                        v.add("web_push.auth", "must be base64url");
+                    if !b64url(&s.auth, 22..=24) {
+                        v.add("web_push.auth", "must be a base64url 16-byte secret");
                     }
                     (
                         s.endpoint.clone(),
@@ -474,6 +494,9 @@ impl Services {
         let reason = if r.reason.trim().is_empty() {
             "revoked_by_caller".to_string()
         } else {
+            let mut v = Violations::default();
+            v.check_id("reason", &r.reason, 255);
+            v.into_result(()).map_err(ApiError::Invalid)?;
             r.reason
         };
         let revoked = catalog::revoke_endpoint(&self.pool, id, &reason)

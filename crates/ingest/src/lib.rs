@@ -43,14 +43,18 @@ impl IngestConfig {
                 amqp_url: env.url("NOTIFY_AMQP_URL", &["amqp", "amqps"]),
                 topology: Topology::new(env.string("NOTIFY_AMQP_PREFIX", "")),
                 batch: env.number("NOTIFY_RELAY_BATCH", 500, 1, 10_000),
-                poll: env.parse_with("NOTIFY_RELAY_POLL", Duration::from_secs(1), dur),
+                poll: env
+                    .parse_with("NOTIFY_RELAY_POLL", Duration::from_secs(1), dur)
+                    .max(Duration::from_millis(10)),
                 hold: Duration::from_secs(30),
                 confirm_timeout: Duration::from_secs(10),
                 retry_in: Duration::from_secs(5),
             },
             max_attempts: env.number("NOTIFY_MAX_ATTEMPTS", 5, 1, 100),
             request_timeout: env.parse_with("NOTIFY_REQUEST_TIMEOUT", Duration::from_secs(30), dur),
-            sweep_interval: env.parse_with("NOTIFY_SWEEP_INTERVAL", Duration::from_secs(10), dur),
+            sweep_interval: env
+                .parse_with("NOTIFY_SWEEP_INTERVAL", Duration::from_secs(10), dur)
+                .max(Duration::from_secs(1)),
             sweep_batch: 500,
             republish_after: env.parse_with(
                 "NOTIFY_REPUBLISH_AFTER",

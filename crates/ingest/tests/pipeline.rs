@@ -231,6 +231,19 @@ async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
     assert!(again.duplicate);
     assert_eq!(again.event_id, first.event_id);
 
+    // Listing the same recipients in another order is the same request.
+    let mut two = p.event("two:1", "comment_reply", &["u1", "u2"]);
+    let first_two = p
+        .ingest()
+        .create_event(two.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    two.recipients.reverse();
+    let again_two = p.ingest().create_event(two).await.unwrap().into_inner();
+    assert!(again_two.duplicate);
+    assert_eq!(again_two.event_id, first_two.event_id);
+
     let mut other = p.event("caf\u{e9}:1", "comment_reply", &["u1"]);
     other.content.as_mut().unwrap().body = "another text".into();
     let err = p.ingest().create_event(other).await.unwrap_err();
@@ -239,8 +252,8 @@ async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
         err.get_details_resource_info().unwrap().resource_name,
         first.event_id
     );
-    assert_eq!(p.count("notification_events").await, 1);
-    assert_eq!(p.count("notification_deliveries").await, 1);
+    assert_eq!(p.count("notification_events").await, 2);
+    assert_eq!(p.count("notification_deliveries").await, 3);
     p.stop().await;
 }
 
@@ -287,6 +300,18 @@ async fn bad_input_names_the_field_and_writes_nothing() {
     let mut r = base();
     r.content.as_mut().unwrap().url = "javascript:alert(1)".into();
     cases.push(("script url", r, "content.url"));
+    let mut r = base();
+    r.payload = r#"{"note":"a\u0000b"}"#.into();
+    cases.push(("NUL in the payload", r, "payload"));
+    let mut r = base();
+    r.content.as_mut().unwrap().body = "a\0b".into();
+    cases.push(("NUL in the body", r, "content.body"));
+    let mut r = base();
+    r.r#type = "t".repeat(9_000);
+    cases.push(("9,000-character type", r, "type"));
+    let mut r = base();
+    r.recipients = vec!["\u{200b}".into()];
+    cases.push(("invisible recipient id", r, "recipients[0]"));
 
     for (name, req, field) in cases {
         let err = p.ingest().create_event(req).await.expect_err(name);
@@ -310,6 +335,21 @@ async fn bad_input_names_the_field_and_writes_nothing() {
     for table in ["notification_events", "notification_deliveries", "outbox"] {
         assert_eq!(p.count(table).await, 0, "{table} must stay empty");
     }
+    let err = p
+        .ingest()
+        .get_event(pb::GetEventRequest {
+            selector: Some(pb::get_event_request::Selector::EventKey(
+                "k".repeat(100_000),
+            )),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Code::InvalidArgument,
+        "an over-long key is bad input, not a lookup"
+    );
 
     // The other services validate too.
     let err = p
@@ -793,5 +833,50 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
         "exactly one more push once the route is back"
     );
     assert_eq!(p.count("outbox").await, 0);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_fcm_access_token_is_replaced_and_the_push_retried() {
+    let p = Platform::start().await;
+    p.add_type("order_paid", &["push"]).await;
+    let u = uniq("u");
+    p.add_recipient(&u, "", "", "").await;
+    p.add_device(&u, &format!("fcm-tok-{u}")).await;
+    let first = p
+        .ingest()
+        .create_event(p.event("t1", "order_paid", &[&u]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        p.wait_final(&first.event_id, 30).await.deliveries[0].status,
+        "sent"
+    );
+    // The access token stops working (key rotated, token revoked).
+    let r = p
+        .http
+        .delete(format!("{}/_sim/tokens", p.sim_url))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let second = p
+        .ingest()
+        .create_event(p.event("t2", "order_paid", &[&u]))
+        .await
+        .unwrap()
+        .into_inner();
+    let d = p.wait_final(&second.event_id, 30).await.deliveries[0].clone();
+    assert_eq!(
+        (d.status.as_str(), d.attempts),
+        ("sent", 2),
+        "401, then a fresh token and success"
+    );
+    assert_eq!(
+        p.sim_requests("oauth").await.len(),
+        2,
+        "one new token fetched"
+    );
     p.stop().await;
 }

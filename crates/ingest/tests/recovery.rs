@@ -247,3 +247,191 @@ async fn a_message_lost_after_the_confirm_is_republished_from_postgres() {
     assert_eq!(p.sim_requests("line").await.len(), 1);
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_claimed_by_a_relay_that_died_before_the_confirm_are_published_again() {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Line],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let u = uniq("u");
+    let lid = line_id();
+    p.add_recipient(&u, "", "", &lid).await;
+    // Write an event the way ingest does, but leave its outbox row as a relay leaves it
+    // when it claimed the row and died before the confirm: hidden for the 2 s hold.
+    let event = notify_core::NewEvent::parse(notify_core::event::CreateEventInput {
+        event_key: "relay-died".into(),
+        type_key: "order_paid".into(),
+        recipients: vec![u.clone()],
+        content: notify_core::Content {
+            title: "t".into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    let event_id = uuid::Uuid::new_v4();
+    let mut tx = p.pool.begin().await.unwrap();
+    assert!(
+        notify_store::events::insert_event_or_get_existing(
+            &mut tx,
+            event_id,
+            &event,
+            &[Channel::Line]
+        )
+        .await
+        .unwrap()
+        .is_none()
+    );
+    let facts =
+        notify_store::catalog::load_recipient_facts(&mut tx, "order_paid", &event.recipients)
+            .await
+            .unwrap();
+    let (planned, _) = notify_core::plan::plan(event_id, false, &[Channel::Line], &facts);
+    notify_store::events::insert_deliveries(
+        &mut tx,
+        event_id,
+        &ingest::grpc::new_deliveries(planned, 5),
+    )
+    .await
+    .unwrap();
+    sqlx::query("UPDATE outbox SET available_at = now() + interval '2 seconds'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        p.sim_requests("line").await.is_empty(),
+        "nothing is published while the dead relay's hold lasts"
+    );
+    let done = p.wait_final(&event_id.to_string(), 30).await;
+    assert_eq!(done.deliveries[0].status, "sent");
+    assert_eq!(
+        p.sim_requests("line").await.len(),
+        1,
+        "published again after the hold and sent once"
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_to_a_missing_exchange_fails_fast_and_the_next_channel_works() {
+    let stack = support::Stack::get();
+    let conn = notify_broker::connect(&stack.amqp_url, "tests-missing-exchange")
+        .await
+        .unwrap();
+    let prefix = format!("t{}.", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let missing = notify_broker::Topology::new(format!("{prefix}missing."));
+    let publisher = notify_broker::Publisher::new(&conn, &missing, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let msg = notify_broker::DeliveryMessage {
+        v: 1,
+        delivery_id: uuid::Uuid::new_v4(),
+        channel: "line".into(),
+    };
+    let started = std::time::Instant::now();
+    let out = publisher.publish_batch(std::slice::from_ref(&msg)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "no hang on the confirm"
+    );
+    assert!(
+        matches!(out[0], notify_broker::PublishOutcome::Unknown(_)),
+        "{out:?}"
+    );
+    assert!(!publisher.is_healthy(), "the broker closed that channel");
+
+    // A new channel to an existing exchange publishes fine.
+    let good = notify_broker::Topology::new(prefix);
+    let ch = conn.create_channel().await.unwrap();
+    good.declare(&ch, &["line"]).await.unwrap();
+    let publisher = notify_broker::Publisher::new(&conn, &good, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(
+        publisher.publish_batch(&[msg]).await,
+        [notify_broker::PublishOutcome::Confirmed]
+    );
+    good.delete(&ch, &["line"]).await.unwrap();
+}
+
+/// F06: a burst of slow provider calls must not hold database connections: a small worker
+/// pool serves 30 concurrent sends, ingest stays fast, and no session sits idle in a
+/// transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_provider_calls_hold_no_database_connection() {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Line],
+        concurrency: 30,
+        worker_pool_size: Some(5),
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    p.add_type("comment_reply", &["inapp"]).await;
+    let users: Vec<String> = (0..60).map(|i| uniq(&format!("u{i}"))).collect();
+    for u in &users {
+        p.add_recipient(u, "", "", &line_id()).await;
+    }
+    p.sim_fault(json!({"provider": "line", "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 1500})).await;
+    let refs: Vec<&str> = users.iter().map(String::as_str).collect();
+    let ev = p
+        .ingest()
+        .create_event(p.event("burst", "order_paid", &refs))
+        .await
+        .unwrap()
+        .into_inner();
+
+    let sampler = {
+        let pool = p.pool.clone();
+        tokio::spawn(async move {
+            let mut worst = 0i64;
+            for _ in 0..25 {
+                let stuck: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+                       AND state = 'idle in transaction' AND now() - state_change > interval '1 second'",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                worst = worst.max(stuck);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            worst
+        })
+    };
+    let mut latencies = Vec::new();
+    for i in 0..30 {
+        let started = std::time::Instant::now();
+        p.ingest()
+            .create_event(p.event(&format!("side-{i}"), "comment_reply", &["x"]))
+            .await
+            .expect("CreateEvent succeeds");
+        latencies.push(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    latencies.sort();
+    assert!(
+        latencies[latencies.len() - 1] < Duration::from_secs(2),
+        "ingest p100 {:?}",
+        latencies.last()
+    );
+    assert_eq!(
+        sampler.await.unwrap(),
+        0,
+        "no session idle in a transaction for more than 1 s"
+    );
+    let done = p.wait_final(&ev.event_id, 60).await;
+    assert!(
+        done.deliveries
+            .iter()
+            .all(|d| d.status == "sent" && d.attempts == 1)
+    );
+    assert_eq!(p.sim_requests("line").await.len(), 60);
+    p.stop().await;
+}

@@ -170,9 +170,13 @@ impl NewEvent {
         v.check_id("event_key", &event_key, MAX_EVENT_KEY_BYTES);
         if input.type_key.trim().is_empty() {
             v.add("type", "is required");
+        } else if !crate::validate::is_type_key(input.type_key.trim()) {
+            v.add("type", "must be a notification type key: 1 to 64 characters of [a-z0-9_.-] starting with a letter");
         }
         if input.actor_id.len() > 255 {
             v.add("actor_id", "must be at most 255 bytes");
+        } else if input.actor_id.chars().any(char::is_control) {
+            v.add("actor_id", "must not contain control characters");
         }
 
         let topic = Some(input.topic.trim().to_string()).filter(|t| !t.is_empty());
@@ -205,10 +209,11 @@ impl NewEvent {
         } else {
             let mut seen = std::collections::HashSet::new();
             for (i, r) in input.recipients.iter().enumerate() {
-                if v.check_id(&format!("recipients[{i}]"), r, MAX_USER_ID_BYTES)
-                    && seen.insert(r.as_str())
+                let r: String = r.nfc().collect();
+                if v.check_id(&format!("recipients[{i}]"), &r, MAX_USER_ID_BYTES)
+                    && seen.insert(r.clone())
                 {
-                    recipients.push(r.clone());
+                    recipients.push(r);
                 }
             }
         }
@@ -223,7 +228,10 @@ impl NewEvent {
             serde_json::Value::Null
         } else {
             match serde_json::from_str::<serde_json::Value>(&input.payload) {
-                Ok(val @ serde_json::Value::Object(_)) => val,
+                Ok(val @ serde_json::Value::Object(_)) => {
+                    v.check_json_text("payload", &val);
+                    val
+                }
                 Ok(_) => {
                     v.add("payload", "must be a JSON object ({...})");
                     serde_json::Value::Null
@@ -245,14 +253,8 @@ impl NewEvent {
         v.check_len("content.email_subject", &c.email_subject, MAX_TITLE_CHARS);
         v.check_len("content.email_html", &c.email_html, MAX_EMAIL_PART_CHARS);
         v.check_len("content.email_text", &c.email_text, MAX_EMAIL_PART_CHARS);
-        for (field, text) in [
-            ("content.title", &c.title),
-            ("content.email_subject", &c.email_subject),
-        ] {
-            if text.contains(['\r', '\n']) {
-                v.add(field, "must be a single line");
-            }
-        }
+        v.check_single_line("content.title", &c.title);
+        v.check_single_line("content.email_subject", &c.email_subject);
 
         let mut channels = Vec::new();
         for (i, name) in input.channels.iter().enumerate() {
@@ -278,14 +280,16 @@ impl NewEvent {
 
     /// SHA-256 over a canonical form of everything the caller sent, so that a replay of the
     /// same `event_key` with other content can be told from an honest retry. Object keys
-    /// are sorted (serde_json's map is ordered), channels sorted; recipient order counts
-    /// only through the distinct list.
+    /// are sorted (serde_json's map is ordered), channels and recipients sorted, so the
+    /// order in which a caller lists them does not matter.
     pub fn fingerprint(&self) -> [u8; 32] {
+        let mut recipients = self.recipients.clone();
+        recipients.sort();
         let canonical = serde_json::json!({
             "event_key": self.event_key,
             "type": self.type_key,
             "actor_id": self.actor_id,
-            "recipients": self.recipients,
+            "recipients": recipients,
             "payload": self.payload,
             "content": self.content,
             "channels": self.channels.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
@@ -405,8 +409,29 @@ mod tests {
     }
 
     #[test]
-    fn fingerprint_ignores_key_order_but_not_content() {
+    fn nul_characters_and_hidden_line_breaks_are_rejected() {
+        let mut i = input();
+        i.payload = r#"{"a":"x\u0000y"}"#.into();
+        i.content.body = "a\0b".into();
+        i.content.title = "a\u{2028}b".into();
+        i.recipients = vec!["e\u{301}".into(), "\u{e9}".into()];
+        let errs = NewEvent::parse(i).unwrap_err();
+        assert_eq!(fields(&errs), ["payload", "content.body", "content.title"]);
+        let mut i = input();
+        i.recipients = vec!["e\u{301}".into(), "\u{e9}".into()];
+        assert_eq!(
+            NewEvent::parse(i).unwrap().recipients,
+            ["\u{e9}"],
+            "recipient ids are NFC-normalised"
+        );
+    }
+
+    #[test]
+    fn fingerprint_ignores_key_and_recipient_order_but_not_content() {
         let a = NewEvent::parse(input()).unwrap();
+        let mut i = input();
+        i.recipients.reverse();
+        assert_eq!(a.fingerprint(), NewEvent::parse(i).unwrap().fingerprint());
         let mut i = input();
         i.payload = r#"{ "total":"450.00", "order_id":123 }"#.into();
         let b = NewEvent::parse(i).unwrap();

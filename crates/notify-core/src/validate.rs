@@ -39,11 +39,15 @@ impl Violations {
         }
     }
 
-    /// Checks an identifier-like text: non-blank, at most `max_bytes` UTF-8 bytes and
-    /// free of control characters. Returns whether it passed.
+    /// Checks an identifier-like text: not blank (whitespace and invisible format
+    /// characters do not count), no leading or trailing whitespace, at most `max_bytes`
+    /// UTF-8 bytes, free of control characters. Returns whether it passed.
     pub fn check_id(&mut self, field: &str, value: &str, max_bytes: usize) -> bool {
-        if value.trim().is_empty() {
+        if value.chars().all(|c| c.is_whitespace() || is_invisible(c)) {
             self.add(field, "is required and must not be blank");
+            false
+        } else if value.trim() != value {
+            self.add(field, "must not start or end with whitespace");
             false
         } else if value.len() > max_bytes {
             self.add(
@@ -62,7 +66,8 @@ impl Violations {
         }
     }
 
-    /// Checks that `value` has at most `max_chars` Unicode scalar values.
+    /// Checks that `value` has at most `max_chars` Unicode scalar values and no NUL
+    /// character (PostgreSQL text cannot hold one).
     pub fn check_len(&mut self, field: &str, value: &str, max_chars: usize) {
         let n = value.chars().count();
         if n > max_chars {
@@ -70,6 +75,32 @@ impl Violations {
                 field,
                 format!("must be at most {max_chars} characters, got {n}"),
             );
+        } else if value.contains('\0') {
+            self.add(field, "must not contain NUL characters");
+        }
+    }
+
+    /// Checks a single-line text: no line or paragraph separators of any kind.
+    pub fn check_single_line(&mut self, field: &str, value: &str) {
+        if value.contains(['\r', '\n', '\u{85}', '\u{2028}', '\u{2029}']) {
+            self.add(field, "must be a single line");
+        }
+    }
+
+    /// Checks that a JSON value has no NUL character in any key or string.
+    pub fn check_json_text(&mut self, field: &str, value: &serde_json::Value) {
+        fn has_nul(v: &serde_json::Value) -> bool {
+            match v {
+                serde_json::Value::String(s) => s.contains('\0'),
+                serde_json::Value::Array(a) => a.iter().any(has_nul),
+                serde_json::Value::Object(o) => {
+                    o.iter().any(|(k, v)| k.contains('\0') || has_nul(v))
+                }
+                _ => false,
+            }
+        }
+        if has_nul(value) {
+            self.add(field, "must not contain NUL characters (\\u0000)");
         }
     }
 
@@ -95,6 +126,11 @@ impl Violations {
             Some(_) => {}
         }
     }
+}
+
+/// Zero-width and byte-order-mark characters that render as nothing.
+fn is_invisible(c: char) -> bool {
+    matches!(c, '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}')
 }
 
 /// Parses an IANA time zone name such as `Asia/Bangkok` (tz database via chrono-tz).
@@ -145,8 +181,10 @@ mod tests {
         assert!(!v.check_id("b", "   ", 255));
         assert!(!v.check_id("c", &"x".repeat(256), 255));
         assert!(!v.check_id("d", "a\u{0}b", 255));
+        assert!(!v.check_id("e", "\u{200b}\u{feff}", 255));
+        assert!(!v.check_id("f", " qa0", 255));
         let fields: Vec<_> = v.0.iter().map(|f| f.field.as_str()).collect();
-        assert_eq!(fields, ["b", "c", "d"]);
+        assert_eq!(fields, ["b", "c", "d", "e", "f"]);
         assert!(v.0[1].description.contains("256"));
     }
 

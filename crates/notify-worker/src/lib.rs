@@ -68,7 +68,8 @@ pub struct WorkerConfig {
 impl WorkerConfig {
     /// Reads `NOTIFY_AMQP_URL` (required), `NOTIFY_AMQP_PREFIX` (""),
     /// `NOTIFY_WORKER_CONCURRENCY` (16), `NOTIFY_LEASE` (60s), `NOTIFY_RETRY_DELAYS`
-    /// (30s,2m,10m,1h,6h), `NOTIFY_MAX_ATTEMPTS` (5), `NOTIFY_SHUTDOWN_GRACE` (30s).
+    /// (30s,2m,10m,1h,6h), `NOTIFY_SHUTDOWN_GRACE` (30s). The attempt budget is the
+    /// delivery's own `max_attempts`, set by ingest.
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
         let durs = |s: &str| notify_core::retry::parse_durations(s).map_err(|e| e.to_string());
@@ -86,7 +87,6 @@ impl WorkerConfig {
         }
         let mut retry = RetryPolicy::default();
         retry.delays = env.parse_with("NOTIFY_RETRY_DELAYS", retry.delays.clone(), durs);
-        retry.max_attempts = env.number("NOTIFY_MAX_ATTEMPTS", retry.max_attempts, 1, 100);
         let shutdown_grace = env.parse_with("NOTIFY_SHUTDOWN_GRACE", Duration::from_secs(30), dur);
         Self {
             amqp_url,

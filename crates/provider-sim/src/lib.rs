@@ -15,6 +15,7 @@
 //! - `GET /_sim/health`; `GET /_sim/requests?provider=line|fcm|oauth` (recorded requests,
 //!   oldest first); `DELETE /_sim/requests`;
 //! - `POST /_sim/faults` with a [`Fault`]; `DELETE /_sim/faults`;
+//! - `DELETE /_sim/tokens`: revokes every FCM access token issued so far;
 //! - `POST /_sim/latency` `{"provider", "min_ms", "max_ms"}`: random latency; `DELETE` clears.
 
 use axum::extract::{Path, Query, State};
@@ -193,6 +194,7 @@ pub fn router(cfg: SimConfig) -> Router {
         .route("/_sim/requests", get(list_requests).delete(clear_requests))
         .route("/_sim/faults", post(add_fault).delete(clear_faults))
         .route("/_sim/latency", post(set_latency).delete(clear_latency))
+        .route("/_sim/tokens", axum::routing::delete(revoke_tokens))
         .route("/v2/bot/message/push", post(line_push))
         .route("/token", post(oauth_token))
         .route("/v1/projects/{project}/messages:send", post(fcm_send))
@@ -256,6 +258,12 @@ async fn set_latency(State(sim): State<Sim>, Json(l): Json<LatencyRequest>) -> S
 
 async fn clear_latency(State(sim): State<Sim>) -> StatusCode {
     sim.inner.lock().expect("sim lock").latency.clear();
+    StatusCode::NO_CONTENT
+}
+
+/// Revokes every FCM access token handed out so far (as a key rotation would).
+async fn revoke_tokens(State(sim): State<Sim>) -> StatusCode {
+    sim.inner.lock().expect("sim lock").access_tokens.clear();
     StatusCode::NO_CONTENT
 }
 

@@ -7,7 +7,8 @@
 //! Answers are sorted per the FCM error-code table: UNREGISTERED (404), SENDER_ID_MISMATCH
 //! (403) and an invalid registration token (400 on `message.token`) deactivate the
 //! endpoint; QUOTA_EXCEEDED (429) waits for Retry-After; UNAVAILABLE / INTERNAL (5xx) retry;
-//! other 400s and 401 fail at once. APNs and Web Push endpoints are not sent yet: their
+//! 401 UNAUTHENTICATED retries with a fresh access token; other 400s and 401
+//! THIRD_PARTY_AUTH_ERROR fail at once. APNs and Web Push endpoints are not sent yet: their
 //! deliveries fail permanently with `provider_not_configured`.
 
 use gcp_auth::{CustomServiceAccount, TokenProvider};
@@ -70,7 +71,9 @@ pub enum PushSetupError {
 /// Sender for push endpoints.
 pub struct PushSender {
     http: reqwest::Client,
-    fcm_auth: CustomServiceAccount,
+    /// Token source; replaced (dropping its cached token) when FCM answers 401.
+    fcm_auth: std::sync::RwLock<std::sync::Arc<CustomServiceAccount>>,
+    fcm_key_file: String,
     fcm_send_url: String,
 }
 
@@ -95,7 +98,8 @@ impl PushSender {
             .build()?;
         Ok(Self {
             http,
-            fcm_auth,
+            fcm_auth: std::sync::RwLock::new(std::sync::Arc::new(fcm_auth)),
+            fcm_key_file: cfg.fcm_service_account_file.clone(),
             fcm_send_url: format!(
                 "{}/v1/projects/{project}/messages:send",
                 cfg.fcm_api_base.trim_end_matches('/')
@@ -121,7 +125,12 @@ impl PushSender {
             }
         });
         let content = json!({"request": body});
-        let access = match self.fcm_auth.token(&[FCM_SCOPE]).await {
+        let auth = self
+            .fcm_auth
+            .read()
+            .map(|a| a.clone())
+            .unwrap_or_else(|e| e.into_inner().clone());
+        let access = match auth.token(&[FCM_SCOPE]).await {
             Ok(t) => t,
             Err(e) => {
                 return AttemptOutcome::failed(ErrorClass::Transient, "fcm_oauth", content)
@@ -138,6 +147,15 @@ impl PushSender {
             Err(e) => return e.into_outcome(content),
         };
         let (status, retry_after, parsed) = (answer.status, answer.retry_after, answer.json());
+        if status == 401 {
+            // The cached access token was revoked or expired early: start over with a fresh
+            // token source, so the retry fetches a new token.
+            if let Ok(fresh) = CustomServiceAccount::from_file(&self.fcm_key_file)
+                && let Ok(mut slot) = self.fcm_auth.write()
+            {
+                *slot = std::sync::Arc::new(fresh);
+            }
+        }
         let out = if status == 200 {
             AttemptOutcome::sent(parsed["name"].as_str().map(str::to_string), content)
         } else {
@@ -179,6 +197,10 @@ pub fn classify_fcm_error(status: u16, body: &Value) -> (ErrorClass, String) {
             (ErrorClass::InvalidEndpoint, "invalid_token".into())
         }
         (429, _) | (_, "QUOTA_EXCEEDED") => (ErrorClass::RateLimited, "fcm_quota_exceeded".into()),
+        // A stale or revoked access token: retried with a fresh one.
+        (401, "UNAUTHENTICATED") | (401, "") => {
+            (ErrorClass::Transient, "fcm_unauthenticated".into())
+        }
         (500..=599, _) | (_, "UNAVAILABLE") | (_, "INTERNAL") => (ErrorClass::Transient, name),
         _ => (ErrorClass::Permanent, name),
     }
@@ -255,6 +277,12 @@ mod tests {
                 "fcm_unavailable",
             ),
             (500, Value::Null, ErrorClass::Transient, "fcm_500"),
+            (
+                401,
+                json!({"error": {"code": 401, "status": "UNAUTHENTICATED"}}),
+                ErrorClass::Transient,
+                "fcm_unauthenticated",
+            ),
             (
                 401,
                 err(401, "UNAUTHENTICATED", fcm("THIRD_PARTY_AUTH_ERROR")),

@@ -73,6 +73,8 @@ pub struct Options {
     pub lease: Duration,
     pub concurrency: u16,
     pub republish_after: Duration,
+    /// Workers get their own pool of this size (else they share the platform's).
+    pub worker_pool_size: Option<u32>,
 }
 
 impl Default for Options {
@@ -83,6 +85,7 @@ impl Default for Options {
             lease: Duration::from_secs(30),
             concurrency: 8,
             republish_after: Duration::from_secs(2),
+            worker_pool_size: None,
         }
     }
 }
@@ -238,7 +241,14 @@ impl Platform {
     /// Starts one channel's worker in-process.
     pub fn start_worker(&mut self, channel: Channel) {
         let cfg = self.worker_config();
-        let pool = self.pool.clone();
+        let pool = match self.opts.worker_pool_size {
+            Some(n) => {
+                let mut c = notify_store::PoolConfig::new(self.db_url.clone());
+                c.max_connections = n;
+                notify_store::connect(&c).expect("worker pool")
+            }
+            None => self.pool.clone(),
+        };
         let s = self.worker_shutdown.clone();
         let task = match channel {
             Channel::InApp => {
