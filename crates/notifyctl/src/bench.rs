@@ -6,7 +6,7 @@
 //! second, event-to-provider latency at a steady 500 events/s, the 100,000-recipient
 //! fan-out time, peak memory per process, and the ratios to the ceilings.
 
-use crate::procs::{Procs, WORKERS, peak_rss_kib};
+use crate::procs::{Procs, WORKERS, connect_grpc, peak_rss_kib};
 use anyhow::Context;
 use futures_util::StreamExt;
 use lapin::options::{
@@ -237,22 +237,6 @@ async fn open_deliveries(pool: &PgPool, type_key: &str) -> anyhow::Result<i64> {
     .await?)
 }
 
-async fn grpc(url: &str) -> anyhow::Result<tonic::transport::Channel> {
-    let started = Instant::now();
-    loop {
-        match tonic::transport::Endpoint::from_shared(url.to_string())?
-            .connect()
-            .await
-        {
-            Ok(c) => return Ok(c),
-            Err(_) if started.elapsed() < Duration::from_secs(30) => {
-                tokio::time::sleep(Duration::from_millis(200)).await
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
 /// Runs every measurement and prints the figures.
 pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
@@ -287,7 +271,7 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
 
     let mut procs = Procs::new(&cfg.bin_dir, &cfg.log_dir, "bench");
     procs.spawn("ingest")?;
-    let channel = grpc(&cfg.grpc_url).await?;
+    let channel = connect_grpc(&cfg.grpc_url).await?;
     let mut types = pb::type_service_client::TypeServiceClient::new(channel.clone());
     for (key, channels) in [
         ("bench_ingest", vec!["inapp", "email", "line"]),
@@ -352,7 +336,7 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     for w in WORKERS {
         procs.spawn(w)?;
     }
-    let channel = grpc(&cfg.grpc_url).await?;
+    let channel = connect_grpc(&cfg.grpc_url).await?;
 
     // End to end: a burst of events, until every delivery is final.
     let events = 5_000usize;

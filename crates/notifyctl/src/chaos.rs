@@ -17,7 +17,7 @@
 //! - max_recovery_s: longest time from a kill until no delivery still held a lease of the
 //!   killed worker (the sweeper returned it to pending).
 
-use crate::procs::Procs;
+use crate::procs::{Procs, connect_grpc};
 use anyhow::{Context, bail};
 use notify_proto::v1 as pb;
 use rand::Rng;
@@ -282,7 +282,7 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
     for w in WORKERS {
         procs.spawn(w)?;
     }
-    let grpc = connect(&cfg.grpc_url).await?;
+    let grpc = connect_grpc(&cfg.grpc_url).await?;
 
     let audiences = [
         Audience {
@@ -326,22 +326,6 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
     Ok(all_ok)
 }
 
-async fn connect(url: &str) -> anyhow::Result<tonic::transport::Channel> {
-    let started = Instant::now();
-    loop {
-        match tonic::transport::Endpoint::from_shared(url.to_string())?
-            .connect()
-            .await
-        {
-            Ok(c) => return Ok(c),
-            Err(_) if started.elapsed() < Duration::from_secs(30) => {
-                tokio::time::sleep(Duration::from_millis(200)).await
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
 async fn chaos_run(
     cfg: &ChaosConfig,
     pool: &PgPool,
@@ -349,7 +333,7 @@ async fn chaos_run(
     a: &Audience,
     run: usize,
 ) -> anyhow::Result<RunReport> {
-    let grpc = connect(&cfg.grpc_url).await?;
+    let grpc = connect_grpc(&cfg.grpc_url).await?;
     let reply = pb::ingest_service_client::IngestServiceClient::new(grpc)
         .create_event(pb::CreateEventRequest {
             event_key: format!("chaos:{}:{}", a.topic, Uuid::new_v4()),

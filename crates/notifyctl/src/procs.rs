@@ -104,3 +104,20 @@ pub fn peak_rss_kib(pid: u32) -> Option<u64> {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
+
+/// Connects to a gRPC server that may still be starting: retries for up to 30 s.
+pub async fn connect_grpc(url: &str) -> anyhow::Result<tonic::transport::Channel> {
+    let started = std::time::Instant::now();
+    loop {
+        match tonic::transport::Endpoint::from_shared(url.to_string())?
+            .connect()
+            .await
+        {
+            Ok(c) => return Ok(c),
+            Err(_) if started.elapsed() < Duration::from_secs(30) => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
