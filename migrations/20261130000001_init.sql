@@ -144,6 +144,8 @@ CREATE TABLE delivery_attempts (
     provider_response text,
     -- What was actually sent (rendered content, as JSON).
     content_json     jsonb,
+    -- Which worker instance made the call (NOTIFY_WORKER_ID, default host-pid).
+    worker_id        text NOT NULL DEFAULT '',
     UNIQUE (delivery_id, attempt)
 );
 

@@ -435,3 +435,50 @@ async fn slow_provider_calls_hold_no_database_connection() {
     assert_eq!(p.sim_requests("line").await.len(), 60);
     p.stop().await;
 }
+
+/// F01: prefetch is bounded by concurrency, so a worker that starts later still gets its
+/// share instead of waiting while the first one hoards the queue; nothing is sent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_worker_shares_a_slow_queue_and_nothing_is_sent_twice() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![],
+        concurrency: 2,
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let users: Vec<String> = (1..=20).map(|i| uniq(&format!("u10{i:02}"))).collect();
+    for u in &users {
+        p.add_recipient(u, "", "", &line_id()).await;
+    }
+    p.sim_fault(json!({"provider": "line", "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 800})).await;
+    let refs: Vec<&str> = users.iter().map(String::as_str).collect();
+    let ev = p
+        .ingest()
+        .create_event(p.event("b01", "order_paid", &refs))
+        .await
+        .unwrap()
+        .into_inner();
+    wait_outbox_empty(&p).await;
+    p.start_worker_named(Channel::Line, "w1");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    p.start_worker_named(Channel::Line, "w2");
+    let done = p.wait_final(&ev.event_id, 60).await;
+    assert!(
+        done.deliveries
+            .iter()
+            .all(|d| d.status == "sent" && d.attempts == 1)
+    );
+    assert_eq!(
+        p.sim_requests("line").await.len(),
+        20,
+        "exactly one push per recipient"
+    );
+    let by_w2: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM delivery_attempts WHERE worker_id = 'w2'")
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    assert!(by_w2 >= 8, "the later worker sent {by_w2} of 20");
+    p.stop().await;
+}

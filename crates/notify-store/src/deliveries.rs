@@ -215,6 +215,8 @@ pub struct AttemptRecord {
     pub content: serde_json::Value,
     /// Endpoint to deactivate with this reason (push token gone).
     pub deactivate_endpoint: Option<(Uuid, String)>,
+    /// The worker instance that made the call.
+    pub worker_id: String,
 }
 
 /// Records an attempt and the delivery's new state in one transaction fenced by the
@@ -260,8 +262,8 @@ pub async fn record_attempt(
     }
     sqlx::query(
         "INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, provider_status,
-             error_code, provider_response, content_json)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+             error_code, provider_response, content_json, worker_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(job.id)
     .bind(job.attempt)
@@ -276,6 +278,7 @@ pub async fn record_attempt(
             .map(|s| truncate_utf8(s, MAX_PROVIDER_RESPONSE_BYTES)),
     )
     .bind(&attempt.content)
+    .bind(&attempt.worker_id)
     .execute(&mut *tx)
     .await?;
     if let Some(ms) = retry_ms {

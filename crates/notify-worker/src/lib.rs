@@ -63,12 +63,14 @@ pub struct WorkerConfig {
     pub retry: RetryPolicy,
     /// How long to wait for in-flight deliveries after shutdown was requested.
     pub shutdown_grace: Duration,
+    /// This instance's name, recorded on every attempt.
+    pub worker_id: String,
 }
 
 impl WorkerConfig {
     /// Reads `NOTIFY_AMQP_URL` (required), `NOTIFY_AMQP_PREFIX` (""),
     /// `NOTIFY_WORKER_CONCURRENCY` (16), `NOTIFY_LEASE` (60s), `NOTIFY_RETRY_DELAYS`
-    /// (30s,2m,10m,1h,6h), `NOTIFY_SHUTDOWN_GRACE` (30s). The attempt budget is the
+    /// (30s,2m,10m,1h,6h), `NOTIFY_SHUTDOWN_GRACE` (30s), `NOTIFY_WORKER_ID` (`$HOSTNAME-pid`). The attempt budget is the
     /// delivery's own `max_attempts`, set by ingest.
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
@@ -88,6 +90,12 @@ impl WorkerConfig {
         let mut retry = RetryPolicy::default();
         retry.delays = env.parse_with("NOTIFY_RETRY_DELAYS", retry.delays.clone(), durs);
         let shutdown_grace = env.parse_with("NOTIFY_SHUTDOWN_GRACE", Duration::from_secs(30), dur);
+        let default_id = format!(
+            "{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()),
+            std::process::id()
+        );
+        let worker_id = env.string("NOTIFY_WORKER_ID", &default_id);
         Self {
             amqp_url,
             topology: Topology::new(prefix),
@@ -95,6 +103,7 @@ impl WorkerConfig {
             lease,
             retry,
             shutdown_grace,
+            worker_id,
         }
     }
 }
@@ -294,7 +303,8 @@ impl<S: ChannelSender> Ctx<S> {
                 Some(ClaimOutcome::Claimed(job)) => job,
             };
             let outcome = self.send_with_heartbeat(&job).await;
-            let (next, record) = decide(&self.cfg.retry, self.sender.retry_horizon(), &job, outcome);
+            let (next, mut record) = decide(&self.cfg.retry, self.sender.retry_horizon(), &job, outcome);
+            record.worker_id = self.cfg.worker_id.clone();
             match &next {
                 NextState::Sent { .. } => info!(attempt = job.attempt, "sent"),
                 NextState::Retry { after, error } => {
@@ -358,6 +368,7 @@ pub fn decide(
         provider_response: outcome.provider_response,
         content: outcome.content,
         deactivate_endpoint: None,
+        worker_id: String::new(),
     };
     let next = match outcome.result {
         AttemptResult::Sent {

@@ -235,12 +235,19 @@ impl Platform {
                 ..RetryPolicy::default()
             },
             shutdown_grace: Duration::from_secs(10),
+            worker_id: "test-worker".into(),
         }
     }
 
     /// Starts one channel's worker in-process.
     pub fn start_worker(&mut self, channel: Channel) {
-        let cfg = self.worker_config();
+        self.start_worker_named(channel, "test-worker");
+    }
+
+    /// Starts one channel's worker in-process, recording `worker_id` on its attempts.
+    pub fn start_worker_named(&mut self, channel: Channel, worker_id: &str) {
+        let mut cfg = self.worker_config();
+        cfg.worker_id = worker_id.into();
         let pool = match self.opts.worker_pool_size {
             Some(n) => {
                 let mut c = notify_store::PoolConfig::new(self.db_url.clone());
