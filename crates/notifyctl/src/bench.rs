@@ -6,7 +6,7 @@
 //! second, event-to-provider latency at a steady 500 events/s, the 100,000-recipient
 //! fan-out time, peak memory per process, and the ratios to the ceilings.
 
-use crate::procs::{Procs, WORKERS, connect_grpc, peak_rss_kib};
+use crate::procs::{Procs, WORKERS, connect_grpc, cpu_jiffies, peak_rss_kib, process_jiffies};
 use anyhow::Context;
 use futures_util::StreamExt;
 use lapin::options::{
@@ -305,8 +305,30 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
 
     let mut ingest_rate = 0.0;
     for clients in [32, 128] {
+        let machine0 = cpu_jiffies();
+        let ingest0 = procs.pid("ingest").and_then(process_jiffies);
         let (rate, p50, p99, errors) =
             ingest_load(&channel, clients, cfg.phase, &format!("c{clients}")).await?;
+        if let (Some((b0, t0)), Some((b1, t1)), Some(i0), Some(i1)) = (
+            machine0,
+            cpu_jiffies(),
+            ingest0,
+            procs.pid("ingest").and_then(process_jiffies),
+        ) {
+            let busy = (b1 - b0) as f64 / (t1 - t0).max(1) as f64;
+            let ingest_share = (i1 - i0) as f64 / (t1 - t0).max(1) as f64;
+            println!(
+                "  cpu during the phase: {:.0}% of all cores busy; ingest {:.0}%, the rest (postgres, rabbitmq, this client) {:.0}%{}",
+                100.0 * busy,
+                100.0 * ingest_share,
+                100.0 * (busy - ingest_share),
+                if busy > 0.9 {
+                    " -> CPU is the resource that ran out"
+                } else {
+                    ""
+                }
+            );
+        }
         if clients == 32 {
             ingest_rate = rate;
         }
