@@ -7,20 +7,9 @@ use notify_proto::v1 as pb;
 use serde_json::json;
 use std::collections::HashSet;
 use std::time::Duration;
-use support::Platform;
+use support::{Platform, line_id, uniq};
 use tonic::Code;
 use tonic_types::StatusExt;
-
-fn uniq(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    )
-}
-
-fn line_id() -> String {
-    format!("U{}", uuid::Uuid::new_v4().simple())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_event_reaches_every_channel_once_and_a_replay_is_a_duplicate() {

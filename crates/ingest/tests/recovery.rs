@@ -5,18 +5,7 @@ mod support;
 use notify_core::Channel;
 use serde_json::json;
 use std::time::Duration;
-use support::{Options, Platform};
-
-fn uniq(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    )
-}
-
-fn line_id() -> String {
-    format!("U{}", uuid::Uuid::new_v4().simple())
-}
+use support::{Options, Platform, line_id, uniq};
 
 async fn wait_outbox_empty(p: &Platform) {
     for _ in 0..200 {

@@ -15,7 +15,6 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use notify_proto::v1 as pb;
-use serde_json::Value;
 use sqlx::PgPool;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -218,15 +217,6 @@ async fn ingest_load(
     ))
 }
 
-async fn sim_requests(http: &reqwest::Client, sim: &str) -> anyhow::Result<Vec<Value>> {
-    Ok(http
-        .get(format!("{sim}/_sim/requests?provider=line"))
-        .send()
-        .await?
-        .json()
-        .await?)
-}
-
 async fn open_deliveries(pool: &PgPool, type_key: &str) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(
         "SELECT count(*) FROM notification_deliveries d JOIN notification_events e ON e.id = d.event_id
@@ -239,16 +229,8 @@ async fn open_deliveries(pool: &PgPool, type_key: &str) -> anyhow::Result<i64> {
 
 /// Runs every measurement and prints the figures.
 pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
-    let http = reqwest::Client::new();
-    http.delete(format!("{}/_sim/requests", cfg.sim_url))
-        .send()
-        .await?;
-    http.delete(format!("{}/_sim/faults", cfg.sim_url))
-        .send()
-        .await?;
-    http.delete(format!("{}/_sim/latency", cfg.sim_url))
-        .send()
-        .await?;
+    let observed = crate::observe::Observer::new(&cfg.sim_url, None);
+    observed.reset().await?;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(8)
         .connect(&cfg.database_url)
@@ -399,9 +381,7 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     );
 
     // Latency at a steady 500 events/s (LINE only: the simulator stamps arrival).
-    http.delete(format!("{}/_sim/requests", cfg.sim_url))
-        .send()
-        .await?;
+    observed.clear_requests().await?;
     let client = pb::ingest_service_client::IngestServiceClient::new(channel.clone());
     let mut sent_at = std::collections::HashMap::new();
     let total = (500.0 * cfg.phase.as_secs_f64().min(10.0)) as usize;
@@ -437,7 +417,7 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     while open_deliveries(&pool, "bench_e2e").await? > 0 {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let recs = sim_requests(&http, &cfg.sim_url).await?;
+    let recs = observed.requests("line").await?;
     let mut lat: Vec<Duration> = recs
         .iter()
         .filter_map(|r| {

@@ -252,26 +252,20 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
             .delete(&ch, &["inapp", "email", "push", "line"])
             .await;
     }
-    let http = reqwest::Client::new();
-    http.delete(format!("{}/api/email/all", cfg.maildev_url))
-        .send()
+    let observed = crate::observe::Observer::new(&cfg.sim_url, Some(&cfg.maildev_url));
+    observed.reset().await?;
+    observed
+        .configure(
+            "faults",
+            &json!({"provider": "line", "status": 503, "body": {"message": "chaos"}, "probability": 0.05}),
+        )
         .await?;
-    http.delete(format!("{}/_sim/requests", cfg.sim_url))
-        .send()
+    observed
+        .configure(
+            "latency",
+            &json!({"provider": "line", "min_ms": 5, "max_ms": 400}),
+        )
         .await?;
-    http.delete(format!("{}/_sim/faults", cfg.sim_url))
-        .send()
-        .await?;
-    http.post(format!("{}/_sim/faults", cfg.sim_url))
-        .json(&json!({"provider": "line", "status": 503, "body": {"message": "chaos"}, "probability": 0.05}))
-        .send()
-        .await?
-        .error_for_status()?;
-    http.post(format!("{}/_sim/latency", cfg.sim_url))
-        .json(&json!({"provider": "line", "min_ms": 5, "max_ms": 400}))
-        .send()
-        .await?
-        .error_for_status()?;
 
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
@@ -488,7 +482,7 @@ async fn chaos_run(
 }
 
 async fn check(cfg: &ChaosConfig, pool: &PgPool, event_id: Uuid) -> anyhow::Result<RunReport> {
-    let http = reqwest::Client::new();
+    let observed = crate::observe::Observer::new(&cfg.sim_url, Some(&cfg.maildev_url));
     let rows: Vec<(Uuid, String, String, i32, Option<Uuid>)> = sqlx::query_as(
         "SELECT id, channel, status, attempts, retry_key FROM notification_deliveries WHERE event_id = $1",
     )
@@ -513,12 +507,7 @@ async fn check(cfg: &ChaosConfig, pool: &PgPool, event_id: Uuid) -> anyhow::Resu
             .collect();
 
     // LINE: accepted pushes per retry key.
-    let line: Vec<Value> = http
-        .get(format!("{}/_sim/requests?provider=line", cfg.sim_url))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let line: Vec<Value> = observed.requests("line").await?;
     let mut accepted: HashMap<String, i64> = HashMap::new();
     let mut seen_line: HashSet<String> = HashSet::new();
     for r in &line {
@@ -538,12 +527,7 @@ async fn check(cfg: &ChaosConfig, pool: &PgPool, event_id: Uuid) -> anyhow::Resu
         }
     }
     // Email: messages per Message-ID.
-    let mails: Vec<Value> = http
-        .get(format!("{}/api/email", cfg.maildev_url))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let mails: Vec<Value> = observed.mails().await?;
     let mut per_message: HashMap<String, i64> = HashMap::new();
     for m in &mails {
         if let Some(id) = m["headers"]["message-id"].as_str() {

@@ -71,15 +71,8 @@ fn check(ok: bool, what: &str, failures: &mut Vec<String>) {
 
 /// Runs the scenario and prints the outcome. Returns whether every check passed.
 pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
-    let http = reqwest::Client::new();
-    http.delete(format!("{}/api/email/all", cfg.maildev_url))
-        .send()
-        .await
-        .context("clearing MailDev")?;
-    http.delete(format!("{}/_sim/requests", cfg.sim_url))
-        .send()
-        .await
-        .context("clearing provider-sim")?;
+    let observed = crate::observe::Observer::new(&cfg.sim_url, Some(&cfg.maildev_url));
+    observed.reset().await?;
 
     let channel = tonic::transport::Endpoint::from_shared(cfg.grpc_url.clone())?
         .connect_timeout(Duration::from_secs(5))
@@ -264,12 +257,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         &mut failures,
     );
 
-    let mails: Vec<Value> = http
-        .get(format!("{}/api/email", cfg.maildev_url))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let mails: Vec<Value> = observed.mails().await?;
     let mut per_address: BTreeMap<String, usize> = BTreeMap::new();
     for m in &mails {
         for to in m["to"].as_array().into_iter().flatten() {
@@ -298,12 +286,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         &mut failures,
     );
 
-    let line: Vec<Value> = http
-        .get(format!("{}/_sim/requests?provider=line", cfg.sim_url))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let line: Vec<Value> = observed.requests("line").await?;
     let line_to: Vec<&str> = line
         .iter()
         .filter_map(|r| r["body"]["to"].as_str())
@@ -319,12 +302,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         "LINE: exactly one push per recipient with a LINE id, each with its own retry key",
         &mut failures,
     );
-    let fcm: Vec<Value> = http
-        .get(format!("{}/_sim/requests?provider=fcm", cfg.sim_url))
-        .send()
-        .await?
-        .json()
-        .await?;
+    let fcm: Vec<Value> = observed.requests("fcm").await?;
     let mut tokens: Vec<&str> = fcm
         .iter()
         .filter_map(|r| r["body"]["message"]["token"].as_str())

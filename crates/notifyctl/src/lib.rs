@@ -5,4 +5,5 @@
 pub mod bench;
 pub mod chaos;
 pub mod demo;
+pub mod observe;
 pub mod procs;

@@ -65,6 +65,16 @@ impl Stack {
 
 pub const LINE_TOKEN: &str = "test-line-channel-token";
 
+/// A unique id with a readable prefix, so tests sharing MailDev never collide.
+pub fn uniq(prefix: &str) -> String {
+    format!("{prefix}-{}", &Uuid::new_v4().simple().to_string()[..8])
+}
+
+/// A random, well-formed LINE user id.
+pub fn line_id() -> String {
+    format!("U{}", Uuid::new_v4().simple())
+}
+
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct Options {
