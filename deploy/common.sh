@@ -1,0 +1,32 @@
+# Shared by demo.sh, chaos.sh and bench.sh (sourced, not run).
+#
+#   prepare PROFILE DBNAME GRPC_PORT
+#
+# builds the binaries (PROFILE debug or release), starts the local stack, recreates the
+# database DBNAME, migrates it, and exports what the services and notifyctl need:
+# NOTIFY_DATABASE_URL, NOTIFY_GRPC_ADDR, NOTIFY_GRPC_URL, NOTIFY_BIN_DIR, NOTIFY_LOG_DIR and
+# everything in .stack/env.
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+STACK=${NOTIFY_STACK_DIR:-$repo/.stack}
+
+prepare() {
+  local profile=$1 db=$2 port=$3
+  local flags=()
+  [ "$profile" = release ] && flags=(--release)
+  (cd "$repo" && cargo build "${flags[@]}" --workspace --bins)
+  target=${CARGO_TARGET_DIR:-$repo/target}/$profile
+  PROVIDER_SIM_BIN=$target/provider-sim "$here/local-stack.sh" up
+  # shellcheck disable=SC1091
+  source "$STACK/env"
+  PGOPTIONS='-c client_min_messages=warning' psql "$NOTIFY_TEST_DATABASE_URL" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
+  psql "$NOTIFY_TEST_DATABASE_URL" -qc "CREATE DATABASE $db" >/dev/null
+  export NOTIFY_DATABASE_URL=${NOTIFY_DATABASE_URL%/*}/$db
+  export NOTIFY_GRPC_ADDR=127.0.0.1:$port
+  export NOTIFY_GRPC_URL=http://127.0.0.1:$port
+  export NOTIFY_BIN_DIR=$target
+  export NOTIFY_LOG_DIR=$STACK/logs
+  export PROVIDER_SIM_BIN=$target/provider-sim
+  "$target/ingest" migrate 2>/dev/null
+}
