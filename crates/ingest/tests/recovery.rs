@@ -440,7 +440,7 @@ async fn a_second_worker_shares_a_slow_queue_and_nothing_is_sent_twice() {
     for u in &users {
         p.add_recipient(u, "", "", &line_id()).await;
     }
-    p.sim_fault(json!({"provider": "line", "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 800})).await;
+    p.sim_fault(json!({"provider": "line", "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 3000})).await;
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
     let ev = p
         .ingest()
