@@ -382,15 +382,3 @@ pub async fn insert_inbox_notification(db: &PgPool, job: &DeliveryJob) -> Result
     .await?;
     Ok(done.rows_affected() == 1)
 }
-
-/// Status counts of an event's deliveries that are not final yet.
-pub async fn unfinished_count(db: &PgPool, event_id: Uuid) -> Result<i64> {
-    let r = sqlx::query(
-        "SELECT count(*) AS n FROM notification_deliveries
-         WHERE event_id = $1 AND status IN ('pending', 'sending')",
-    )
-    .bind(event_id)
-    .fetch_one(db)
-    .await?;
-    Ok(r.get("n"))
-}

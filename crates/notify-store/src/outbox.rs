@@ -80,13 +80,3 @@ pub async fn publish_failed(
     .await?;
     Ok(())
 }
-
-/// Rows still waiting and how many of them have failed to publish at least once.
-pub async fn backlog(db: &PgPool) -> Result<(i64, i64)> {
-    let r = sqlx::query(
-        "SELECT count(*) AS n, count(*) FILTER (WHERE publish_failures > 0) AS failing FROM outbox",
-    )
-    .fetch_one(db)
-    .await?;
-    Ok((r.get("n"), r.get("failing")))
-}
