@@ -117,6 +117,9 @@ pub enum WorkerError {
     /// AMQP error.
     #[error("amqp: {0}")]
     Amqp(#[from] lapin::Error),
+    /// The broker ended the consumer (channel or connection closed) without an error.
+    #[error("the broker ended the consumer")]
+    ConsumerEnded,
 }
 
 /// Runs a worker until `shutdown` is cancelled: consumes the channel's queue and sends
@@ -181,6 +184,7 @@ async fn run_connected<S: ChannelSender>(
         cfg: cfg.clone(),
     });
     let mut failure = None;
+    let mut ended = false;
     loop {
         let permit = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -204,6 +208,7 @@ async fn run_connected<S: ChannelSender>(
             }
             None => {
                 warn!("consumer stream ended");
+                ended = true;
                 break;
             }
         }
@@ -228,6 +233,8 @@ async fn run_connected<S: ChannelSender>(
     let _ = conn.close(200, "worker stopping".into()).await;
     match failure {
         Some(e) => Err(e.into()),
+        // Not asked to stop: reconnect.
+        None if ended && !shutdown.is_cancelled() => Err(WorkerError::ConsumerEnded),
         None => {
             info!("stopped");
             Ok(())
