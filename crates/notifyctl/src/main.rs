@@ -45,12 +45,7 @@ async fn main() -> ExitCode {
                 settle: env.parse_with(
                     "NOTIFY_CHAOS_SETTLE",
                     std::time::Duration::from_secs(300),
-                    |s| {
-                        s.trim_end_matches('s')
-                            .parse()
-                            .map(std::time::Duration::from_secs)
-                            .map_err(|e| format!("{e}"))
-                    },
+                    |s| notify_core::retry::parse_duration(s).map_err(|e| e.to_string()),
                 ),
                 amqp_url: env.required("NOTIFY_AMQP_URL"),
                 amqp_prefix: env.string("NOTIFY_AMQP_PREFIX", ""),
@@ -82,12 +77,7 @@ async fn main() -> ExitCode {
                 phase: env.parse_with(
                     "NOTIFY_BENCH_PHASE",
                     std::time::Duration::from_secs(30),
-                    |s| {
-                        s.trim_end_matches('s')
-                            .parse()
-                            .map(std::time::Duration::from_secs)
-                            .map_err(|e| format!("{e}"))
-                    },
+                    |s| notify_core::retry::parse_duration(s).map_err(|e| e.to_string()),
                 ),
             };
             if let Err(problems) = env.finish() {
