@@ -4,7 +4,8 @@
 #
 # builds the binaries (PROFILE debug or release), starts the local stack, recreates the
 # database DBNAME, migrates it, and exports what the services and notifyctl need:
-# NOTIFY_DATABASE_URL, NOTIFY_GRPC_ADDR, NOTIFY_GRPC_URL, NOTIFY_BIN_DIR, NOTIFY_LOG_DIR and
+# NOTIFY_DATABASE_URL, NOTIFY_GRPC_ADDR, NOTIFY_GRPC_URL, NOTIFY_BIN_DIR, NOTIFY_LOG_DIR,
+# NOTIFY_STACK_DIR and
 # everything in .stack/env.
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -27,6 +28,7 @@ prepare() {
   export NOTIFY_GRPC_URL=http://127.0.0.1:$port
   export NOTIFY_BIN_DIR=$target
   export NOTIFY_LOG_DIR=$STACK/logs
+  export NOTIFY_STACK_DIR=$STACK
   export PROVIDER_SIM_BIN=$target/provider-sim
   "$target/ingest" migrate 2>/dev/null
 }

@@ -1,14 +1,13 @@
 //! The gRPC services: `IngestService`, `RecipientService`, `TypeService`.
 
 use crate::error::ApiError;
+use crate::writer::{EventWriter, WriterConfig, Written};
 use chrono::{DateTime, Utc};
 use notify_core::event::{CreateEventInput, normalize_event_key};
-use notify_core::plan::{effective_channels, plan};
 use notify_core::validate::{self, Violations};
 use notify_core::{Channel, Content, NewEvent, Provider};
 use notify_proto::v1 as pb;
 use notify_store::PgPool;
-use notify_store::StoreError;
 use notify_store::catalog::{self, NotificationType, Recipient};
 use notify_store::events::{self, DeliveryRecord, EventRecord, EventSelector, NewDelivery};
 use notify_store::topics;
@@ -19,13 +18,17 @@ use uuid::Uuid;
 #[derive(Clone)]
 pub struct Services {
     pool: PgPool,
-    max_attempts: i32,
+    writer: EventWriter,
 }
 
 impl Services {
-    /// Services over `pool`; new deliveries get `max_attempts` attempts.
-    pub fn new(pool: PgPool, max_attempts: i32) -> Self {
-        Self { pool, max_attempts }
+    /// Services over `pool`; `CreateEvent` writes through a group-commit writer started
+    /// here with `writer` settings.
+    pub fn new(pool: PgPool, writer: WriterConfig) -> Self {
+        Self {
+            writer: EventWriter::start(pool.clone(), writer),
+            pool,
+        }
     }
 }
 
@@ -182,67 +185,39 @@ impl Services {
             topic: r.topic,
         })
         .map_err(ApiError::Invalid)?;
-        let ty = catalog::get_type(&self.pool, &event.type_key)
-            .await?
-            .ok_or_else(|| ApiError::NotFound {
-                kind: "notification type",
-                name: event.type_key.clone(),
-            })?;
-        let channels = effective_channels(
-            &ty.default_channels,
-            &event.channels,
-            &requested_names,
-            &ty.key,
-        )
-        .map_err(ApiError::Invalid)?;
-        if let Some(topic) = &event.topic
-            && !topics::topic_exists(&self.pool, topic).await?
-        {
-            return Err(ApiError::NotFound {
-                kind: "topic",
-                name: topic.clone(),
-            });
-        }
-
-        let mut tx = self.pool.begin().await.map_err(StoreError::from)?;
-        let event_id = Uuid::new_v4();
-        if let Some(existing) =
-            events::insert_event_or_get_existing(&mut tx, event_id, &event, &channels).await?
-        {
-            tx.rollback().await.map_err(StoreError::from)?;
-            if existing.fingerprint != event.fingerprint() {
-                return Err(ApiError::EventKeyConflict {
-                    event_key: event.event_key,
-                    event_id: existing.id,
+        let event_key = event.event_key.clone();
+        let fingerprint = event.fingerprint();
+        let topic = event.topic.clone();
+        let (event_id, new, skipped) = match self.writer.write(event, requested_names).await? {
+            Written::New {
+                event_id,
+                deliveries,
+                skipped,
+            } => (event_id, deliveries, skipped),
+            Written::Existing(existing) => {
+                if existing.fingerprint != fingerprint {
+                    return Err(ApiError::EventKeyConflict {
+                        event_key,
+                        event_id: existing.id,
+                    });
+                }
+                let loaded = self
+                    .load_event(&EventSelector::Id(existing.id), None, PAGE_MAX)
+                    .await?
+                    .ok_or_else(|| ApiError::NotFound {
+                        kind: "notification event",
+                        name: existing.id.to_string(),
+                    })?;
+                let counts = events::delivery_counts(&self.pool, existing.id).await?;
+                return Ok(pb::CreateEventResponse {
+                    event_id: existing.id.to_string(),
+                    duplicate: true,
+                    planned: channel_counts(&counts),
+                    skipped: loaded.skipped,
+                    deliveries: loaded.deliveries,
                 });
             }
-            let loaded = self
-                .load_event(&EventSelector::Id(existing.id), None, PAGE_MAX)
-                .await?
-                .ok_or_else(|| ApiError::NotFound {
-                    kind: "notification event",
-                    name: existing.id.to_string(),
-                })?;
-            let counts = events::delivery_counts(&self.pool, existing.id).await?;
-            return Ok(pb::CreateEventResponse {
-                event_id: existing.id.to_string(),
-                duplicate: true,
-                planned: channel_counts(&counts),
-                skipped: loaded.skipped,
-                deliveries: loaded.deliveries,
-            });
-        }
-        // A topic event is planned by the fan-out task, in batches, after this reply.
-        let (planned, skipped) = if event.topic.is_some() {
-            (Vec::new(), Vec::new())
-        } else {
-            let facts = catalog::load_recipient_facts(&mut tx, &ty.key, &event.recipients).await?;
-            plan(event_id, ty.critical, &channels, &facts)
         };
-        let new = new_deliveries(planned, self.max_attempts);
-        events::insert_deliveries(&mut tx, event_id, &new).await?;
-        events::insert_skips(&mut tx, event_id, &skipped).await?;
-        tx.commit().await.map_err(StoreError::from)?;
 
         let deliveries: Vec<pb::Delivery> = new
             .into_iter()
@@ -260,7 +235,7 @@ impl Services {
                 ..Default::default()
             })
             .collect();
-        tracing::info!(%event_id, event_key = %event.event_key, topic = event.topic.as_deref().unwrap_or(""),
+        tracing::info!(%event_id, %event_key, topic = topic.as_deref().unwrap_or(""),
             deliveries = deliveries.len(), skipped = skipped.len(), "event recorded");
         let counts: Vec<(String, String, i64)> = deliveries
             .iter()

@@ -6,6 +6,7 @@ pub mod error;
 pub mod fanout;
 pub mod grpc;
 pub mod relay;
+pub mod writer;
 
 use notify_broker::Topology;
 use notify_proto::v1 as pb;
@@ -30,12 +31,17 @@ pub struct IngestConfig {
     pub sweep_batch: i64,
     /// A pending delivery due this long with no outbox row is republished.
     pub republish_after: Duration,
+    /// Group-commit writer tasks for `CreateEvent` (transactions in flight at once).
+    pub writers: usize,
+    /// Most `CreateEvent` requests written in one transaction.
+    pub write_batch: usize,
 }
 
 impl IngestConfig {
     /// Reads `NOTIFY_AMQP_URL` (required), `NOTIFY_AMQP_PREFIX` (""), `NOTIFY_MAX_ATTEMPTS`
     /// (5), `NOTIFY_REQUEST_TIMEOUT` (30s), `NOTIFY_RELAY_BATCH` (500), `NOTIFY_RELAY_POLL`
-    /// (1s), `NOTIFY_SWEEP_INTERVAL` (10s), `NOTIFY_REPUBLISH_AFTER` (5m).
+    /// (1s), `NOTIFY_SWEEP_INTERVAL` (10s), `NOTIFY_REPUBLISH_AFTER` (5m), `NOTIFY_INGEST_WRITERS`
+    /// (4), `NOTIFY_INGEST_BATCH` (200).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
         Self {
@@ -61,6 +67,8 @@ impl IngestConfig {
                 Duration::from_secs(300),
                 dur,
             ),
+            writers: env.number("NOTIFY_INGEST_WRITERS", 4, 1, 64),
+            write_batch: env.number("NOTIFY_INGEST_BATCH", 200, 1, 1000),
         }
     }
 }
@@ -88,7 +96,14 @@ pub async fn run(
         shutdown.clone(),
     ));
 
-    let services = grpc::Services::new(pool, cfg.max_attempts);
+    let services = grpc::Services::new(
+        pool,
+        writer::WriterConfig {
+            writers: cfg.writers,
+            max_batch: cfg.write_batch,
+            max_attempts: cfg.max_attempts,
+        },
+    );
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<pb::ingest_service_server::IngestServiceServer<grpc::Services>>()
@@ -119,7 +134,8 @@ pub async fn run(
         ))
         .add_service(pb::topic_service_server::TopicServiceServer::new(services))
         .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener),
+            // Without TCP_NODELAY, small replies wait for the peer's delayed ACK (~40 ms).
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown.cancelled(),
         )
         .await?;

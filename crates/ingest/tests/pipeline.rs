@@ -197,6 +197,83 @@ async fn twenty_concurrent_identical_requests_make_one_event() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_written_together_each_get_their_own_answer() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["inapp", "email"]).await;
+    p.add_recipient("u1", "สมชาย", "somchai@example.test", "")
+        .await;
+    // 120 requests at once, so the writer commits them in shared transactions: 100 good
+    // ones, 8 naming an unknown type, 8 repeating one key, 4 broadcasting to no topic.
+    let mut reqs = Vec::new();
+    for i in 0..100 {
+        reqs.push((
+            "good",
+            p.event(&format!("order:{i}"), "order_paid", &["u1", "u2"]),
+        ));
+    }
+    for i in 0..8 {
+        reqs.push((
+            "unknown_type",
+            p.event(&format!("bad:{i}"), "no_such_type", &["u1"]),
+        ));
+    }
+    for _ in 0..8 {
+        reqs.push(("repeat", p.event("order:repeated", "order_paid", &["u1"])));
+    }
+    for i in 0..4 {
+        let mut r = p.event(&format!("topic:{i}"), "order_paid", &[]);
+        r.topic = "no.such.topic".into();
+        reqs.push(("unknown_topic", r));
+    }
+    let calls = reqs.into_iter().map(|(kind, req)| {
+        let mut client = p.ingest();
+        tokio::spawn(async move { (kind, req.event_key.clone(), client.create_event(req).await) })
+    });
+    let mut repeat_ids = HashSet::new();
+    let mut repeat_new = 0;
+    for reply in futures_util::future::join_all(calls).await {
+        let (kind, key, reply) = reply.unwrap();
+        match kind {
+            "good" => {
+                let r = reply.expect("a good request succeeds").into_inner();
+                assert!(!r.duplicate, "{key}");
+                // u1 gets in-app and email; u2 has no recipient row: in-app only.
+                assert_eq!(r.deliveries.len(), 3, "{key}: {:?}", r.deliveries);
+                assert!(r.deliveries.iter().all(|d| !d.delivery_id.is_empty()));
+                assert_eq!(r.skipped.len(), 1, "{key}: u2 has no email address");
+            }
+            "unknown_type" => {
+                let e = reply.unwrap_err();
+                assert_eq!(e.code(), Code::NotFound, "{key}: {e:?}");
+                assert!(e.message().contains("no_such_type"), "{e:?}");
+            }
+            "unknown_topic" => {
+                let e = reply.unwrap_err();
+                assert_eq!(e.code(), Code::NotFound, "{key}: {e:?}");
+                assert!(e.message().contains("no.such.topic"), "{e:?}");
+            }
+            _ => {
+                let r = reply.expect("a repeat succeeds").into_inner();
+                repeat_ids.insert(r.event_id);
+                if !r.duplicate {
+                    repeat_new += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(repeat_ids.len(), 1, "the repeated key made one event");
+    assert_eq!(repeat_new, 1, "only the first of the repeats is new");
+    assert_eq!(p.count("notification_events").await, 101);
+    assert_eq!(p.count("notification_deliveries").await, 100 * 3 + 2);
+    assert_eq!(p.count("delivery_skips").await, 100);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
     let p = Platform::start_with(support::Options {
         workers: vec![],

@@ -41,22 +41,30 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
 
 /// Loads a type by key; `None` if unknown.
 pub async fn get_type(db: impl PgExecutor<'_>, key: &str) -> Result<Option<NotificationType>> {
-    let row = sqlx::query(
-        "SELECT key, priority, default_channels, critical FROM notification_types WHERE key = $1",
+    Ok(get_types(db, &[key]).await?.pop())
+}
+
+/// Loads the types named in `keys` (in no particular order); unknown keys are absent.
+pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<NotificationType>> {
+    let rows = sqlx::query(
+        "SELECT key, priority, default_channels, critical FROM notification_types WHERE key = ANY($1)",
     )
-    .bind(key)
-    .fetch_optional(db)
+    .bind(keys)
+    .fetch_all(db)
     .await?;
-    Ok(row.map(|r| NotificationType {
-        key: r.get("key"),
-        priority: r.get("priority"),
-        default_channels: r
-            .get::<Vec<String>, _>("default_channels")
-            .iter()
-            .filter_map(|c| c.parse().ok())
-            .collect(),
-        critical: r.get("critical"),
-    }))
+    Ok(rows
+        .into_iter()
+        .map(|r| NotificationType {
+            key: r.get("key"),
+            priority: r.get("priority"),
+            default_channels: r
+                .get::<Vec<String>, _>("default_channels")
+                .iter()
+                .filter_map(|c| c.parse().ok())
+                .collect(),
+            critical: r.get("critical"),
+        })
+        .collect())
 }
 
 /// A recipient's contact data.
@@ -195,31 +203,49 @@ pub async fn load_recipient_facts(
     type_key: &str,
     user_ids: &[String],
 ) -> Result<Vec<RecipientFacts>> {
-    let mut facts: Vec<RecipientFacts> = user_ids
+    let mut out = load_recipient_facts_many(db, &[(type_key, user_ids)]).await?;
+    Ok(out.pop().unwrap_or_default())
+}
+
+/// [`load_recipient_facts`] for several `(type key, user ids)` requests at once: one
+/// result per request, in order, from the same three queries.
+pub async fn load_recipient_facts_many(
+    db: &mut sqlx::PgConnection,
+    requests: &[(&str, &[String])],
+) -> Result<Vec<Vec<RecipientFacts>>> {
+    #[derive(Default)]
+    struct Known {
+        email: Option<String>,
+        line_user_id: Option<String>,
+        exists: bool,
+        push_endpoints: Vec<(uuid::Uuid, String)>,
+        // (type or "*", channel) -> enabled
+        prefs: Vec<(String, Channel, bool)>,
+    }
+    let mut users: Vec<&str> = requests
         .iter()
-        .map(|u| RecipientFacts {
-            user_id: u.clone(),
-            ..Default::default()
-        })
+        .flat_map(|(_, u)| u.iter().map(String::as_str))
         .collect();
-    let index: HashMap<String, usize> = user_ids
-        .iter()
-        .enumerate()
-        .map(|(i, u)| (u.clone(), i))
-        .collect();
+    users.sort_unstable();
+    users.dedup();
+    let mut types: Vec<&str> = requests.iter().map(|(t, _)| *t).collect();
+    types.push("*");
+    types.sort_unstable();
+    types.dedup();
+    let mut known: HashMap<String, Known> = HashMap::with_capacity(users.len());
 
     let rows =
         sqlx::query("SELECT user_id, email, line_user_id FROM recipients WHERE user_id = ANY($1)")
-            .bind(user_ids)
+            .bind(&users)
             .fetch_all(&mut *db)
             .await?;
     for r in rows {
-        let f = &mut facts[index[r.get::<&str, _>("user_id")]];
-        f.exists = true;
-        f.email = r
+        let k = known.entry(r.get("user_id")).or_default();
+        k.exists = true;
+        k.email = r
             .get::<Option<String>, _>("email")
             .filter(|s| !s.is_empty());
-        f.line_user_id = r
+        k.line_user_id = r
             .get::<Option<String>, _>("line_user_id")
             .filter(|s| !s.is_empty());
     }
@@ -228,34 +254,62 @@ pub async fn load_recipient_facts(
         "SELECT user_id, id, platform FROM notification_endpoints
          WHERE user_id = ANY($1) AND status = 'active' ORDER BY registered_at, id",
     )
-    .bind(user_ids)
+    .bind(&users)
     .fetch_all(&mut *db)
     .await?;
     for r in rows {
-        facts[index[r.get::<&str, _>("user_id")]]
+        known
+            .entry(r.get("user_id"))
+            .or_default()
             .push_endpoints
             .push((r.get("id"), r.get("platform")));
     }
 
     let rows = sqlx::query(
         "SELECT user_id, type, channel, enabled FROM notification_preferences
-         WHERE user_id = ANY($1) AND type IN ($2, '*')",
+         WHERE user_id = ANY($1) AND type = ANY($2)",
     )
-    .bind(user_ids)
-    .bind(type_key)
+    .bind(&users)
+    .bind(&types)
     .fetch_all(&mut *db)
     .await?;
     for r in rows {
         let Ok(channel) = r.get::<&str, _>("channel").parse::<Channel>() else {
             continue;
         };
-        let f = &mut facts[index[r.get::<&str, _>("user_id")]];
-        let map = if r.get::<&str, _>("type") == "*" {
-            &mut f.channel_prefs
-        } else {
-            &mut f.type_prefs
-        };
-        map.insert(channel, r.get("enabled"));
+        known.entry(r.get("user_id")).or_default().prefs.push((
+            r.get("type"),
+            channel,
+            r.get("enabled"),
+        ));
     }
-    Ok(facts)
+
+    Ok(requests
+        .iter()
+        .map(|(type_key, user_ids)| {
+            user_ids
+                .iter()
+                .map(|u| {
+                    let mut f = RecipientFacts {
+                        user_id: u.clone(),
+                        ..Default::default()
+                    };
+                    if let Some(k) = known.get(u) {
+                        f.exists = k.exists;
+                        f.email = k.email.clone();
+                        f.line_user_id = k.line_user_id.clone();
+                        f.push_endpoints = k.push_endpoints.clone();
+                        for (t, channel, enabled) in &k.prefs {
+                            if t == "*" {
+                                f.channel_prefs.insert(*channel, *enabled);
+                            } else if t == type_key {
+                                f.type_prefs.insert(*channel, *enabled);
+                            }
+                        }
+                    }
+                    f
+                })
+                .collect()
+        })
+        .collect())
 }

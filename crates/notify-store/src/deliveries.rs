@@ -89,16 +89,35 @@ impl Eq for DeliveryJob {}
 
 /// Claims a due `pending` delivery of `channel` for `lease`: status becomes `sending`,
 /// `attempts` grows by one and a fresh lease token and expiry (database clock) are set.
-/// One round trip, no transaction left open.
+/// One round trip, no transaction left open. See [`claim_many`].
 pub async fn claim(db: &PgPool, id: Uuid, channel: &str, lease: Duration) -> Result<ClaimOutcome> {
-    let token = Uuid::new_v4();
-    let row = sqlx::query(
-        "WITH c AS (
-             UPDATE notification_deliveries
-             SET status = 'sending', attempts = attempts + 1, lease_token = $3,
+    let mut out = claim_many(db, &[id], channel, lease).await?;
+    Ok(out.pop().unwrap_or(ClaimOutcome::Missing))
+}
+
+/// [`claim`] for several deliveries of one channel at once: one outcome per id, in order.
+/// Each claimed delivery gets its own lease token. One statement claims them all and reads
+/// what sending needs; a second one, only when some were not claimed, tells why.
+pub async fn claim_many(
+    db: &PgPool,
+    ids: &[Uuid],
+    channel: &str,
+    lease: Duration,
+) -> Result<Vec<ClaimOutcome>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let tokens: Vec<Uuid> = ids.iter().map(|_| Uuid::new_v4()).collect();
+    let rows = sqlx::query(
+        "WITH want AS (SELECT * FROM UNNEST($1::uuid[], $3::uuid[]) AS w(id, token)),
+         c AS (
+             UPDATE notification_deliveries d
+             SET status = 'sending', attempts = attempts + 1, lease_token = want.token,
                  lease_expires_at = now() + $4 * interval '1 millisecond', updated_at = now()
-             WHERE id = $1 AND channel = $2 AND status = 'pending' AND next_attempt_at <= now()
-             RETURNING *)
+             FROM want
+             WHERE d.id = want.id AND d.channel = $2 AND d.status = 'pending'
+               AND d.next_attempt_at <= now()
+             RETURNING d.*)
          SELECT c.id, c.event_id, c.user_id, c.channel, c.provider, c.attempts, c.max_attempts,
                 c.idempotency_key, c.retry_key, c.lease_token, c.address, c.endpoint_id, now() AS started_at,
                 c.created_at,
@@ -110,52 +129,77 @@ pub async fn claim(db: &PgPool, id: Uuid, channel: &str, lease: Duration) -> Res
               LEFT JOIN recipients r ON r.user_id = c.user_id
               LEFT JOIN notification_endpoints ep ON ep.id = c.endpoint_id",
     )
-    .bind(id)
+    .bind(ids)
     .bind(channel)
-    .bind(token)
+    .bind(&tokens)
     .bind(lease.as_millis() as i64)
-    .fetch_optional(db)
+    .fetch_all(db)
     .await?;
-    if let Some(r) = row {
-        return Ok(ClaimOutcome::Claimed(Box::new(DeliveryJob {
-            id: r.get("id"),
-            event_id: r.get("event_id"),
-            event_key: r.get("event_key"),
-            type_key: r.get("type"),
-            user_id: r.get("user_id"),
-            channel: r.get("channel"),
-            provider: r.get("provider"),
-            attempt: r.get("attempts"),
-            max_attempts: r.get("max_attempts"),
-            idempotency_key: r.get("idempotency_key"),
-            retry_key: r.get("retry_key"),
-            lease_token: r.get("lease_token"),
-            started_at: r.get("started_at"),
-            created_at: r.get("created_at"),
-            address: r.get("address"),
-            display_name: r.get("display_name"),
-            locale: r.get("locale"),
-            timezone: r.get("timezone"),
-            payload: r.get("payload_json"),
-            content: serde_json::from_value(r.get("content_json")).unwrap_or_default(),
-            endpoint_id: r.get("endpoint_id"),
-            endpoint_platform: r.get("platform"),
-            endpoint_token: r.get("token"),
-            endpoint_subscription: r.get("subscription_json"),
-            endpoint_status: r.get("endpoint_status"),
-        })));
-    }
-    let row = sqlx::query("SELECT status, channel FROM notification_deliveries WHERE id = $1")
-        .bind(id)
-        .fetch_optional(db)
+    let mut claimed: std::collections::HashMap<Uuid, ClaimOutcome> = rows
+        .into_iter()
+        .map(|r| {
+            let job = DeliveryJob {
+                id: r.get("id"),
+                event_id: r.get("event_id"),
+                event_key: r.get("event_key"),
+                type_key: r.get("type"),
+                user_id: r.get("user_id"),
+                channel: r.get("channel"),
+                provider: r.get("provider"),
+                attempt: r.get("attempts"),
+                max_attempts: r.get("max_attempts"),
+                idempotency_key: r.get("idempotency_key"),
+                retry_key: r.get("retry_key"),
+                lease_token: r.get("lease_token"),
+                started_at: r.get("started_at"),
+                created_at: r.get("created_at"),
+                address: r.get("address"),
+                display_name: r.get("display_name"),
+                locale: r.get("locale"),
+                timezone: r.get("timezone"),
+                payload: r.get("payload_json"),
+                content: serde_json::from_value(r.get("content_json")).unwrap_or_default(),
+                endpoint_id: r.get("endpoint_id"),
+                endpoint_platform: r.get("platform"),
+                endpoint_token: r.get("token"),
+                endpoint_subscription: r.get("subscription_json"),
+                endpoint_status: r.get("endpoint_status"),
+            };
+            (job.id, ClaimOutcome::Claimed(Box::new(job)))
+        })
+        .collect();
+    let rest: Vec<Uuid> = ids
+        .iter()
+        .copied()
+        .filter(|id| !claimed.contains_key(id))
+        .collect();
+    if !rest.is_empty() {
+        let rows = sqlx::query(
+            "SELECT id, status, channel FROM notification_deliveries WHERE id = ANY($1)",
+        )
+        .bind(&rest)
+        .fetch_all(db)
         .await?;
-    Ok(match row {
-        None => ClaimOutcome::Missing,
-        Some(r) if r.get::<&str, _>("channel") != channel => {
-            ClaimOutcome::WrongChannel(r.get("channel"))
+        for r in rows {
+            let outcome = if r.get::<&str, _>("channel") != channel {
+                ClaimOutcome::WrongChannel(r.get("channel"))
+            } else {
+                ClaimOutcome::NotClaimable(r.get("status"))
+            };
+            claimed.insert(r.get("id"), outcome);
         }
-        Some(r) => ClaimOutcome::NotClaimable(r.get("status")),
-    })
+    }
+    // The same id twice in one batch: the first got the claim, the second sees it taken.
+    let mut seen = std::collections::HashSet::new();
+    Ok(ids
+        .iter()
+        .map(|id| {
+            if !seen.insert(*id) {
+                return ClaimOutcome::NotClaimable("sending".into());
+            }
+            claimed.remove(id).unwrap_or(ClaimOutcome::Missing)
+        })
+        .collect())
 }
 
 /// Extends a live lease by `lease` from now (database clock). Returns false when the
@@ -220,83 +264,154 @@ pub struct AttemptRecord {
 }
 
 /// Records an attempt and the delivery's new state in one transaction fenced by the
-/// lease token. Returns false, writing nothing, when the lease was lost.
+/// lease token. Returns false, writing nothing, when the lease was lost. See
+/// [`record_attempts`].
 pub async fn record_attempt(
     db: &PgPool,
     job: &DeliveryJob,
     next: &NextState,
     attempt: &AttemptRecord,
 ) -> Result<bool> {
-    let mut tx = db.begin().await?;
-    let (status, pmid, retry_ms, last_error) = match next {
-        NextState::Sent {
-            provider_message_id,
-        } => ("sent", provider_message_id.clone(), None, None),
-        NextState::Retry { after, error } => (
-            "pending",
-            None,
-            Some(after.as_millis() as i64),
-            Some(error.clone()),
-        ),
-        NextState::Failed { error } => ("failed", None, None, Some(error.clone())),
-    };
-    let done = sqlx::query(
-        "UPDATE notification_deliveries SET status = $3, provider_message_id = coalesce($4, provider_message_id),
-             next_attempt_at = CASE WHEN $5::bigint IS NULL THEN next_attempt_at
-                                    ELSE now() + $5 * interval '1 millisecond' END,
-             last_error = $6, sent_at = CASE WHEN $3 = 'sent' THEN now() ELSE sent_at END,
-             lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-         WHERE id = $1 AND lease_token = $2 AND status = 'sending'",
-    )
-    .bind(job.id)
-    .bind(job.lease_token)
-    .bind(status)
-    .bind(&pmid)
-    .bind(retry_ms)
-    .bind(&last_error)
-    .execute(&mut *tx)
-    .await?;
-    if done.rows_affected() != 1 {
-        tx.rollback().await?;
-        return Ok(false);
+    Ok(record_attempts(db, &[(job, next, attempt)]).await?[0])
+}
+
+/// Records several attempts and their deliveries' new states in one transaction, each
+/// fenced by its own lease token: one result per input, in order, false (nothing written
+/// for it) when that lease was lost. Four statements at most, whatever the number.
+pub async fn record_attempts(
+    db: &PgPool,
+    batch: &[(&DeliveryJob, &NextState, &AttemptRecord)],
+) -> Result<Vec<bool>> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
     }
+    let mut ids = Vec::with_capacity(batch.len());
+    let mut tokens = Vec::with_capacity(batch.len());
+    let mut statuses = Vec::with_capacity(batch.len());
+    let mut pmids: Vec<Option<String>> = Vec::with_capacity(batch.len());
+    let mut retry_ms: Vec<Option<i64>> = Vec::with_capacity(batch.len());
+    let mut errors: Vec<Option<String>> = Vec::with_capacity(batch.len());
+    for (job, next, _) in batch {
+        ids.push(job.id);
+        tokens.push(job.lease_token);
+        let (status, pmid, retry, error) = match next {
+            NextState::Sent {
+                provider_message_id,
+            } => ("sent", provider_message_id.clone(), None, None),
+            NextState::Retry { after, error } => (
+                "pending",
+                None,
+                Some(after.as_millis() as i64),
+                Some(error.clone()),
+            ),
+            NextState::Failed { error } => ("failed", None, None, Some(error.clone())),
+        };
+        statuses.push(status);
+        pmids.push(pmid);
+        retry_ms.push(retry);
+        errors.push(error);
+    }
+    let mut tx = db.begin().await?;
+    let updated: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "UPDATE notification_deliveries d
+         SET status = t.status, provider_message_id = coalesce(t.pmid, d.provider_message_id),
+             next_attempt_at = CASE WHEN t.retry_ms IS NULL THEN d.next_attempt_at
+                                    ELSE now() + t.retry_ms * interval '1 millisecond' END,
+             last_error = t.error, sent_at = CASE WHEN t.status = 'sent' THEN now() ELSE d.sent_at END,
+             lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+         FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[])
+              AS t(id, token, status, pmid, retry_ms, error)
+         WHERE d.id = t.id AND d.lease_token = t.token AND d.status = 'sending'
+         RETURNING d.id, t.token",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(&statuses)
+    .bind(&pmids)
+    .bind(&retry_ms)
+    .bind(&errors)
+    .fetch_all(&mut *tx)
+    .await?;
+    let updated: std::collections::HashSet<(Uuid, Uuid)> = updated.into_iter().collect();
+    let kept: Vec<usize> = (0..batch.len())
+        .filter(|&i| updated.contains(&(ids[i], tokens[i])))
+        .collect();
+    if kept.is_empty() {
+        tx.rollback().await?;
+        return Ok(vec![false; batch.len()]);
+    }
+    let col = |f: &dyn Fn(usize) -> Option<String>| -> Vec<Option<String>> {
+        kept.iter().map(|&i| f(i)).collect()
+    };
     sqlx::query(
         "INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, provider_status,
              error_code, provider_response, content_json, worker_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+         SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::timestamptz[], $4::text[], $5::int[],
+                              $6::text[], $7::text[], $8::jsonb[], $9::text[])",
     )
-    .bind(job.id)
-    .bind(job.attempt)
-    .bind(job.started_at)
-    .bind(attempt.outcome)
-    .bind(attempt.provider_status)
-    .bind(&attempt.error_code)
+    .bind(kept.iter().map(|&i| batch[i].0.id).collect::<Vec<_>>())
+    .bind(kept.iter().map(|&i| batch[i].0.attempt).collect::<Vec<_>>())
     .bind(
-        attempt
+        kept.iter()
+            .map(|&i| batch[i].0.started_at)
+            .collect::<Vec<_>>(),
+    )
+    .bind(kept.iter().map(|&i| batch[i].2.outcome).collect::<Vec<_>>())
+    .bind(
+        kept.iter()
+            .map(|&i| batch[i].2.provider_status)
+            .collect::<Vec<_>>(),
+    )
+    .bind(col(&|i| batch[i].2.error_code.clone()))
+    .bind(col(&|i| {
+        batch[i]
+            .2
             .provider_response
             .as_deref()
-            .map(|s| truncate_utf8(s, MAX_PROVIDER_RESPONSE_BYTES)),
+            .map(|s| truncate_utf8(s, MAX_PROVIDER_RESPONSE_BYTES).to_string())
+    }))
+    .bind(
+        kept.iter()
+            .map(|&i| &batch[i].2.content)
+            .collect::<Vec<_>>(),
     )
-    .bind(&attempt.content)
-    .bind(&attempt.worker_id)
+    .bind(
+        kept.iter()
+            .map(|&i| batch[i].2.worker_id.as_str())
+            .collect::<Vec<_>>(),
+    )
     .execute(&mut *tx)
     .await?;
-    if let Some(ms) = retry_ms {
+    let retries: Vec<usize> = kept
+        .iter()
+        .copied()
+        .filter(|&i| retry_ms[i].is_some())
+        .collect();
+    if !retries.is_empty() {
         sqlx::query(
             "INSERT INTO outbox (delivery_id, channel, available_at)
-             VALUES ($1, $2, now() + $3 * interval '1 millisecond')",
+             SELECT id, channel, now() + ms * interval '1 millisecond'
+             FROM UNNEST($1::uuid[], $2::text[], $3::bigint[]) AS t(id, channel, ms)",
         )
-        .bind(job.id)
-        .bind(&job.channel)
-        .bind(ms)
+        .bind(retries.iter().map(|&i| ids[i]).collect::<Vec<_>>())
+        .bind(
+            retries
+                .iter()
+                .map(|&i| batch[i].0.channel.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(retries.iter().map(|&i| retry_ms[i]).collect::<Vec<_>>())
         .execute(&mut *tx)
         .await?;
     }
-    if let Some((endpoint, reason)) = &attempt.deactivate_endpoint {
-        crate::catalog::deactivate_endpoint(&mut *tx, *endpoint, reason, job.started_at).await?;
+    for &i in &kept {
+        if let Some((endpoint, reason)) = &batch[i].2.deactivate_endpoint {
+            crate::catalog::deactivate_endpoint(&mut *tx, *endpoint, reason, batch[i].0.started_at)
+                .await?;
+        }
     }
     tx.commit().await?;
-    Ok(true)
+    Ok((0..batch.len()).map(|i| kept.contains(&i)).collect())
 }
 
 /// Marks a delivery `failed` with `error` outside the claim protocol: for a message that

@@ -15,48 +15,129 @@ pub struct ExistingEvent {
     pub fingerprint: Vec<u8>,
 }
 
+/// One event to insert with [`insert_events`].
+#[derive(Debug, Clone, Copy)]
+pub struct EventInsert<'a> {
+    /// Id to give the event if it is new.
+    pub id: Uuid,
+    /// The validated request.
+    pub event: &'a NewEvent,
+    /// The channels it resolved to.
+    pub channels: &'a [Channel],
+}
+
 /// Inserts the event unless its key exists. Returns `None` when it was inserted, or the
-/// existing event. Concurrent inserts of one key serialise on the unique index: the loser
-/// waits for the winner's commit and then sees its row, never an error. A topic event
-/// starts with fan-out `pending`.
+/// existing event. See [`insert_events`].
 pub async fn insert_event_or_get_existing(
     db: &mut sqlx::PgConnection,
     id: Uuid,
     event: &NewEvent,
     channels: &[Channel],
 ) -> Result<Option<ExistingEvent>> {
-    let channel_names: Vec<&str> = channels.iter().map(|c| c.as_str()).collect();
-    let inserted = sqlx::query(
+    let mut out = insert_events(
+        db,
+        &[EventInsert {
+            id,
+            event,
+            channels,
+        }],
+    )
+    .await?;
+    Ok(out.pop().flatten())
+}
+
+/// Inserts a batch of events in one statement, each unless its key exists; keys must be
+/// distinct within the batch (callers sort them, so that concurrent batches lock the
+/// unique index in one order). Returns, per input in order, `None` when it was inserted or
+/// the existing event. Concurrent inserts of one key serialise on the unique index: the
+/// loser waits for the winner's commit and then sees its row, never an error. A topic
+/// event starts with fan-out `pending`. Two round trips at most, whatever the batch size.
+pub async fn insert_events(
+    db: &mut sqlx::PgConnection,
+    batch: &[EventInsert<'_>],
+) -> Result<Vec<Option<ExistingEvent>>> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = batch.iter().map(|b| b.id).collect();
+    let keys: Vec<&str> = batch.iter().map(|b| b.event.event_key.as_str()).collect();
+    let types: Vec<&str> = batch.iter().map(|b| b.event.type_key.as_str()).collect();
+    let actors: Vec<&str> = batch.iter().map(|b| b.event.actor_id.as_str()).collect();
+    // Ragged arrays travel as JSON arrays, one per event.
+    let recipients: Vec<serde_json::Value> = batch
+        .iter()
+        .map(|b| serde_json::json!(b.event.recipients))
+        .collect();
+    let payloads: Vec<&serde_json::Value> = batch.iter().map(|b| &b.event.payload).collect();
+    let contents: Vec<serde_json::Value> = batch
+        .iter()
+        .map(|b| serde_json::to_value(&b.event.content).unwrap_or_default())
+        .collect();
+    let channels: Vec<serde_json::Value> = batch
+        .iter()
+        .map(|b| serde_json::json!(b.channels.iter().map(|c| c.as_str()).collect::<Vec<_>>()))
+        .collect();
+    let fingerprints: Vec<Vec<u8>> = batch
+        .iter()
+        .map(|b| b.event.fingerprint().to_vec())
+        .collect();
+    let topics: Vec<Option<&str>> = batch.iter().map(|b| b.event.topic.as_deref()).collect();
+    let inserted: Vec<String> = sqlx::query_scalar(
         "INSERT INTO notification_events
              (id, event_key, type, actor_id, recipients, payload_json, content_json, channels,
               fingerprint, topic, fanout_status)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
-                 CASE WHEN $10::text IS NULL THEN 'none' ELSE 'pending' END)
-         ON CONFLICT (event_key) DO NOTHING",
+         SELECT t.id, t.key, t.type, t.actor,
+                ARRAY(SELECT jsonb_array_elements_text(t.recipients)), t.payload, t.content,
+                ARRAY(SELECT jsonb_array_elements_text(t.channels)), t.fingerprint, t.topic,
+                CASE WHEN t.topic IS NULL THEN 'none' ELSE 'pending' END
+         FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::jsonb[],
+                     $7::jsonb[], $8::jsonb[], $9::bytea[], $10::text[])
+              WITH ORDINALITY
+              AS t(id, key, type, actor, recipients, payload, content, channels, fingerprint, topic, n)
+         ORDER BY t.n
+         ON CONFLICT (event_key) DO NOTHING
+         RETURNING event_key",
     )
-    .bind(id)
-    .bind(&event.event_key)
-    .bind(&event.type_key)
-    .bind(&event.actor_id)
-    .bind(&event.recipients)
-    .bind(&event.payload)
-    .bind(serde_json::to_value(&event.content).unwrap_or_default())
-    .bind(&channel_names)
-    .bind(event.fingerprint().as_slice())
-    .bind(&event.topic)
-    .execute(&mut *db)
+    .bind(&ids)
+    .bind(&keys)
+    .bind(&types)
+    .bind(&actors)
+    .bind(&recipients)
+    .bind(&payloads)
+    .bind(&contents)
+    .bind(&channels)
+    .bind(&fingerprints)
+    .bind(&topics)
+    .fetch_all(&mut *db)
     .await?;
-    if inserted.rows_affected() == 1 {
-        return Ok(None);
+    if inserted.len() == batch.len() {
+        return Ok(vec![None; batch.len()]);
     }
-    let row = sqlx::query("SELECT id, fingerprint FROM notification_events WHERE event_key = $1")
-        .bind(&event.event_key)
-        .fetch_one(&mut *db)
-        .await?;
-    Ok(Some(ExistingEvent {
-        id: row.get("id"),
-        fingerprint: row.get("fingerprint"),
-    }))
+    let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
+    let existing_keys: Vec<&str> = keys
+        .iter()
+        .copied()
+        .filter(|k| !inserted.contains(*k))
+        .collect();
+    let rows = sqlx::query(
+        "SELECT event_key, id, fingerprint FROM notification_events WHERE event_key = ANY($1)",
+    )
+    .bind(&existing_keys)
+    .fetch_all(&mut *db)
+    .await?;
+    let mut existing: std::collections::HashMap<String, ExistingEvent> = rows
+        .into_iter()
+        .map(|r| {
+            (
+                r.get("event_key"),
+                ExistingEvent {
+                    id: r.get("id"),
+                    fingerprint: r.get("fingerprint"),
+                },
+            )
+        })
+        .collect();
+    Ok(keys.iter().map(|k| existing.remove(*k)).collect())
 }
 
 /// Records recipient x channel pairs that got no delivery (idempotent).
@@ -65,18 +146,28 @@ pub async fn insert_skips(
     event_id: Uuid,
     skipped: &[SkippedDelivery],
 ) -> Result<()> {
+    let rows: Vec<(Uuid, &SkippedDelivery)> = skipped.iter().map(|s| (event_id, s)).collect();
+    insert_skips_many(db, &rows).await
+}
+
+/// Records the skipped pairs of several events, `(event id, pair)`, in one statement.
+pub async fn insert_skips_many(
+    db: &mut sqlx::PgConnection,
+    skipped: &[(Uuid, &SkippedDelivery)],
+) -> Result<()> {
     if skipped.is_empty() {
         return Ok(());
     }
-    let users: Vec<&str> = skipped.iter().map(|s| s.user_id.as_str()).collect();
-    let channels: Vec<&str> = skipped.iter().map(|s| s.channel.as_str()).collect();
-    let reasons: Vec<&str> = skipped.iter().map(|s| s.reason.as_str()).collect();
+    let events: Vec<Uuid> = skipped.iter().map(|(e, _)| *e).collect();
+    let users: Vec<&str> = skipped.iter().map(|(_, s)| s.user_id.as_str()).collect();
+    let channels: Vec<&str> = skipped.iter().map(|(_, s)| s.channel.as_str()).collect();
+    let reasons: Vec<&str> = skipped.iter().map(|(_, s)| s.reason.as_str()).collect();
     sqlx::query(
         "INSERT INTO delivery_skips (event_id, user_id, channel, reason)
-         SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[])
+         SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[])
          ON CONFLICT DO NOTHING",
     )
-    .bind(event_id)
+    .bind(&events)
     .bind(&users)
     .bind(&channels)
     .bind(&reasons)
@@ -98,52 +189,71 @@ pub struct NewDelivery {
     pub max_attempts: i32,
 }
 
-/// Inserts deliveries and one outbox row each (due now), in one statement, whatever their
-/// number. A delivery whose idempotency key exists is skipped (with no outbox row), so a
-/// resumed fan-out never duplicates. Run it in the transaction that records the event or
-/// the fan-out checkpoint. Returns how many were inserted.
+/// Inserts deliveries of one event and one outbox row each (due now). See
+/// [`insert_deliveries_many`].
 pub async fn insert_deliveries(
     db: &mut sqlx::PgConnection,
     event_id: Uuid,
     deliveries: &[NewDelivery],
 ) -> Result<u64> {
+    let rows: Vec<(Uuid, &NewDelivery)> = deliveries.iter().map(|d| (event_id, d)).collect();
+    insert_deliveries_many(db, &rows).await
+}
+
+/// Inserts deliveries, `(event id, delivery)`, and one outbox row each (due when the
+/// delivery is), in one statement whatever their number. A delivery whose idempotency key
+/// exists is skipped (with no outbox row), so a resumed fan-out never duplicates. Run it
+/// in the transaction that records the event or the fan-out checkpoint. Returns how many
+/// were inserted.
+pub async fn insert_deliveries_many(
+    db: &mut sqlx::PgConnection,
+    deliveries: &[(Uuid, &NewDelivery)],
+) -> Result<u64> {
     if deliveries.is_empty() {
         return Ok(0);
     }
-    let ids: Vec<Uuid> = deliveries.iter().map(|d| d.id).collect();
-    let users: Vec<&str> = deliveries.iter().map(|d| d.plan.user_id.as_str()).collect();
-    let channels: Vec<&str> = deliveries.iter().map(|d| d.plan.channel.as_str()).collect();
+    let events: Vec<Uuid> = deliveries.iter().map(|(e, _)| *e).collect();
+    let ids: Vec<Uuid> = deliveries.iter().map(|(_, d)| d.id).collect();
+    let users: Vec<&str> = deliveries
+        .iter()
+        .map(|(_, d)| d.plan.user_id.as_str())
+        .collect();
+    let channels: Vec<&str> = deliveries
+        .iter()
+        .map(|(_, d)| d.plan.channel.as_str())
+        .collect();
     let providers: Vec<&str> = deliveries
         .iter()
-        .map(|d| d.plan.provider.as_str())
+        .map(|(_, d)| d.plan.provider.as_str())
         .collect();
-    let endpoints: Vec<Option<Uuid>> = deliveries.iter().map(|d| d.plan.endpoint_id).collect();
+    let endpoints: Vec<Option<Uuid>> = deliveries.iter().map(|(_, d)| d.plan.endpoint_id).collect();
     let addresses: Vec<Option<&str>> = deliveries
         .iter()
-        .map(|d| d.plan.address.as_deref())
+        .map(|(_, d)| d.plan.address.as_deref())
         .collect();
     let keys: Vec<&str> = deliveries
         .iter()
-        .map(|d| d.plan.idempotency_key.as_str())
+        .map(|(_, d)| d.plan.idempotency_key.as_str())
         .collect();
-    let retry_keys: Vec<Option<Uuid>> = deliveries.iter().map(|d| d.retry_key).collect();
-    let max_attempts: Vec<i32> = deliveries.iter().map(|d| d.max_attempts).collect();
+    let retry_keys: Vec<Option<Uuid>> = deliveries.iter().map(|(_, d)| d.retry_key).collect();
+    let max_attempts: Vec<i32> = deliveries.iter().map(|(_, d)| d.max_attempts).collect();
     sqlx::query(
         "WITH d AS (
              INSERT INTO notification_deliveries
                  (id, event_id, user_id, channel, provider, endpoint_id, address, idempotency_key,
                   retry_key, max_attempts)
-             SELECT t.id, $1, t.user_id, t.channel, t.provider, t.endpoint_id, t.address, t.key,
-                    t.retry_key, t.max_attempts
-             FROM UNNEST($2::uuid[], $3::text[], $4::text[], $5::text[], $6::uuid[], $7::text[],
-                         $8::text[], $9::uuid[], $10::int[])
-                  AS t(id, user_id, channel, provider, endpoint_id, address, key, retry_key, max_attempts)
+             SELECT t.id, t.event_id, t.user_id, t.channel, t.provider, t.endpoint_id, t.address,
+                    t.key, t.retry_key, t.max_attempts
+             FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::uuid[],
+                         $7::text[], $8::text[], $9::uuid[], $10::int[])
+                  AS t(event_id, id, user_id, channel, provider, endpoint_id, address, key,
+                       retry_key, max_attempts)
              ON CONFLICT (channel, idempotency_key) DO NOTHING
              RETURNING id, channel, next_attempt_at)
          INSERT INTO outbox (delivery_id, channel, available_at)
          SELECT id, channel, next_attempt_at FROM d",
     )
-    .bind(event_id)
+    .bind(&events)
     .bind(&ids)
     .bind(&users)
     .bind(&channels)

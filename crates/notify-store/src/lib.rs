@@ -13,6 +13,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::str::FromStr;
 use std::time::Duration;
 
+pub use sqlx;
 pub use sqlx::PgPool;
 
 /// Errors of the store. SQL text never leaves this crate in an error shown to callers.

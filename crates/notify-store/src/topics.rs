@@ -22,6 +22,16 @@ pub async fn topic_exists(db: impl PgExecutor<'_>, key: &str) -> Result<bool> {
     )
 }
 
+/// Which of `keys` name existing topics.
+pub async fn existing_topics(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<String>> {
+    Ok(
+        sqlx::query_scalar("SELECT key FROM topics WHERE key = ANY($1)")
+            .bind(keys)
+            .fetch_all(db)
+            .await?,
+    )
+}
+
 /// Subscribes users (idempotent). Returns how many were new.
 pub async fn subscribe(db: impl PgExecutor<'_>, topic: &str, user_ids: &[String]) -> Result<u64> {
     let r = sqlx::query(

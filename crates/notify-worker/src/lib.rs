@@ -9,8 +9,10 @@
 //! 5. ack only after that commit. Unparseable messages and messages naming a delivery that
 //!    does not exist (or belongs to another channel) are rejected to the dead-letter queue.
 
+pub mod batch;
 pub mod http;
 
+use batch::Batcher;
 use futures_util::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicRejectOptions,
@@ -137,8 +139,9 @@ pub async fn run<S: ChannelSender>(
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
     let mut backoff = Duration::from_millis(200);
+    let db = DbBatches::start(&pool, sender.channel(), cfg.lease);
     loop {
-        match run_connected(&cfg, &pool, &sender, &shutdown).await {
+        match run_connected(&cfg, &pool, &sender, &db, &shutdown).await {
             Ok(()) => return Ok(()),
             Err(e) => {
                 error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "broker connection failed; reconnecting");
@@ -156,6 +159,7 @@ async fn run_connected<S: ChannelSender>(
     cfg: &WorkerConfig,
     pool: &PgPool,
     sender: &Arc<S>,
+    db: &DbBatches,
     shutdown: &CancellationToken,
 ) -> Result<(), WorkerError> {
     let channel = sender.channel();
@@ -182,6 +186,7 @@ async fn run_connected<S: ChannelSender>(
         pool: pool.clone(),
         sender: sender.clone(),
         cfg: cfg.clone(),
+        db: db.clone(),
     });
     let mut failure = None;
     let mut ended = false;
@@ -246,6 +251,41 @@ struct Ctx<S> {
     pool: PgPool,
     sender: Arc<S>,
     cfg: WorkerConfig,
+    db: DbBatches,
+}
+
+/// The worker's batched database calls: claims of one channel, and attempt records.
+#[derive(Clone)]
+struct DbBatches {
+    claims: Batcher<uuid::Uuid, ClaimOutcome>,
+    records: Batcher<(Arc<DeliveryJob>, NextState, AttemptRecord), bool>,
+}
+
+/// Most claims or records in one statement or transaction.
+const DB_BATCH: usize = 100;
+
+impl DbBatches {
+    fn start(pool: &PgPool, channel: Channel, lease: Duration) -> Self {
+        let p = pool.clone();
+        let claims = Batcher::start(2, DB_BATCH, move |ids: Vec<uuid::Uuid>| {
+            let p = p.clone();
+            async move { deliveries::claim_many(&p, &ids, channel.as_str(), lease).await }
+        });
+        let p = pool.clone();
+        let records = Batcher::start(
+            2,
+            DB_BATCH,
+            move |batch: Vec<(Arc<DeliveryJob>, NextState, AttemptRecord)>| {
+                let p = p.clone();
+                async move {
+                    let refs: Vec<(&DeliveryJob, &NextState, &AttemptRecord)> =
+                        batch.iter().map(|(j, n, r)| (&**j, n, r)).collect();
+                    deliveries::record_attempts(&p, &refs).await
+                }
+            },
+        );
+        Self { claims, records }
+    }
 }
 
 /// Retries a database operation with backoff while it fails, for up to about a minute.
@@ -288,10 +328,7 @@ impl<S: ChannelSender> Ctx<S> {
                 reject(&msg).await;
                 return;
             }
-            let claimed = with_db_retry("claim", || {
-                deliveries::claim(&self.pool, pointer.delivery_id, channel.as_str(), self.cfg.lease)
-            })
-            .await;
+            let claimed = with_db_retry("claim", || self.db.claims.call(pointer.delivery_id)).await;
             let job = match claimed {
                 None => return nack_requeue(&msg).await,
                 Some(ClaimOutcome::Missing) => {
@@ -321,8 +358,9 @@ impl<S: ChannelSender> Ctx<S> {
                     error!(attempt = job.attempt, %error, alert = "delivery_failed", "delivery failed")
                 }
             }
+            let job = Arc::new(*job);
             let recorded = with_db_retry("record attempt", || {
-                deliveries::record_attempt(&self.pool, &job, &next, &record)
+                self.db.records.call((job.clone(), next.clone(), record.clone()))
             })
             .await;
             match recorded {

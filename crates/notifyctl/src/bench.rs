@@ -6,7 +6,9 @@
 //! second, event-to-provider latency at a steady 500 events/s, the 100,000-recipient
 //! fan-out time, peak memory per process, and the ratios to the ceilings.
 
-use crate::procs::{Procs, WORKERS, connect_grpc, cpu_jiffies, peak_rss_kib, process_jiffies};
+use crate::procs::{
+    Procs, WORKERS, connect_grpc, cpu_jiffies, peak_rss_kib, process_jiffies, tree_jiffies,
+};
 use anyhow::Context;
 use futures_util::StreamExt;
 use lapin::options::{
@@ -39,6 +41,18 @@ pub struct BenchConfig {
     pub sim_url: String,
     /// Length of each sustained-load phase.
     pub phase: Duration,
+    /// The local stack's folder (`pids/postgres.pid`, `pids/rabbitmq.pid`), to split the
+    /// CPU time among the processes.
+    pub stack_dir: PathBuf,
+    /// Phases to run (`ingest`, `e2e`, `latency`, `fanout`); empty = all. The two
+    /// ceilings are always measured.
+    pub only: Vec<String>,
+}
+
+impl BenchConfig {
+    fn wants(&self, phase: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|p| p == phase)
+    }
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -51,6 +65,71 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
+}
+
+/// CPU jiffies of the machine and of each part of the platform at one moment.
+struct CpuSample {
+    machine: Option<(u64, u64)>,
+    parts: Vec<(&'static str, Option<u64>)>,
+}
+
+impl CpuSample {
+    fn take(procs: &Procs, stack_dir: &std::path::Path) -> Self {
+        let pid_of = |name: &str| -> Option<u32> {
+            std::fs::read_to_string(stack_dir.join("pids").join(format!("{name}.pid")))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        let workers: Option<u64> = WORKERS
+            .iter()
+            .filter_map(|w| procs.pid(w))
+            .map(process_jiffies)
+            .sum();
+        Self {
+            machine: cpu_jiffies(),
+            parts: vec![
+                ("postgres", pid_of("postgres").and_then(tree_jiffies)),
+                ("rabbitmq", pid_of("rabbitmq").and_then(tree_jiffies)),
+                ("ingest", procs.pid("ingest").and_then(process_jiffies)),
+                ("workers", workers),
+                (
+                    "provider-sim",
+                    pid_of("provider-sim").and_then(process_jiffies),
+                ),
+                ("bench client", process_jiffies(std::process::id())),
+            ],
+        }
+    }
+
+    /// One line: how busy all cores were and each part's share of all cores.
+    fn report(&self, later: &CpuSample) -> String {
+        let (Some((b0, t0)), Some((b1, t1))) = (self.machine, later.machine) else {
+            return "  cpu: not measurable here".into();
+        };
+        let total = (t1 - t0).max(1) as f64;
+        let busy = (b1 - b0) as f64 / total;
+        let parts: Vec<String> = self
+            .parts
+            .iter()
+            .zip(&later.parts)
+            .filter_map(|((name, a), (_, b))| {
+                let share = b.zip(*a).map(|(b, a)| b.saturating_sub(a) as f64 / total)?;
+                (share >= 0.005).then(|| format!("{name} {:.0}%", 100.0 * share))
+            })
+            .collect();
+        format!(
+            "  cpu: {:.0}% of all cores busy ({}){}",
+            100.0 * busy,
+            parts.join(", "),
+            if busy > 0.9 {
+                " -> CPU is the resource that ran out"
+            } else {
+                ""
+            }
+        )
+    }
 }
 
 /// Persistent 256-byte messages, publisher confirms in windows of 500, consumer with
@@ -286,31 +365,15 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     .await?;
 
     let mut ingest_rate = 0.0;
-    for clients in [32, 128] {
-        let machine0 = cpu_jiffies();
-        let ingest0 = procs.pid("ingest").and_then(process_jiffies);
+    let ingest_clients: &[usize] = if cfg.wants("ingest") { &[32, 128] } else { &[] };
+    for &clients in ingest_clients {
+        let before = CpuSample::take(&procs, &cfg.stack_dir);
         let (rate, p50, p99, errors) =
             ingest_load(&channel, clients, cfg.phase, &format!("c{clients}")).await?;
-        if let (Some((b0, t0)), Some((b1, t1)), Some(i0), Some(i1)) = (
-            machine0,
-            cpu_jiffies(),
-            ingest0,
-            procs.pid("ingest").and_then(process_jiffies),
-        ) {
-            let busy = (b1 - b0) as f64 / (t1 - t0).max(1) as f64;
-            let ingest_share = (i1 - i0) as f64 / (t1 - t0).max(1) as f64;
-            println!(
-                "  cpu during the phase: {:.0}% of all cores busy; ingest {:.0}%, the rest (postgres, rabbitmq, this client) {:.0}%{}",
-                100.0 * busy,
-                100.0 * ingest_share,
-                100.0 * (busy - ingest_share),
-                if busy > 0.9 {
-                    " -> CPU is the resource that ran out"
-                } else {
-                    ""
-                }
-            );
-        }
+        println!(
+            "{}",
+            before.report(&CpuSample::take(&procs, &cfg.stack_dir))
+        );
         if clients == 32 {
             ingest_rate = rate;
         }
@@ -343,7 +406,8 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     let channel = connect_grpc(&cfg.grpc_url).await?;
 
     // End to end: a burst of events, until every delivery is final.
-    let events = 5_000usize;
+    let events = if cfg.wants("e2e") { 5_000usize } else { 0 };
+    let before = CpuSample::take(&procs, &cfg.stack_dir);
     let started = Instant::now();
     let mut sends = Vec::new();
     for w in 0..32 {
@@ -375,16 +439,26 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let e2e = (events * 2) as f64 / started.elapsed().as_secs_f64();
-    println!(
-        "end to end: {e2e:.0} deliveries/s ({} events x in-app + LINE, zero-latency simulator, one replica per worker)",
-        events
-    );
+    if events > 0 {
+        println!(
+            "end to end: {e2e:.0} deliveries/s ({} events x in-app + LINE, zero-latency simulator, one replica per worker)",
+            events
+        );
+        println!(
+            "{}",
+            before.report(&CpuSample::take(&procs, &cfg.stack_dir))
+        );
+    }
 
     // Latency at a steady 500 events/s (LINE only: the simulator stamps arrival).
     observed.clear_requests().await?;
     let client = pb::ingest_service_client::IngestServiceClient::new(channel.clone());
     let mut sent_at = std::collections::HashMap::new();
-    let total = (500.0 * cfg.phase.as_secs_f64().min(10.0)) as usize;
+    let total = if cfg.wants("latency") {
+        (500.0 * cfg.phase.as_secs_f64().min(10.0)) as usize
+    } else {
+        0
+    };
     let tick = Duration::from_micros(2_000);
     let mut next = tokio::time::Instant::now();
     let mut inflight = Vec::new();
@@ -428,58 +502,63 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
         })
         .collect();
     lat.sort();
-    println!(
-        "event to provider at 500 events/s: p50 {:.1} ms, p99 {:.1} ms ({} events)",
-        ms(pct(&lat, 0.5)),
-        ms(pct(&lat, 0.99)),
-        lat.len()
-    );
+    if total > 0 {
+        println!(
+            "event to provider at 500 events/s: p50 {:.1} ms, p99 {:.1} ms ({} events)",
+            ms(pct(&lat, 0.5)),
+            ms(pct(&lat, 0.99)),
+            lat.len()
+        );
+    }
 
-    // Fan-out: time to write every delivery of a 100,000-subscriber topic event.
-    let subs: Vec<String> = (0..100_000).map(|i| format!("fan-{i:06}")).collect();
-    sqlx::query("INSERT INTO topics (key) VALUES ('bench.fanout') ON CONFLICT DO NOTHING")
-        .execute(&pool)
-        .await?;
-    sqlx::query("INSERT INTO topic_subscriptions (topic, user_id) SELECT 'bench.fanout', u FROM UNNEST($1::text[]) AS u ON CONFLICT DO NOTHING")
+    let mut inapp_peak = procs.pid("worker-inapp").and_then(peak_rss_kib);
+    if cfg.wants("fanout") {
+        // Fan-out: time to write every delivery of a 100,000-subscriber topic event.
+        let subs: Vec<String> = (0..100_000).map(|i| format!("fan-{i:06}")).collect();
+        sqlx::query("INSERT INTO topics (key) VALUES ('bench.fanout') ON CONFLICT DO NOTHING")
+            .execute(&pool)
+            .await?;
+        sqlx::query("INSERT INTO topic_subscriptions (topic, user_id) SELECT 'bench.fanout', u FROM UNNEST($1::text[]) AS u ON CONFLICT DO NOTHING")
         .bind(&subs)
         .execute(&pool)
         .await?;
-    let inapp_peak = procs.pid("worker-inapp").and_then(peak_rss_kib);
-    procs.terminate("worker-inapp").await?; // measure the fan-out alone
-    let started = Instant::now();
-    let reply = pb::ingest_service_client::IngestServiceClient::new(channel.clone())
-        .create_event(pb::CreateEventRequest {
-            event_key: "bench:fanout".into(),
-            r#type: "bench_fanout".into(),
-            topic: "bench.fanout".into(),
-            content: Some(pb::Content {
-                title: "fan-out".into(),
+        inapp_peak = procs.pid("worker-inapp").and_then(peak_rss_kib);
+        procs.terminate("worker-inapp").await?; // measure the fan-out alone
+        let started = Instant::now();
+        let reply = pb::ingest_service_client::IngestServiceClient::new(channel.clone())
+            .create_event(pb::CreateEventRequest {
+                event_key: "bench:fanout".into(),
+                r#type: "bench_fanout".into(),
+                topic: "bench.fanout".into(),
+                content: Some(pb::Content {
+                    title: "fan-out".into(),
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
-            ..Default::default()
-        })
-        .await?
-        .into_inner();
-    let reply_ms = ms(started.elapsed());
-    loop {
-        let status: String =
-            sqlx::query_scalar("SELECT fanout_status FROM notification_events WHERE id = $1::uuid")
-                .bind(&reply.event_id)
-                .fetch_one(&pool)
-                .await?;
-        if status == "done" {
-            break;
+            })
+            .await?
+            .into_inner();
+        let reply_ms = ms(started.elapsed());
+        loop {
+            let status: String = sqlx::query_scalar(
+                "SELECT fanout_status FROM notification_events WHERE id = $1::uuid",
+            )
+            .bind(&reply.event_id)
+            .fetch_one(&pool)
+            .await?;
+            if status == "done" {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(300) {
+                anyhow::bail!("fan-out did not finish in 300 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if started.elapsed() > Duration::from_secs(300) {
-            anyhow::bail!("fan-out did not finish in 300 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        println!(
+            "fan-out: 100,000 deliveries written in {:.1} s (CreateEvent replied in {reply_ms:.0} ms)",
+            started.elapsed().as_secs_f64()
+        );
     }
-    println!(
-        "fan-out: 100,000 deliveries written in {:.1} s (CreateEvent replied in {reply_ms:.0} ms)",
-        started.elapsed().as_secs_f64()
-    );
-
     for name in [
         "ingest",
         "worker-line",

@@ -74,11 +74,24 @@ async fn main() -> ExitCode {
                 amqp_url: env.required("NOTIFY_AMQP_URL"),
                 grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
                 sim_url: env.required("NOTIFY_SIM_URL"),
+                stack_dir: env.string("NOTIFY_STACK_DIR", ".stack").into(),
                 phase: env.parse_with(
                     "NOTIFY_BENCH_PHASE",
                     std::time::Duration::from_secs(30),
                     |s| notify_core::retry::parse_duration(s).map_err(|e| e.to_string()),
                 ),
+                only: env.parse_with("NOTIFY_BENCH_ONLY", Vec::new(), |s| {
+                    s.split(',')
+                        .map(|p| p.trim())
+                        .filter(|p| !p.is_empty())
+                        .map(|p| match p {
+                            "ingest" | "e2e" | "latency" | "fanout" => Ok(p.to_string()),
+                            _ => Err(format!(
+                                "{p:?} is not a phase; use ingest, e2e, latency or fanout"
+                            )),
+                        })
+                        .collect()
+                }),
             };
             if let Err(problems) = env.finish() {
                 notify_telemetry::exit_bad_config("notifyctl", &problems);

@@ -143,3 +143,45 @@ pub fn process_jiffies(pid: u32) -> Option<u64> {
     let f: Vec<&str> = rest.split_whitespace().collect();
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
+
+/// CPU jiffies used so far by `root` and every process below it (a Postgres postmaster
+/// and its backends, the RabbitMQ VM and its helpers). Processes that already exited are
+/// not counted.
+pub fn tree_jiffies(root: u32) -> Option<u64> {
+    let mut parent: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        // Field 4 is the parent pid.
+        if let Some(ppid) = stat[close + 2..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+        {
+            parent.insert(pid, ppid);
+        }
+    }
+    let in_tree = |mut pid: u32| loop {
+        if pid == root {
+            return true;
+        }
+        match parent.get(&pid) {
+            Some(&p) if p != 0 && p != pid => pid = p,
+            _ => return false,
+        }
+    };
+    Some(
+        parent
+            .keys()
+            .filter(|&&pid| in_tree(pid))
+            .filter_map(|&pid| process_jiffies(pid))
+            .sum(),
+    )
+}

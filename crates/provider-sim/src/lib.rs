@@ -207,6 +207,12 @@ pub async fn serve(
     cfg: SimConfig,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // Without TCP_NODELAY, a reply written in two parts waits for the client's delayed
+    // ACK (~40 ms), which would be counted as provider latency.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router(cfg))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await

@@ -198,6 +198,8 @@ impl Platform {
             max_attempts: 5,
             request_timeout: Duration::from_secs(30),
             sweep_interval: Duration::from_secs(1),
+            writers: 4,
+            write_batch: 200,
             sweep_batch: 500,
             republish_after: opts.republish_after,
         };

@@ -1,0 +1,379 @@
+//! Group commit for `CreateEvent`.
+//!
+//! Each request is validated in its own handler, then handed to the event writer. A few
+//! writer tasks take whatever requests are waiting (up to a batch limit) and write them in
+//! one transaction with multi-row statements: types and topics looked up once, the events
+//! inserted in one statement (keys sorted, so concurrent batches lock the unique index in
+//! one order), recipient facts read with three queries, all deliveries with their outbox
+//! rows in one statement and all skipped pairs in another. One commit (one WAL flush)
+//! then answers the whole batch. Under light load a batch is a single request and adds no
+//! wait; under heavy load the batch grows with the queue.
+//!
+//! Failure isolation: a request that fails validation against the catalogue (unknown
+//! type or topic, a channel the type does not allow) is answered on its own and left out
+//! of the batch. If the batch transaction fails on a statement, each request is retried in
+//! a transaction of its own, so one bad request cannot fail its neighbours. A request
+//! whose caller has gone (deadline passed, cancelled) before the commit is left out: the
+//! batch is rolled back and written again without it, so a passed deadline writes nothing.
+
+use crate::error::ApiError;
+use crate::grpc::new_deliveries;
+use notify_core::plan::{effective_channels, plan};
+use notify_core::{Channel, NewEvent, SkippedDelivery};
+use notify_store::events::{self, EventInsert, ExistingEvent, NewDelivery};
+use notify_store::{PgPool, StoreError, catalog, topics};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use tokio::sync::{Mutex, mpsc, oneshot};
+use tracing::{debug, warn};
+use uuid::Uuid;
+
+/// What writing one event produced.
+#[derive(Debug)]
+pub enum Written {
+    /// The event is new and committed, with its deliveries and skipped pairs.
+    New {
+        /// The new event's id.
+        event_id: Uuid,
+        /// Deliveries written (empty for a topic event, which the fan-out plans).
+        deliveries: Vec<NewDelivery>,
+        /// Recipient x channel pairs that got no delivery.
+        skipped: Vec<SkippedDelivery>,
+    },
+    /// The key exists: the stored event's id and fingerprint.
+    Existing(ExistingEvent),
+}
+
+struct Job {
+    event: NewEvent,
+    requested_channels: Vec<String>,
+    reply: oneshot::Sender<Result<Written, ApiError>>,
+}
+
+/// Settings of the event writer.
+#[derive(Debug, Clone, Copy)]
+pub struct WriterConfig {
+    /// Writer tasks (transactions in flight at once).
+    pub writers: usize,
+    /// Most events per transaction.
+    pub max_batch: usize,
+    /// Attempts each new delivery gets.
+    pub max_attempts: i32,
+}
+
+/// Handle to the writer tasks; cheap to clone. The tasks stop when every handle is gone.
+#[derive(Clone)]
+pub struct EventWriter {
+    tx: mpsc::Sender<Job>,
+}
+
+impl EventWriter {
+    /// Starts `cfg.writers` writer tasks over `pool`.
+    pub fn start(pool: PgPool, cfg: WriterConfig) -> Self {
+        let (tx, rx) = mpsc::channel::<Job>(cfg.max_batch * cfg.writers.max(1) * 4);
+        let rx = Arc::new(Mutex::new(rx));
+        for _ in 0..cfg.writers.max(1) {
+            tokio::spawn(writer_loop(pool.clone(), cfg, rx.clone()));
+        }
+        Self { tx }
+    }
+
+    /// Writes one validated event (with the channel names the caller asked for, to name
+    /// them in errors) and waits for its commit.
+    ///
+    /// # Errors
+    /// `NotFound` for an unknown type or topic, `Invalid` for a channel the type does not
+    /// allow, `Store` when the database failed.
+    pub async fn write(
+        &self,
+        event: NewEvent,
+        requested_channels: Vec<String>,
+    ) -> Result<Written, ApiError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Job {
+                event,
+                requested_channels,
+                reply,
+            })
+            .await
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+fn stopped() -> ApiError {
+    ApiError::Store(StoreError::Db(sqlx::Error::PoolClosed))
+}
+
+async fn writer_loop(pool: PgPool, cfg: WriterConfig, rx: Arc<Mutex<mpsc::Receiver<Job>>>) {
+    let mut carry: Vec<Job> = Vec::new();
+    loop {
+        let mut jobs = std::mem::take(&mut carry);
+        // An idle writer waits for work holding the receiver; one with carried-over work
+        // only tops its batch up when the receiver is free.
+        let receiver = if jobs.is_empty() {
+            let mut rx = rx.lock().await;
+            match rx.recv().await {
+                Some(j) => jobs.push(j),
+                None => return,
+            }
+            Some(rx)
+        } else {
+            rx.try_lock().ok()
+        };
+        if let Some(mut rx) = receiver {
+            while jobs.len() < cfg.max_batch {
+                match rx.try_recv() {
+                    Ok(j) => jobs.push(j),
+                    Err(_) => break,
+                }
+            }
+        }
+        // Keys must be distinct within a batch; a repeat waits for the next one, where it
+        // finds the first as existing.
+        let mut seen = HashSet::new();
+        let (batch, repeats): (Vec<Job>, Vec<Job>) = jobs
+            .into_iter()
+            .partition(|j| seen.insert(j.event.event_key.clone()));
+        carry = repeats;
+        write_batch(&pool, cfg.max_attempts, batch).await;
+    }
+}
+
+/// A job that passed the catalogue checks.
+struct Ready {
+    job: Job,
+    id: Uuid,
+    channels: Vec<Channel>,
+    critical: bool,
+}
+
+async fn write_batch(pool: &PgPool, max_attempts: i32, jobs: Vec<Job>) {
+    let mut jobs: Vec<Job> = jobs.into_iter().filter(|j| !j.reply.is_closed()).collect();
+    if jobs.is_empty() {
+        return;
+    }
+    jobs.sort_by(|a, b| a.event.event_key.cmp(&b.event.event_key));
+    let size = jobs.len();
+    let mut ready = match check_catalogue(pool, jobs).await {
+        Ok(ready) => ready,
+        Err((jobs, e)) => {
+            warn!(error = %e, "catalogue lookup failed");
+            for j in jobs {
+                let _ = j.reply.send(Err(same_error(&e)));
+            }
+            return;
+        }
+    };
+    loop {
+        let started = std::time::Instant::now();
+        match try_write(pool, max_attempts, &ready).await {
+            Ok((results, committed)) if committed => {
+                debug!(
+                    events = ready.len(),
+                    ms = started.elapsed().as_secs_f64() * 1e3,
+                    "batch committed"
+                );
+                for (r, res) in ready.into_iter().zip(results) {
+                    let _ = r.job.reply.send(Ok(res));
+                }
+                return;
+            }
+            Ok(_) => {
+                // Some callers left before the commit: write the batch again without them.
+                ready.retain(|r| !r.job.reply.is_closed());
+                if ready.is_empty() {
+                    return;
+                }
+            }
+            Err(e) => {
+                if ready.len() > 1 && matches!(&e, StoreError::Db(sqlx::Error::Database(_))) {
+                    warn!(error = %e, events = ready.len(), "batch failed; writing its events one by one");
+                    for r in ready {
+                        write_alone(pool, max_attempts, r).await;
+                    }
+                } else {
+                    if size > 1 {
+                        warn!(error = %e, events = ready.len(), "batch failed");
+                    }
+                    for r in ready {
+                        let _ = r.job.reply.send(Err(same_error(&e)));
+                    }
+                }
+                return;
+            }
+        }
+    }
+}
+
+async fn write_alone(pool: &PgPool, max_attempts: i32, r: Ready) {
+    loop {
+        if r.job.reply.is_closed() {
+            return;
+        }
+        let one = std::slice::from_ref(&r);
+        match try_write(pool, max_attempts, one).await {
+            Ok((mut results, true)) => {
+                let _ = r.job.reply.send(Ok(results.remove(0)));
+                return;
+            }
+            Ok(_) => continue,
+            Err(e) => {
+                let _ = r.job.reply.send(Err(ApiError::Store(e)));
+                return;
+            }
+        }
+    }
+}
+
+/// A copy of a store error for each caller of a failed batch (the SQL text stays here).
+fn same_error(e: &StoreError) -> ApiError {
+    ApiError::Store(match e {
+        StoreError::Db(sqlx::Error::PoolTimedOut) => StoreError::Db(sqlx::Error::PoolTimedOut),
+        StoreError::Db(sqlx::Error::PoolClosed) => StoreError::Db(sqlx::Error::PoolClosed),
+        other => StoreError::Db(sqlx::Error::Protocol(other.to_string())),
+    })
+}
+
+/// Looks up the batch's types and topics (two queries) and answers, on their own, the
+/// requests that name an unknown one or a channel their type does not allow.
+async fn check_catalogue(
+    pool: &PgPool,
+    jobs: Vec<Job>,
+) -> Result<Vec<Ready>, (Vec<Job>, StoreError)> {
+    let type_keys: Vec<&str> = {
+        let mut k: Vec<&str> = jobs.iter().map(|j| j.event.type_key.as_str()).collect();
+        k.sort_unstable();
+        k.dedup();
+        k
+    };
+    let topic_keys: Vec<&str> = jobs
+        .iter()
+        .filter_map(|j| j.event.topic.as_deref())
+        .collect();
+    let types = match catalog::get_types(pool, &type_keys).await {
+        Ok(t) => t,
+        Err(e) => return Err((jobs, e)),
+    };
+    let types: HashMap<String, catalog::NotificationType> =
+        types.into_iter().map(|t| (t.key.clone(), t)).collect();
+    let known_topics: HashSet<String> = if topic_keys.is_empty() {
+        HashSet::new()
+    } else {
+        match topics::existing_topics(pool, &topic_keys).await {
+            Ok(t) => t.into_iter().collect(),
+            Err(e) => return Err((jobs, e)),
+        }
+    };
+    let mut ready = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let Some(ty) = types.get(&job.event.type_key) else {
+            let name = job.event.type_key.clone();
+            let _ = job.reply.send(Err(ApiError::NotFound {
+                kind: "notification type",
+                name,
+            }));
+            continue;
+        };
+        let channels = match effective_channels(
+            &ty.default_channels,
+            &job.event.channels,
+            &job.requested_channels,
+            &ty.key,
+        ) {
+            Ok(c) => c,
+            Err(v) => {
+                let _ = job.reply.send(Err(ApiError::Invalid(v)));
+                continue;
+            }
+        };
+        if let Some(topic) = &job.event.topic
+            && !known_topics.contains(topic)
+        {
+            let name = topic.clone();
+            let _ = job.reply.send(Err(ApiError::NotFound {
+                kind: "topic",
+                name,
+            }));
+            continue;
+        }
+        ready.push(Ready {
+            id: Uuid::new_v4(),
+            critical: ty.critical,
+            channels,
+            job,
+        });
+    }
+    Ok(ready)
+}
+
+/// Writes the batch in one transaction. Returns the results in order and whether it
+/// committed: it rolls back instead when a caller left before the commit.
+async fn try_write(
+    pool: &PgPool,
+    max_attempts: i32,
+    ready: &[Ready],
+) -> Result<(Vec<Written>, bool), StoreError> {
+    let mut tx = pool.begin().await?;
+    let inserts: Vec<EventInsert<'_>> = ready
+        .iter()
+        .map(|r| EventInsert {
+            id: r.id,
+            event: &r.job.event,
+            channels: &r.channels,
+        })
+        .collect();
+    let existing = events::insert_events(&mut tx, &inserts).await?;
+
+    // Plan the new, direct (non-topic) events from one read of their recipients' facts.
+    let direct: Vec<usize> = (0..ready.len())
+        .filter(|&i| existing[i].is_none() && ready[i].job.event.topic.is_none())
+        .collect();
+    let requests: Vec<(&str, &[String])> = direct
+        .iter()
+        .map(|&i| {
+            let e = &ready[i].job.event;
+            (e.type_key.as_str(), e.recipients.as_slice())
+        })
+        .collect();
+    let facts = catalog::load_recipient_facts_many(&mut tx, &requests).await?;
+    let mut planned: HashMap<usize, (Vec<NewDelivery>, Vec<SkippedDelivery>)> = HashMap::new();
+    for (&i, facts) in direct.iter().zip(facts) {
+        let r = &ready[i];
+        let (deliveries, skipped) = plan(r.id, r.critical, &r.channels, &facts);
+        planned.insert(i, (new_deliveries(deliveries, max_attempts), skipped));
+    }
+    let rows: Vec<(Uuid, &NewDelivery)> = planned
+        .iter()
+        .flat_map(|(&i, (d, _))| d.iter().map(move |d| (ready[i].id, d)))
+        .collect();
+    events::insert_deliveries_many(&mut tx, &rows).await?;
+    let skips: Vec<(Uuid, &SkippedDelivery)> = planned
+        .iter()
+        .flat_map(|(&i, (_, s))| s.iter().map(move |s| (ready[i].id, s)))
+        .collect();
+    events::insert_skips_many(&mut tx, &skips).await?;
+
+    if ready.iter().any(|r| r.job.reply.is_closed()) {
+        tx.rollback().await?;
+        return Ok((Vec::new(), false));
+    }
+    tx.commit().await?;
+    let results = existing
+        .into_iter()
+        .enumerate()
+        .map(|(i, ex)| match ex {
+            Some(ex) => Written::Existing(ex),
+            None => {
+                let (deliveries, skipped) = planned.remove(&i).unwrap_or_default();
+                Written::New {
+                    event_id: ready[i].id,
+                    deliveries,
+                    skipped,
+                }
+            }
+        })
+        .collect();
+    Ok((results, true))
+}
