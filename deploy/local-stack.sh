@@ -121,7 +121,7 @@ start_postgres() {
   fi
   log "starting postgres on 127.0.0.1:$PG_PORT"
   as_pg "$bin/pg_ctl" -D "$data" -l "$dir/postgres.log" -w -t 60 start \
-    -o "-p $PG_PORT -k $sock -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=256MB" \
+    -o "-p $PG_PORT -k $sock -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=256MB -c max_wal_size=4GB -c shared_preload_libraries=pg_stat_statements" \
     >"$STACK/logs/pg_ctl.log" 2>&1 || die "postgres did not start: $dir/postgres.log"
   head -n 1 "$data/postmaster.pid" >"$STACK/pids/postgres.pid"
   wait_for postgres 30 psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -c 'select 1'

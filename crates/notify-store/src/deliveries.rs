@@ -109,13 +109,16 @@ pub async fn claim_many(
     }
     let tokens: Vec<Uuid> = ids.iter().map(|_| Uuid::new_v4()).collect();
     let rows = sqlx::query(
-        "WITH want AS (SELECT * FROM UNNEST($1::uuid[], $3::uuid[]) AS w(id, token)),
-         c AS (
+        // Rows are found by primary key only. `|| ''` keeps the planner off the partial
+        // indexes on status and the (channel, idempotency_key) index, whose statistics
+        // lag behind a burst: scanning every due delivery, or every delivery of the
+        // channel, for each claim made claims cost O(backlog).
+        "WITH c AS (
              UPDATE notification_deliveries d
-             SET status = 'sending', attempts = attempts + 1, lease_token = want.token,
+             SET status = 'sending', attempts = attempts + 1,
+                 lease_token = ($3::uuid[])[array_position($1::uuid[], d.id)],
                  lease_expires_at = now() + $4 * interval '1 millisecond', updated_at = now()
-             FROM want
-             WHERE d.id = want.id AND d.channel = $2 AND d.status = 'pending'
+             WHERE d.id = ANY($1) AND d.channel || '' = $2 AND d.status || '' = 'pending'
                AND d.next_attempt_at <= now()
              RETURNING d.*)
          SELECT c.id, c.event_id, c.user_id, c.channel, c.provider, c.attempts, c.max_attempts,
@@ -312,6 +315,7 @@ pub async fn record_attempts(
         errors.push(error);
     }
     let mut tx = db.begin().await?;
+    // By primary key, not the partial lease index (see `claim_many`).
     let updated: Vec<(Uuid, Uuid)> = sqlx::query_as(
         "UPDATE notification_deliveries d
          SET status = t.status, provider_message_id = coalesce(t.pmid, d.provider_message_id),
@@ -321,7 +325,8 @@ pub async fn record_attempts(
              lease_token = NULL, lease_expires_at = NULL, updated_at = now()
          FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[])
               AS t(id, token, status, pmid, retry_ms, error)
-         WHERE d.id = t.id AND d.lease_token = t.token AND d.status = 'sending'
+         WHERE d.id = ANY($1) AND d.id = t.id AND d.lease_token = t.token
+           AND d.status || '' = 'sending'
          RETURNING d.id, t.token",
     )
     .bind(&ids)
@@ -477,23 +482,39 @@ pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result
 }
 
 /// Writes the in-app notification of a delivery; idempotent on the delivery id.
-/// Returns false when the row already existed.
+/// Returns false when the row already existed. See [`insert_inbox_notifications`].
 pub async fn insert_inbox_notification(db: &PgPool, job: &DeliveryJob) -> Result<bool> {
-    let done = sqlx::query(
+    Ok(insert_inbox_notifications(db, &[job]).await?[0])
+}
+
+/// Writes the in-app notifications of several deliveries in one statement, each
+/// idempotent on its delivery id: per input, in order, true when its row was written now
+/// and false when it already existed.
+pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> Result<Vec<bool>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let written: Vec<Uuid> = sqlx::query_scalar(
         "INSERT INTO notifications (id, delivery_id, event_id, user_id, type, title, body, url, data_json)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9)
-         ON CONFLICT (delivery_id) DO NOTHING",
+         SELECT t.id, t.delivery_id, t.event_id, t.user_id, t.type, t.title, t.body,
+                NULLIF(t.url, ''), t.data
+         FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[],
+                     $7::text[], $8::text[], $9::jsonb[])
+              AS t(id, delivery_id, event_id, user_id, type, title, body, url, data)
+         ON CONFLICT (delivery_id) DO NOTHING
+         RETURNING delivery_id",
     )
-    .bind(Uuid::new_v4())
-    .bind(job.id)
-    .bind(job.event_id)
-    .bind(&job.user_id)
-    .bind(&job.type_key)
-    .bind(&job.content.title)
-    .bind(&job.content.body)
-    .bind(&job.content.url)
-    .bind(&job.payload)
-    .execute(db)
+    .bind(jobs.iter().map(|_| Uuid::new_v4()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.id).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.event_id).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.user_id.as_str()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.type_key.as_str()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.content.title.as_str()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.content.body.as_str()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| j.content.url.as_str()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|j| &j.payload).collect::<Vec<_>>())
+    .fetch_all(db)
     .await?;
-    Ok(done.rows_affected() == 1)
+    let written: std::collections::HashSet<Uuid> = written.into_iter().collect();
+    Ok(jobs.iter().map(|j| written.contains(&j.id)).collect())
 }

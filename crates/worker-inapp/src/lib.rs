@@ -1,20 +1,31 @@
 //! The in-app channel: writes the recipient's inbox row (`notifications`), idempotent on
-//! the delivery id, so a redelivered message never shows a notification twice.
+//! the delivery id, so a redelivered message never shows a notification twice. Rows of
+//! concurrent deliveries are written together, in one statement per batch.
 
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
 use notify_store::PgPool;
+use notify_worker::batch::Batcher;
 use notify_worker::{ChannelSender, Job};
 use serde_json::json;
+use std::sync::Arc;
 
 /// Sender for the in-app inbox.
 pub struct InAppSender {
-    pool: PgPool,
+    inbox: Batcher<Arc<Job>, bool>,
 }
 
 impl InAppSender {
-    /// A sender writing through `pool`.
+    /// A sender writing through `pool`, up to 100 rows per statement. Call it inside a
+    /// Tokio runtime: it starts the batching loops.
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        let inbox = Batcher::start(2, 100, move |jobs: Vec<Arc<Job>>| {
+            let pool = pool.clone();
+            async move {
+                let refs: Vec<&Job> = jobs.iter().map(|j| &**j).collect();
+                notify_store::deliveries::insert_inbox_notifications(&pool, &refs).await
+            }
+        });
+        Self { inbox }
     }
 }
 
@@ -30,7 +41,7 @@ impl ChannelSender for InAppSender {
             "body": job.content.body,
             "url": job.content.url,
         });
-        match notify_store::deliveries::insert_inbox_notification(&self.pool, job).await {
+        match self.inbox.call(Arc::new(job.clone())).await {
             Ok(created) => AttemptOutcome::sent(None, content).with_response(if created {
                 "inbox row written"
             } else {
