@@ -471,3 +471,171 @@ async fn a_second_worker_shares_a_slow_queue_and_nothing_is_sent_twice() {
     assert!(by_w2 >= 8, "the later worker sent {by_w2} of 20");
     p.stop().await;
 }
+
+/// F01, forced-timeout case: the broker gives a message to a second worker while the first
+/// is still in a provider call longer than the lease (as after a consumer-timeout channel
+/// closure). The heartbeat keeps the lease alive, so the second worker finds the delivery
+/// `sending` under a live lease and acks the message without calling LINE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_redelivered_during_a_slow_call_is_not_sent_again() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![],
+        lease: Duration::from_secs(3),
+        ..Default::default()
+    })
+    .await;
+    p.start_worker_named(Channel::Line, "w1");
+    p.start_worker_named(Channel::Line, "w2");
+    p.add_type("order_paid", &["line"]).await;
+    let u = uniq("u");
+    let lid = line_id();
+    p.add_recipient(&u, "", "", &lid).await;
+    // LINE takes 4.5 s for this user: longer than the 3 s lease, shorter than the
+    // LINE worker's 5 s provider timeout in these tests.
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": lid, "status": 200,
+        "body": {"sentMessages": [{"id": "slow-1"}]}, "delay_ms": 4500, "times": 1}),
+    )
+    .await;
+    let ev = p
+        .ingest()
+        .create_event(p.event("slow-redelivered", "order_paid", &[&u]))
+        .await
+        .unwrap()
+        .into_inner();
+    let id = ev.deliveries[0].delivery_id.clone();
+    for _ in 0..100 {
+        if !p.sim_requests("line").await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Past the lease length, the broker hands the same message out again.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let (_conn, ch) = p.amqp().await;
+    ch.basic_publish(
+        "".into(),
+        p.topology.queue("line").into(),
+        Default::default(),
+        &serde_json::to_vec(&json!({"v": 1, "delivery_id": id, "channel": "line"})).unwrap(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(
+        (
+            done.deliveries[0].status.as_str(),
+            done.deliveries[0].attempts
+        ),
+        ("sent", 1),
+        "one attempt, recorded by the worker that made the slow call"
+    );
+    assert_eq!(
+        p.sim_requests("line").await.len(),
+        1,
+        "the redelivered message did not cause a second push"
+    );
+    let last_error: Option<String> =
+        sqlx::query_scalar("SELECT last_error FROM notification_deliveries WHERE id = $1::uuid")
+            .bind(&id)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    assert_eq!(last_error, None, "the sweeper never took the live lease");
+    assert_eq!(p.queue_depth(&p.topology.queue("line")).await, 0);
+    p.stop().await;
+}
+
+/// F06, sub-case: an unrelated `REPEATABLE READ` transaction (a backup, a long report)
+/// holds its snapshot for the whole run. Claims and records find rows by primary key and
+/// hold no transaction across a call, so throughput stays near the baseline, nothing
+/// waits on a lock and every delivery is sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_snapshot_held_open_does_not_stall_delivery() {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Line],
+        concurrency: 50,
+        worker_pool_size: Some(10),
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let users: Vec<String> = (0..200).map(|i| uniq(&format!("u{i}"))).collect();
+    for u in &users {
+        p.add_recipient(u, "", "", &line_id()).await;
+    }
+    let refs: Vec<&str> = users.iter().map(String::as_str).collect();
+    // LINE takes 400 ms per call: the run is bound by the provider, as in production.
+    p.sim_fault(json!({"provider": "line", "status": 200,
+        "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 400}))
+        .await;
+    let run = |key: &'static str| {
+        let p = &p;
+        let refs = refs.clone();
+        async move {
+            let started = std::time::Instant::now();
+            let ev = p
+                .ingest()
+                .create_event(p.event(key, "order_paid", &refs))
+                .await
+                .unwrap()
+                .into_inner();
+            let done = p.wait_final(&ev.event_id, 60).await;
+            let elapsed = started.elapsed();
+            assert!(
+                done.deliveries
+                    .iter()
+                    .all(|d| d.status == "sent" && d.attempts == 1),
+                "{key}: every delivery sent with one attempt"
+            );
+            200.0 / elapsed.as_secs_f64()
+        }
+    };
+    let baseline = run("baseline").await;
+
+    let mut backup = p.pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *backup)
+        .await
+        .unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT count(*) FROM notification_deliveries")
+        .fetch_one(&mut *backup)
+        .await
+        .unwrap();
+    let waits = {
+        let pool = p.pool.clone();
+        tokio::spawn(async move {
+            let mut worst = 0i64;
+            for _ in 0..20 {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
+                     WHERE NOT l.granted AND c.relname IN ('notification_deliveries', 'outbox')",
+                )
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+                worst = worst.max(n);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            worst
+        })
+    };
+    let with_snapshot = run("with-snapshot").await;
+    backup.rollback().await.unwrap();
+    assert_eq!(
+        waits.await.unwrap(),
+        0,
+        "no ungranted lock on the queue tables"
+    );
+    assert!(
+        with_snapshot >= 0.5 * baseline,
+        "throughput with an old snapshot open {with_snapshot:.0}/s, baseline {baseline:.0}/s"
+    );
+    assert_eq!(
+        p.sim_requests("line").await.len(),
+        400,
+        "each delivery reached LINE once"
+    );
+    p.stop().await;
+}
