@@ -274,6 +274,58 @@ async fn concurrent_requests_written_together_each_get_their_own_answer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_fails_in_the_database_does_not_fail_the_requests_committed_with_it() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["inapp"]).await;
+    // A database-side failure for one key only (as a constraint or a trigger would raise).
+    sqlx::raw_sql(
+        "CREATE FUNCTION test_reject_key() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.event_key LIKE 'poison:%' THEN RAISE EXCEPTION 'rejected by test trigger'; END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER test_reject_key BEFORE INSERT ON notification_events
+             FOR EACH ROW EXECUTE FUNCTION test_reject_key();",
+    )
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let calls = (0..60).map(|i| {
+        let key = if i % 20 == 7 {
+            format!("poison:{i}")
+        } else {
+            format!("fine:{i}")
+        };
+        let mut client = p.ingest();
+        let req = p.event(&key, "order_paid", &["u1"]);
+        tokio::spawn(async move { (key, client.create_event(req).await) })
+    });
+    let mut ok = 0;
+    for reply in futures_util::future::join_all(calls).await {
+        let (key, reply) = reply.unwrap();
+        if key.starts_with("poison:") {
+            let e = reply.expect_err("the poisoned request fails");
+            assert!(
+                !e.message().contains("rejected by test trigger"),
+                "no SQL error text reaches the caller: {e:?}"
+            );
+        } else {
+            let r = reply.expect("its neighbours succeed").into_inner();
+            assert_eq!(r.deliveries.len(), 1, "{key}");
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 57);
+    assert_eq!(p.count("notification_events").await, 57);
+    assert_eq!(p.count("notification_deliveries").await, 57);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
     let p = Platform::start_with(support::Options {
         workers: vec![],
