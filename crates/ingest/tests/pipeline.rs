@@ -326,6 +326,71 @@ async fn a_request_that_fails_in_the_database_does_not_fail_the_requests_committ
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![notify_core::Channel::Line],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("news", &["line"]).await;
+    let (u1, u2) = (uniq("u"), uniq("u"));
+    p.add_recipient(&u1, "", "", &line_id()).await;
+    p.add_recipient(&u2, "", "", &line_id()).await;
+    // 12,600 UTF-16 units of Thai with vowels and tone marks: three text objects.
+    let mut long = p.event("news:long", "news", &[&u1]);
+    long.content.as_mut().unwrap().body = "ขอบคุณที่ใช้บริการ".repeat(700);
+    long.content.as_mut().unwrap().url = String::new();
+    let ev = p.ingest().create_event(long).await.unwrap().into_inner();
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(done.deliveries[0].status, "sent");
+    let reqs = p.sim_requests("line").await;
+    assert_eq!(reqs.len(), 1, "one push");
+    let messages = reqs[0]["body"]["messages"].as_array().unwrap().clone();
+    assert_eq!(messages.len(), 3);
+    let texts: Vec<&str> = messages
+        .iter()
+        .map(|m| m["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        texts.concat(),
+        format!("ชำระเงินแล้ว #1001\n{}", "ขอบคุณที่ใช้บริการ".repeat(700)),
+        "the pieces join back into the text, nothing lost or added"
+    );
+    for t in &texts {
+        assert!(t.encode_utf16().count() <= 5000);
+        let first = t.chars().next().unwrap();
+        assert!(
+            !matches!(first, '\u{0E31}' | '\u{0E34}'..='\u{0E3A}' | '\u{0E47}'..='\u{0E4E}'),
+            "a piece starts with a Thai vowel or tone mark"
+        );
+    }
+    // 26,000 units of emoji (each a surrogate pair): more than five objects.
+    let mut too_long = p.event("news:too-long", "news", &[&u2]);
+    too_long.content.as_mut().unwrap().body = "😀".repeat(13_000);
+    let ev = p
+        .ingest()
+        .create_event(too_long)
+        .await
+        .unwrap()
+        .into_inner();
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(done.deliveries[0].status, "failed");
+    assert!(
+        done.deliveries[0]
+            .last_error
+            .starts_with("content_too_long"),
+        "{}",
+        done.deliveries[0].last_error
+    );
+    assert_eq!(
+        p.sim_requests("line").await.len(),
+        1,
+        "nothing was pushed for it"
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
     let p = Platform::start_with(support::Options {
         workers: vec![],

@@ -6,6 +6,7 @@ pub mod event;
 pub mod outcome;
 pub mod plan;
 pub mod retry;
+pub mod text;
 pub mod validate;
 
 pub use channel::{Channel, DeliveryStatus, Provider};

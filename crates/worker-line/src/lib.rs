@@ -4,7 +4,12 @@
 //! Every attempt of a delivery carries the same `X-Line-Retry-Key` (a UUID stored with the
 //! delivery before the first call), so LINE itself drops a resend of an accepted request
 //! and answers 409 with `x-line-accepted-request-id`: we count that as sent.
+//!
+//! Text longer than one text object allows is split at grapheme-cluster boundaries into
+//! up to five text objects of one push (LINE allows 1 to 5 messages per push); longer
+//! text fails permanently with `content_too_long`.
 
+use notify_core::text::split_utf16;
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
 use notify_worker::{ChannelSender, Job};
 use serde_json::json;
@@ -12,6 +17,9 @@ use std::time::Duration;
 
 /// Most UTF-16 code units in one LINE text message object (LINE text-character-count).
 pub const MAX_TEXT_UTF16: usize = 5_000;
+
+/// Most message objects in one push request (LINE Messaging API, push message: 1 to 5).
+pub const MAX_MESSAGES: usize = 5;
 
 /// Settings of the LINE channel.
 #[derive(Debug, Clone)]
@@ -72,17 +80,26 @@ impl ChannelSender for LineSender {
     async fn send(&self, job: &Job) -> AttemptOutcome {
         let text = job.content.chat_text();
         let retry_key = job.retry_key.unwrap_or(job.id);
+        let pieces = match split_utf16(&text, MAX_TEXT_UTF16, MAX_MESSAGES) {
+            Ok(pieces) => pieces,
+            Err(too_long) => {
+                let content = json!({"retry_key": retry_key, "text": text});
+                return AttemptOutcome::failed(ErrorClass::Permanent, "content_too_long", content)
+                    .with_response(too_long.to_string());
+            }
+        };
+        let messages: Vec<serde_json::Value> = pieces
+            .iter()
+            .map(|p| json!({"type": "text", "text": p}))
+            .collect();
         let body = json!({
             "to": job.address,
-            "messages": [{"type": "text", "text": text}],
+            "messages": messages,
         });
         let content = json!({"retry_key": retry_key, "request": body});
         let Some(_) = job.address.as_deref() else {
             return AttemptOutcome::failed(ErrorClass::Permanent, "no_line_user_id", content);
         };
-        if text.encode_utf16().count() > MAX_TEXT_UTF16 {
-            return AttemptOutcome::failed(ErrorClass::Permanent, "content_too_long", content);
-        }
         let url = format!(
             "{}/v2/bot/message/push",
             self.cfg.api_base.trim_end_matches('/')
