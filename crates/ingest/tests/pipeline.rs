@@ -773,6 +773,50 @@ async fn transient_errors_retry_and_permanent_errors_fail_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_body_too_big_for_fcm_is_shortened_at_a_grapheme_boundary() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![notify_core::Channel::Push],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["push"]).await;
+    let u = uniq("u");
+    p.add_recipient(&u, "", "", "").await;
+    p.add_device(&u, &format!("fcm-tok-{u}")).await;
+    let body = "ขอบคุณที่ใช้บริการ".repeat(1000); // 18,000 characters, 54,000 bytes
+    let mut req = p.event("push:long", "order_paid", &[&u]);
+    req.content.as_mut().unwrap().body = body.clone();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(
+        done.deliveries[0].status, "sent",
+        "{:?}",
+        done.deliveries[0]
+    );
+    let sent = p.sim_requests("fcm").await;
+    let message = &sent[0]["body"]["message"];
+    assert!(message.to_string().len() <= 4096, "FCM's 4,096-byte limit");
+    assert_eq!(
+        message["notification"]["title"], "ชำระเงินแล้ว #1001",
+        "title never cut"
+    );
+    let shown = message["notification"]["body"].as_str().unwrap();
+    let kept = shown.strip_suffix('…').expect("an ellipsis marks the cut");
+    assert!(body.starts_with(kept));
+    assert!(
+        kept.len() > 3000,
+        "as much as fits is kept ({} bytes)",
+        kept.len()
+    );
+    let next = body[kept.len()..].chars().next().unwrap();
+    assert!(
+        !matches!(next, '\u{0E31}' | '\u{0E34}'..='\u{0E3A}' | '\u{0E47}'..='\u{0E4E}'),
+        "the cut does not strip a vowel or tone mark from its consonant"
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["push"]).await;

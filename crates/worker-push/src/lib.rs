@@ -10,12 +10,22 @@
 //! 401 UNAUTHENTICATED retries with a fresh access token; other 400s and 401
 //! THIRD_PARTY_AUTH_ERROR fail at once. APNs and Web Push endpoints are not sent yet: their
 //! deliveries fail permanently with `provider_not_configured`.
+//!
+//! FCM limits a message's payload to 4,096 bytes (firebase.google.com/docs/cloud-messaging/concept-options,
+//! "notification messages with optional data payload"). We count the whole `message`
+//! object as JSON, which is stricter; a body that does not fit is shortened at a grapheme
+//! boundary with an ellipsis, and a message that cannot fit even with no body fails
+//! permanently with `payload_too_large`.
 
 use gcp_auth::{CustomServiceAccount, TokenProvider};
+use notify_core::text::shorten_to_fit;
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
 use notify_worker::{ChannelSender, Job};
 use serde_json::{Value, json};
 use std::time::Duration;
+
+/// Most bytes of an FCM message (the `message` object as JSON).
+pub const FCM_MAX_PAYLOAD_BYTES: usize = 4096;
 
 /// OAuth2 scope for FCM sends.
 pub const FCM_SCOPE: &str = "https://www.googleapis.com/auth/firebase.messaging";
@@ -109,21 +119,41 @@ impl PushSender {
 
     async fn send_fcm(&self, job: &Job, token: &str) -> AttemptOutcome {
         let collapse = job.event_id.to_string();
-        let body = json!({
-            "message": {
-                "token": token,
-                "notification": {"title": job.content.title, "body": job.content.body},
-                "data": {
-                    "delivery_id": job.id.to_string(),
-                    "event_id": job.event_id.to_string(),
-                    "type": job.type_key,
-                    "url": job.content.url,
-                },
-                "android": {"collapse_key": collapse, "priority": "high"},
-                "apns": {"headers": {"apns-collapse-id": collapse}},
-                "webpush": {"headers": {"Topic": job.event_id.simple().to_string()}},
-            }
-        });
+        let message = |text: &str| {
+            json!({
+                "message": {
+                    "token": token,
+                    "notification": {"title": job.content.title, "body": text},
+                    "data": {
+                        "delivery_id": job.id.to_string(),
+                        "event_id": job.event_id.to_string(),
+                        "type": job.type_key,
+                        "url": job.content.url,
+                    },
+                    "android": {"collapse_key": collapse, "priority": "high"},
+                    "apns": {"headers": {"apns-collapse-id": collapse}},
+                    "webpush": {"headers": {"Topic": job.event_id.simple().to_string()}},
+                }
+            })
+        };
+        let size = |v: &Value| v["message"].to_string().len();
+        // The body is shortened (whole graphemes, then an ellipsis) until the message fits;
+        // the title is never cut.
+        let Some(body) = shorten_to_fit(&job.content.body, |b| {
+            size(&message(b)) <= FCM_MAX_PAYLOAD_BYTES
+        })
+        .map(|b| message(&b)) else {
+            let bare = message("");
+            return AttemptOutcome::failed(
+                ErrorClass::Permanent,
+                "payload_too_large",
+                json!({"request": bare}),
+            )
+            .with_response(format!(
+                "the message is {} bytes without any body; FCM allows {FCM_MAX_PAYLOAD_BYTES}",
+                size(&bare)
+            ));
+        };
         let content = json!({"request": body});
         let auth = self
             .fcm_auth
