@@ -2,15 +2,24 @@
 //! `Message-ID` per delivery (`<delivery id@domain>`, so a resend after a crash is
 //! recognisable as the same message), and UTF-8 headers encoded as RFC 2047 words.
 //!
+//! Mailbox headers (From, To) with a non-ASCII display name are encoded here rather than
+//! by lettre, which puts the address on the line of the last encoded-word and can pass
+//! RFC 5322's 78-octet line length: each encoded-word carries whole grapheme clusters (at
+//! most 45 bytes, so a word is at most 72 characters, under RFC 2047's 75) on its own
+//! folded line, and the address follows as plain ASCII on the last line.
+//!
 //! Classification (RFC 5321 §4.2.1): 4xx replies and connection errors before the end of
 //! DATA are transient; 5xx replies are permanent.
 
+use base64::Engine;
+use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
 use notify_worker::{ChannelSender, Job};
 use serde_json::json;
 use std::time::Duration;
+use unicode_segmentation::UnicodeSegmentation;
 
 /// Settings of the email channel.
 #[derive(Debug, Clone)]
@@ -87,11 +96,17 @@ impl EmailSender {
             .map_err(|e| format!("invalid recipient address {address:?}: {e}"))?;
         let name = Some(job.display_name.clone()).filter(|n| !n.trim().is_empty());
         let to = Mailbox::new(name, email);
-        Message::builder()
+        let mut builder = Message::builder()
             .message_id(Some(message_id(job, &self.cfg.message_id_domain)))
             .from(self.cfg.from.clone())
-            .to(to)
-            .subject(job.content.subject())
+            .to(to.clone())
+            .subject(job.content.subject());
+        for (header, mailbox) in [("From", &self.cfg.from), ("To", &to)] {
+            if let Some(value) = folded_mailbox(header, mailbox) {
+                builder = builder.raw_header(value);
+            }
+        }
+        builder
             .multipart(MultiPart::alternative_plain_html(
                 job.content.text_part(),
                 job.content.html_part(),
@@ -157,4 +172,79 @@ impl ChannelSender for EmailSender {
 
 fn code_number(code: &str) -> i32 {
     code.trim().parse().unwrap_or(0)
+}
+
+/// Most bytes of UTF-8 in one encoded-word: base64 of 45 bytes is 60 characters, and with
+/// `=?utf-8?b?` and `?=` the word is 72 characters, so `From: ` plus a word fits in 78.
+const WORD_BYTES: usize = 45;
+
+/// Splits `text` into RFC 2047 base64 encoded-words of whole grapheme clusters (a cluster
+/// longer than [`WORD_BYTES`] is split between characters).
+pub fn encoded_words(text: &str) -> Vec<String> {
+    let mut chunks: Vec<String> = vec![String::new()];
+    for g in text.graphemes(true) {
+        for piece in if g.len() <= WORD_BYTES {
+            vec![g.to_string()]
+        } else {
+            g.chars().map(String::from).collect()
+        } {
+            let last = chunks.last_mut().expect("never empty");
+            if !last.is_empty() && last.len() + piece.len() > WORD_BYTES {
+                chunks.push(piece);
+            } else {
+                last.push_str(&piece);
+            }
+        }
+    }
+    chunks
+        .iter()
+        .filter(|c| !c.is_empty())
+        .map(|c| {
+            format!(
+                "=?utf-8?b?{}?=",
+                base64::engine::general_purpose::STANDARD.encode(c)
+            )
+        })
+        .collect()
+}
+
+/// The `header` (From or To) for `mailbox`, folded to at most 78 octets per line, when its
+/// display name is not ASCII; `None` leaves it to lettre.
+fn folded_mailbox(header: &'static str, mailbox: &Mailbox) -> Option<HeaderValue> {
+    let name = mailbox.name.as_deref().filter(|n| !n.is_ascii())?;
+    let mut encoded = encoded_words(name).join("\r\n ");
+    encoded.push_str(&format!("\r\n <{}>", mailbox.email));
+    Some(HeaderValue::dangerous_new_pre_encoded(
+        HeaderName::new_from_ascii_str(header),
+        mailbox.to_string(),
+        encoded,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoded_words_hold_whole_graphemes_and_stay_short() {
+        let name = "ฝ่ายบริการลูกค้า, ร้านตัวอย่าง 👨‍👩‍👧";
+        let words = encoded_words(name);
+        let mut joined = String::new();
+        for w in &words {
+            assert!(w.len() <= 72, "{w}");
+            let b64 = w.trim_start_matches("=?utf-8?b?").trim_end_matches("?=");
+            let text = String::from_utf8(
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .unwrap(),
+            )
+            .expect("whole UTF-8 characters");
+            // No word starts with a Thai vowel or tone mark cut from its consonant.
+            let first = text.chars().next().unwrap();
+            assert!(!('\u{0E47}'..='\u{0E4E}').contains(&first) && first != '\u{0E31}');
+            joined.push_str(&text);
+        }
+        assert_eq!(joined, name);
+        assert!(words.len() >= 2);
+    }
 }
