@@ -196,6 +196,17 @@ json.dump({
 EOF
 }
 
+# An APNs token-signing key like Apple's .p8 (EC P-256, PKCS #8) and its public half for
+# the simulator.
+make_apns_key() {
+  local keys=$STACK/keys
+  [ -f "$keys/apns-key.p8" ] && return
+  mkdir -p "$keys"
+  log "generating a local APNs signing key"
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$keys/apns-key.p8" 2>/dev/null
+  openssl pkey -in "$keys/apns-key.p8" -pubout -out "$keys/apns-public.pem"
+}
+
 start_sim() {
   local bin=${PROVIDER_SIM_BIN:-}
   if alive "$STACK/pids/provider-sim.pid"; then
@@ -216,6 +227,8 @@ start_sim() {
   SIM_ADDR=127.0.0.1:$SIM_PORT SIM_LINE_CHANNEL_TOKEN=$LINE_TOKEN \
     SIM_FCM_PUBLIC_KEY_FILE=$STACK/keys/fcm-public.pem SIM_FCM_PROJECT_ID=notify-local \
     SIM_FCM_CLIENT_EMAIL=notify@notify-local.iam.gserviceaccount.com \
+    SIM_APNS_PUBLIC_KEY_FILE=$STACK/keys/apns-public.pem SIM_APNS_KEY_ID=LOCALKEY01 \
+    SIM_APNS_TEAM_ID=LOCALTEAM1 SIM_APNS_TOPIC=test.notify.app \
     setsid "$bin" >"$STACK/logs/provider-sim.log" 2>&1 </dev/null &
   echo $! >"$STACK/pids/provider-sim.pid"
   wait_for provider-sim 30 curl -fsS "http://127.0.0.1:$SIM_PORT/_sim/health"
@@ -262,6 +275,12 @@ export NOTIFY_LINE_CHANNEL_TOKEN=$LINE_TOKEN
 export NOTIFY_FCM_API_BASE=http://127.0.0.1:$SIM_PORT
 export NOTIFY_FCM_SERVICE_ACCOUNT_FILE=$STACK/keys/fcm-service-account.json
 export NOTIFY_FCM_PUBLIC_KEY_FILE=$STACK/keys/fcm-public.pem
+export NOTIFY_APNS_API_BASE=http://127.0.0.1:$SIM_PORT
+export NOTIFY_APNS_KEY_FILE=$STACK/keys/apns-key.p8
+export NOTIFY_APNS_PUBLIC_KEY_FILE=$STACK/keys/apns-public.pem
+export NOTIFY_APNS_KEY_ID=LOCALKEY01
+export NOTIFY_APNS_TEAM_ID=LOCALTEAM1
+export NOTIFY_APNS_TOPIC=test.notify.app
 EOF
 }
 
@@ -271,6 +290,7 @@ case "$cmd" in
     mkdir -p "$STACK/logs" "$STACK/pids"
     install_missing
     make_fcm_key
+    make_apns_key
     start_postgres
     start_rabbitmq
     start_maildev

@@ -817,6 +817,129 @@ async fn a_push_body_too_big_for_fcm_is_shortened_at_a_grapheme_boundary() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apns_pushes_go_over_http2_with_one_reused_provider_token() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![notify_core::Channel::Push],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["push"]).await;
+    let u = uniq("u");
+    p.add_recipient(&u, "", "", "").await;
+    p.add_endpoint(&u, "apns", &format!("apns-tok-{u}")).await;
+    let mut events = Vec::new();
+    for key in ["apns:1", "apns:2"] {
+        let ev = p
+            .ingest()
+            .create_event(p.event(key, "order_paid", &[&u]))
+            .await
+            .unwrap()
+            .into_inner();
+        let done = p.wait_final(&ev.event_id, 30).await;
+        assert_eq!(
+            done.deliveries[0].status, "sent",
+            "{:?}",
+            done.deliveries[0]
+        );
+        assert_eq!(done.deliveries[0].provider, "apns");
+        assert!(
+            !done.deliveries[0].provider_message_id.is_empty(),
+            "apns-id kept"
+        );
+        events.push(ev.event_id);
+    }
+    let sent = p.sim_requests("apns").await;
+    assert_eq!(sent.len(), 2);
+    for (req, event_id) in sent.iter().zip(&events) {
+        assert_eq!(req["status"], 200);
+        let h = &req["headers"];
+        assert_eq!(h["apns-topic"], support::APNS_TOPIC);
+        assert_eq!(h["apns-push-type"], "alert");
+        assert_eq!(h["apns-priority"], "10");
+        assert_eq!(h["apns-collapse-id"], event_id.as_str());
+        assert!(
+            h["apns-expiration"]
+                .as_str()
+                .unwrap()
+                .parse::<i64>()
+                .unwrap()
+                > 0
+        );
+        assert_eq!(req["body"]["aps"]["alert"]["title"], "ชำระเงินแล้ว #1001");
+        assert_eq!(req["body"]["url"], "https://shop.example.test/orders/1001");
+    }
+    assert_eq!(
+        sent[0]["headers"]["authorization"], sent[1]["headers"]["authorization"],
+        "the provider token is reused, not minted per request"
+    );
+    p.stop().await;
+}
+
+/// F05 for APNs: 410 deactivates a token only if it was not registered again after the
+/// answer's timestamp; BadDeviceToken deactivates; neither is retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apns_dead_tokens_are_deactivated_respecting_the_410_timestamp() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![notify_core::Channel::Push],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["push"]).await;
+    let u = uniq("user-1001");
+    p.add_recipient(&u, "", "", "").await;
+    // Invalid since 2025-05-01, but registered (again) now, after that: kept.
+    let re_registered = p
+        .add_endpoint(&u, "apns", &format!("unregistered-1746057600000-{u}"))
+        .await;
+    // Invalid from an hour from now on, registered before: removed.
+    let later = chrono::Utc::now().timestamp_millis() + 3_600_000;
+    let gone = p
+        .add_endpoint(&u, "apns", &format!("unregistered-{later}-{u}"))
+        .await;
+    let bad = p.add_endpoint(&u, "apns", &format!("bad-{u}")).await;
+    let live = p.add_endpoint(&u, "apns", &format!("apns-tok-{u}")).await;
+    let ev = p
+        .ingest()
+        .create_event(p.event("f05:1", "order_paid", &[&u]))
+        .await
+        .unwrap()
+        .into_inner();
+    let done = p.wait_final(&ev.event_id, 30).await;
+    let by_ep = |e: &str| done.deliveries.iter().find(|d| d.endpoint_id == e).unwrap();
+    for ep in [&re_registered, &gone, &bad] {
+        let d = by_ep(ep);
+        assert_eq!((d.status.as_str(), d.attempts), ("failed", 1), "{d:?}");
+        assert!(
+            d.last_error.starts_with("invalid_token"),
+            "{}",
+            d.last_error
+        );
+    }
+    assert_eq!(by_ep(&live).status, "sent");
+    let status = |id: String| {
+        let pool = p.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT status FROM notification_endpoints WHERE id = $1::uuid",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(
+        status(re_registered.clone()).await,
+        "active",
+        "registered after the 410 timestamp"
+    );
+    assert_eq!(status(gone.clone()).await, "revoked");
+    assert_eq!(status(bad.clone()).await, "revoked");
+    assert_eq!(status(live.clone()).await, "active");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["push"]).await;

@@ -47,6 +47,9 @@ pub struct AttemptOutcome {
     pub provider_response: Option<String>,
     /// What was sent, as JSON (rendered content, addressing, headers that matter).
     pub content: serde_json::Value,
+    /// For an invalid endpoint: since when the provider says it has been invalid (APNs
+    /// 410 `timestamp`). An endpoint registered again after this moment is kept.
+    pub invalid_since: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl AttemptOutcome {
@@ -59,6 +62,7 @@ impl AttemptOutcome {
             provider_status: None,
             provider_response: None,
             content,
+            invalid_since: None,
         }
     }
 
@@ -73,7 +77,14 @@ impl AttemptOutcome {
             provider_status: None,
             provider_response: None,
             content,
+            invalid_since: None,
         }
+    }
+
+    /// Sets since when the endpoint has been invalid (see [`AttemptOutcome::invalid_since`]).
+    pub fn with_invalid_since(mut self, at: Option<chrono::DateTime<chrono::Utc>>) -> Self {
+        self.invalid_since = at;
+        self
     }
 
     /// Sets the provider's status code.

@@ -262,6 +262,9 @@ pub struct AttemptRecord {
     pub content: serde_json::Value,
     /// Endpoint to deactivate with this reason (push token gone).
     pub deactivate_endpoint: Option<(Uuid, String)>,
+    /// Since when the provider says the endpoint has been invalid; the deactivation only
+    /// applies to an endpoint registered before this moment and before the attempt began.
+    pub endpoint_invalid_since: Option<DateTime<Utc>>,
     /// The worker instance that made the call.
     pub worker_id: String,
 }
@@ -411,8 +414,12 @@ pub async fn record_attempts(
     }
     for &i in &kept {
         if let Some((endpoint, reason)) = &batch[i].2.deactivate_endpoint {
-            crate::catalog::deactivate_endpoint(&mut *tx, *endpoint, reason, batch[i].0.started_at)
-                .await?;
+            let started = batch[i].0.started_at;
+            let fence = batch[i]
+                .2
+                .endpoint_invalid_since
+                .map_or(started, |t| t.min(started));
+            crate::catalog::deactivate_endpoint(&mut *tx, *endpoint, reason, fence).await?;
         }
     }
     tx.commit().await?;

@@ -413,6 +413,7 @@ pub fn decide(
         provider_response: outcome.provider_response,
         content: outcome.content,
         deactivate_endpoint: None,
+        endpoint_invalid_since: outcome.invalid_since,
         worker_id: String::new(),
     };
     let next = match outcome.result {

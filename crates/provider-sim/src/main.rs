@@ -2,7 +2,9 @@
 //!
 //! Environment: `SIM_ADDR` (127.0.0.1:58080), `SIM_LINE_CHANNEL_TOKEN` (required),
 //! `SIM_FCM_PUBLIC_KEY_FILE` (required, PEM public key of the service account), `SIM_FCM_PROJECT_ID`
-//! (notify-local), `SIM_FCM_CLIENT_EMAIL` (required).
+//! (notify-local), `SIM_FCM_CLIENT_EMAIL` (required), `SIM_APNS_PUBLIC_KEY_FILE` (PEM public
+//! key of the APNs signing key; without it APNs answers 403), `SIM_APNS_KEY_ID`,
+//! `SIM_APNS_TEAM_ID`, `SIM_APNS_TOPIC`.
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -22,7 +24,22 @@ async fn main() -> anyhow::Result<()> {
             String::new()
         }
     };
+    let apns_key_file = env.string("SIM_APNS_PUBLIC_KEY_FILE", "");
+    let apns_public_key_pem = if apns_key_file.is_empty() {
+        String::new()
+    } else {
+        std::fs::read_to_string(&apns_key_file).unwrap_or_else(|e| {
+            env.error(format!(
+                "SIM_APNS_PUBLIC_KEY_FILE={apns_key_file:?} cannot be read: {e}"
+            ));
+            String::new()
+        })
+    };
     let cfg = provider_sim::SimConfig {
+        apns_public_key_pem,
+        apns_key_id: env.string("SIM_APNS_KEY_ID", ""),
+        apns_team_id: env.string("SIM_APNS_TEAM_ID", ""),
+        apns_topic: env.string("SIM_APNS_TOPIC", ""),
         line_channel_token,
         fcm_public_key_pem,
         fcm_project_id: env.string("SIM_FCM_PROJECT_ID", "notify-local"),

@@ -8,14 +8,17 @@
 //! (403) and an invalid registration token (400 on `message.token`) deactivate the
 //! endpoint; QUOTA_EXCEEDED (429) waits for Retry-After; UNAVAILABLE / INTERNAL (5xx) retry;
 //! 401 UNAUTHENTICATED retries with a fresh access token; other 400s and 401
-//! THIRD_PARTY_AUTH_ERROR fail at once. APNs and Web Push endpoints are not sent yet: their
-//! deliveries fail permanently with `provider_not_configured`.
+//! THIRD_PARTY_AUTH_ERROR fail at once. APNs endpoints go through [`apns`] when APNs is
+//! configured. Web Push endpoints (and APNs ones without configuration) fail permanently
+//! with `provider_not_configured`.
 //!
 //! FCM limits a message's payload to 4,096 bytes (firebase.google.com/docs/cloud-messaging/concept-options,
 //! "notification messages with optional data payload"). We count the whole `message`
 //! object as JSON, which is stricter; a body that does not fit is shortened at a grapheme
 //! boundary with an ellipsis, and a message that cannot fit even with no body fails
 //! permanently with `payload_too_large`.
+
+pub mod apns;
 
 use gcp_auth::{CustomServiceAccount, TokenProvider};
 use notify_core::text::shorten_to_fit;
@@ -41,20 +44,45 @@ pub struct PushConfig {
     pub fcm_project_id: Option<String>,
     /// Timeout of one HTTP call.
     pub timeout: Duration,
+    /// APNs, when configured.
+    pub apns: Option<apns::ApnsConfig>,
 }
 
 impl PushConfig {
     /// Reads `NOTIFY_FCM_API_BASE` (https://fcm.googleapis.com),
     /// `NOTIFY_FCM_SERVICE_ACCOUNT_FILE` (required), `NOTIFY_FCM_PROJECT_ID` (from the key),
-    /// `NOTIFY_HTTP_TIMEOUT` (10s).
+    /// `NOTIFY_HTTP_TIMEOUT` (10s); APNs when `NOTIFY_APNS_KEY_FILE` is set (the `.p8` key),
+    /// with `NOTIFY_APNS_KEY_ID`, `NOTIFY_APNS_TEAM_ID`, `NOTIFY_APNS_TOPIC` (all required
+    /// then) and `NOTIFY_APNS_API_BASE` (https://api.push.apple.com).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
+        let timeout = env.parse_with("NOTIFY_HTTP_TIMEOUT", Duration::from_secs(10), |s| {
+            notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
+        });
+        let key_file = env.string("NOTIFY_APNS_KEY_FILE", "");
+        let apns = if key_file.is_empty() {
+            None
+        } else {
+            let key_pem = std::fs::read_to_string(&key_file).unwrap_or_else(|e| {
+                env.error(format!(
+                    "NOTIFY_APNS_KEY_FILE={key_file:?} cannot be read: {e}"
+                ));
+                String::new()
+            });
+            Some(apns::ApnsConfig {
+                api_base: env.string("NOTIFY_APNS_API_BASE", "https://api.push.apple.com"),
+                key_pem,
+                key_id: env.required("NOTIFY_APNS_KEY_ID"),
+                team_id: env.required("NOTIFY_APNS_TEAM_ID"),
+                topic: env.required("NOTIFY_APNS_TOPIC"),
+                timeout,
+            })
+        };
         Self {
+            apns,
             fcm_api_base: env.string("NOTIFY_FCM_API_BASE", "https://fcm.googleapis.com"),
             fcm_service_account_file: env.required("NOTIFY_FCM_SERVICE_ACCOUNT_FILE"),
             fcm_project_id: Some(env.string("NOTIFY_FCM_PROJECT_ID", "")).filter(|s| !s.is_empty()),
-            timeout: env.parse_with("NOTIFY_HTTP_TIMEOUT", Duration::from_secs(10), |s| {
-                notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
-            }),
+            timeout,
         }
     }
 }
@@ -76,6 +104,9 @@ pub enum PushSetupError {
     /// The HTTP client could not be built.
     #[error("HTTP client: {0}")]
     Http(#[from] reqwest::Error),
+    /// APNs is configured but cannot be used.
+    #[error("APNs: {0}")]
+    Apns(#[from] apns::ApnsSetupError),
 }
 
 /// Sender for push endpoints.
@@ -85,6 +116,7 @@ pub struct PushSender {
     fcm_auth: std::sync::RwLock<std::sync::Arc<CustomServiceAccount>>,
     fcm_key_file: String,
     fcm_send_url: String,
+    apns: Option<apns::Apns>,
 }
 
 impl PushSender {
@@ -106,7 +138,9 @@ impl PushSender {
             .timeout(cfg.timeout)
             .user_agent(concat!("notify-worker-push/", env!("CARGO_PKG_VERSION")))
             .build()?;
+        let apns = cfg.apns.clone().map(apns::Apns::new).transpose()?;
         Ok(Self {
+            apns,
             http,
             fcm_auth: std::sync::RwLock::new(std::sync::Arc::new(fcm_auth)),
             fcm_key_file: cfg.fcm_service_account_file.clone(),
@@ -249,6 +283,14 @@ impl ChannelSender for PushSender {
         }
         match (platform, job.endpoint_token.as_deref()) {
             ("fcm", Some(token)) => self.send_fcm(job, token).await,
+            ("apns", Some(token)) => match &self.apns {
+                Some(apns) => apns.send(job, token).await,
+                None => AttemptOutcome::failed(
+                    ErrorClass::Permanent,
+                    "provider_not_configured",
+                    content,
+                ),
+            },
             _ => AttemptOutcome::failed(ErrorClass::Permanent, "provider_not_configured", content),
         }
     }

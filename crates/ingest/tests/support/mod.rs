@@ -27,6 +27,8 @@ pub struct Stack {
     pub maildev_url: String,
     pub fcm_key_file: String,
     pub fcm_public_key_file: String,
+    pub apns_key_file: String,
+    pub apns_public_key_file: String,
 }
 
 fn stack_env() -> HashMap<String, String> {
@@ -59,11 +61,16 @@ impl Stack {
             maildev_url: get("NOTIFY_MAILDEV_URL"),
             fcm_key_file: get("NOTIFY_FCM_SERVICE_ACCOUNT_FILE"),
             fcm_public_key_file: get("NOTIFY_FCM_PUBLIC_KEY_FILE"),
+            apns_key_file: get("NOTIFY_APNS_KEY_FILE"),
+            apns_public_key_file: get("NOTIFY_APNS_PUBLIC_KEY_FILE"),
         }
     }
 }
 
 pub const LINE_TOKEN: &str = "test-line-channel-token";
+pub const APNS_KEY_ID: &str = "TESTKEY001";
+pub const APNS_TEAM_ID: &str = "TESTTEAM01";
+pub const APNS_TOPIC: &str = "th.example.shop";
 
 /// A unique id with a readable prefix, so tests sharing MailDev never collide.
 pub fn uniq(prefix: &str) -> String {
@@ -170,6 +177,11 @@ impl Platform {
                 .expect("fcm public key"),
             fcm_project_id: "notify-local".into(),
             fcm_client_email: "notify@notify-local.iam.gserviceaccount.com".into(),
+            apns_public_key_pem: std::fs::read_to_string(&stack.apns_public_key_file)
+                .expect("apns public key"),
+            apns_key_id: APNS_KEY_ID.into(),
+            apns_team_id: APNS_TEAM_ID.into(),
+            apns_topic: APNS_TOPIC.into(),
         };
         let s = shutdown.clone();
         tasks.push(tokio::spawn(async move {
@@ -307,6 +319,15 @@ impl Platform {
                         fcm_service_account_file: self.service_account_file.0.display().to_string(),
                         fcm_project_id: None,
                         timeout: Duration::from_secs(5),
+                        apns: Some(worker_push::apns::ApnsConfig {
+                            api_base: self.sim_url.clone(),
+                            key_pem: std::fs::read_to_string(&self.stack.apns_key_file)
+                                .expect("apns key"),
+                            key_id: APNS_KEY_ID.into(),
+                            team_id: APNS_TEAM_ID.into(),
+                            topic: APNS_TOPIC.into(),
+                            timeout: Duration::from_secs(5),
+                        }),
                     })
                     .unwrap(),
                 );
@@ -365,10 +386,15 @@ impl Platform {
     }
 
     pub async fn add_device(&self, user_id: &str, token: &str) -> String {
+        self.add_endpoint(user_id, "fcm", token).await
+    }
+
+    /// Registers a push endpoint of `platform` (`fcm` or `apns`) for `user_id`.
+    pub async fn add_endpoint(&self, user_id: &str, platform: &str, token: &str) -> String {
         self.recipients()
             .register_endpoint(pb::RegisterEndpointRequest {
                 user_id: user_id.into(),
-                platform: "fcm".into(),
+                platform: platform.into(),
                 token: token.into(),
                 web_push: None,
             })
