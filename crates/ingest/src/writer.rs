@@ -299,7 +299,8 @@ async fn check_catalogue(
             continue;
         }
         ready.push(Ready {
-            id: Uuid::new_v4(),
+            // Time-ordered (RFC 9562 version 7), like delivery ids.
+            id: Uuid::now_v7(),
             critical: ty.critical,
             channels,
             job,

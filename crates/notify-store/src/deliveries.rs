@@ -511,7 +511,7 @@ pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> R
          ON CONFLICT (delivery_id) DO NOTHING
          RETURNING delivery_id",
     )
-    .bind(jobs.iter().map(|_| Uuid::new_v4()).collect::<Vec<_>>())
+    .bind(jobs.iter().map(|_| Uuid::now_v7()).collect::<Vec<_>>())
     .bind(jobs.iter().map(|j| j.id).collect::<Vec<_>>())
     .bind(jobs.iter().map(|j| j.event_id).collect::<Vec<_>>())
     .bind(jobs.iter().map(|j| j.user_id.as_str()).collect::<Vec<_>>())

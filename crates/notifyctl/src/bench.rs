@@ -200,6 +200,10 @@ async fn broker_ceiling(amqp_url: &str, n: u64) -> anyhow::Result<f64> {
     }
     let got = consume.await?;
     let rate = got as f64 / started.elapsed().as_secs_f64();
+    // Close the consuming channel before deleting its queue, so the broker has no
+    // consumer to cancel under it.
+    let _ = cons_ch.close(200, "done".into()).await;
+    let _ = pub_ch.close(200, "done".into()).await;
     ch.queue_delete(queue.into(), QueueDeleteOptions::default())
         .await?;
     Ok(rate)
@@ -388,6 +392,9 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     sqlx::query("UPDATE notification_deliveries SET status = 'canceled' WHERE status = 'pending'")
         .execute(&pool)
         .await?;
+    // Let the later phases run on a settled database rather than beside autovacuum
+    // cleaning up after this bench's own mass update.
+    sqlx::raw_sql("VACUUM ANALYZE").execute(&pool).await?;
     procs.terminate("ingest").await?;
     if let Ok(conn) = notify_broker::connect(&cfg.amqp_url, "bench-purge").await {
         let ch = conn.create_channel().await?;
