@@ -963,7 +963,11 @@ async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
     };
     let (d_dead, d_live) = (by_ep(&dead), by_ep(&live));
     assert_eq!((d_dead.status.as_str(), d_dead.attempts), ("failed", 1));
-    assert!(d_dead.last_error.starts_with("unregistered"));
+    assert!(
+        d_dead.last_error.starts_with("invalid_token"),
+        "{}",
+        d_dead.last_error
+    );
     assert_eq!(d_live.status, "sent");
     let (status, reason): (String, Option<String>) = sqlx::query_as(
         "SELECT status, revoked_reason FROM notification_endpoints WHERE id = $1::uuid",
@@ -974,7 +978,7 @@ async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
     .unwrap();
     assert_eq!(
         (status.as_str(), reason.as_deref()),
-        ("revoked", Some("unregistered"))
+        ("revoked", Some("invalid_token"))
     );
 
     let ev2 = p

@@ -255,8 +255,11 @@ pub fn classify_fcm_error(status: u16, body: &Value) -> (ErrorClass, String) {
         format!("fcm_{}", fcm_code.to_ascii_lowercase())
     };
     match (status, fcm_code.as_str()) {
-        (_, "UNREGISTERED") => (ErrorClass::InvalidEndpoint, "unregistered".into()),
-        (_, "SENDER_ID_MISMATCH") => (ErrorClass::InvalidEndpoint, "sender_id_mismatch".into()),
+        // One code for every dead token, as for APNs; the FCM error code stays in the raw
+        // answer kept with the attempt.
+        (_, "UNREGISTERED" | "SENDER_ID_MISMATCH") => {
+            (ErrorClass::InvalidEndpoint, "invalid_token".into())
+        }
         (400, "INVALID_ARGUMENT") if bad_token => {
             (ErrorClass::InvalidEndpoint, "invalid_token".into())
         }
@@ -312,13 +315,13 @@ mod tests {
                 404,
                 err(404, "NOT_FOUND", fcm("UNREGISTERED")),
                 ErrorClass::InvalidEndpoint,
-                "unregistered",
+                "invalid_token",
             ),
             (
                 403,
                 err(403, "PERMISSION_DENIED", fcm("SENDER_ID_MISMATCH")),
                 ErrorClass::InvalidEndpoint,
-                "sender_id_mismatch",
+                "invalid_token",
             ),
             (
                 400,
