@@ -391,6 +391,114 @@ async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_line_monthly_quota_pauses_the_channel_without_spending_attempts() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![notify_core::Channel::Line],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("news", &["line"]).await;
+    let (u1, u2) = (uniq("u"), uniq("u"));
+    p.add_recipient(&u1, "", "", &line_id()).await;
+    p.add_recipient(&u2, "", "", &line_id()).await;
+    p.sim_fault(json!({"provider": "line", "status": 429,
+        "body": {"message": "You have reached your monthly limit."}, "times": 1}))
+        .await;
+    let first = p
+        .ingest()
+        .create_event(p.event("quota:1", "news", &[&u1]))
+        .await
+        .unwrap()
+        .into_inner();
+    let row = |id: String| {
+        let pool = p.pool.clone();
+        async move {
+            sqlx::query_as::<
+                _,
+                (
+                    String,
+                    i32,
+                    i32,
+                    Option<String>,
+                    chrono::DateTime<chrono::Utc>,
+                ),
+            >(
+                "SELECT status, attempts, max_attempts, last_error, next_attempt_at
+                 FROM notification_deliveries WHERE id = $1::uuid",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let id1 = first.deliveries[0].delivery_id.clone();
+    let mut paused = None;
+    for _ in 0..100 {
+        paused = sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+            "SELECT paused_until FROM channel_pauses WHERE channel = 'line'",
+        )
+        .fetch_optional(&p.pool)
+        .await
+        .unwrap();
+        if paused.is_some() && row(id1.clone()).await.0 == "pending" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let until = paused.expect("LINE is paused");
+    let expected = worker_line::next_quota_month(chrono::Utc::now());
+    assert!(
+        (until - expected).num_milliseconds().abs() < 1000,
+        "paused until the next quota month ({expected}), got {until}"
+    );
+    let (status, attempts, max_attempts, last_error, next) = row(id1.clone()).await;
+    assert_eq!(
+        (status.as_str(), attempts, max_attempts),
+        ("pending", 1, 6),
+        "budget kept"
+    );
+    assert!(last_error.unwrap().starts_with("line_monthly_quota"));
+    assert!(
+        next >= until - chrono::Duration::seconds(1),
+        "waits for the pause to end"
+    );
+
+    // A delivery created during the pause waits too, with no LINE call and no attempt.
+    let second = p
+        .ingest()
+        .create_event(p.event("quota:2", "news", &[&u2]))
+        .await
+        .unwrap()
+        .into_inner();
+    let id2 = second.deliveries[0].delivery_id.clone();
+    for _ in 0..100 {
+        if row(id2.clone()).await.4 >= until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, attempts, _, _, next) = row(id2.clone()).await;
+    assert_eq!((status.as_str(), attempts), ("pending", 0));
+    assert_eq!(next, until);
+    let due: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox WHERE delivery_id = $1::uuid AND available_at = $2",
+    )
+    .bind(&id2)
+    .bind(until)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(due, 1, "its message is published again when the pause ends");
+    assert_eq!(
+        p.sim_requests("line").await.len(),
+        1,
+        "only the refused call"
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
     let p = Platform::start_with(support::Options {
         workers: vec![],

@@ -15,6 +15,9 @@ pub enum ErrorClass {
     /// The push token, subscription or address is gone: fail now and deactivate the
     /// endpoint.
     InvalidEndpoint,
+    /// The account's quota for the period is spent (LINE's monthly message limit): pause
+    /// the whole channel until `retry_after`, without spending this delivery's attempt.
+    QuotaExhausted,
 }
 
 /// The provider's verdict on one attempt.

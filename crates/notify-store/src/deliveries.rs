@@ -107,6 +107,37 @@ pub async fn claim_many(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
+    if let Some(until) = paused_until(db, channel).await? {
+        // The channel is paused: each pending delivery waits in Postgres until the pause
+        // ends (a new outbox row, due then), without a claim or an attempt.
+        let moved: Vec<Uuid> = sqlx::query_scalar(
+            "WITH w AS (
+                 UPDATE notification_deliveries d
+                 SET next_attempt_at = greatest(d.next_attempt_at, $3), updated_at = now()
+                 WHERE d.id = ANY($1) AND d.channel || '' = $2 AND d.status || '' = 'pending'
+                 RETURNING d.id, d.channel, d.next_attempt_at)
+             INSERT INTO outbox (delivery_id, channel, available_at)
+             SELECT id, channel, next_attempt_at FROM w
+             RETURNING delivery_id",
+        )
+        .bind(ids)
+        .bind(channel)
+        .bind(until)
+        .fetch_all(db)
+        .await?;
+        let moved: std::collections::HashSet<Uuid> = moved.into_iter().collect();
+        let mut out = Vec::with_capacity(ids.len());
+        let rest: Vec<Uuid> = ids.iter().copied().filter(|i| !moved.contains(i)).collect();
+        let mut others = claim_unclaimable(db, &rest, channel).await?;
+        for id in ids {
+            out.push(if moved.contains(id) {
+                ClaimOutcome::NotClaimable(format!("paused until {until}"))
+            } else {
+                others.remove(id).unwrap_or(ClaimOutcome::Missing)
+            });
+        }
+        return Ok(out);
+    }
     let tokens: Vec<Uuid> = ids.iter().map(|_| Uuid::new_v4()).collect();
     let rows = sqlx::query(
         // Rows are found by primary key only. `|| ''` keeps the planner off the partial
@@ -176,22 +207,7 @@ pub async fn claim_many(
         .copied()
         .filter(|id| !claimed.contains_key(id))
         .collect();
-    if !rest.is_empty() {
-        let rows = sqlx::query(
-            "SELECT id, status, channel FROM notification_deliveries WHERE id = ANY($1)",
-        )
-        .bind(&rest)
-        .fetch_all(db)
-        .await?;
-        for r in rows {
-            let outcome = if r.get::<&str, _>("channel") != channel {
-                ClaimOutcome::WrongChannel(r.get("channel"))
-            } else {
-                ClaimOutcome::NotClaimable(r.get("status"))
-            };
-            claimed.insert(r.get("id"), outcome);
-        }
-    }
+    claimed.extend(claim_unclaimable(db, &rest, channel).await?);
     // The same id twice in one batch: the first got the claim, the second sees it taken.
     let mut seen = std::collections::HashSet::new();
     Ok(ids
@@ -203,6 +219,65 @@ pub async fn claim_many(
             claimed.remove(id).unwrap_or(ClaimOutcome::Missing)
         })
         .collect())
+}
+
+/// Why each of `ids` could not be claimed: wrong channel, or its status. Ids with no
+/// delivery are absent.
+async fn claim_unclaimable(
+    db: &PgPool,
+    ids: &[Uuid],
+    channel: &str,
+) -> Result<std::collections::HashMap<Uuid, ClaimOutcome>> {
+    let mut out = std::collections::HashMap::new();
+    if ids.is_empty() {
+        return Ok(out);
+    }
+    let rows =
+        sqlx::query("SELECT id, status, channel FROM notification_deliveries WHERE id = ANY($1)")
+            .bind(ids)
+            .fetch_all(db)
+            .await?;
+    for r in rows {
+        let outcome = if r.get::<&str, _>("channel") != channel {
+            ClaimOutcome::WrongChannel(r.get("channel"))
+        } else {
+            ClaimOutcome::NotClaimable(r.get("status"))
+        };
+        out.insert(r.get("id"), outcome);
+    }
+    Ok(out)
+}
+
+/// When `channel` is paused, until when (database clock).
+pub async fn paused_until(db: &PgPool, channel: &str) -> Result<Option<DateTime<Utc>>> {
+    Ok(sqlx::query_scalar(
+        "SELECT paused_until FROM channel_pauses WHERE channel = $1 AND paused_until > now()",
+    )
+    .bind(channel)
+    .fetch_optional(db)
+    .await?)
+}
+
+/// Pauses `channel` for `after` from now (a longer pause already in place stays).
+pub async fn pause_channel(
+    db: impl sqlx::PgExecutor<'_>,
+    channel: &str,
+    after: Duration,
+    reason: &str,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO channel_pauses (channel, paused_until, reason)
+         VALUES ($1, now() + $2 * interval '1 millisecond', $3)
+         ON CONFLICT (channel) DO UPDATE
+         SET paused_until = greatest(channel_pauses.paused_until, EXCLUDED.paused_until),
+             reason = EXCLUDED.reason, paused_at = now()",
+    )
+    .bind(channel)
+    .bind(after.as_millis() as i64)
+    .bind(reason)
+    .execute(db)
+    .await?;
+    Ok(())
 }
 
 /// Extends a live lease by `lease` from now (database clock). Returns false when the
@@ -238,6 +313,15 @@ pub enum NextState {
         /// Delay from now.
         after: Duration,
         /// Error code and text for `last_error`.
+        error: String,
+    },
+    /// The channel's quota is spent: the delivery waits `after` without spending its
+    /// budget (the call is recorded as an attempt and `max_attempts` grows by one), and the
+    /// channel is paused that long.
+    Paused {
+        /// Delay from now (the end of the quota period).
+        after: Duration,
+        /// Error code and text for `last_error` and the pause's reason.
         error: String,
     },
     /// Final failure.
@@ -297,6 +381,7 @@ pub async fn record_attempts(
     let mut pmids: Vec<Option<String>> = Vec::with_capacity(batch.len());
     let mut retry_ms: Vec<Option<i64>> = Vec::with_capacity(batch.len());
     let mut errors: Vec<Option<String>> = Vec::with_capacity(batch.len());
+    let mut refunds: Vec<bool> = Vec::with_capacity(batch.len());
     for (job, next, _) in batch {
         ids.push(job.id);
         tokens.push(job.lease_token);
@@ -310,8 +395,15 @@ pub async fn record_attempts(
                 Some(after.as_millis() as i64),
                 Some(error.clone()),
             ),
+            NextState::Paused { after, error } => (
+                "pending",
+                None,
+                Some(after.as_millis() as i64),
+                Some(error.clone()),
+            ),
             NextState::Failed { error } => ("failed", None, None, Some(error.clone())),
         };
+        refunds.push(matches!(next, NextState::Paused { .. }));
         statuses.push(status);
         pmids.push(pmid);
         retry_ms.push(retry);
@@ -325,9 +417,11 @@ pub async fn record_attempts(
              next_attempt_at = CASE WHEN t.retry_ms IS NULL THEN d.next_attempt_at
                                     ELSE now() + t.retry_ms * interval '1 millisecond' END,
              last_error = t.error, sent_at = CASE WHEN t.status = 'sent' THEN now() ELSE d.sent_at END,
+             max_attempts = CASE WHEN t.refund THEN d.max_attempts + 1 ELSE d.max_attempts END,
              lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-         FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[])
-              AS t(id, token, status, pmid, retry_ms, error)
+         FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[],
+                     $7::bool[])
+              AS t(id, token, status, pmid, retry_ms, error, refund)
          WHERE d.id = ANY($1) AND d.id = t.id AND d.lease_token = t.token
            AND d.status || '' = 'sending'
          RETURNING d.id, t.token",
@@ -338,6 +432,7 @@ pub async fn record_attempts(
     .bind(&pmids)
     .bind(&retry_ms)
     .bind(&errors)
+    .bind(&refunds)
     .fetch_all(&mut *tx)
     .await?;
     let updated: std::collections::HashSet<(Uuid, Uuid)> = updated.into_iter().collect();
@@ -413,6 +508,9 @@ pub async fn record_attempts(
         .await?;
     }
     for &i in &kept {
+        if let NextState::Paused { after, error } = batch[i].1 {
+            pause_channel(&mut *tx, &batch[i].0.channel, *after, error).await?;
+        }
         if let Some((endpoint, reason)) = &batch[i].2.deactivate_endpoint {
             let started = batch[i].0.started_at;
             let fence = batch[i]

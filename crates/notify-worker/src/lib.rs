@@ -357,6 +357,10 @@ impl<S: ChannelSender> Ctx<S> {
                 NextState::Failed { error } => {
                     error!(attempt = job.attempt, %error, alert = "delivery_failed", "delivery failed")
                 }
+                NextState::Paused { after, error } => {
+                    error!(%error, paused_for_s = after.as_secs(), alert = "channel_paused",
+                        "provider quota spent: channel paused; its deliveries wait without spending attempts")
+                }
             }
             let job = Arc::new(*job);
             let recorded = with_db_retry("record attempt", || {
@@ -445,6 +449,14 @@ pub fn decide(
                         record.deactivate_endpoint = Some((ep, code.clone()));
                     }
                     NextState::Failed {
+                        error: format!("{code}{status}"),
+                    }
+                }
+                ErrorClass::QuotaExhausted => {
+                    record.outcome = "retry";
+                    NextState::Paused {
+                        // Without a stated end, look again in an hour.
+                        after: retry_after.unwrap_or(Duration::from_secs(3600)),
                         error: format!("{code}{status}"),
                     }
                 }

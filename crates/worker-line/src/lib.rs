@@ -128,6 +128,13 @@ impl ChannelSender for LineSender {
             }
             // The retry key was already accepted: an earlier attempt went through.
             409 => AttemptOutcome::sent(accepted_id.or(request_id), content),
+            // The monthly message quota, not a rate limit: pause LINE until the month ends.
+            429 if is_monthly_quota(&answer.json()) => {
+                let until = next_quota_month(chrono::Utc::now());
+                let wait = (until - chrono::Utc::now()).to_std().unwrap_or_default();
+                AttemptOutcome::failed(ErrorClass::QuotaExhausted, "line_monthly_quota", content)
+                    .with_retry_after(Some(wait))
+            }
             429 => AttemptOutcome::failed(ErrorClass::RateLimited, "line_rate_limited", content)
                 .with_retry_after(retry_after),
             500..=599 => {
@@ -138,5 +145,66 @@ impl ChannelSender for LineSender {
             _ => AttemptOutcome::failed(ErrorClass::Permanent, format!("line_{status}"), content),
         };
         out.with_status(status as i32).with_response(answer.body)
+    }
+}
+
+/// Whether a 429 answer is LINE's monthly-quota refusal (`"You have reached your monthly
+/// limit."`, LINE Messaging API reference, status codes) rather than a rate limit.
+pub fn is_monthly_quota(body: &serde_json::Value) -> bool {
+    body["message"]
+        .as_str()
+        .is_some_and(|m| m.to_ascii_lowercase().contains("monthly limit"))
+}
+
+/// When LINE's message quota starts again after `now`: the first moment of the next
+/// calendar month in Japan time (LINE counts the month in JST; an operator can end the
+/// pause earlier by deleting the `channel_pauses` row).
+pub fn next_quota_month(now: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+    use chrono::{Datelike, TimeZone};
+    let jst = now.with_timezone(&chrono_tz::Asia::Tokyo);
+    let (year, month) = if jst.month() == 12 {
+        (jst.year() + 1, 1)
+    } else {
+        (jst.year(), jst.month() + 1)
+    };
+    chrono_tz::Asia::Tokyo
+        .with_ymd_and_hms(year, month, 1, 0, 0, 0)
+        .single()
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .unwrap_or(now + chrono::Duration::days(31))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn the_quota_month_ends_at_midnight_japan_time() {
+        let at = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap().to_utc();
+        // 2026-11-30 16:00 UTC is already 1 December 01:00 in Japan.
+        assert_eq!(
+            next_quota_month(at("2026-11-30T16:00:00Z")),
+            at("2026-12-31T15:00:00Z")
+        );
+        assert_eq!(
+            next_quota_month(at("2026-11-30T14:59:59Z")),
+            at("2026-11-30T15:00:00Z")
+        );
+        assert_eq!(
+            next_quota_month(chrono::Utc.with_ymd_and_hms(2026, 12, 20, 0, 0, 0).unwrap()),
+            at("2026-12-31T15:00:00Z"),
+            "December rolls into January of the next year"
+        );
+    }
+
+    #[test]
+    fn only_the_monthly_limit_message_is_a_quota() {
+        assert!(is_monthly_quota(
+            &serde_json::json!({"message": "You have reached your monthly limit."})
+        ));
+        assert!(!is_monthly_quota(
+            &serde_json::json!({"message": "The API rate limit has been exceeded. Try again later."})
+        ));
     }
 }
