@@ -521,7 +521,11 @@ pub async fn record_attempts(
         }
     }
     tx.commit().await?;
-    Ok((0..batch.len()).map(|i| kept.contains(&i)).collect())
+    let mut recorded = vec![false; batch.len()];
+    for &i in &kept {
+        recorded[i] = true;
+    }
+    Ok(recorded)
 }
 
 /// Marks a delivery `failed` with `error` outside the claim protocol: for a message that
