@@ -404,12 +404,7 @@ async fn the_line_monthly_quota_pauses_the_channel_without_spending_attempts() {
     p.sim_fault(json!({"provider": "line", "status": 429,
         "body": {"message": "You have reached your monthly limit."}, "times": 1}))
         .await;
-    let first = p
-        .ingest()
-        .create_event(p.event("quota:1", "news", &[&u1]))
-        .await
-        .unwrap()
-        .into_inner();
+    let first = p.send("quota:1", "news", &[&u1]).await;
     let row = |id: String| {
         let pool = p.pool.clone();
         async move {
@@ -465,12 +460,7 @@ async fn the_line_monthly_quota_pauses_the_channel_without_spending_attempts() {
     );
 
     // A delivery created during the pause waits too, with no LINE call and no attempt.
-    let second = p
-        .ingest()
-        .create_event(p.event("quota:2", "news", &[&u2]))
-        .await
-        .unwrap()
-        .into_inner();
+    let second = p.send("quota:2", "news", &[&u2]).await;
     let id2 = second.deliveries[0].delivery_id.clone();
     for _ in 0..100 {
         if row(id2.clone()).await.4 >= until {
@@ -507,18 +497,8 @@ async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
     .await;
     p.add_type("comment_reply", &["inapp"]).await;
     // "café" precomposed vs e + combining acute: one key after NFC.
-    let first = p
-        .ingest()
-        .create_event(p.event("caf\u{e9}:1", "comment_reply", &["u1"]))
-        .await
-        .unwrap()
-        .into_inner();
-    let again = p
-        .ingest()
-        .create_event(p.event("cafe\u{301}:1", "comment_reply", &["u1"]))
-        .await
-        .unwrap()
-        .into_inner();
+    let first = p.send("caf\u{e9}:1", "comment_reply", &["u1"]).await;
+    let again = p.send("cafe\u{301}:1", "comment_reply", &["u1"]).await;
     assert!(again.duplicate);
     assert_eq!(again.event_id, first.event_id);
 
@@ -691,12 +671,7 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
         p.add_device(u, &format!("fcm-tok-{u}")).await;
     }
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
-    let ev = p
-        .ingest()
-        .create_event(p.event("b03", "order_paid", &refs))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.send("b03", "order_paid", &refs).await;
     // Wait until the relay published all four.
     for _ in 0..100 {
         if p.count("outbox").await == 0 {
@@ -792,12 +767,7 @@ async fn a_resent_line_push_with_the_same_retry_key_counts_as_sent() {
     let u = uniq("u");
     let lid = line_id();
     p.add_recipient(&u, "", "", &lid).await;
-    let ev = p
-        .ingest()
-        .create_event(p.event("line-409", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.send("line-409", "order_paid", &[&u]).await;
     let first = p.wait_final(&ev.event_id, 20).await;
     let d = &first.deliveries[0];
     assert_eq!(d.status, "sent");
@@ -845,12 +815,7 @@ async fn transient_errors_retry_and_permanent_errors_fail_at_once() {
     p.add_recipient(&u2, "", "", &l2).await;
     p.sim_fault(json!({"provider": "line", "target_contains": l1, "status": 500, "body": {"message": "internal"}, "times": 1})).await;
     p.sim_fault(json!({"provider": "line", "target_contains": l2, "status": 403, "body": {"message": "forbidden"}})).await;
-    let ev = p
-        .ingest()
-        .create_event(p.event("retry", "order_paid", &[&u1, &u2]))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.send("retry", "order_paid", &[&u1, &u2]).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     let by_user = |u: &str| {
         done.deliveries
@@ -937,12 +902,7 @@ async fn apns_pushes_go_over_http2_with_one_reused_provider_token() {
     p.add_endpoint(&u, "apns", &format!("apns-tok-{u}")).await;
     let mut events = Vec::new();
     for key in ["apns:1", "apns:2"] {
-        let ev = p
-            .ingest()
-            .create_event(p.event(key, "order_paid", &[&u]))
-            .await
-            .unwrap()
-            .into_inner();
+        let ev = p.send(key, "order_paid", &[&u]).await;
         let done = p.wait_final(&ev.event_id, 30).await;
         assert_eq!(
             done.deliveries[0].status, "sent",
@@ -1006,12 +966,7 @@ async fn apns_dead_tokens_are_deactivated_respecting_the_410_timestamp() {
         .await;
     let bad = p.add_endpoint(&u, "apns", &format!("bad-{u}")).await;
     let live = p.add_endpoint(&u, "apns", &format!("apns-tok-{u}")).await;
-    let ev = p
-        .ingest()
-        .create_event(p.event("f05:1", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.send("f05:1", "order_paid", &[&u]).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     let by_ep = |e: &str| done.deliveries.iter().find(|d| d.endpoint_id == e).unwrap();
     for ep in [&re_registered, &gone, &bad] {
@@ -1055,12 +1010,7 @@ async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
     p.add_recipient(&u, "", "", "").await;
     let dead = p.add_device(&u, &format!("unregistered-{u}")).await;
     let live = p.add_device(&u, &format!("fcm-tok-{u}")).await;
-    let ev = p
-        .ingest()
-        .create_event(p.event("e1", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.send("e1", "order_paid", &[&u]).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     let by_ep = |e: &str| {
         done.deliveries
@@ -1089,12 +1039,7 @@ async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
         ("revoked", Some("invalid_token"))
     );
 
-    let ev2 = p
-        .ingest()
-        .create_event(p.event("e2", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev2 = p.send("e2", "order_paid", &[&u]).await;
     assert_eq!(ev2.deliveries.len(), 1, "only the live device is planned");
     assert_eq!(ev2.deliveries[0].endpoint_id, live);
     p.stop().await;
@@ -1132,12 +1077,7 @@ async fn a_passed_deadline_cancels_the_request_and_writes_nothing() {
         assert_eq!(p.count(table).await, 0, "{table}: nothing half-written");
     }
     // The same request afterwards succeeds and is new.
-    let ok = p
-        .ingest()
-        .create_event(p.event("slow:1", "comment_reply", &["u1"]))
-        .await
-        .unwrap()
-        .into_inner();
+    let ok = p.send("slow:1", "comment_reply", &["u1"]).await;
     assert!(!ok.duplicate);
     p.stop().await;
 }
@@ -1209,12 +1149,7 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
     let lid = line_id();
     p.add_recipient(&u, "", "", &lid).await;
     // A first event proves the topology is declared and the route works; then cut it.
-    let warm = p
-        .ingest()
-        .create_event(p.event("warm-up", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+    let warm = p.send("warm-up", "order_paid", &[&u]).await;
     p.wait_final(&warm.event_id, 30).await;
     let (_conn, ch) = p.amqp().await;
     let (queue, exchange) = (p.topology.queue("line"), p.topology.exchange());
@@ -1227,12 +1162,7 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
     .await
     .unwrap();
 
-    let ev = p
-        .ingest()
-        .create_event(p.event("b02-1", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.send("b02-1", "order_paid", &[&u]).await;
     let mut failures = 0;
     for _ in 0..100 {
         failures =
@@ -1305,12 +1235,7 @@ async fn a_revoked_fcm_access_token_is_replaced_and_the_push_retried() {
     let u = uniq("u");
     p.add_recipient(&u, "", "", "").await;
     p.add_device(&u, &format!("fcm-tok-{u}")).await;
-    let first = p
-        .ingest()
-        .create_event(p.event("t1", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+    let first = p.send("t1", "order_paid", &[&u]).await;
     assert_eq!(
         p.wait_final(&first.event_id, 30).await.deliveries[0].status,
         "sent"
@@ -1323,12 +1248,7 @@ async fn a_revoked_fcm_access_token_is_replaced_and_the_push_retried() {
         .await
         .unwrap();
     assert!(r.status().is_success());
-    let second = p
-        .ingest()
-        .create_event(p.event("t2", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+    let second = p.send("t2", "order_paid", &[&u]).await;
     let d = p.wait_final(&second.event_id, 30).await.deliveries[0].clone();
     assert_eq!(
         (d.status.as_str(), d.attempts),

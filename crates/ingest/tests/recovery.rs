@@ -35,12 +35,7 @@ async fn a_worker_that_died_after_claiming_is_recovered_by_the_sweeper_and_sent_
     p.add_type("order_paid", &["line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", &line_id()).await;
-    let ev = p
-        .ingest()
-        .create_event(p.event("died", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.send("died", "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
     wait_outbox_empty(&p).await;
     // A worker claims it with a 1 s lease and dies before calling LINE.
@@ -84,12 +79,7 @@ async fn a_worker_whose_lease_was_taken_writes_nothing_and_the_retry_key_prevent
     p.add_recipient(&u, "", "", &lid).await;
     // LINE answers after 2 s: the worker is "frozen" in the call meanwhile.
     p.sim_fault(json!({"provider": "line", "target_contains": lid, "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 2000, "times": 1})).await;
-    let ev = p
-        .ingest()
-        .create_event(p.event("frozen", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.send("frozen", "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
     for _ in 0..100 {
         if !p.sim_requests("line").await.is_empty() {
@@ -154,12 +144,7 @@ async fn a_stopped_worker_finishes_the_delivery_in_hand_and_leaves_the_rest_queu
     }
     p.sim_fault(json!({"provider": "line", "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 1500})).await;
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
-    let ev = p
-        .ingest()
-        .create_event(p.event("sigterm", "order_paid", &refs))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.send("sigterm", "order_paid", &refs).await;
     for _ in 0..100 {
         if !p.sim_requests("line").await.is_empty() {
             break;
@@ -210,12 +195,7 @@ async fn a_message_lost_after_the_confirm_is_republished_from_postgres() {
     p.add_type("order_paid", &["line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", &line_id()).await;
-    let ev = p
-        .ingest()
-        .create_event(p.event("lost", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.send("lost", "order_paid", &[&u]).await;
     wait_outbox_empty(&p).await;
     // The broker confirmed it; now the message is gone (queue purged).
     let (_conn, ch) = p.amqp().await;
@@ -369,12 +349,7 @@ async fn slow_provider_calls_hold_no_database_connection() {
     }
     p.sim_fault(json!({"provider": "line", "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 1500})).await;
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
-    let ev = p
-        .ingest()
-        .create_event(p.event("burst", "order_paid", &refs))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.send("burst", "order_paid", &refs).await;
 
     let sampler = {
         let pool = p.pool.clone();
@@ -442,12 +417,7 @@ async fn a_second_worker_shares_a_slow_queue_and_nothing_is_sent_twice() {
     }
     p.sim_fault(json!({"provider": "line", "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 3000})).await;
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
-    let ev = p
-        .ingest()
-        .create_event(p.event("b01", "order_paid", &refs))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.send("b01", "order_paid", &refs).await;
     wait_outbox_empty(&p).await;
     p.start_worker_named(Channel::Line, "w1");
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -497,12 +467,7 @@ async fn a_message_redelivered_during_a_slow_call_is_not_sent_again() {
         "body": {"sentMessages": [{"id": "slow-1"}]}, "delay_ms": 4500, "times": 1}),
     )
     .await;
-    let ev = p
-        .ingest()
-        .create_event(p.event("slow-redelivered", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.send("slow-redelivered", "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
     for _ in 0..100 {
         if !p.sim_requests("line").await.is_empty() {
@@ -575,12 +540,7 @@ async fn an_old_snapshot_held_open_does_not_stall_delivery() {
         let refs = refs.clone();
         async move {
             let started = std::time::Instant::now();
-            let ev = p
-                .ingest()
-                .create_event(p.event(key, "order_paid", &refs))
-                .await
-                .unwrap()
-                .into_inner();
+            let ev = p.send(key, "order_paid", &refs).await;
             let done = p.wait_final(&ev.event_id, 60).await;
             let elapsed = started.elapsed();
             assert!(

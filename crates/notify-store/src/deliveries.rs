@@ -353,21 +353,10 @@ pub struct AttemptRecord {
     pub worker_id: String,
 }
 
-/// Records an attempt and the delivery's new state in one transaction fenced by the
-/// lease token. Returns false, writing nothing, when the lease was lost. See
-/// [`record_attempts`].
-pub async fn record_attempt(
-    db: &PgPool,
-    job: &DeliveryJob,
-    next: &NextState,
-    attempt: &AttemptRecord,
-) -> Result<bool> {
-    Ok(record_attempts(db, &[(job, next, attempt)]).await?[0])
-}
-
-/// Records several attempts and their deliveries' new states in one transaction, each
-/// fenced by its own lease token: one result per input, in order, false (nothing written
-/// for it) when that lease was lost. Four statements at most, whatever the number.
+/// Records attempts and their deliveries' new states in one transaction, each fenced by
+/// its own lease token: one result per input, in order, false (nothing written for it)
+/// when that lease was lost. Four statements at most, whatever the number, plus one per
+/// endpoint to deactivate or channel to pause.
 pub async fn record_attempts(
     db: &PgPool,
     batch: &[(&DeliveryJob, &NextState, &AttemptRecord)],
@@ -588,12 +577,6 @@ pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result
     .execute(db)
     .await?;
     Ok(done.rows_affected())
-}
-
-/// Writes the in-app notification of a delivery; idempotent on the delivery id.
-/// Returns false when the row already existed. See [`insert_inbox_notifications`].
-pub async fn insert_inbox_notification(db: &PgPool, job: &DeliveryJob) -> Result<bool> {
-    Ok(insert_inbox_notifications(db, &[job]).await?[0])
 }
 
 /// Writes the in-app notifications of several deliveries in one statement, each

@@ -13,7 +13,6 @@
 //! deactivate it; 413 `PayloadTooLarge` fails; 429 and 5xx retry; 403
 //! `ExpiredProviderToken` retries with a new token; other 4xx fail.
 
-use notify_core::text::shorten_to_fit;
 use notify_core::{AttemptOutcome, ErrorClass};
 use notify_worker::Job;
 use serde_json::{Value, json};
@@ -126,20 +125,15 @@ impl Apns {
                 "type": job.type_key,
             })
         };
-        let Some(body) = shorten_to_fit(&job.content.body, |b| {
-            payload(b).to_string().len() <= APNS_MAX_PAYLOAD_BYTES
-        })
-        .map(|b| payload(&b)) else {
-            let bare = payload("");
-            return AttemptOutcome::failed(
-                ErrorClass::Permanent,
-                "payload_too_large",
-                json!({"payload": bare}),
-            )
-            .with_response(format!(
-                "the payload is {} bytes without any body; APNs allows {APNS_MAX_PAYLOAD_BYTES}",
-                bare.to_string().len()
-            ));
+        let body = match crate::fit_payload(
+            &job.content.body,
+            "APNs",
+            APNS_MAX_PAYLOAD_BYTES,
+            payload,
+            |v| v.to_string().len(),
+        ) {
+            Ok(body) => body,
+            Err(too_large) => return *too_large,
         };
         // Kept by APNs for a day at most when the device is offline.
         let expiration = (job.created_at + chrono::Duration::days(1)).timestamp();

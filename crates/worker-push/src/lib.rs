@@ -170,23 +170,15 @@ impl PushSender {
                 }
             })
         };
-        let size = |v: &Value| v["message"].to_string().len();
-        // The body is shortened (whole graphemes, then an ellipsis) until the message fits;
-        // the title is never cut.
-        let Some(body) = shorten_to_fit(&job.content.body, |b| {
-            size(&message(b)) <= FCM_MAX_PAYLOAD_BYTES
-        })
-        .map(|b| message(&b)) else {
-            let bare = message("");
-            return AttemptOutcome::failed(
-                ErrorClass::Permanent,
-                "payload_too_large",
-                json!({"request": bare}),
-            )
-            .with_response(format!(
-                "the message is {} bytes without any body; FCM allows {FCM_MAX_PAYLOAD_BYTES}",
-                size(&bare)
-            ));
+        let body = match fit_payload(
+            &job.content.body,
+            "FCM",
+            FCM_MAX_PAYLOAD_BYTES,
+            message,
+            |v| v["message"].to_string().len(),
+        ) {
+            Ok(body) => body,
+            Err(too_large) => return *too_large,
         };
         let content = json!({"request": body});
         let auth = self
@@ -227,6 +219,36 @@ impl PushSender {
             AttemptOutcome::failed(class, code, content).with_retry_after(retry_after)
         };
         out.with_status(status as i32).with_response(answer.body)
+    }
+}
+
+/// The payload `build` makes for the longest version of `body` whose `size` fits `limit`
+/// bytes: the whole body, or whole grapheme clusters and an ellipsis. The title and the
+/// rest of the payload are never cut. `Err` is the attempt's permanent
+/// `payload_too_large` outcome when even an empty body does not fit.
+pub(crate) fn fit_payload(
+    body: &str,
+    provider: &str,
+    limit: usize,
+    build: impl Fn(&str) -> Value,
+    size: impl Fn(&Value) -> usize,
+) -> Result<Value, Box<AttemptOutcome>> {
+    match shorten_to_fit(body, |b| size(&build(b)) <= limit) {
+        Some(fitted) => Ok(build(&fitted)),
+        None => {
+            let bare = build("");
+            let bytes = size(&bare);
+            Err(Box::new(
+                AttemptOutcome::failed(
+                    ErrorClass::Permanent,
+                    "payload_too_large",
+                    json!({"request": bare}),
+                )
+                .with_response(format!(
+                    "the payload is {bytes} bytes without any body; {provider} allows {limit}"
+                )),
+            ))
+        }
     }
 }
 

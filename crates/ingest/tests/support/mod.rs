@@ -404,6 +404,20 @@ impl Platform {
             .endpoint_id
     }
 
+    /// `CreateEvent` for the standard request [`Platform::event`]; panics on an error.
+    pub async fn send(
+        &self,
+        key: &str,
+        type_key: &str,
+        recipients: &[&str],
+    ) -> pb::CreateEventResponse {
+        self.ingest()
+            .create_event(self.event(key, type_key, recipients))
+            .await
+            .expect("CreateEvent")
+            .into_inner()
+    }
+
     pub fn event(&self, key: &str, type_key: &str, recipients: &[&str]) -> pb::CreateEventRequest {
         pb::CreateEventRequest {
             event_key: key.into(),
