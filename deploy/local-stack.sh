@@ -207,6 +207,15 @@ make_apns_key() {
   openssl pkey -in "$keys/apns-key.p8" -pubout -out "$keys/apns-public.pem"
 }
 
+# A VAPID key pair for Web Push (RFC 8292: EC P-256), PKCS #8 like the APNs key.
+make_vapid_key() {
+  local keys=$STACK/keys
+  [ -f "$keys/vapid-key.pem" ] && return
+  mkdir -p "$keys"
+  log "generating a local VAPID key"
+  openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$keys/vapid-key.pem" 2>/dev/null
+}
+
 start_sim() {
   local bin=${PROVIDER_SIM_BIN:-}
   if alive "$STACK/pids/provider-sim.pid"; then
@@ -281,6 +290,9 @@ export NOTIFY_APNS_PUBLIC_KEY_FILE=$STACK/keys/apns-public.pem
 export NOTIFY_APNS_KEY_ID=LOCALKEY01
 export NOTIFY_APNS_TEAM_ID=LOCALTEAM1
 export NOTIFY_APNS_TOPIC=test.notify.app
+export NOTIFY_VAPID_PRIVATE_KEY_FILE=$STACK/keys/vapid-key.pem
+export NOTIFY_VAPID_SUBJECT=mailto:ops@notify.example.test
+export NOTIFY_WEBPUSH_BASE_OVERRIDE=http://127.0.0.1:$SIM_PORT/webpush
 EOF
 }
 
@@ -291,6 +303,7 @@ case "$cmd" in
     install_missing
     make_fcm_key
     make_apns_key
+    make_vapid_key
     start_postgres
     start_rabbitmq
     start_maildev

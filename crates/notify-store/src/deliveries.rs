@@ -22,6 +22,9 @@ pub struct DeliveryJob {
     pub event_key: String,
     /// Notification type key.
     pub type_key: String,
+    /// The type's priority: `low`, `normal` or `high` (drives APNs priority, FCM Android
+    /// priority and Web Push `Urgency`).
+    pub priority: String,
     /// Recipient.
     pub user_id: String,
     /// Channel name.
@@ -158,8 +161,10 @@ pub async fn claim_many(
                 e.event_key, e.type, e.payload_json, e.content_json,
                 coalesce(r.display_name, '') AS display_name, coalesce(r.locale, 'th-TH') AS locale,
                 coalesce(r.timezone, 'Asia/Bangkok') AS timezone,
-                ep.platform, ep.token, ep.subscription_json, ep.status AS endpoint_status
+                ep.platform, ep.token, ep.subscription_json, ep.status AS endpoint_status,
+                coalesce(t.priority, 'normal') AS priority
          FROM c JOIN notification_events e ON e.id = c.event_id
+              LEFT JOIN notification_types t ON t.key = e.type
               LEFT JOIN recipients r ON r.user_id = c.user_id
               LEFT JOIN notification_endpoints ep ON ep.id = c.endpoint_id",
     )
@@ -177,6 +182,7 @@ pub async fn claim_many(
                 event_id: r.get("event_id"),
                 event_key: r.get("event_key"),
                 type_key: r.get("type"),
+                priority: r.get("priority"),
                 user_id: r.get("user_id"),
                 channel: r.get("channel"),
                 provider: r.get("provider"),

@@ -579,6 +579,7 @@ mod tests {
             event_id: uuid::Uuid::nil(),
             event_key: "k".into(),
             type_key: "t".into(),
+            priority: "normal".into(),
             user_id: "u".into(),
             channel: "push".into(),
             provider: "fcm".into(),

@@ -1,5 +1,5 @@
 //! The demo scenario: one `order_paid` event to three Thai recipients on in-app, email,
-//! LINE and push, sent twice, then every outcome read back and checked against what the
+//! LINE and push (FCM phones, an APNs iPhone and a Web Push browser), sent twice, then every outcome read back and checked against what the
 //! real SMTP server (MailDev), the provider simulator and Postgres received.
 
 use anyhow::{Context, bail};
@@ -29,7 +29,8 @@ struct Person {
     name: &'static str,
     email: &'static str,
     line: &'static str,
-    devices: &'static [&'static str],
+    /// Push endpoints: (platform, FCM/APNs token or Web Push endpoint URL).
+    devices: &'static [(&'static str, &'static str)],
     email_off: bool,
 }
 
@@ -39,7 +40,11 @@ const PEOPLE: [Person; 3] = [
         name: "สมชาย ใจดี",
         email: "somchai@example.test",
         line: "U5f1c2a9e8d7b6c4a3e2f1d0c9b8a7e6d",
-        devices: &["fcm-somchai-phone", "fcm-somchai-tablet"],
+        devices: &[
+            ("fcm", "fcm-somchai-phone"),
+            ("fcm", "fcm-somchai-tablet"),
+            ("webpush", WEBPUSH_ENDPOINT),
+        ],
         email_off: false,
     },
     Person {
@@ -47,7 +52,10 @@ const PEOPLE: [Person; 3] = [
         name: "สมหญิง รักไทย",
         email: "somying@example.test",
         line: "",
-        devices: &["fcm-somying-phone"],
+        devices: &[
+            ("fcm", "fcm-somying-phone"),
+            ("apns", "apns-somying-iphone"),
+        ],
         email_off: false,
     },
     Person {
@@ -61,6 +69,9 @@ const PEOPLE: [Person; 3] = [
 ];
 
 const EVENT_KEY: &str = "order:123:paid";
+
+/// somchai's browser subscription at the simulator's push service.
+const WEBPUSH_ENDPOINT: &str = "https://push.example.test/sub/somchai-firefox";
 
 fn check(ok: bool, what: &str, failures: &mut Vec<String>) {
     println!("  [{}] {what}", if ok { "ok" } else { "FAIL" });
@@ -105,15 +116,24 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
                 timezone: "Asia/Bangkok".into(),
             })
             .await?;
-        for d in p.devices {
-            recipients
-                .register_endpoint(pb::RegisterEndpointRequest {
-                    user_id: p.user_id.into(),
-                    platform: "fcm".into(),
-                    token: (*d).into(),
-                    web_push: None,
-                })
-                .await?;
+        for (platform, token) in p.devices {
+            let mut request = pb::RegisterEndpointRequest {
+                user_id: p.user_id.into(),
+                platform: (*platform).into(),
+                token: (*token).into(),
+                web_push: None,
+            };
+            if *platform == "webpush" {
+                // The browser subscribes at its push service and hands us the result.
+                let sub = observed.subscribe_webpush(token).await?;
+                request.token = String::new();
+                request.web_push = Some(pb::WebPushSubscription {
+                    endpoint: (*token).into(),
+                    p256dh: sub["keys"]["p256dh"].as_str().unwrap_or_default().into(),
+                    auth: sub["keys"]["auth"].as_str().unwrap_or_default().into(),
+                });
+            }
+            recipients.register_endpoint(request).await?;
         }
         if p.email_off {
             recipients
@@ -230,12 +250,12 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         &mut failures,
     );
     check(
-        event.deliveries.len() == 10
+        event.deliveries.len() == 12
             && event
                 .deliveries
                 .iter()
                 .all(|d| d.status == "sent" && d.attempts == 1),
-        "10 deliveries, all sent on the first attempt",
+        "12 deliveries, all sent on the first attempt",
         &mut failures,
     );
     let skipped: BTreeMap<(String, String), String> = event
@@ -318,6 +338,23 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         "FCM: exactly one request per registered device",
         &mut failures,
     );
+    let apns: Vec<Value> = observed.requests("apns").await?;
+    check(
+        apns.len() == 1
+            && apns[0]["path"] == "/3/device/apns-somying-iphone"
+            && apns[0]["body"]["aps"]["alert"]["title"] == "ชำระเงินสำเร็จ คำสั่งซื้อ #123",
+        "APNs: one HTTP/2 request to somying's iPhone with the Thai title",
+        &mut failures,
+    );
+    let webpush: Vec<Value> = observed.requests("webpush").await?;
+    check(
+        webpush.len() == 1
+            && webpush[0]["status"] == 201
+            && webpush[0]["body"]["endpoint"] == WEBPUSH_ENDPOINT
+            && webpush[0]["body"]["payload"]["title"] == "ชำระเงินสำเร็จ คำสั่งซื้อ #123",
+        "Web Push: one encrypted message to somchai's browser, decrypted intact by the push service",
+        &mut failures,
+    );
 
     let pool = sqlx::PgPool::connect(&cfg.database_url).await?;
     let inbox: Vec<(String,)> = sqlx::query_as(
@@ -335,7 +372,10 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
 
     println!();
     println!("Read the emails in MailDev: {}/", cfg.maildev_url);
-    println!("What LINE and FCM received: {}/_sim/requests", cfg.sim_url);
+    println!(
+        "What LINE, FCM, APNs and Web Push received: {}/_sim/requests",
+        cfg.sim_url
+    );
     if failures.is_empty() {
         println!("DEMO OK: every recipient x channel ended as expected.");
         Ok(true)

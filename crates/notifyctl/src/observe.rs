@@ -65,7 +65,22 @@ impl Observer {
         Ok(())
     }
 
-    /// Requests the simulator recorded for `provider` (`line`, `fcm`, `oauth`), oldest first.
+    /// Has the simulator's push service issue a Web Push subscription for `endpoint`, as a
+    /// browser's `PushManager.subscribe` would: `{"endpoint", "keys": {"p256dh", "auth"}}`.
+    pub async fn subscribe_webpush(&self, endpoint: &str) -> anyhow::Result<Value> {
+        Ok(self
+            .http
+            .post(format!("{}/_sim/webpush/subscriptions", self.sim_url))
+            .json(&serde_json::json!({"endpoint": endpoint}))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await?)
+    }
+
+    /// Requests the simulator recorded for `provider` (`line`, `fcm`, `oauth`, `apns`,
+    /// `webpush`), oldest first.
     pub async fn requests(&self, provider: &str) -> anyhow::Result<Vec<Value>> {
         Ok(self
             .http

@@ -16,10 +16,21 @@
 //!   `apns-collapse-id` are checked, payloads over 4,096 bytes get 413; device tokens
 //!   `unregistered-<millis>-...` answer 410 with that `timestamp`, `bad-...` 400
 //!   BadDeviceToken.
+//! - `POST /webpush/{path}`: a Web Push service (RFC 8030) for the subscriptions issued by
+//!   `POST /_sim/webpush/subscriptions` (endpoint `https://host/{path}`). It requires
+//!   `Authorization: vapid t=<ES256 JWT>, k=<key>` with `aud` = the endpoint's origin,
+//!   `exp` within 24 hours and a `mailto:`/`https:` `sub` (401 otherwise; 403 when `k` is
+//!   not the subscription's application server key), `TTL`, a valid `Urgency` and `Topic`,
+//!   `Content-Encoding: aes128gcm` and at most 4,096 bytes (413); it decrypts the body
+//!   with the subscription's private key and records the plaintext. Unknown subscriptions
+//!   get 404, unsubscribed ones 410; success is 201 with a `Location`.
 //!
 //! Control endpoints:
-//! - `GET /_sim/health`; `GET /_sim/requests?provider=line|fcm|oauth|apns` (recorded requests,
-//!   oldest first); `DELETE /_sim/requests`;
+//! - `GET /_sim/health`; `GET /_sim/requests?provider=line|fcm|oauth|apns|webpush` (recorded
+//!   requests, oldest first); `DELETE /_sim/requests`;
+//! - `POST /_sim/webpush/subscriptions` `{"endpoint", "application_server_key"?}`: issues a
+//!   subscription, answering `{"endpoint", "keys": {"p256dh", "auth"}}`;
+//!   `POST /_sim/webpush/unsubscribe` `{"endpoint"}`: later pushes to it get 410;
 //! - `POST /_sim/faults` with a [`Fault`]; `DELETE /_sim/faults`;
 //! - `DELETE /_sim/tokens`: revokes every FCM access token issued so far;
 //! - `POST /_sim/latency` `{"provider", "min_ms", "max_ms"}`: random latency; `DELETE` clears.
@@ -36,6 +47,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use uuid::Uuid;
+
+mod webpush;
 
 /// Simulator settings.
 #[derive(Debug, Clone)]
@@ -61,7 +74,7 @@ pub struct SimConfig {
 /// A recorded request.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Recorded {
-    /// `line`, `fcm` or `oauth`.
+    /// `line`, `fcm`, `oauth`, `apns` or `webpush`.
     pub provider: String,
     /// Request path.
     pub path: String,
@@ -79,9 +92,10 @@ pub struct Recorded {
 /// one (after auth checks).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Fault {
-    /// `line` or `fcm`.
+    /// `line`, `fcm`, `apns` or `webpush`.
     pub provider: String,
-    /// Only requests whose target (LINE `to`, FCM `message.token`) contains this.
+    /// Only requests whose target (LINE `to`, FCM `message.token`, APNs device token, Web
+    /// Push endpoint URL) contains this.
     #[serde(default)]
     pub target_contains: Option<String>,
     /// HTTP status to answer.
@@ -122,6 +136,8 @@ struct Inner {
     access_tokens: HashSet<String>,
     /// Random latency per provider.
     latency: HashMap<String, (u64, u64)>,
+    /// Web Push subscriptions issued, by endpoint path.
+    webpush_subscriptions: HashMap<String, webpush::Subscription>,
 }
 
 #[derive(Clone)]
@@ -213,6 +229,9 @@ pub fn router(cfg: SimConfig) -> Router {
         .route("/token", post(oauth_token))
         .route("/v1/projects/{project}/messages:send", post(fcm_send))
         .route("/3/device/{token}", post(apns_send))
+        .route("/_sim/webpush/subscriptions", post(webpush::subscribe))
+        .route("/_sim/webpush/unsubscribe", post(webpush::unsubscribe))
+        .route("/webpush/{*path}", post(webpush::push))
         .with_state(sim)
 }
 

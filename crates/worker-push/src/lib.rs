@@ -8,9 +8,12 @@
 //! (403) and an invalid registration token (400 on `message.token`) deactivate the
 //! endpoint; QUOTA_EXCEEDED (429) waits for Retry-After; UNAVAILABLE / INTERNAL (5xx) retry;
 //! 401 UNAUTHENTICATED retries with a fresh access token; other 400s and 401
-//! THIRD_PARTY_AUTH_ERROR fail at once. APNs endpoints go through [`apns`] when APNs is
-//! configured. Web Push endpoints (and APNs ones without configuration) fail permanently
-//! with `provider_not_configured`.
+//! THIRD_PARTY_AUTH_ERROR fail at once. APNs endpoints go through [`apns`] and Web Push
+//! subscriptions through [`webpush`] when those are configured; without their
+//! configuration they fail permanently with `provider_not_configured`.
+//!
+//! The type's priority sets the platform overrides: FCM `android.priority` (`high` for
+//! high, else `normal`), APNs `apns-priority` (10, or 5 for low) and Web Push `Urgency`.
 //!
 //! FCM limits a message's payload to 4,096 bytes (firebase.google.com/docs/cloud-messaging/concept-options,
 //! "notification messages with optional data payload"). We count the whole `message`
@@ -19,6 +22,7 @@
 //! permanently with `payload_too_large`.
 
 pub mod apns;
+pub mod webpush;
 
 use gcp_auth::{CustomServiceAccount, TokenProvider};
 use notify_core::text::shorten_to_fit;
@@ -46,6 +50,8 @@ pub struct PushConfig {
     pub timeout: Duration,
     /// APNs, when configured.
     pub apns: Option<apns::ApnsConfig>,
+    /// Web Push, when configured.
+    pub webpush: Option<webpush::WebPushConfig>,
 }
 
 impl PushConfig {
@@ -53,7 +59,10 @@ impl PushConfig {
     /// `NOTIFY_FCM_SERVICE_ACCOUNT_FILE` (required), `NOTIFY_FCM_PROJECT_ID` (from the key),
     /// `NOTIFY_HTTP_TIMEOUT` (10s); APNs when `NOTIFY_APNS_KEY_FILE` is set (the `.p8` key),
     /// with `NOTIFY_APNS_KEY_ID`, `NOTIFY_APNS_TEAM_ID`, `NOTIFY_APNS_TOPIC` (all required
-    /// then) and `NOTIFY_APNS_API_BASE` (https://api.push.apple.com).
+    /// then) and `NOTIFY_APNS_API_BASE` (https://api.push.apple.com); Web Push when
+    /// `NOTIFY_VAPID_PRIVATE_KEY_FILE` is set (PEM, PKCS #8, P-256), with
+    /// `NOTIFY_VAPID_SUBJECT` (required then: `mailto:` or `https:`), `NOTIFY_WEBPUSH_TTL`
+    /// (1d) and `NOTIFY_WEBPUSH_BASE_OVERRIDE` (empty; a simulator's base URL).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let timeout = env.parse_with("NOTIFY_HTTP_TIMEOUT", Duration::from_secs(10), |s| {
             notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
@@ -77,8 +86,29 @@ impl PushConfig {
                 timeout,
             })
         };
+        let vapid_file = env.string("NOTIFY_VAPID_PRIVATE_KEY_FILE", "");
+        let webpush = if vapid_file.is_empty() {
+            None
+        } else {
+            let vapid_key_pem = std::fs::read_to_string(&vapid_file).unwrap_or_else(|e| {
+                env.error(format!(
+                    "NOTIFY_VAPID_PRIVATE_KEY_FILE={vapid_file:?} cannot be read: {e}"
+                ));
+                String::new()
+            });
+            Some(webpush::WebPushConfig {
+                vapid_key_pem,
+                vapid_subject: env.required("NOTIFY_VAPID_SUBJECT"),
+                base_override: env.string("NOTIFY_WEBPUSH_BASE_OVERRIDE", ""),
+                ttl: env.parse_with("NOTIFY_WEBPUSH_TTL", Duration::from_secs(86_400), |s| {
+                    notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
+                }),
+                timeout,
+            })
+        };
         Self {
             apns,
+            webpush,
             fcm_api_base: env.string("NOTIFY_FCM_API_BASE", "https://fcm.googleapis.com"),
             fcm_service_account_file: env.required("NOTIFY_FCM_SERVICE_ACCOUNT_FILE"),
             fcm_project_id: Some(env.string("NOTIFY_FCM_PROJECT_ID", "")).filter(|s| !s.is_empty()),
@@ -107,6 +137,9 @@ pub enum PushSetupError {
     /// APNs is configured but cannot be used.
     #[error("APNs: {0}")]
     Apns(#[from] apns::ApnsSetupError),
+    /// Web Push is configured but cannot be used.
+    #[error("Web Push: {0}")]
+    WebPush(#[from] webpush::WebPushSetupError),
 }
 
 /// Sender for push endpoints.
@@ -117,6 +150,7 @@ pub struct PushSender {
     fcm_key_file: String,
     fcm_send_url: String,
     apns: Option<apns::Apns>,
+    webpush: Option<webpush::WebPush>,
 }
 
 impl PushSender {
@@ -139,8 +173,10 @@ impl PushSender {
             .user_agent(concat!("notify-worker-push/", env!("CARGO_PKG_VERSION")))
             .build()?;
         let apns = cfg.apns.clone().map(apns::Apns::new).transpose()?;
+        let webpush = cfg.webpush.clone().map(webpush::WebPush::new).transpose()?;
         Ok(Self {
             apns,
+            webpush,
             http,
             fcm_auth: std::sync::RwLock::new(std::sync::Arc::new(fcm_auth)),
             fcm_key_file: cfg.fcm_service_account_file.clone(),
@@ -153,6 +189,18 @@ impl PushSender {
 
     async fn send_fcm(&self, job: &Job, token: &str) -> AttemptOutcome {
         let collapse = job.event_id.to_string();
+        let (android_priority, apns_priority, urgency) = match job.priority.as_str() {
+            "high" => ("high", "10", "high"),
+            "low" => ("normal", "5", "low"),
+            _ => ("normal", "10", "normal"),
+        };
+        let mut webpush = json!({
+            "headers": {"Topic": job.event_id.simple().to_string(), "Urgency": urgency},
+        });
+        // FCM takes only an https link here.
+        if job.content.url.starts_with("https://") {
+            webpush["fcm_options"] = json!({"link": job.content.url});
+        }
         let message = |text: &str| {
             json!({
                 "message": {
@@ -164,9 +212,9 @@ impl PushSender {
                         "type": job.type_key,
                         "url": job.content.url,
                     },
-                    "android": {"collapse_key": collapse, "priority": "high"},
-                    "apns": {"headers": {"apns-collapse-id": collapse}},
-                    "webpush": {"headers": {"Topic": job.event_id.simple().to_string()}},
+                    "android": {"collapse_key": collapse, "priority": android_priority},
+                    "apns": {"headers": {"apns-collapse-id": collapse, "apns-priority": apns_priority}},
+                    "webpush": webpush,
                 }
             })
         };
@@ -310,6 +358,14 @@ impl ChannelSender for PushSender {
             ("fcm", Some(token)) => self.send_fcm(job, token).await,
             ("apns", Some(token)) => match &self.apns {
                 Some(apns) => apns.send(job, token).await,
+                None => AttemptOutcome::failed(
+                    ErrorClass::Permanent,
+                    "provider_not_configured",
+                    content,
+                ),
+            },
+            ("webpush", Some(endpoint)) => match &self.webpush {
+                Some(webpush) => webpush.send(job, endpoint).await,
                 None => AttemptOutcome::failed(
                     ErrorClass::Permanent,
                     "provider_not_configured",

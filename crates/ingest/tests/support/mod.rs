@@ -29,6 +29,7 @@ pub struct Stack {
     pub fcm_public_key_file: String,
     pub apns_key_file: String,
     pub apns_public_key_file: String,
+    pub vapid_key_file: String,
 }
 
 fn stack_env() -> HashMap<String, String> {
@@ -63,6 +64,7 @@ impl Stack {
             fcm_public_key_file: get("NOTIFY_FCM_PUBLIC_KEY_FILE"),
             apns_key_file: get("NOTIFY_APNS_KEY_FILE"),
             apns_public_key_file: get("NOTIFY_APNS_PUBLIC_KEY_FILE"),
+            vapid_key_file: get("NOTIFY_VAPID_PRIVATE_KEY_FILE"),
         }
     }
 }
@@ -71,6 +73,7 @@ pub const LINE_TOKEN: &str = "test-line-channel-token";
 pub const APNS_KEY_ID: &str = "TESTKEY001";
 pub const APNS_TEAM_ID: &str = "TESTTEAM01";
 pub const APNS_TOPIC: &str = "th.example.shop";
+pub const VAPID_SUBJECT: &str = "mailto:ops@shop.example.test";
 
 /// A unique id with a readable prefix, so tests sharing MailDev never collide.
 pub fn uniq(prefix: &str) -> String {
@@ -328,6 +331,14 @@ impl Platform {
                             topic: APNS_TOPIC.into(),
                             timeout: Duration::from_secs(5),
                         }),
+                        webpush: Some(worker_push::webpush::WebPushConfig {
+                            vapid_key_pem: std::fs::read_to_string(&self.stack.vapid_key_file)
+                                .expect("vapid key"),
+                            vapid_subject: VAPID_SUBJECT.into(),
+                            base_override: format!("{}/webpush", self.sim_url),
+                            ttl: Duration::from_secs(3600),
+                            timeout: Duration::from_secs(5),
+                        }),
                     })
                     .unwrap(),
                 );
@@ -402,6 +413,48 @@ impl Platform {
             .expect("register endpoint")
             .into_inner()
             .endpoint_id
+    }
+
+    /// Subscribes `endpoint` at the simulator's push service (as a browser would) and
+    /// registers the subscription for `user_id`; returns the endpoint id.
+    pub async fn add_webpush(&self, user_id: &str, endpoint: &str) -> String {
+        let sub: Value = self
+            .http
+            .post(format!("{}/_sim/webpush/subscriptions", self.sim_url))
+            .json(&serde_json::json!({"endpoint": endpoint}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        self.recipients()
+            .register_endpoint(pb::RegisterEndpointRequest {
+                user_id: user_id.into(),
+                platform: "webpush".into(),
+                token: String::new(),
+                web_push: Some(pb::WebPushSubscription {
+                    endpoint: endpoint.into(),
+                    p256dh: sub["keys"]["p256dh"].as_str().unwrap().into(),
+                    auth: sub["keys"]["auth"].as_str().unwrap().into(),
+                }),
+            })
+            .await
+            .expect("register endpoint")
+            .into_inner()
+            .endpoint_id
+    }
+
+    /// The user unsubscribed `endpoint` in the browser: the push service answers 410.
+    pub async fn webpush_unsubscribe(&self, endpoint: &str) {
+        let r = self
+            .http
+            .post(format!("{}/_sim/webpush/unsubscribe", self.sim_url))
+            .json(&serde_json::json!({"endpoint": endpoint}))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
     }
 
     /// `CreateEvent` for the standard request [`Platform::event`]; panics on an error.

@@ -1,0 +1,496 @@
+//! Push channel tests across FCM, APNs and Web Push against the provider simulator: dead
+//! targets (F05), Web Push encryption and VAPID, error classes, and Thai bodies cut to
+//! each provider's limit.
+
+mod support;
+
+use notify_core::Channel;
+use notify_proto::v1 as pb;
+use serde_json::{Value, json};
+use std::time::Duration;
+use support::{Platform, uniq};
+
+async fn push_platform() -> Platform {
+    Platform::start_with(support::Options {
+        workers: vec![Channel::Push],
+        ..Default::default()
+    })
+    .await
+}
+
+async fn endpoint_state(p: &Platform, id: &str) -> (String, Option<String>) {
+    sqlx::query_as("SELECT status, revoked_reason FROM notification_endpoints WHERE id = $1::uuid")
+        .bind(id)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap()
+}
+
+fn by_endpoint<'a>(ev: &'a pb::GetEventResponse, endpoint_id: &str) -> &'a pb::Delivery {
+    ev.deliveries
+        .iter()
+        .find(|d| d.endpoint_id == endpoint_id)
+        .unwrap_or_else(|| panic!("no delivery to {endpoint_id}: {:?}", ev.deliveries))
+}
+
+/// Every push call the simulator saw, as (provider, target).
+async fn push_calls(p: &Platform) -> Vec<(String, String)> {
+    let mut calls = Vec::new();
+    for provider in ["fcm", "apns", "webpush"] {
+        for r in p.sim_requests(provider).await {
+            let target = match provider {
+                "fcm" => r["body"]["message"]["token"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+                "apns" => r["path"]
+                    .as_str()
+                    .unwrap()
+                    .trim_start_matches("/3/device/")
+                    .into(),
+                _ => r["body"]["endpoint"].as_str().unwrap_or("").to_string(),
+            };
+            calls.push((provider.to_string(), target));
+        }
+    }
+    calls
+}
+
+/// F05: six targets of one user on three push services. The four dead ones fail once with
+/// `invalid_token` and are deactivated; the live ones are sent (B after a 503 retry, sub-case
+/// a); the next event calls only the live ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_push_targets_on_every_service_are_removed_and_live_ones_kept() {
+    let p = push_platform().await;
+    p.add_type("order_paid", &["push"]).await;
+    let u = uniq("user-1001");
+    p.add_recipient(&u, "", "", "").await;
+    let a = p
+        .add_device(&u, &format!("unregistered-fcm-tok-A-{u}"))
+        .await;
+    let b_token = format!("fcm-tok-B-{u}");
+    let b = p.add_device(&u, &b_token).await;
+    // Registered 2025-04-01; APNs says it is gone since 2025-05-01.
+    let c = p
+        .add_endpoint(
+            &u,
+            "apns",
+            &format!("unregistered-1746057600000-apns-tok-C-{u}"),
+        )
+        .await;
+    sqlx::query("UPDATE notification_endpoints SET registered_at = '2025-04-01T00:00:00Z' WHERE id = $1::uuid")
+        .bind(&c)
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    let d = p
+        .add_endpoint(&u, "apns", &format!("bad-apns-tok-D-{u}"))
+        .await;
+    let e_url = format!("https://push.example.test/sub/E-{u}");
+    let e = p.add_webpush(&u, &e_url).await;
+    p.webpush_unsubscribe(&e_url).await;
+    let f_url = format!("https://push.example.test/sub/F-{u}");
+    let f = p.add_webpush(&u, &f_url).await;
+    // Sub-case (a): B is unavailable once.
+    p.sim_fault(json!({
+        "provider": "fcm", "target_contains": "fcm-tok-B-", "status": 503, "times": 1,
+        "body": {"error": {"code": 503, "status": "UNAVAILABLE", "message": "try later",
+                 "details": [{"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": "UNAVAILABLE"}]}}
+    }))
+    .await;
+
+    let ev = p.send("f05:1", "order_paid", &[&u]).await;
+    assert_eq!(ev.deliveries.len(), 6);
+    let done = p.wait_final(&ev.event_id, 30).await;
+    for id in [&a, &c, &d, &e] {
+        let del = by_endpoint(&done, id);
+        assert_eq!(
+            (del.status.as_str(), del.attempts),
+            ("failed", 1),
+            "{del:?}"
+        );
+        assert!(del.last_error.starts_with("invalid_token"), "{del:?}");
+        assert_eq!(
+            endpoint_state(&p, id).await,
+            ("revoked".to_string(), Some("invalid_token".to_string())),
+            "{del:?}"
+        );
+    }
+    let del_b = by_endpoint(&done, &b);
+    assert_eq!(
+        (del_b.status.as_str(), del_b.attempts),
+        ("sent", 2),
+        "503 is retried"
+    );
+    let del_f = by_endpoint(&done, &f);
+    assert_eq!((del_f.status.as_str(), del_f.attempts), ("sent", 1));
+    for id in [&b, &f] {
+        assert_eq!(endpoint_state(&p, id).await.0, "active");
+    }
+
+    p.http
+        .delete(format!("{}/_sim/requests", p.sim_url))
+        .send()
+        .await
+        .unwrap();
+    let ev2 = p.send("f05:2", "order_paid", &[&u]).await;
+    assert_eq!(ev2.deliveries.len(), 2, "{:?}", ev2.deliveries);
+    p.wait_final(&ev2.event_id, 30).await;
+    let mut calls = push_calls(&p).await;
+    calls.sort();
+    assert_eq!(
+        calls,
+        vec![
+            ("fcm".to_string(), b_token.clone()),
+            ("webpush".to_string(), f_url.clone())
+        ],
+        "event 2 calls exactly B and F"
+    );
+    p.stop().await;
+}
+
+/// F05 sub-case (b): a new subscription E2 registered while the send to E is in flight
+/// is untouched by E's 410, and receives the next event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_registered_during_a_410_send_is_kept() {
+    let p = push_platform().await;
+    p.add_type("order_paid", &["push"]).await;
+    let u = uniq("user-1001");
+    p.add_recipient(&u, "", "", "").await;
+    let e_url = format!("https://push.example.test/sub/E-{u}");
+    let e = p.add_webpush(&u, &e_url).await;
+    p.sim_fault(json!({"provider": "webpush", "target_contains": "/sub/E-", "status": 410, "delay_ms": 1500, "times": 1}))
+        .await;
+    let ev = p.send("f05b:1", "order_paid", &[&u]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let e2_url = format!("https://push.example.test/sub/E2-{u}");
+    let e2 = p.add_webpush(&u, &e2_url).await;
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(by_endpoint(&done, &e).status, "failed");
+    assert_eq!(endpoint_state(&p, &e).await.0, "revoked");
+    assert_eq!(endpoint_state(&p, &e2).await.0, "active");
+    let ev2 = p.send("f05b:2", "order_paid", &[&u]).await;
+    assert_eq!(ev2.deliveries.len(), 1);
+    assert_eq!(ev2.deliveries[0].endpoint_id, e2);
+    let done2 = p.wait_final(&ev2.event_id, 30).await;
+    assert_eq!(done2.deliveries[0].status, "sent");
+    p.stop().await;
+}
+
+/// Web Push: the simulator decrypts the aes128gcm body with the subscription's keys back
+/// to exactly the JSON the attempt recorded; VAPID, TTL, Urgency (from the type's
+/// priority) and Topic are sent; one VAPID JWT serves both sends to the same origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_push_bodies_decrypt_to_the_exact_json_sent() {
+    let p = push_platform().await;
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "security_login".into(),
+            priority: "high".into(),
+            default_channels: vec!["push".into()],
+            critical: true,
+        })
+        .await
+        .unwrap();
+    let u = uniq("u");
+    p.add_recipient(&u, "", "", "").await;
+    let url = format!("https://push.example.test/sub/W-{u}");
+    p.add_webpush(&u, &url).await;
+    let mut ids = Vec::new();
+    for key in ["wp:1", "wp:2"] {
+        let ev = p.send(key, "security_login", &[&u]).await;
+        let done = p.wait_final(&ev.event_id, 30).await;
+        let del = &done.deliveries[0];
+        assert_eq!(
+            (del.status.as_str(), del.provider.as_str()),
+            ("sent", "webpush"),
+            "{del:?}"
+        );
+        assert!(
+            del.provider_message_id
+                .starts_with("/_sim/webpush/messages/")
+        );
+        ids.push((ev.event_id.clone(), del.delivery_id.clone()));
+    }
+    let seen = p.sim_requests("webpush").await;
+    assert_eq!(seen.len(), 2);
+    for (req, (event_id, delivery_id)) in seen.iter().zip(&ids) {
+        assert_eq!(req["status"], 201);
+        let content: Value = sqlx::query_scalar(
+            "SELECT content_json FROM delivery_attempts WHERE delivery_id = $1::uuid",
+        )
+        .bind(delivery_id)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+        let decrypted = &req["body"]["payload"];
+        assert_eq!(decrypted, &content["payload"], "decrypted = recorded");
+        assert_eq!(decrypted["title"], "ชำระเงินแล้ว #1001");
+        assert_eq!(decrypted["data"]["event_id"], event_id.as_str());
+        assert_eq!(
+            serde_json::from_str::<Value>(req["body"]["plaintext"].as_str().unwrap()).unwrap(),
+            *decrypted
+        );
+        let h = &req["headers"];
+        assert_eq!(h["content-encoding"], "aes128gcm");
+        assert_eq!(h["ttl"], "3600");
+        assert_eq!(h["urgency"], "high");
+        assert_eq!(h["topic"], event_id.replace('-', ""));
+        assert!(h["authorization"].as_str().unwrap().starts_with("vapid t="));
+    }
+    assert_eq!(
+        seen[0]["headers"]["authorization"], seen[1]["headers"]["authorization"],
+        "the VAPID JWT is reused for the origin"
+    );
+    p.stop().await;
+}
+
+/// Web Push answers sorted per RFC 8030: 503 and 429 retry, a timeout after the push
+/// service accepted is an ambiguous retry (sent twice), 413 fails, 404 deactivates,
+/// a VAPID key the subscription was not made with is rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_push_errors_are_sorted_by_class() {
+    let p = push_platform().await;
+    p.add_type("order_paid", &["push"]).await;
+    let cases: [(&str, Value, &str, u32, &str); 5] = [
+        (
+            "unavailable",
+            json!({"status": 503, "times": 1}),
+            "sent",
+            2,
+            "",
+        ),
+        (
+            "slow",
+            json!({"status": 201, "delay_ms": 6000, "times": 1}),
+            "sent",
+            2,
+            "",
+        ),
+        (
+            "toolarge",
+            json!({"status": 413}),
+            "failed",
+            1,
+            "payload_too_large",
+        ),
+        (
+            "notfound",
+            json!({"status": 404}),
+            "failed",
+            1,
+            "invalid_token",
+        ),
+        (
+            "badrequest",
+            json!({"status": 400}),
+            "failed",
+            1,
+            "webpush_rejected",
+        ),
+    ];
+    let mut users = Vec::new();
+    for (name, fault, ..) in &cases {
+        let u = uniq(name);
+        p.add_recipient(&u, "", "", "").await;
+        let url = format!("https://push.example.test/sub/{name}-{u}");
+        let id = p.add_webpush(&u, &url).await;
+        let mut fault = fault.clone();
+        fault["provider"] = json!("webpush");
+        fault["target_contains"] = json!(format!("/sub/{name}-"));
+        p.sim_fault(fault).await;
+        users.push((u, id));
+    }
+    // A subscription bound to another application server key.
+    let vapid_user = uniq("vapid");
+    p.add_recipient(&vapid_user, "", "", "").await;
+    let other_key =
+        "BOr8ZrmWJnkJUpVhjW2oIlzv8l3nNpfdpnaJ1Fwd2ye5Vp_ZjIFlh3Gwjxcl2J0YfG6b1MaX0bDhj5L2p4QjZ8w";
+    let sub: Value = p
+        .http
+        .post(format!("{}/_sim/webpush/subscriptions", p.sim_url))
+        .json(&json!({"endpoint": format!("https://push.example.test/sub/bound-{vapid_user}"), "application_server_key": other_key}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let bound = p
+        .recipients()
+        .register_endpoint(pb::RegisterEndpointRequest {
+            user_id: vapid_user.clone(),
+            platform: "webpush".into(),
+            token: String::new(),
+            web_push: Some(pb::WebPushSubscription {
+                endpoint: sub["endpoint"].as_str().unwrap().into(),
+                p256dh: sub["keys"]["p256dh"].as_str().unwrap().into(),
+                auth: sub["keys"]["auth"].as_str().unwrap().into(),
+            }),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .endpoint_id;
+
+    let mut all: Vec<&str> = users.iter().map(|(u, _)| u.as_str()).collect();
+    all.push(&vapid_user);
+    let ev = p.send("wp-errors", "order_paid", &all).await;
+    let done = p.wait_final(&ev.event_id, 60).await;
+    for ((name, _, status, attempts, code), (_, id)) in cases.iter().zip(&users) {
+        let del = by_endpoint(&done, id);
+        assert_eq!(
+            (del.status.as_str(), del.attempts),
+            (*status, *attempts),
+            "{name}: {del:?}"
+        );
+        assert!(del.last_error.starts_with(code), "{name}: {del:?}");
+        let active = endpoint_state(&p, id).await.0 == "active";
+        assert_eq!(active, *code != "invalid_token", "{name}");
+    }
+    let del = by_endpoint(&done, &bound);
+    assert_eq!(del.status, "failed");
+    assert!(
+        del.last_error.starts_with("webpush_vapid_rejected"),
+        "{del:?}"
+    );
+    // The slow one was accepted and then timed out: sent again (the duplicate window).
+    let slow = p
+        .sim_requests("webpush")
+        .await
+        .into_iter()
+        .filter(|r| {
+            r["body"]["endpoint"]
+                .as_str()
+                .unwrap()
+                .contains("/sub/slow-")
+        })
+        .count();
+    assert_eq!(slow, 2);
+    let rows: Vec<(i32, Option<String>)> = sqlx::query_as(
+        "SELECT a.attempt, a.error_code FROM delivery_attempts a WHERE a.delivery_id = $1::uuid ORDER BY a.attempt",
+    )
+    .bind(&by_endpoint(&done, &users[1].1).delivery_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows[0].1.as_deref(), Some("webpush_timeout"), "{rows:?}");
+
+    // 429 with Retry-After: 2 waits for the later of Retry-After and the one-minute floor
+    // for rate limits, without failing.
+    let limited = uniq("limited");
+    p.add_recipient(&limited, "", "", "").await;
+    p.add_webpush(
+        &limited,
+        &format!("https://push.example.test/sub/limited-{limited}"),
+    )
+    .await;
+    p.sim_fault(json!({"provider": "webpush", "target_contains": "/sub/limited-", "status": 429, "retry_after": 2}))
+        .await;
+    let ev = p.send("wp-429", "order_paid", &[&limited]).await;
+    let del = loop {
+        let got = p
+            .ingest()
+            .get_event(pb::GetEventRequest {
+                selector: Some(pb::get_event_request::Selector::EventId(
+                    ev.event_id.clone(),
+                )),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let d = got.deliveries[0].clone();
+        if d.attempts == 1 && d.status == "pending" {
+            break d;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        del.last_error.starts_with("webpush_rate_limited"),
+        "{del:?}"
+    );
+    let wait = del.next_attempt_at.unwrap().seconds - chrono::Utc::now().timestamp();
+    assert!((55..=61).contains(&wait), "next attempt in {wait}s");
+    p.stop().await;
+}
+
+/// 1,500 Thai characters on FCM, APNs and Web Push: each provider receives the longest
+/// prefix that fits its limit, cut between grapheme clusters and ended with "…", byte for
+/// byte as written, with the title whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thai_push_bodies_are_cut_to_each_providers_limit_byte_for_byte() {
+    let p = push_platform().await;
+    p.add_type("order_paid", &["push"]).await;
+    let u = uniq("u");
+    p.add_recipient(&u, "", "", "").await;
+    p.add_device(&u, &format!("fcm-tok-{u}")).await;
+    p.add_endpoint(&u, "apns", &format!("apns-tok-{u}")).await;
+    p.add_webpush(&u, &format!("https://push.example.test/sub/T-{u}"))
+        .await;
+    let body: String = "ผู้ใหญ่ลีตีกลองประชุม น้ำท่วมทุ่งผักบุ้งโหรงเหรง "
+        .chars()
+        .cycle()
+        .take(1500)
+        .collect();
+    assert_eq!(body.chars().count(), 1500);
+    let mut req = p.event("thai:push", "order_paid", &[&u]);
+    req.content.as_mut().unwrap().body = body.clone();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert!(
+        done.deliveries.iter().all(|d| d.status == "sent"),
+        "{:?}",
+        done.deliveries
+    );
+
+    let fcm = &p.sim_requests("fcm").await[0]["body"]["message"];
+    let apns = &p.sim_requests("apns").await[0]["body"];
+    let webpush = &p.sim_requests("webpush").await[0]["body"];
+    let shown = [
+        (
+            "fcm",
+            fcm["notification"]["body"].clone(),
+            fcm["notification"]["title"].clone(),
+            fcm.to_string().len(),
+            4096,
+        ),
+        (
+            "apns",
+            apns["aps"]["alert"]["body"].clone(),
+            apns["aps"]["alert"]["title"].clone(),
+            apns.to_string().len(),
+            4096,
+        ),
+        (
+            "webpush",
+            webpush["payload"]["body"].clone(),
+            webpush["payload"]["title"].clone(),
+            webpush["plaintext"].as_str().unwrap().len(),
+            3993,
+        ),
+    ];
+    for (provider, text, title, size, limit) in shown {
+        assert!(size <= limit, "{provider}: {size} bytes over {limit}");
+        assert_eq!(title, "ชำระเงินแล้ว #1001", "{provider}: title whole");
+        let text = text.as_str().unwrap();
+        let kept = text
+            .strip_suffix('…')
+            .unwrap_or_else(|| panic!("{provider}: no ellipsis"));
+        assert_eq!(
+            kept.as_bytes(),
+            &body.as_bytes()[..kept.len()],
+            "{provider}: a byte-exact prefix"
+        );
+        assert!(
+            size + 60 > limit,
+            "{provider}: as much as fits is kept ({size} of {limit})"
+        );
+        let next = body[kept.len()..].chars().next().unwrap();
+        assert!(
+            !matches!(next, '\u{0E31}' | '\u{0E34}'..='\u{0E3A}' | '\u{0E47}'..='\u{0E4E}'),
+            "{provider}: the cut leaves no vowel or tone mark without its consonant"
+        );
+    }
+    p.stop().await;
+}
