@@ -27,6 +27,7 @@ start() { # name args...
 }
 echo "== starting ingest and workers (logs: $STACK/logs/demo-*.log)"
 start ingest serve
+start http-api
 for w in worker-inapp worker-email worker-line worker-push; do start "$w"; done
 
 for _ in $(seq 1 100); do

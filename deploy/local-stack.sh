@@ -15,6 +15,7 @@
 #   NOTIFY_SMTP_PORT  MailDev SMTP port                 (51025)
 #   NOTIFY_MAILDEV_WEB_PORT  MailDev web UI / REST API  (51080)
 #   NOTIFY_SIM_PORT   provider-sim HTTP port            (58080)
+#   NOTIFY_HTTP_PORT  where scripts start http-api      (58090; only written to the env)
 #   PROVIDER_SIM_BIN  provider-sim binary (built with cargo when unset)
 set -euo pipefail
 
@@ -29,7 +30,9 @@ MAILDEV_WEB_PORT=${NOTIFY_MAILDEV_WEB_PORT:-51080}
 SIM_PORT=${NOTIFY_SIM_PORT:-58080}
 RABBIT_NODE=notify${AMQP_PORT}@localhost
 MAILDEV_VERSION=3.0.0
+HTTP_PORT=${NOTIFY_HTTP_PORT:-58090}
 LINE_TOKEN=${NOTIFY_LINE_CHANNEL_TOKEN:-local-line-channel-access-token}
+LINE_SECRET=${NOTIFY_LINE_CHANNEL_SECRET:-local-line-channel-secret}
 
 log() { printf '[stack] %s\n' "$*" >&2; }
 die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
@@ -233,7 +236,7 @@ start_sim() {
     bin=${CARGO_TARGET_DIR:-$repo/target}/debug/provider-sim
   fi
   log "starting provider-sim on http://127.0.0.1:$SIM_PORT"
-  SIM_ADDR=127.0.0.1:$SIM_PORT SIM_LINE_CHANNEL_TOKEN=$LINE_TOKEN \
+  SIM_ADDR=127.0.0.1:$SIM_PORT SIM_LINE_CHANNEL_TOKEN=$LINE_TOKEN SIM_LINE_CHANNEL_SECRET=$LINE_SECRET \
     SIM_FCM_PUBLIC_KEY_FILE=$STACK/keys/fcm-public.pem SIM_FCM_PROJECT_ID=notify-local \
     SIM_FCM_CLIENT_EMAIL=notify@notify-local.iam.gserviceaccount.com \
     SIM_APNS_PUBLIC_KEY_FILE=$STACK/keys/apns-public.pem SIM_APNS_KEY_ID=LOCALKEY01 \
@@ -281,6 +284,11 @@ export NOTIFY_MAILDEV_URL=http://127.0.0.1:$MAILDEV_WEB_PORT
 export NOTIFY_SIM_URL=http://127.0.0.1:$SIM_PORT
 export NOTIFY_LINE_API_BASE=http://127.0.0.1:$SIM_PORT
 export NOTIFY_LINE_CHANNEL_TOKEN=$LINE_TOKEN
+export NOTIFY_LINE_CHANNEL_SECRET=$LINE_SECRET
+export NOTIFY_HTTP_ADDR=127.0.0.1:$HTTP_PORT
+export NOTIFY_HTTP_URL=http://127.0.0.1:$HTTP_PORT
+export NOTIFY_UNSUBSCRIBE_URL=http://127.0.0.1:$HTTP_PORT/unsubscribe
+export NOTIFY_UNSUBSCRIBE_SECRET=local-unsubscribe-signing-secret
 export NOTIFY_FCM_API_BASE=http://127.0.0.1:$SIM_PORT
 export NOTIFY_FCM_SERVICE_ACCOUNT_FILE=$STACK/keys/fcm-service-account.json
 export NOTIFY_FCM_PUBLIC_KEY_FILE=$STACK/keys/fcm-public.pem

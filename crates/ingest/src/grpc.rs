@@ -532,6 +532,14 @@ impl Services {
         if !matches!(priority.as_str(), "low" | "normal" | "high") {
             v.add("priority", "must be low, normal or high");
         }
+        let category = if r.category.is_empty() {
+            "transactional".to_string()
+        } else {
+            r.category.to_ascii_lowercase()
+        };
+        if !matches!(category.as_str(), "transactional" | "marketing") {
+            v.add("category", "must be transactional or marketing");
+        }
         if r.default_channels.is_empty() {
             v.add("default_channels", "must name at least one channel");
         }
@@ -549,6 +557,7 @@ impl Services {
                 priority,
                 default_channels: channels,
                 critical: r.critical,
+                category,
             })
             .map_err(ApiError::Invalid)?;
         let created = catalog::upsert_type(&self.pool, &t).await?;

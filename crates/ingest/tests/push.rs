@@ -189,6 +189,7 @@ async fn web_push_bodies_decrypt_to_the_exact_json_sent() {
             priority: "high".into(),
             default_channels: vec!["push".into()],
             critical: true,
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -6,6 +6,7 @@ pub mod event;
 pub mod outcome;
 pub mod plan;
 pub mod retry;
+pub mod signed;
 pub mod text;
 pub mod validate;
 

@@ -19,6 +19,9 @@ pub enum SkipReason {
     NoPushEndpoint,
     /// The recipient turned this channel off (for this type or for every type).
     OptedOut,
+    /// The recipient's LINE account blocked (unfollowed) the official account, as the
+    /// LINE webhook reported.
+    LineUnfollowed,
 }
 
 impl SkipReason {
@@ -30,6 +33,7 @@ impl SkipReason {
             SkipReason::NoLineUserId => "no_line_user_id",
             SkipReason::NoPushEndpoint => "no_push_endpoint",
             SkipReason::OptedOut => "opted_out",
+            SkipReason::LineUnfollowed => "line_unfollowed",
         }
     }
 }
@@ -45,6 +49,8 @@ pub struct RecipientFacts {
     pub email: Option<String>,
     /// LINE user id, if any.
     pub line_user_id: Option<String>,
+    /// The LINE user blocked the official account (last webhook event was `unfollow`).
+    pub line_unfollowed: bool,
     /// Active push endpoints: (endpoint id, platform `fcm`/`apns`/`webpush`).
     pub push_endpoints: Vec<(Uuid, String)>,
     /// Preferences for this event's type, per channel.
@@ -166,6 +172,7 @@ pub fn plan(
                     None => skipped.push(skip(SkipReason::NoEmailAddress)),
                 },
                 Channel::Line => match &r.line_user_id {
+                    Some(_) if r.line_unfollowed => skipped.push(skip(SkipReason::LineUnfollowed)),
                     Some(id) => planned.push(one(Provider::Line, Some(id))),
                     None => skipped.push(skip(SkipReason::NoLineUserId)),
                 },
@@ -239,6 +246,18 @@ mod tests {
         assert_eq!(keys.len(), 5, "idempotency keys are distinct");
         assert_eq!(p[1].address.as_deref(), Some("somchai@example.test"));
         assert_eq!(p[2].endpoint_id, Some(Uuid::from_u128(1)));
+    }
+
+    #[test]
+    fn a_line_user_who_blocked_the_account_is_skipped_even_for_critical_types() {
+        let mut r = somchai();
+        r.line_unfollowed = true;
+        for critical in [false, true] {
+            let (p, s) = plan(Uuid::from_u128(9), critical, &[Channel::Line], &[r.clone()]);
+            assert!(p.is_empty());
+            assert_eq!(s[0].reason, SkipReason::LineUnfollowed);
+            assert_eq!(s[0].reason.as_str(), "line_unfollowed");
+        }
     }
 
     #[test]

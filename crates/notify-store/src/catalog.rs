@@ -17,23 +17,26 @@ pub struct NotificationType {
     pub default_channels: Vec<Channel>,
     /// Bypasses opt-outs.
     pub critical: bool,
+    /// `transactional` or `marketing`.
+    pub category: String,
 }
 
 /// Creates or replaces a type. Returns true when it was created.
 pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Result<bool> {
     let channels: Vec<&str> = t.default_channels.iter().map(|c| c.as_str()).collect();
     let row = sqlx::query(
-        "INSERT INTO notification_types (key, priority, default_channels, critical)
-         VALUES ($1, $2, $3, $4)
+        "INSERT INTO notification_types (key, priority, default_channels, critical, category)
+         VALUES ($1, $2, $3, $4, $5)
          ON CONFLICT (key) DO UPDATE SET priority = EXCLUDED.priority,
              default_channels = EXCLUDED.default_channels, critical = EXCLUDED.critical,
-             updated_at = now()
+             category = EXCLUDED.category, updated_at = now()
          RETURNING (xmax = 0) AS created",
     )
     .bind(&t.key)
     .bind(&t.priority)
     .bind(&channels)
     .bind(t.critical)
+    .bind(&t.category)
     .fetch_one(db)
     .await?;
     Ok(row.get("created"))
@@ -47,7 +50,7 @@ pub async fn get_type(db: impl PgExecutor<'_>, key: &str) -> Result<Option<Notif
 /// Loads the types named in `keys` (in no particular order); unknown keys are absent.
 pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<NotificationType>> {
     let rows = sqlx::query(
-        "SELECT key, priority, default_channels, critical FROM notification_types WHERE key = ANY($1)",
+        "SELECT key, priority, default_channels, critical, category FROM notification_types WHERE key = ANY($1)",
     )
     .bind(keys)
     .fetch_all(db)
@@ -63,6 +66,7 @@ pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<Not
                 .filter_map(|c| c.parse().ok())
                 .collect(),
             critical: r.get("critical"),
+            category: r.get("category"),
         })
         .collect())
 }
@@ -217,6 +221,7 @@ pub async fn load_recipient_facts_many(
     struct Known {
         email: Option<String>,
         line_user_id: Option<String>,
+        line_unfollowed: bool,
         exists: bool,
         push_endpoints: Vec<(uuid::Uuid, String)>,
         // (type or "*", channel) -> enabled
@@ -235,10 +240,14 @@ pub async fn load_recipient_facts_many(
     let mut known: HashMap<String, Known> = HashMap::with_capacity(users.len());
 
     let rows =
-        sqlx::query("SELECT user_id, email, line_user_id FROM recipients WHERE user_id = ANY($1)")
-            .bind(&users)
-            .fetch_all(&mut *db)
-            .await?;
+        sqlx::query(
+            "SELECT r.user_id, r.email, r.line_user_id, coalesce(NOT lf.following, false) AS line_unfollowed
+             FROM recipients r LEFT JOIN line_followers lf ON lf.line_user_id = r.line_user_id
+             WHERE r.user_id = ANY($1)",
+        )
+        .bind(&users)
+        .fetch_all(&mut *db)
+        .await?;
     for r in rows {
         let k = known.entry(r.get("user_id")).or_default();
         k.exists = true;
@@ -248,6 +257,7 @@ pub async fn load_recipient_facts_many(
         k.line_user_id = r
             .get::<Option<String>, _>("line_user_id")
             .filter(|s| !s.is_empty());
+        k.line_unfollowed = r.get("line_unfollowed");
     }
 
     let rows = sqlx::query(
@@ -298,6 +308,7 @@ pub async fn load_recipient_facts_many(
                         f.exists = k.exists;
                         f.email = k.email.clone();
                         f.line_user_id = k.line_user_id.clone();
+                        f.line_unfollowed = k.line_unfollowed;
                         f.push_endpoints = k.push_endpoints.clone();
                         for (t, channel, enabled) in &k.prefs {
                             if t == "*" {
@@ -312,4 +323,32 @@ pub async fn load_recipient_facts_many(
                 .collect()
         })
         .collect())
+}
+
+/// Records a LINE `follow` (`following = true`) or `unfollow` webhook event for
+/// `line_user_id` at `at` (the event's own timestamp). An event older than the one already
+/// recorded changes nothing, so redelivered or out-of-order webhooks are harmless.
+/// Returns whether the state changed.
+pub async fn record_line_follow(
+    db: impl PgExecutor<'_>,
+    line_user_id: &str,
+    following: bool,
+    at: chrono::DateTime<chrono::Utc>,
+    webhook_event_id: &str,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "INSERT INTO line_followers (line_user_id, following, changed_at, webhook_event_id)
+         VALUES ($1, $2, $3, $4)
+         ON CONFLICT (line_user_id) DO UPDATE SET following = EXCLUDED.following,
+             changed_at = EXCLUDED.changed_at, webhook_event_id = EXCLUDED.webhook_event_id,
+             updated_at = now()
+         WHERE line_followers.changed_at < EXCLUDED.changed_at",
+    )
+    .bind(line_user_id)
+    .bind(following)
+    .bind(at)
+    .bind(webhook_event_id)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }

@@ -25,6 +25,9 @@ pub struct DeliveryJob {
     /// The type's priority: `low`, `normal` or `high` (drives APNs priority, FCM Android
     /// priority and Web Push `Urgency`).
     pub priority: String,
+    /// The type's category: `transactional` or `marketing` (marketing email gets
+    /// List-Unsubscribe).
+    pub category: String,
     /// Recipient.
     pub user_id: String,
     /// Channel name.
@@ -162,7 +165,8 @@ pub async fn claim_many(
                 coalesce(r.display_name, '') AS display_name, coalesce(r.locale, 'th-TH') AS locale,
                 coalesce(r.timezone, 'Asia/Bangkok') AS timezone,
                 ep.platform, ep.token, ep.subscription_json, ep.status AS endpoint_status,
-                coalesce(t.priority, 'normal') AS priority
+                coalesce(t.priority, 'normal') AS priority,
+                coalesce(t.category, 'transactional') AS category
          FROM c JOIN notification_events e ON e.id = c.event_id
               LEFT JOIN notification_types t ON t.key = e.type
               LEFT JOIN recipients r ON r.user_id = c.user_id
@@ -183,6 +187,7 @@ pub async fn claim_many(
                 event_key: r.get("event_key"),
                 type_key: r.get("type"),
                 priority: r.get("priority"),
+                category: r.get("category"),
                 user_id: r.get("user_id"),
                 channel: r.get("channel"),
                 provider: r.get("provider"),

@@ -580,6 +580,7 @@ mod tests {
             event_key: "k".into(),
             type_key: "t".into(),
             priority: "normal".into(),
+            category: "transactional".into(),
             user_id: "u".into(),
             channel: "push".into(),
             provider: "fcm".into(),

@@ -349,6 +349,7 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
                 priority: "normal".into(),
                 default_channels: channels.into_iter().map(String::from).collect(),
                 critical: false,
+                ..Default::default()
             })
             .await?;
     }

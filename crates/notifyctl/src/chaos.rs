@@ -92,6 +92,7 @@ async fn setup(
             priority: "normal".into(),
             default_channels: a.channels.iter().map(|c| c.to_string()).collect(),
             critical: false,
+            ..Default::default()
         })
         .await?;
     pb::topic_service_client::TopicServiceClient::new(grpc.clone())

@@ -101,6 +101,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
             priority: "high".into(),
             default_channels: vec!["inapp".into(), "email".into(), "line".into(), "push".into()],
             critical: false,
+            ..Default::default()
         })
         .await?;
 

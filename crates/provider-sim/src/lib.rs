@@ -31,6 +31,10 @@
 //! - `POST /_sim/webpush/subscriptions` `{"endpoint", "application_server_key"?}`: issues a
 //!   subscription, answering `{"endpoint", "keys": {"p256dh", "auth"}}`;
 //!   `POST /_sim/webpush/unsubscribe` `{"endpoint"}`: later pushes to it get 410;
+//! - `POST /_sim/line/webhook` `{"url", "events": [...]}`: sends a LINE webhook to `url` as
+//!   LINE does (`{"destination", "events"}`, signed with the channel secret in
+//!   `X-Line-Signature`; `"signature"` in the body overrides it, for tests of forgeries),
+//!   answering `{"status", "body"}` of the receiver's reply;
 //! - `POST /_sim/faults` with a [`Fault`]; `DELETE /_sim/faults`;
 //! - `DELETE /_sim/tokens`: revokes every FCM access token issued so far;
 //! - `POST /_sim/latency` `{"provider", "min_ms", "max_ms"}`: random latency; `DELETE` clears.
@@ -55,6 +59,8 @@ mod webpush;
 pub struct SimConfig {
     /// Channel access token LINE requests must carry.
     pub line_channel_token: String,
+    /// Channel secret that signs the webhooks the simulator sends (`X-Line-Signature`).
+    pub line_channel_secret: String,
     /// PEM public key of the FCM service account (verifies `/token` assertions).
     pub fcm_public_key_pem: String,
     /// Project id FCM sends must name.
@@ -232,6 +238,7 @@ pub fn router(cfg: SimConfig) -> Router {
         .route("/_sim/webpush/subscriptions", post(webpush::subscribe))
         .route("/_sim/webpush/unsubscribe", post(webpush::unsubscribe))
         .route("/webpush/{*path}", post(webpush::push))
+        .route("/_sim/line/webhook", post(send_line_webhook))
         .with_state(sim)
 }
 
@@ -471,6 +478,40 @@ async fn line_push(
     };
     sim.record("line", path, &headers, &body, status);
     answer(status, resp, &extra)
+}
+
+/// Body of `POST /_sim/line/webhook`.
+#[derive(Deserialize)]
+struct WebhookRequest {
+    url: String,
+    events: Vec<Value>,
+    #[serde(default)]
+    signature: Option<String>,
+}
+
+/// Sends a signed LINE webhook (developers.line.biz/en/reference/messaging-api/#webhooks).
+async fn send_line_webhook(State(sim): State<Sim>, Json(r): Json<WebhookRequest>) -> Response {
+    let body =
+        json!({"destination": "U00000000000000000000000000000000", "events": r.events}).to_string();
+    let signature = r.signature.unwrap_or_else(|| {
+        notify_core::signed::line_signature(&sim.cfg.line_channel_secret, body.as_bytes())
+    });
+    let sent = reqwest::Client::new()
+        .post(&r.url)
+        .header("content-type", "application/json; charset=utf-8")
+        .header("x-line-signature", signature)
+        .header("user-agent", "LineBotWebhook/2.0")
+        .body(body)
+        .send()
+        .await;
+    match sent {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap_or_default();
+            answer(200, json!({"status": status, "body": text}), &[])
+        }
+        Err(e) => answer(502, json!({"error": e.to_string()}), &[]),
+    }
 }
 
 fn rand_id() -> u64 {

@@ -1,6 +1,7 @@
 //! `provider-sim`: serves the LINE and FCM stand-ins (see the library docs).
 //!
 //! Environment: `SIM_ADDR` (127.0.0.1:58080), `SIM_LINE_CHANNEL_TOKEN` (required),
+//! `SIM_LINE_CHANNEL_SECRET` (signs the webhooks it sends; empty by default),
 //! `SIM_FCM_PUBLIC_KEY_FILE` (required, PEM public key of the service account), `SIM_FCM_PROJECT_ID`
 //! (notify-local), `SIM_FCM_CLIENT_EMAIL` (required), `SIM_APNS_PUBLIC_KEY_FILE` (PEM public
 //! key of the APNs signing key; without it APNs answers 403), `SIM_APNS_KEY_ID`,
@@ -41,6 +42,7 @@ async fn main() -> anyhow::Result<()> {
         apns_team_id: env.string("SIM_APNS_TEAM_ID", ""),
         apns_topic: env.string("SIM_APNS_TOPIC", ""),
         line_channel_token,
+        line_channel_secret: env.string("SIM_LINE_CHANNEL_SECRET", ""),
         fcm_public_key_pem,
         fcm_project_id: env.string("SIM_FCM_PROJECT_ID", "notify-local"),
         fcm_client_email: env.required("SIM_FCM_CLIENT_EMAIL"),

@@ -8,6 +8,11 @@
 //! most 45 bytes, so a word is at most 72 characters, under RFC 2047's 75) on its own
 //! folded line, and the address follows as plain ASCII on the last line.
 //!
+//! Email of a `marketing` type carries `List-Unsubscribe: <url>` (RFC 2369) and
+//! `List-Unsubscribe-Post: List-Unsubscribe=One-Click` (RFC 8058); the URL holds a signed
+//! token ([`notify_core::signed::UnsubscribeToken`]) that the HTTP service honours with a
+//! POST. Transactional email (receipts, security alerts) has neither.
+//!
 //! Classification (RFC 5321 §4.2.1): 4xx replies and connection errors before the end of
 //! DATA are transient; 5xx replies are permanent.
 
@@ -34,11 +39,18 @@ pub struct EmailConfig {
     pub message_id_domain: String,
     /// Timeout of one SMTP exchange.
     pub timeout: Duration,
+    /// Public URL of the HTTP service's one-click unsubscribe endpoint, e.g.
+    /// `https://notify.example.com/unsubscribe`.
+    pub unsubscribe_url: String,
+    /// Secret that signs unsubscribe tokens (the HTTP service verifies with the same).
+    pub unsubscribe_secret: String,
 }
 
 impl EmailConfig {
     /// Reads `NOTIFY_SMTP_URL` (required), `NOTIFY_EMAIL_FROM` (required),
-    /// `NOTIFY_EMAIL_MESSAGE_ID_DOMAIN` (sender's domain), `NOTIFY_SMTP_TIMEOUT` (15s).
+    /// `NOTIFY_EMAIL_MESSAGE_ID_DOMAIN` (sender's domain), `NOTIFY_SMTP_TIMEOUT` (15s),
+    /// `NOTIFY_UNSUBSCRIBE_URL` (required, http(s) URL) and `NOTIFY_UNSUBSCRIBE_SECRET`
+    /// (required, at least 16 characters).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Option<Self> {
         let smtp_url = env.required("NOTIFY_SMTP_URL");
         let from_text = env.required("NOTIFY_EMAIL_FROM");
@@ -60,7 +72,21 @@ impl EmailConfig {
         let timeout = env.parse_with("NOTIFY_SMTP_TIMEOUT", Duration::from_secs(15), |s| {
             notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
         });
+        let unsubscribe_url = env.required("NOTIFY_UNSUBSCRIBE_URL");
+        let is_http =
+            unsubscribe_url.starts_with("https://") || unsubscribe_url.starts_with("http://");
+        if !unsubscribe_url.is_empty() && !is_http {
+            env.error(format!(
+                "NOTIFY_UNSUBSCRIBE_URL={unsubscribe_url:?} must be an http(s) URL"
+            ));
+        }
+        let unsubscribe_secret = env.required("NOTIFY_UNSUBSCRIBE_SECRET");
+        if !unsubscribe_secret.is_empty() && unsubscribe_secret.len() < 16 {
+            env.error("NOTIFY_UNSUBSCRIBE_SECRET must be at least 16 characters".to_string());
+        }
         Some(Self {
+            unsubscribe_url,
+            unsubscribe_secret,
             smtp_url,
             from: from?,
             message_id_domain,
@@ -101,6 +127,17 @@ impl EmailSender {
             .from(self.cfg.from.clone())
             .to(to.clone())
             .subject(job.content.subject());
+        if let Some(url) = self.unsubscribe_link(job) {
+            builder = builder
+                .raw_header(HeaderValue::new(
+                    HeaderName::new_from_ascii_str("List-Unsubscribe"),
+                    format!("<{url}>"),
+                ))
+                .raw_header(HeaderValue::new(
+                    HeaderName::new_from_ascii_str("List-Unsubscribe-Post"),
+                    "List-Unsubscribe=One-Click".to_string(),
+                ));
+        }
         for (header, mailbox) in [("From", &self.cfg.from), ("To", &to)] {
             if let Some(value) = folded_mailbox(header, mailbox) {
                 builder = builder.raw_header(value);
@@ -112,6 +149,27 @@ impl EmailSender {
                 job.content.html_part(),
             ))
             .map_err(|e| format!("cannot build message: {e}"))
+    }
+}
+
+impl EmailSender {
+    /// The one-click unsubscribe URL for a marketing delivery (`None` for transactional
+    /// types): `<NOTIFY_UNSUBSCRIBE_URL>?token=<signed user, type, channel>`.
+    pub fn unsubscribe_link(&self, job: &Job) -> Option<String> {
+        (job.category == "marketing").then(|| {
+            let token = notify_core::signed::UnsubscribeToken {
+                user_id: job.user_id.clone(),
+                type_key: job.type_key.clone(),
+                channel: "email".into(),
+            }
+            .sign(&self.cfg.unsubscribe_secret);
+            let sep = if self.cfg.unsubscribe_url.contains('?') {
+                '&'
+            } else {
+                '?'
+            };
+            format!("{}{sep}token={token}", self.cfg.unsubscribe_url)
+        })
     }
 }
 
@@ -134,6 +192,7 @@ impl ChannelSender for EmailSender {
             "subject": job.content.subject(),
             "text": job.content.text_part(),
             "html": job.content.html_part(),
+            "list_unsubscribe": self.unsubscribe_link(job),
         });
         let message = match self.build_message(job) {
             Ok(m) => m,

@@ -73,6 +73,8 @@ pub const LINE_TOKEN: &str = "test-line-channel-token";
 pub const APNS_KEY_ID: &str = "TESTKEY001";
 pub const APNS_TEAM_ID: &str = "TESTTEAM01";
 pub const APNS_TOPIC: &str = "th.example.shop";
+pub const LINE_SECRET: &str = "test-line-channel-secret";
+pub const UNSUBSCRIBE_SECRET: &str = "test-unsubscribe-signing-secret";
 pub const VAPID_SUBJECT: &str = "mailto:ops@shop.example.test";
 
 /// A unique id with a readable prefix, so tests sharing MailDev never collide.
@@ -119,6 +121,8 @@ pub struct Platform {
     pub topology: Topology,
     pub grpc: tonic::transport::Channel,
     pub sim_url: String,
+    /// Base URL of the in-process `http-api`.
+    pub http_url: String,
     pub http: reqwest::Client,
     pub opts: Options,
     shutdown: CancellationToken,
@@ -176,6 +180,7 @@ impl Platform {
         let sim_url = format!("http://{}", sim_listener.local_addr().unwrap());
         let sim_cfg = provider_sim::SimConfig {
             line_channel_token: LINE_TOKEN.into(),
+            line_channel_secret: LINE_SECRET.into(),
             fcm_public_key_pem: std::fs::read_to_string(&stack.fcm_public_key_file)
                 .expect("fcm public key"),
             fcm_project_id: "notify-local".into(),
@@ -228,6 +233,18 @@ impl Platform {
             .unwrap()
             .connect_lazy();
 
+        // The HTTP service (LINE webhook, unsubscribe).
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http_url = format!("http://{}", listener.local_addr().unwrap());
+        let http_cfg = http_api::HttpConfig {
+            line_channel_secret: LINE_SECRET.into(),
+            unsubscribe_secret: UNSUBSCRIBE_SECRET.into(),
+        };
+        let (p, s) = (pool.clone(), shutdown.clone());
+        tasks.push(tokio::spawn(async move {
+            http_api::serve(listener, p, http_cfg, s).await.unwrap();
+        }));
+
         let platform = Platform {
             stack,
             db_name,
@@ -236,6 +253,7 @@ impl Platform {
             topology,
             grpc,
             sim_url,
+            http_url,
             http: reqwest::Client::new(),
             opts: opts.clone(),
             shutdown,
@@ -299,6 +317,8 @@ impl Platform {
                         ),
                         message_id_domain: "example.test".into(),
                         timeout: Duration::from_secs(10),
+                        unsubscribe_url: format!("{}/unsubscribe", self.http_url),
+                        unsubscribe_secret: UNSUBSCRIBE_SECRET.into(),
                     })
                     .unwrap(),
                 );
@@ -378,6 +398,7 @@ impl Platform {
                 priority: "normal".into(),
                 default_channels: channels.iter().map(|c| c.to_string()).collect(),
                 critical: false,
+                ..Default::default()
             })
             .await
             .expect("upsert type");

@@ -1,0 +1,276 @@
+//! The HTTP service (`http-api`): stateless, scaled like the workers. Today it serves the
+//! endpoints providers and email clients call back on:
+//!
+//! - `POST /webhooks/line`: the LINE Messaging API webhook. The raw body must carry a
+//!   valid `X-Line-Signature` (base64 HMAC-SHA256 keyed with the channel secret;
+//!   developers.line.biz/en/reference/messaging-api/#signature-validation), else 401 and
+//!   nothing is recorded. `follow` and `unfollow` events from users update
+//!   `line_followers` (newest event timestamp wins, so redeliveries are harmless); LINE
+//!   deliveries to a user who unfollowed are then skipped with `line_unfollowed`. Other
+//!   event types are acknowledged and ignored. Answers 200 `{}`.
+//! - `GET /unsubscribe?token=…`: a confirmation page (a GET never changes anything, since
+//!   mail scanners fetch links); `POST /unsubscribe?token=…` with the body
+//!   `List-Unsubscribe=One-Click` (RFC 8058) or from that page turns the token's type off
+//!   on email for its user and answers 200 JSON.
+//! - `GET /healthz`: `ok`.
+//!
+//! Errors are JSON: `{"error": {"code", "message", "field"}}` with 400 for bad input, 401
+//! for a bad signature, 413 for a body over 1 MiB.
+
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use notify_core::Channel;
+use notify_core::signed::{UnsubscribeToken, line_signature_valid};
+use notify_store::PgPool;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// Largest request body accepted, in bytes.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Settings of the HTTP service.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// LINE channel secret (verifies `X-Line-Signature`).
+    pub line_channel_secret: String,
+    /// Secret that signs unsubscribe tokens (shared with `worker-email`).
+    pub unsubscribe_secret: String,
+}
+
+impl HttpConfig {
+    /// Reads `NOTIFY_LINE_CHANNEL_SECRET` and `NOTIFY_UNSUBSCRIBE_SECRET` (both required).
+    pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
+        Self {
+            line_channel_secret: env.required("NOTIFY_LINE_CHANNEL_SECRET"),
+            unsubscribe_secret: env.required("NOTIFY_UNSUBSCRIBE_SECRET"),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    pool: PgPool,
+    cfg: std::sync::Arc<HttpConfig>,
+}
+
+/// An error answer: `{"error": {"code", "message", "field"}}`.
+fn error(status: StatusCode, code: &str, field: &str, message: &str) -> Response {
+    (
+        status,
+        Json(json!({"error": {"code": code, "message": message, "field": field}})),
+    )
+        .into_response()
+}
+
+fn internal(e: notify_store::StoreError) -> Response {
+    tracing::error!(error = %e, "database error");
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "",
+        "the database is unavailable; try again",
+    )
+}
+
+/// The service's routes.
+pub fn router(pool: PgPool, cfg: HttpConfig) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/webhooks/line", post(line_webhook))
+        .route("/unsubscribe", get(unsubscribe_page).post(unsubscribe))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(AppState {
+            pool,
+            cfg: std::sync::Arc::new(cfg),
+        })
+}
+
+/// Serves on `listener` until `shutdown` is cancelled.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    pool: PgPool,
+    cfg: HttpConfig,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(pool, cfg))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}
+
+/// `POST /webhooks/line`.
+async fn line_webhook(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let signature = headers
+        .get("x-line-signature")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !line_signature_valid(&app.cfg.line_channel_secret, &body, signature) {
+        tracing::warn!("LINE webhook with a missing or invalid signature");
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "invalid_signature",
+            "X-Line-Signature",
+            "must be the base64 HMAC-SHA256 of the body keyed with the channel secret",
+        );
+    }
+    let parsed: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_body",
+                "body",
+                &format!("must be JSON: {e}"),
+            );
+        }
+    };
+    let Some(events) = parsed["events"].as_array() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            "events",
+            "must be an array",
+        );
+    };
+    for (i, ev) in events.iter().enumerate() {
+        let following = match ev["type"].as_str() {
+            Some("follow") => true,
+            Some("unfollow") => false,
+            _ => continue,
+        };
+        let (Some("user"), Some(user)) = (
+            ev["source"]["type"].as_str(),
+            ev["source"]["userId"].as_str(),
+        ) else {
+            continue;
+        };
+        let Some(at) = ev["timestamp"]
+            .as_i64()
+            .and_then(chrono::DateTime::from_timestamp_millis)
+        else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_body",
+                &format!("events[{i}].timestamp"),
+                "must be milliseconds since the epoch",
+            );
+        };
+        let event_id = ev["webhookEventId"].as_str().unwrap_or("");
+        match notify_store::catalog::record_line_follow(&app.pool, user, following, at, event_id)
+            .await
+        {
+            Ok(changed) => tracing::info!(
+                line_user_id = user,
+                following,
+                changed,
+                webhook_event_id = event_id,
+                "LINE follow state"
+            ),
+            Err(e) => return internal(e),
+        }
+    }
+    Json(json!({})).into_response()
+}
+
+#[derive(Deserialize)]
+struct TokenQuery {
+    #[serde(default)]
+    token: String,
+}
+
+fn check_token(app: &AppState, token: &str) -> Result<UnsubscribeToken, Box<Response>> {
+    if token.is_empty() {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_token",
+            "token",
+            "is required",
+        )));
+    }
+    UnsubscribeToken::verify(token, &app.cfg.unsubscribe_secret).map_err(|e| {
+        Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_token",
+            "token",
+            &e.to_string(),
+        ))
+    })
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\'', "&#39;")
+}
+
+/// `GET /unsubscribe?token=…`: asks for confirmation; changes nothing.
+async fn unsubscribe_page(State(app): State<AppState>, Query(q): Query<TokenQuery>) -> Response {
+    let t = match check_token(&app, &q.token) {
+        Ok(t) => t,
+        Err(resp) => return *resp,
+    };
+    Html(format!(
+        "<!doctype html><html lang=\"th\"><meta charset=\"utf-8\"><title>ยกเลิกการรับอีเมล</title>\
+         <p>ยกเลิกการรับอีเมลประเภท <b>{}</b>? / Stop emails of type <b>{}</b>?</p>\
+         <form method=\"post\" action=\"/unsubscribe?token={}\">\
+         <input type=\"hidden\" name=\"List-Unsubscribe\" value=\"One-Click\">\
+         <button type=\"submit\">ยืนยัน / Unsubscribe</button></form></html>",
+        escape(&t.type_key),
+        escape(&t.type_key),
+        escape(&q.token),
+    ))
+    .into_response()
+}
+
+/// `POST /unsubscribe?token=…`: RFC 8058 one-click unsubscribe.
+async fn unsubscribe(
+    State(app): State<AppState>,
+    Query(q): Query<TokenQuery>,
+    body: String,
+) -> Response {
+    let t = match check_token(&app, &q.token) {
+        Ok(t) => t,
+        Err(resp) => return *resp,
+    };
+    if !body
+        .split('&')
+        .any(|kv| kv.trim() == "List-Unsubscribe=One-Click")
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            "body",
+            "must be List-Unsubscribe=One-Click (RFC 8058)",
+        );
+    }
+    let Ok(channel) = t.channel.parse::<Channel>() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_token",
+            "token",
+            "names an unknown channel",
+        );
+    };
+    if let Err(e) =
+        notify_store::catalog::set_preference(&app.pool, &t.user_id, &t.type_key, channel, false)
+            .await
+    {
+        return internal(e);
+    }
+    tracing::info!(user_id = %t.user_id, r#type = %t.type_key, channel = %t.channel, "unsubscribed");
+    Json(json!({
+        "unsubscribed": true,
+        "user_id": t.user_id,
+        "type": t.type_key,
+        "channel": t.channel,
+    }))
+    .into_response()
+}

@@ -1,0 +1,31 @@
+//! `http-api`: the HTTP service (LINE webhook, one-click unsubscribe). See the library
+//! docs for the routes.
+//!
+//! Environment: `NOTIFY_HTTP_ADDR` (127.0.0.1:8080), `NOTIFY_DATABASE_URL` (required),
+//! `NOTIFY_DB_POOL_SIZE` (10), `NOTIFY_LINE_CHANNEL_SECRET` (required),
+//! `NOTIFY_UNSUBSCRIBE_SECRET` (required).
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    notify_telemetry::init("http-api");
+    let mut env = notify_telemetry::Env::new();
+    let addr = env.parse::<std::net::SocketAddr>("NOTIFY_HTTP_ADDR", ([127, 0, 0, 1], 8080).into());
+    let mut pool_cfg =
+        notify_store::PoolConfig::new(env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]));
+    pool_cfg.max_connections = env.number("NOTIFY_DB_POOL_SIZE", 10, 1, 1000);
+    let cfg = http_api::HttpConfig::from_env(&mut env);
+    if let Err(problems) = env.finish() {
+        notify_telemetry::exit_bad_config("http-api", &problems);
+    }
+    let pool = notify_store::connect(&pool_cfg)?;
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => notify_telemetry::exit_bad_config(
+            "http-api",
+            &format!("NOTIFY_HTTP_ADDR={addr}: cannot listen: {e}"),
+        ),
+    };
+    tracing::info!(%addr, "http-api listening");
+    http_api::serve(listener, pool, cfg, notify_telemetry::shutdown_on_signal()).await?;
+    Ok(())
+}

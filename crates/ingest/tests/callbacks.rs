@@ -1,0 +1,257 @@
+//! What providers and mail clients call back on, through the HTTP service: the LINE
+//! webhook (signed follow/unfollow events) and the one-click unsubscribe link of marketing
+//! email (RFC 8058).
+
+mod support;
+
+use notify_core::Channel;
+use notify_proto::v1 as pb;
+use serde_json::{Value, json};
+use support::{Options, Platform, line_id, uniq};
+
+/// Has the simulator send a LINE webhook with `events` to the HTTP service; returns the
+/// receiver's (status, body).
+async fn webhook(p: &Platform, events: Value, signature: Option<&str>) -> (u16, Value) {
+    let mut req = json!({"url": format!("{}/webhooks/line", p.http_url), "events": events});
+    if let Some(s) = signature {
+        req["signature"] = json!(s);
+    }
+    let r: Value = p
+        .http
+        .post(format!("{}/_sim/line/webhook", p.sim_url))
+        .json(&req)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let body = serde_json::from_str(r["body"].as_str().unwrap()).unwrap_or(Value::Null);
+    (r["status"].as_u64().unwrap() as u16, body)
+}
+
+fn follow_event(kind: &str, user: &str, at_ms: i64) -> Value {
+    json!({
+        "type": kind,
+        "mode": "active",
+        "timestamp": at_ms,
+        "source": {"type": "user", "userId": user},
+        "webhookEventId": format!("01H{at_ms}"),
+        "deliveryContext": {"isRedelivery": false},
+    })
+}
+
+/// The raw headers MailDev received for email `id`, unfolded, by lowercase name.
+async fn raw_headers(p: &Platform, id: &str) -> std::collections::HashMap<String, String> {
+    let raw = p
+        .http
+        .get(format!("{}/api/email/{id}/source", p.stack.maildev_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let head = raw.replace("\r\n", "\n");
+    let head = head.split_once("\n\n").unwrap().0.replace("\n ", " ");
+    head.lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.to_ascii_lowercase(), v.trim().to_string()))
+        .collect()
+}
+
+fn line_skips(ev: &pb::CreateEventResponse) -> Vec<String> {
+    ev.skipped
+        .iter()
+        .filter(|s| s.channel == "line")
+        .map(|s| s.reason.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_user_who_unfollowed_is_skipped_until_they_follow_again() {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Line],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, lid) = (uniq("u"), line_id());
+    p.add_recipient(&u, "", "", &lid).await;
+    let t0 = chrono::Utc::now().timestamp_millis();
+
+    // A forged webhook is refused and changes nothing.
+    let (status, body) = webhook(
+        &p,
+        json!([follow_event("unfollow", &lid, t0)]),
+        Some("Zm9yZ2Vk"),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["field"], "X-Line-Signature");
+    assert_eq!(p.count("line_followers").await, 0);
+    let ev = p.send("wh:0", "order_paid", &[&u]).await;
+    assert!(line_skips(&ev).is_empty(), "{:?}", ev.skipped);
+
+    // Unfollow (block): LINE deliveries are skipped with line_unfollowed.
+    let (status, _) = webhook(&p, json!([follow_event("unfollow", &lid, t0)]), None).await;
+    assert_eq!(status, 200);
+    let ev = p.send("wh:1", "order_paid", &[&u]).await;
+    assert!(ev.deliveries.is_empty());
+    assert_eq!(line_skips(&ev), ["line_unfollowed"]);
+
+    // Follow again, then a late redelivery of the older unfollow: still following.
+    webhook(&p, json!([follow_event("follow", &lid, t0 + 1000)]), None).await;
+    let (status, _) = webhook(&p, json!([follow_event("unfollow", &lid, t0)]), None).await;
+    assert_eq!(status, 200);
+    let ev = p.send("wh:2", "order_paid", &[&u]).await;
+    assert_eq!(ev.deliveries.len(), 1, "{:?}", ev.skipped);
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(done.deliveries[0].status, "sent");
+
+    // Events of other kinds and from groups are acknowledged and ignored.
+    let (status, body) = webhook(
+        &p,
+        json!([
+            {"type": "message", "timestamp": t0 + 2000, "source": {"type": "user", "userId": lid},
+             "message": {"type": "text", "text": "สวัสดีครับ"}},
+            {"type": "unfollow", "timestamp": t0 + 2000, "source": {"type": "group", "groupId": "C1"}},
+        ]),
+        None,
+    )
+    .await;
+    assert_eq!((status, body), (200, json!({})));
+    let ev = p.send("wh:3", "order_paid", &[&u]).await;
+    assert_eq!(ev.deliveries.len(), 1);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_line_webhook_body_gets_a_json_400_naming_the_field() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let body = r#"{"destination":"U0","events":{}}"#;
+    let r = p
+        .http
+        .post(format!("{}/webhooks/line", p.http_url))
+        .header(
+            "x-line-signature",
+            notify_core::signed::line_signature(support::LINE_SECRET, body.as_bytes()),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["field"], "events");
+    let r = p
+        .http
+        .post(format!("{}/webhooks/line", p.http_url))
+        .body(vec![b'x'; 2 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413, "bodies over 1 MiB are refused");
+    p.stop().await;
+}
+
+/// Marketing email carries List-Unsubscribe and List-Unsubscribe-Post; a POST of
+/// `List-Unsubscribe=One-Click` to that URL turns the type off on email, so the next event
+/// skips it. Transactional email has no such header. A tampered token is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marketing_email_unsubscribes_in_one_click() {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Email],
+        ..Default::default()
+    })
+    .await;
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "promo_weekly".into(),
+            priority: "low".into(),
+            default_channels: vec!["email".into()],
+            critical: false,
+            category: "marketing".into(),
+        })
+        .await
+        .unwrap();
+    p.add_type("order_paid", &["email"]).await;
+    let u = uniq("u");
+    let address = format!("{u}@example.test");
+    p.add_recipient(&u, "สมชาย ใจดี", &address, "").await;
+
+    let ev = p.send("promo:1", "promo_weekly", &[&u]).await;
+    p.wait_final(&ev.event_id, 30).await;
+    let ev = p.send("order:1", "order_paid", &[&u]).await;
+    p.wait_final(&ev.event_id, 30).await;
+    let mails = p.mails_to(&address).await;
+    assert_eq!(mails.len(), 2);
+    let mut heads = Vec::new();
+    for m in &mails {
+        heads.push(raw_headers(&p, m["id"].as_str().unwrap()).await);
+    }
+    let (promo, order): (Vec<_>, Vec<_>) = heads
+        .into_iter()
+        .partition(|h| h.contains_key("list-unsubscribe"));
+    assert_eq!(
+        (promo.len(), order.len()),
+        (1, 1),
+        "only the marketing email has List-Unsubscribe"
+    );
+    assert!(!order[0].contains_key("list-unsubscribe-post"));
+    assert_eq!(
+        promo[0]["list-unsubscribe-post"],
+        "List-Unsubscribe=One-Click"
+    );
+    let link = promo[0]["list-unsubscribe"]
+        .trim()
+        .trim_start_matches('<')
+        .trim_end_matches('>')
+        .to_string();
+    assert!(link.starts_with(&format!("{}/unsubscribe?token=", p.http_url)));
+
+    // A GET (a mail scanner following the link) changes nothing.
+    let page = p.http.get(&link).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("promo_weekly"));
+    // A tampered token is refused.
+    let bad = p
+        .http
+        .post(format!("{link}x"))
+        .body("List-Unsubscribe=One-Click")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let err: Value = bad.json().await.unwrap();
+    assert_eq!(err["error"]["field"], "token");
+    let ev = p.send("promo:2", "promo_weekly", &[&u]).await;
+    assert_eq!(
+        ev.deliveries.len(),
+        1,
+        "still subscribed after GET and a forgery"
+    );
+    p.wait_final(&ev.event_id, 30).await;
+
+    let ok = p
+        .http
+        .post(&link)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("List-Unsubscribe=One-Click")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let ok: Value = ok.json().await.unwrap();
+    assert_eq!(ok["unsubscribed"], true);
+    let ev = p.send("promo:3", "promo_weekly", &[&u]).await;
+    assert!(ev.deliveries.is_empty());
+    assert_eq!(ev.skipped[0].reason, "opted_out");
+    let ev = p.send("order:2", "order_paid", &[&u]).await;
+    assert_eq!(ev.deliveries.len(), 1, "other types still arrive");
+    p.stop().await;
+}
