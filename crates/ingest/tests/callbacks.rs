@@ -255,3 +255,113 @@ async fn marketing_email_unsubscribes_in_one_click() {
     assert_eq!(ev.deliveries.len(), 1, "other types still arrive");
     p.stop().await;
 }
+
+/// SMTP rejections sorted by their reply: 550 5.1.1 fails at once and marks the address,
+/// so later email is skipped with `email_undeliverable` until the address changes; 452 is
+/// retried; 554 5.7.1 fails without marking the address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nonexistent_mailbox_is_marked_and_skipped_until_the_address_changes() {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Email],
+        smtp_sim: true,
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["email"]).await;
+    let (gone, full, blocked) = (uniq("g"), uniq("f"), uniq("b"));
+    p.add_recipient(&gone, "", &format!("nouser-{gone}@example.test"), "")
+        .await;
+    p.add_recipient(&full, "", &format!("full-{full}@example.test"), "")
+        .await;
+    p.add_recipient(&blocked, "", &format!("blocked-{blocked}@example.test"), "")
+        .await;
+    let ev = p
+        .send("smtp:1", "order_paid", &[&gone, &full, &blocked])
+        .await;
+    // The full mailbox keeps retrying; wait for the other two and its first attempt.
+    let by_user = |ev: &pb::GetEventResponse, u: &str| {
+        ev.deliveries
+            .iter()
+            .find(|d| d.user_id == u)
+            .unwrap()
+            .clone()
+    };
+    let got = loop {
+        let got = p
+            .ingest()
+            .get_event(pb::GetEventRequest {
+                selector: Some(pb::get_event_request::Selector::EventId(
+                    ev.event_id.clone(),
+                )),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if by_user(&got, &gone).status == "failed"
+            && by_user(&got, &blocked).status == "failed"
+            && by_user(&got, &full).attempts >= 2
+        {
+            break got;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let d = by_user(&got, &gone);
+    assert_eq!(d.attempts, 1);
+    assert!(
+        d.last_error
+            .starts_with("address_undeliverable (provider status 550)"),
+        "{d:?}"
+    );
+    let d = by_user(&got, &blocked);
+    assert_eq!(d.attempts, 1);
+    assert!(d.last_error.starts_with("smtp_rejected"), "{d:?}");
+    assert!(
+        by_user(&got, &full)
+            .last_error
+            .starts_with("smtp_transient")
+    );
+    assert!(p.smtp_sim.messages().is_empty(), "nothing was accepted");
+
+    let ev = p.send("smtp:2", "order_paid", &[&gone, &blocked]).await;
+    let reasons: Vec<(String, String)> = ev
+        .skipped
+        .iter()
+        .map(|s| (s.user_id.clone(), s.reason.clone()))
+        .collect();
+    assert_eq!(reasons, [(gone.clone(), "email_undeliverable".to_string())]);
+    assert_eq!(
+        ev.deliveries.len(),
+        1,
+        "554 5.7.1 does not mark the address"
+    );
+
+    // The same address sent again by a profile sync keeps the mark; a new one clears it.
+    let set_email = |email: String| {
+        let r = p.recipients();
+        let user = gone.clone();
+        async move {
+            let mut r = r;
+            r.upsert_recipient(pb::UpsertRecipientRequest {
+                user_id: user,
+                email,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+    };
+    set_email(format!("nouser-{gone}@example.test")).await;
+    let ev = p.send("smtp:3", "order_paid", &[&gone]).await;
+    assert_eq!(ev.skipped[0].reason, "email_undeliverable");
+    set_email(format!("{gone}@example.test")).await;
+    let ev = p.send("smtp:4", "order_paid", &[&gone]).await;
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(done.deliveries[0].status, "sent");
+    assert_eq!(p.smtp_sim.messages().len(), 1);
+    assert_eq!(
+        p.smtp_sim.messages()[0].to,
+        [format!("{gone}@example.test")]
+    );
+    p.stop().await;
+}

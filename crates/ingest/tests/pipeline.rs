@@ -364,6 +364,43 @@ async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries
             "a piece starts with a Thai vowel or tone mark"
         );
     }
+    // Exactly 5,000 Thai characters with tone marks, then an emoji: with the title the
+    // text passes 5,000 units, so it becomes two objects, cut between whole clusters,
+    // with the emoji's surrogate pair whole, and byte for byte what was sent.
+    let u3 = uniq("u");
+    p.add_recipient(&u3, "", "", &line_id()).await;
+    let thai: String = "น้ำใจไม่ต้องซื้อ ผู้ใหญ่ใจดี ".chars().cycle().take(5000).collect();
+    let body = format!("{thai}👍🏽");
+    let mut exact = p.event("news:5000", "news", &[&u3]);
+    exact.content.as_mut().unwrap().body = body.clone();
+    exact.content.as_mut().unwrap().url = String::new();
+    let ev = p.ingest().create_event(exact).await.unwrap().into_inner();
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(done.deliveries[0].status, "sent");
+    let reqs = p.sim_requests("line").await;
+    let texts: Vec<String> = reqs[1]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(texts.len(), 2);
+    assert_eq!(
+        texts.concat().as_bytes(),
+        format!("ชำระเงินแล้ว #1001\n{body}").as_bytes()
+    );
+    assert!(
+        texts.last().unwrap().ends_with("👍🏽"),
+        "the emoji with its skin tone stays whole"
+    );
+    for t in &texts {
+        assert!(t.encode_utf16().count() <= 5000);
+        let first = t.chars().next().unwrap();
+        assert!(
+            !matches!(first, '\u{0E31}' | '\u{0E34}'..='\u{0E3A}' | '\u{0E47}'..='\u{0E4E}' | '\u{1F3FB}'..='\u{1F3FF}')
+        );
+    }
+
     // 26,000 units of emoji (each a surrogate pair): more than five objects.
     let mut too_long = p.event("news:too-long", "news", &[&u2]);
     too_long.content.as_mut().unwrap().body = "😀".repeat(13_000);
@@ -384,7 +421,7 @@ async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries
     );
     assert_eq!(
         p.sim_requests("line").await.len(),
-        1,
+        2,
         "nothing was pushed for it"
     );
     p.stop().await;

@@ -22,6 +22,8 @@ pub enum SkipReason {
     /// The recipient's LINE account blocked (unfollowed) the official account, as the
     /// LINE webhook reported.
     LineUnfollowed,
+    /// The recipient's email address was refused as nonexistent (SMTP 550 5.1.1).
+    EmailUndeliverable,
 }
 
 impl SkipReason {
@@ -34,6 +36,7 @@ impl SkipReason {
             SkipReason::NoPushEndpoint => "no_push_endpoint",
             SkipReason::OptedOut => "opted_out",
             SkipReason::LineUnfollowed => "line_unfollowed",
+            SkipReason::EmailUndeliverable => "email_undeliverable",
         }
     }
 }
@@ -51,6 +54,8 @@ pub struct RecipientFacts {
     pub line_user_id: Option<String>,
     /// The LINE user blocked the official account (last webhook event was `unfollow`).
     pub line_unfollowed: bool,
+    /// The email address bounced as nonexistent and has not changed since.
+    pub email_undeliverable: bool,
     /// Active push endpoints: (endpoint id, platform `fcm`/`apns`/`webpush`).
     pub push_endpoints: Vec<(Uuid, String)>,
     /// Preferences for this event's type, per channel.
@@ -168,6 +173,9 @@ pub fn plan(
             match channel {
                 Channel::InApp => planned.push(one(Provider::Inbox, None)),
                 Channel::Email => match &r.email {
+                    Some(_) if r.email_undeliverable => {
+                        skipped.push(skip(SkipReason::EmailUndeliverable))
+                    }
                     Some(addr) => planned.push(one(Provider::Smtp, Some(addr))),
                     None => skipped.push(skip(SkipReason::NoEmailAddress)),
                 },

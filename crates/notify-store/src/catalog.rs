@@ -95,6 +95,10 @@ pub async fn upsert_recipient(db: impl PgExecutor<'_>, r: &Recipient) -> Result<
          VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (user_id) DO UPDATE SET display_name = EXCLUDED.display_name,
              email = EXCLUDED.email, line_user_id = EXCLUDED.line_user_id,
+             email_undeliverable_at = CASE WHEN recipients.email IS DISTINCT FROM EXCLUDED.email
+                 THEN NULL ELSE recipients.email_undeliverable_at END,
+             email_undeliverable_reason = CASE WHEN recipients.email IS DISTINCT FROM EXCLUDED.email
+                 THEN NULL ELSE recipients.email_undeliverable_reason END,
              locale = EXCLUDED.locale, timezone = EXCLUDED.timezone, updated_at = now()
          RETURNING (xmax = 0) AS created",
     )
@@ -222,6 +226,7 @@ pub async fn load_recipient_facts_many(
         email: Option<String>,
         line_user_id: Option<String>,
         line_unfollowed: bool,
+        email_undeliverable: bool,
         exists: bool,
         push_endpoints: Vec<(uuid::Uuid, String)>,
         // (type or "*", channel) -> enabled
@@ -241,7 +246,8 @@ pub async fn load_recipient_facts_many(
 
     let rows =
         sqlx::query(
-            "SELECT r.user_id, r.email, r.line_user_id, coalesce(NOT lf.following, false) AS line_unfollowed
+            "SELECT r.user_id, r.email, r.line_user_id, coalesce(NOT lf.following, false) AS line_unfollowed,
+                    r.email_undeliverable_at IS NOT NULL AS email_undeliverable
              FROM recipients r LEFT JOIN line_followers lf ON lf.line_user_id = r.line_user_id
              WHERE r.user_id = ANY($1)",
         )
@@ -258,6 +264,7 @@ pub async fn load_recipient_facts_many(
             .get::<Option<String>, _>("line_user_id")
             .filter(|s| !s.is_empty());
         k.line_unfollowed = r.get("line_unfollowed");
+        k.email_undeliverable = r.get("email_undeliverable");
     }
 
     let rows = sqlx::query(
@@ -309,6 +316,7 @@ pub async fn load_recipient_facts_many(
                         f.email = k.email.clone();
                         f.line_user_id = k.line_user_id.clone();
                         f.line_unfollowed = k.line_unfollowed;
+                        f.email_undeliverable = k.email_undeliverable;
                         f.push_endpoints = k.push_endpoints.clone();
                         for (t, channel, enabled) in &k.prefs {
                             if t == "*" {
@@ -348,6 +356,30 @@ pub async fn record_line_follow(
     .bind(following)
     .bind(at)
     .bind(webhook_event_id)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Marks `user_id`'s email `address` undeliverable (the receiving server said the mailbox
+/// does not exist) unless the address changed since `not_after` (the attempt's start), so a
+/// late bounce never marks a newer address. Returns whether it marked.
+pub async fn mark_email_undeliverable(
+    db: impl PgExecutor<'_>,
+    user_id: &str,
+    address: &str,
+    reason: &str,
+    not_after: chrono::DateTime<chrono::Utc>,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE recipients SET email_undeliverable_at = now(), email_undeliverable_reason = $3
+         WHERE user_id = $1 AND email = $2 AND email_undeliverable_at IS NULL
+           AND updated_at <= $4",
+    )
+    .bind(user_id)
+    .bind(address)
+    .bind(reason)
+    .bind(not_after)
     .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)

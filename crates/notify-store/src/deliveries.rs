@@ -357,6 +357,8 @@ pub struct AttemptRecord {
     pub content: serde_json::Value,
     /// Endpoint to deactivate with this reason (push token gone).
     pub deactivate_endpoint: Option<(Uuid, String)>,
+    /// Email address to mark undeliverable with this reason (mailbox does not exist).
+    pub address_undeliverable: Option<(String, String)>,
     /// Since when the provider says the endpoint has been invalid; the deactivation only
     /// applies to an endpoint registered before this moment and before the attempt began.
     pub endpoint_invalid_since: Option<DateTime<Utc>>,
@@ -518,6 +520,17 @@ pub async fn record_attempts(
                 .endpoint_invalid_since
                 .map_or(started, |t| t.min(started));
             crate::catalog::deactivate_endpoint(&mut *tx, *endpoint, reason, fence).await?;
+        }
+        if let Some((address, reason)) = &batch[i].2.address_undeliverable {
+            let job = batch[i].0;
+            crate::catalog::mark_email_undeliverable(
+                &mut *tx,
+                &job.user_id,
+                address,
+                reason,
+                job.started_at,
+            )
+            .await?;
         }
     }
     tx.commit().await?;

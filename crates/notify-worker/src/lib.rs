@@ -417,6 +417,7 @@ pub fn decide(
         provider_response: outcome.provider_response,
         content: outcome.content,
         deactivate_endpoint: None,
+        address_undeliverable: None,
         endpoint_invalid_since: outcome.invalid_since,
         worker_id: String::new(),
     };
@@ -447,6 +448,10 @@ pub fn decide(
                     record.outcome = "failed";
                     if let Some(ep) = job.endpoint_id {
                         record.deactivate_endpoint = Some((ep, code.clone()));
+                    } else if job.channel == "email"
+                        && let Some(address) = &job.address
+                    {
+                        record.address_undeliverable = Some((address.clone(), code.clone()));
                     }
                     NextState::Failed {
                         error: format!("{code}{status}"),

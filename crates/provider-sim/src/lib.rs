@@ -52,6 +52,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use uuid::Uuid;
 
+pub mod smtp;
 mod webpush;
 
 /// Simulator settings.

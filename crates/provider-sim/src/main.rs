@@ -2,6 +2,7 @@
 //!
 //! Environment: `SIM_ADDR` (127.0.0.1:58080), `SIM_LINE_CHANNEL_TOKEN` (required),
 //! `SIM_LINE_CHANNEL_SECRET` (signs the webhooks it sends; empty by default),
+//! `SIM_SMTP_ADDR` (empty: off; else the rejecting SMTP server of `provider_sim::smtp`),
 //! `SIM_FCM_PUBLIC_KEY_FILE` (required, PEM public key of the service account), `SIM_FCM_PROJECT_ID`
 //! (notify-local), `SIM_FCM_CLIENT_EMAIL` (required), `SIM_APNS_PUBLIC_KEY_FILE` (PEM public
 //! key of the APNs signing key; without it APNs answers 403), `SIM_APNS_KEY_ID`,
@@ -47,11 +48,18 @@ async fn main() -> anyhow::Result<()> {
         fcm_project_id: env.string("SIM_FCM_PROJECT_ID", "notify-local"),
         fcm_client_email: env.required("SIM_FCM_CLIENT_EMAIL"),
     };
+    let smtp_addr = env.string("SIM_SMTP_ADDR", "");
     if let Err(problems) = env.finish() {
         notify_telemetry::exit_bad_config("provider-sim", &problems);
     }
     let listener = tokio::net::TcpListener::bind(&addr).await?;
+    let shutdown = notify_telemetry::shutdown_on_signal();
+    if !smtp_addr.is_empty() {
+        let smtp = tokio::net::TcpListener::bind(&smtp_addr).await?;
+        tracing::info!(%smtp_addr, "provider-sim SMTP listening");
+        tokio::spawn(provider_sim::smtp::SmtpSim::default().serve(smtp, shutdown.clone()));
+    }
     tracing::info!(%addr, "provider-sim listening");
-    provider_sim::serve(listener, cfg, notify_telemetry::shutdown_on_signal()).await?;
+    provider_sim::serve(listener, cfg, shutdown).await?;
     Ok(())
 }

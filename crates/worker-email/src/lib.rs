@@ -14,7 +14,9 @@
 //! POST. Transactional email (receipts, security alerts) has neither.
 //!
 //! Classification (RFC 5321 §4.2.1): 4xx replies and connection errors before the end of
-//! DATA are transient; 5xx replies are permanent.
+//! DATA are transient; 5xx replies are permanent, and a 5xx whose enhanced status (RFC
+//! 3463) says the mailbox does not exist (5.1.1, 5.1.6, 5.1.10) is `address_undeliverable`:
+//! the recipient's address is marked and later email to it is skipped until it changes.
 
 use base64::Engine;
 use lettre::message::header::{HeaderName, HeaderValue};
@@ -209,7 +211,10 @@ impl ChannelSender for EmailSender {
                     .with_response(format!("{} {text}", resp.code()))
             }
             Err(e) => {
-                let (class, code) = if e.is_permanent() {
+                let text = e.to_string();
+                let (class, code) = if e.is_permanent() && mailbox_does_not_exist(&text) {
+                    (ErrorClass::InvalidEndpoint, "address_undeliverable")
+                } else if e.is_permanent() {
                     (ErrorClass::Permanent, "smtp_rejected")
                 } else if e.is_transient() {
                     (ErrorClass::Transient, "smtp_transient")
@@ -218,8 +223,7 @@ impl ChannelSender for EmailSender {
                 } else {
                     (ErrorClass::Transient, "smtp_connection")
                 };
-                let mut out =
-                    AttemptOutcome::failed(class, code, content).with_response(e.to_string());
+                let mut out = AttemptOutcome::failed(class, code, content).with_response(text);
                 if let Some(status) = e.status() {
                     out = out.with_status(code_number(&status.to_string()));
                 }
@@ -227,6 +231,14 @@ impl ChannelSender for EmailSender {
             }
         }
     }
+}
+
+/// Whether a permanent SMTP reply says the mailbox does not exist: enhanced status 5.1.1
+/// (bad destination mailbox), 5.1.10 (null MX) or 5.1.6 (mailbox moved), RFC 3463 §3.2.
+pub fn mailbox_does_not_exist(reply: &str) -> bool {
+    reply
+        .split(|c: char| c.is_whitespace() || c == ':' || c == ',')
+        .any(|w| matches!(w, "5.1.1" | "5.1.10" | "5.1.6"))
 }
 
 fn code_number(code: &str) -> i32 {
@@ -283,6 +295,18 @@ fn folded_mailbox(header: &'static str, mailbox: &Mailbox) -> Option<HeaderValue
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nonexistent_mailboxes_are_told_from_other_rejections() {
+        assert!(mailbox_does_not_exist(
+            "permanent error (550): 5.1.1 <nouser@example.test>: mailbox does not exist"
+        ));
+        assert!(mailbox_does_not_exist("550 5.1.10 null MX"));
+        assert!(!mailbox_does_not_exist(
+            "permanent error (554): 5.7.1 message refused by policy"
+        ));
+        assert!(!mailbox_does_not_exist("550 5.1.12 other"));
+    }
 
     #[test]
     fn encoded_words_hold_whole_graphemes_and_stay_short() {

@@ -97,6 +97,9 @@ pub struct Options {
     pub republish_after: Duration,
     /// Workers get their own pool of this size (else they share the platform's).
     pub worker_pool_size: Option<u32>,
+    /// The email worker sends to the simulator's SMTP server (rejections by recipient
+    /// name) instead of MailDev.
+    pub smtp_sim: bool,
 }
 
 impl Default for Options {
@@ -108,6 +111,7 @@ impl Default for Options {
             concurrency: 8,
             republish_after: Duration::from_secs(2),
             worker_pool_size: None,
+            smtp_sim: false,
         }
     }
 }
@@ -123,6 +127,9 @@ pub struct Platform {
     pub sim_url: String,
     /// Base URL of the in-process `http-api`.
     pub http_url: String,
+    /// The simulator's SMTP server and its URL.
+    pub smtp_sim: provider_sim::smtp::SmtpSim,
+    pub smtp_sim_url: String,
     pub http: reqwest::Client,
     pub opts: Options,
     shutdown: CancellationToken,
@@ -233,6 +240,15 @@ impl Platform {
             .unwrap()
             .connect_lazy();
 
+        // The simulator's SMTP server.
+        let smtp_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let smtp_sim_url = format!("smtp://{}", smtp_listener.local_addr().unwrap());
+        let smtp_sim = provider_sim::smtp::SmtpSim::default();
+        let (sim2, s) = (smtp_sim.clone(), shutdown.clone());
+        tasks.push(tokio::spawn(
+            async move { sim2.serve(smtp_listener, s).await },
+        ));
+
         // The HTTP service (LINE webhook, unsubscribe).
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http_url = format!("http://{}", listener.local_addr().unwrap());
@@ -254,6 +270,8 @@ impl Platform {
             grpc,
             sim_url,
             http_url,
+            smtp_sim,
+            smtp_sim_url,
             http: reqwest::Client::new(),
             opts: opts.clone(),
             shutdown,
@@ -310,7 +328,11 @@ impl Platform {
             Channel::Email => {
                 let sender = Arc::new(
                     worker_email::EmailSender::new(worker_email::EmailConfig {
-                        smtp_url: self.stack.smtp_url.clone(),
+                        smtp_url: if self.opts.smtp_sim {
+                            self.smtp_sim_url.clone()
+                        } else {
+                            self.stack.smtp_url.clone()
+                        },
                         from: lettre::message::Mailbox::new(
                             Some("ฝ่ายบริการลูกค้า, ร้านตัวอย่าง".into()),
                             "noreply@example.test".parse().unwrap(),
