@@ -1299,3 +1299,43 @@ async fn a_revoked_fcm_access_token_is_replaced_and_the_push_retried() {
     );
     p.stop().await;
 }
+
+/// A burst of 60 LINE deliveries with a limit of 20 calls a second reaches LINE spread
+/// over at least two seconds, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_is_spread_to_the_providers_rate_limit() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![notify_core::Channel::Line],
+        concurrency: 32,
+        rate_limits: [("line".to_string(), 20)].into(),
+        ..Default::default()
+    })
+    .await;
+    p.add_type("news", &["line"]).await;
+    let mut users = Vec::new();
+    for _ in 0..60 {
+        let u = uniq("u");
+        p.add_recipient(&u, "", "", &line_id()).await;
+        users.push(u);
+    }
+    let refs: Vec<&str> = users.iter().map(String::as_str).collect();
+    let ev = p.send("burst", "news", &refs).await;
+    let done = p.wait_final(&ev.event_id, 60).await;
+    assert!(
+        done.deliveries
+            .iter()
+            .all(|d| d.status == "sent" && d.attempts == 1)
+    );
+    let mut at: Vec<chrono::DateTime<chrono::Utc>> = p
+        .sim_requests("line")
+        .await
+        .iter()
+        .map(|r| r["received_at"].as_str().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(at.len(), 60);
+    at.sort();
+    let span = (at[59] - at[0]).num_milliseconds();
+    // 20 at once, then one every 50 ms: the 60th starts 2 s after the first.
+    assert!(span >= 1900, "60 calls within {span} ms");
+    p.stop().await;
+}

@@ -11,6 +11,7 @@
 
 pub mod batch;
 pub mod http;
+pub mod limit;
 
 use batch::Batcher;
 use futures_util::StreamExt;
@@ -67,12 +68,39 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// This instance's name, recorded on every attempt.
     pub worker_id: String,
+    /// Most provider calls per second of this process, per provider (`line`, `fcm`,
+    /// `apns`, `webpush`, `smtp`, `inbox`); providers not named are not limited.
+    pub rate_limits: std::collections::BTreeMap<String, u32>,
+}
+
+/// Default [`WorkerConfig::rate_limits`]: LINE allows 2,000 push requests a second per
+/// channel (LINE Messaging API reference, rate limits), so one process takes half; FCM's
+/// default quota is 600,000 messages a minute per project (10,000/s), so one process takes
+/// half of that.
+pub const DEFAULT_RATE_LIMITS: &str = "line=1000,fcm=5000";
+
+/// Parses `provider=per_second,...` (e.g. `line=1000,fcm=5000`; empty = no limits).
+pub fn parse_rate_limits(s: &str) -> Result<std::collections::BTreeMap<String, u32>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (name, n) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not provider=per_second"))?;
+            match n.trim().parse::<u32>() {
+                Ok(n) if n > 0 => Ok((name.trim().to_string(), n)),
+                _ => Err(format!("{pair:?}: the rate must be a whole number above 0")),
+            }
+        })
+        .collect()
 }
 
 impl WorkerConfig {
     /// Reads `NOTIFY_AMQP_URL` (required), `NOTIFY_AMQP_PREFIX` (""),
     /// `NOTIFY_WORKER_CONCURRENCY` (16), `NOTIFY_LEASE` (60s), `NOTIFY_RETRY_DELAYS`
-    /// (30s,2m,10m,1h,6h), `NOTIFY_SHUTDOWN_GRACE` (30s), `NOTIFY_WORKER_ID` (`$HOSTNAME-pid`). The attempt budget is the
+    /// (30s,2m,10m,1h,6h), `NOTIFY_SHUTDOWN_GRACE` (30s), `NOTIFY_WORKER_ID` (`$HOSTNAME-pid`),
+    /// `NOTIFY_RATE_LIMITS` ([`DEFAULT_RATE_LIMITS`]; calls per second per process). The attempt budget is the
     /// delivery's own `max_attempts`, set by ingest.
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
@@ -98,7 +126,13 @@ impl WorkerConfig {
             std::process::id()
         );
         let worker_id = env.string("NOTIFY_WORKER_ID", &default_id);
+        let rate_limits = env.parse_with(
+            "NOTIFY_RATE_LIMITS",
+            parse_rate_limits(DEFAULT_RATE_LIMITS).expect("valid defaults"),
+            parse_rate_limits,
+        );
         Self {
+            rate_limits,
             amqp_url,
             topology: Topology::new(prefix),
             concurrency,
@@ -140,8 +174,9 @@ pub async fn run<S: ChannelSender>(
 ) -> Result<(), WorkerError> {
     let mut backoff = Duration::from_millis(200);
     let db = DbBatches::start(&pool, sender.channel(), cfg.lease);
+    let limits = Arc::new(limit::RateLimits::new(&cfg.rate_limits));
     loop {
-        match run_connected(&cfg, &pool, &sender, &db, &shutdown).await {
+        match run_connected(&cfg, &pool, &sender, &db, &limits, &shutdown).await {
             Ok(()) => return Ok(()),
             Err(e) => {
                 error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "broker connection failed; reconnecting");
@@ -160,6 +195,7 @@ async fn run_connected<S: ChannelSender>(
     pool: &PgPool,
     sender: &Arc<S>,
     db: &DbBatches,
+    limits: &Arc<limit::RateLimits>,
     shutdown: &CancellationToken,
 ) -> Result<(), WorkerError> {
     let channel = sender.channel();
@@ -187,6 +223,7 @@ async fn run_connected<S: ChannelSender>(
         sender: sender.clone(),
         cfg: cfg.clone(),
         db: db.clone(),
+        limits: limits.clone(),
     });
     let mut failure = None;
     let mut ended = false;
@@ -252,6 +289,7 @@ struct Ctx<S> {
     sender: Arc<S>,
     cfg: WorkerConfig,
     db: DbBatches,
+    limits: Arc<limit::RateLimits>,
 }
 
 /// The worker's batched database calls: claims of one channel, and attempt records.
@@ -381,7 +419,12 @@ impl<S: ChannelSender> Ctx<S> {
     }
 
     async fn send_with_heartbeat(&self, job: &DeliveryJob) -> AttemptOutcome {
-        let send = self.sender.send(job);
+        // The wait for the provider's rate limit counts as part of the call, under the
+        // same lease heartbeat.
+        let send = async {
+            self.limits.wait(&job.provider).await;
+            self.sender.send(job).await
+        };
         tokio::pin!(send);
         let mut beat = tokio::time::interval(self.cfg.lease / 3);
         beat.tick().await;

@@ -48,7 +48,7 @@ pub struct ApnsConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ApnsSetupError {
     /// The key is not an EC P-256 PKCS #8 PEM.
-    #[error("the APNs key is not an EC (P-256) PKCS #8 PEM: {0}")]
+    #[error("NOTIFY_APNS_KEY_FILE is not an EC (P-256) PKCS #8 PEM key: {0}")]
     Key(#[from] jsonwebtoken::errors::Error),
     /// The HTTP client could not be built.
     #[error("HTTP client: {0}")]

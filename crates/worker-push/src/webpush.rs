@@ -55,7 +55,7 @@ pub struct WebPushConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum WebPushSetupError {
     /// The VAPID key is not an EC P-256 PKCS #8 PEM.
-    #[error("the VAPID key is not an EC (P-256) PKCS #8 PEM: {0}")]
+    #[error("NOTIFY_VAPID_PRIVATE_KEY_FILE is not an EC (P-256) PKCS #8 PEM key: {0}")]
     Key(String),
     /// The contact is not a mailto: or https: URI.
     #[error("NOTIFY_VAPID_SUBJECT={0:?} must be a mailto: or https: URI (RFC 8292 §2.1)")]

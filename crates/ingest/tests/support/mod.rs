@@ -100,6 +100,8 @@ pub struct Options {
     /// The email worker sends to the simulator's SMTP server (rejections by recipient
     /// name) instead of MailDev.
     pub smtp_sim: bool,
+    /// Provider calls per second per worker (none by default).
+    pub rate_limits: std::collections::BTreeMap<String, u32>,
 }
 
 impl Default for Options {
@@ -112,6 +114,7 @@ impl Default for Options {
             republish_after: Duration::from_secs(2),
             worker_pool_size: None,
             smtp_sim: false,
+            rate_limits: Default::default(),
         }
     }
 }
@@ -299,6 +302,7 @@ impl Platform {
             },
             shutdown_grace: Duration::from_secs(10),
             worker_id: "test-worker".into(),
+            rate_limits: self.opts.rate_limits.clone(),
         }
     }
 
