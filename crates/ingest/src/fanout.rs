@@ -7,7 +7,7 @@
 
 use crate::grpc::new_deliveries;
 use notify_core::Channel;
-use notify_core::plan::plan;
+use notify_core::plan::{merge_line_multicast, plan};
 use notify_store::PgPool;
 use notify_store::events::{self, FanoutJob};
 use std::time::Duration;
@@ -85,7 +85,10 @@ async fn fan_out(
         let done = (users.len() as i64) < BATCH;
         let next = users.last().cloned().unwrap_or_else(|| cursor.clone());
         let facts = notify_store::catalog::load_recipient_facts(&mut tx, &ty.key, &users).await?;
-        let (planned, skipped) = plan(job.event_id, ty.critical, &channels, &facts);
+        let (mut planned, skipped) = plan(job.event_id, ty.critical, &channels, &facts);
+        if job.line_multicast {
+            planned = merge_line_multicast(job.event_id, &cursor, planned);
+        }
         events::insert_deliveries(
             &mut tx,
             job.event_id,

@@ -120,7 +120,8 @@ pub fn new_deliveries(
             // Time-ordered (RFC 9562 version 7): new rows land at the right edge of the
             // primary-key index instead of on random pages.
             id: Uuid::now_v7(),
-            retry_key: (p.provider == Provider::Line).then(Uuid::new_v4),
+            retry_key: matches!(p.provider, Provider::Line | Provider::LineMulticast)
+                .then(Uuid::new_v4),
             plan: p,
             max_attempts,
         })
@@ -185,6 +186,7 @@ impl Services {
             content: content_from_pb(r.content),
             channels: r.channels,
             topic: r.topic,
+            line_multicast: r.line_multicast,
         })
         .map_err(ApiError::Invalid)?;
         let event_key = event.event_key.clone();

@@ -174,3 +174,113 @@ async fn topic_calls_validate_their_input() {
     assert_eq!(p.count("notification_events").await, 0);
     p.stop().await;
 }
+
+/// A topic event with `line_multicast`: LINE goes out in multicast calls of at most 500
+/// ids, one delivery and one retry key per call, every LINE-reachable subscriber in
+/// exactly one accepted call; a 500 on a batch is retried with the same retry key; users
+/// without a LINE id or who blocked the account are still skipped one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn line_multicast_sends_topic_broadcasts_in_batches_of_at_most_500() {
+    let p = Platform::start_with(Options {
+        workers: vec![notify_core::Channel::Line],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("promo", &["line"]).await;
+    p.topics()
+        .create_topic(pb::CreateTopicRequest {
+            key: "shop.promotions".into(),
+        })
+        .await
+        .unwrap();
+    let users: Vec<String> = (0..1_200).map(|i| format!("user-{i:06}")).collect();
+    subscribe_many(&p, "shop.promotions", &users).await;
+    // Everyone but every 40th user has a LINE id; user-000001 blocked the account.
+    let line_of = |i: usize| format!("U{:032x}", i + 1);
+    let with_line: Vec<usize> = (0..1_200).filter(|i| i % 40 != 39).collect();
+    sqlx::query(
+        "INSERT INTO recipients (user_id, line_user_id)
+         SELECT u, CASE WHEN l = '' THEN NULL ELSE l END FROM UNNEST($1::text[], $2::text[]) AS t(u, l)",
+    )
+    .bind(&users)
+    .bind(
+        (0..1_200)
+            .map(|i| if i % 40 == 39 { String::new() } else { line_of(i) })
+            .collect::<Vec<_>>(),
+    )
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    sqlx::query("INSERT INTO line_followers (line_user_id, following, changed_at) VALUES ($1, false, now())")
+        .bind(line_of(1))
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    p.sim_fault(serde_json::json!({"provider": "line", "status": 500, "times": 1}))
+        .await;
+
+    let mut req = p.event("promo:multicast", "promo", &[]);
+    req.topic = "shop.promotions".into();
+    req.line_multicast = true;
+    let reply = p.ingest().create_event(req).await.unwrap().into_inner();
+    wait_fanout_done(&p, &reply.event_id).await;
+    let done = p.wait_final(&reply.event_id, 60).await;
+    // Page 1 (1,000 users): 974 reachable -> 500 + 474; page 2 (200): 195 -> 195.
+    let sizes: Vec<(String, u32)> = done
+        .deliveries
+        .iter()
+        .map(|d| (d.provider.clone(), d.attempts))
+        .collect();
+    assert_eq!(done.deliveries.len(), 3, "{sizes:?}");
+    assert!(
+        done.deliveries
+            .iter()
+            .all(|d| d.status == "sent" && d.provider == "line_multicast")
+    );
+    assert_eq!(
+        done.deliveries.iter().map(|d| d.attempts).sum::<u32>(),
+        4,
+        "one batch retried once"
+    );
+    let reasons: Vec<&str> = done.skipped.iter().map(|s| s.reason.as_str()).collect();
+    assert_eq!(
+        reasons.iter().filter(|r| **r == "no_line_user_id").count(),
+        30
+    );
+    assert_eq!(
+        reasons.iter().filter(|r| **r == "line_unfollowed").count(),
+        1
+    );
+
+    let calls = p.sim_requests("line").await;
+    assert!(
+        calls
+            .iter()
+            .all(|c| c["path"] == "/v2/bot/message/multicast")
+    );
+    assert_eq!(calls.len(), 4);
+    let failed = calls.iter().find(|c| c["status"] == 500).unwrap();
+    let retried: Vec<_> = calls
+        .iter()
+        .filter(|c| c["headers"]["x-line-retry-key"] == failed["headers"]["x-line-retry-key"])
+        .collect();
+    assert_eq!(retried.len(), 2, "the retry carries the batch's retry key");
+    let mut reached: Vec<String> = Vec::new();
+    for c in calls.iter().filter(|c| c["status"] == 200) {
+        let to = c["body"]["to"].as_array().unwrap();
+        assert!(to.len() <= 500);
+        reached.extend(to.iter().map(|v| v.as_str().unwrap().to_string()));
+    }
+    reached.sort();
+    let mut expected: Vec<String> = with_line
+        .iter()
+        .filter(|&&i| i != 1)
+        .map(|&i| line_of(i))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        reached, expected,
+        "every reachable subscriber in exactly one accepted call"
+    );
+    p.stop().await;
+}

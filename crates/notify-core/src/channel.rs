@@ -77,6 +77,8 @@ pub enum Provider {
     Apns,
     /// A Web Push service (RFC 8030).
     WebPush,
+    /// LINE Messaging API multicast: one call for up to 500 LINE users.
+    LineMulticast,
 }
 
 impl Provider {
@@ -89,6 +91,7 @@ impl Provider {
             Provider::Fcm => "fcm",
             Provider::Apns => "apns",
             Provider::WebPush => "webpush",
+            Provider::LineMulticast => "line_multicast",
         }
     }
 

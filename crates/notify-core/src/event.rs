@@ -127,6 +127,8 @@ pub struct CreateEventInput {
     pub channels: Vec<String>,
     /// Topic whose subscribers receive the event, instead of `recipients`; empty = none.
     pub topic: String,
+    /// Topic events only: send LINE by multicast batches.
+    pub line_multicast: bool,
 }
 
 /// A validated event request.
@@ -148,6 +150,8 @@ pub struct NewEvent {
     pub channels: Vec<Channel>,
     /// Topic to broadcast to (then `recipients` is empty).
     pub topic: Option<String>,
+    /// LINE by multicast batches of up to 500 users (topic events only).
+    pub line_multicast: bool,
 }
 
 /// NFC-normalises an event key so that visually identical keys compare equal.
@@ -186,6 +190,12 @@ impl NewEvent {
             v.add(
                 "topic",
                 "must be 1 to 64 characters of [a-z0-9_.-] starting with a letter",
+            );
+        }
+        if input.line_multicast && topic.is_none() {
+            v.add(
+                "line_multicast",
+                "needs a topic (multicast is for topic broadcasts)",
             );
         }
         let mut recipients: Vec<String> = Vec::with_capacity(input.recipients.len());
@@ -275,6 +285,7 @@ impl NewEvent {
             content: input.content,
             channels,
             topic,
+            line_multicast: input.line_multicast,
         })
     }
 
@@ -295,6 +306,11 @@ impl NewEvent {
             "channels": self.channels.iter().map(|c| c.as_str()).collect::<Vec<_>>(),
             "topic": self.topic,
         });
+        let mut canonical = canonical;
+        // Only when set, so fingerprints of events without it stay as they were.
+        if self.line_multicast {
+            canonical["line_multicast"] = serde_json::json!(true);
+        }
         Sha256::digest(canonical.to_string().as_bytes()).into()
     }
 }
@@ -317,6 +333,7 @@ mod tests {
             },
             channels: vec![],
             topic: String::new(),
+            line_multicast: false,
         }
     }
 
@@ -392,6 +409,13 @@ mod tests {
         i.recipients.clear();
         i.topic = "Bad Topic".into();
         assert_eq!(fields(&NewEvent::parse(i).unwrap_err()), ["topic"]);
+        let mut i = input();
+        i.line_multicast = true;
+        assert_eq!(
+            fields(&NewEvent::parse(i).unwrap_err()),
+            ["line_multicast"],
+            "multicast needs a topic"
+        );
     }
 
     #[test]

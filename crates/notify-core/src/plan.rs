@@ -210,6 +210,39 @@ pub fn plan(
     (planned, skipped)
 }
 
+/// Most LINE users per multicast call (LINE Messaging API reference, "Send multicast
+/// message": `to` holds up to 500 user ids).
+pub const LINE_MULTICAST_MAX: usize = 500;
+
+/// Replaces the per-recipient LINE deliveries in `planned` with multicast batches of up
+/// to [`LINE_MULTICAST_MAX`] LINE user ids, in order. Each batch is one delivery: provider
+/// `line_multicast`, `address` = the ids joined with `,`, `user_id` =
+/// `line-multicast:<first user>+<others>`, idempotency key
+/// `<event id>/line-multicast/<page>/<n>`. `page` names this planning run (the fan-out
+/// page's cursor), so planning the same page again yields the same keys. Other deliveries
+/// are kept as they are, before the batches.
+pub fn merge_line_multicast(
+    event_id: Uuid,
+    page: &str,
+    planned: Vec<PlannedDelivery>,
+) -> Vec<PlannedDelivery> {
+    let (line, mut out): (Vec<_>, Vec<_>) = planned
+        .into_iter()
+        .partition(|d| d.provider == Provider::Line);
+    for (n, batch) in line.chunks(LINE_MULTICAST_MAX).enumerate() {
+        let ids: Vec<&str> = batch.iter().filter_map(|d| d.address.as_deref()).collect();
+        out.push(PlannedDelivery {
+            user_id: format!("line-multicast:{}+{}", batch[0].user_id, batch.len() - 1),
+            channel: Channel::Line,
+            provider: Provider::LineMulticast,
+            endpoint_id: None,
+            address: Some(ids.join(",")),
+            idempotency_key: format!("{event_id}/line-multicast/{page}/{n}"),
+        });
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +287,43 @@ mod tests {
         assert_eq!(keys.len(), 5, "idempotency keys are distinct");
         assert_eq!(p[1].address.as_deref(), Some("somchai@example.test"));
         assert_eq!(p[2].endpoint_id, Some(Uuid::from_u128(1)));
+    }
+
+    #[test]
+    fn line_deliveries_become_multicast_batches_of_at_most_500() {
+        let users: Vec<RecipientFacts> = (0..1001)
+            .map(|i| RecipientFacts {
+                user_id: format!("u{i:04}"),
+                exists: true,
+                line_user_id: Some(format!("U{i:032x}")),
+                ..Default::default()
+            })
+            .collect();
+        let ev = Uuid::from_u128(9);
+        let (planned, _) = plan(ev, false, &[Channel::InApp, Channel::Line], &users);
+        let merged = merge_line_multicast(ev, "u0000", planned);
+        let inapp = merged
+            .iter()
+            .filter(|d| d.channel == Channel::InApp)
+            .count();
+        let batches: Vec<_> = merged
+            .iter()
+            .filter(|d| d.provider == Provider::LineMulticast)
+            .collect();
+        assert_eq!(inapp, 1001);
+        assert_eq!(batches.len(), 3);
+        let sizes: Vec<usize> = batches
+            .iter()
+            .map(|b| b.address.as_ref().unwrap().split(',').count())
+            .collect();
+        assert_eq!(sizes, [500, 500, 1]);
+        assert_eq!(batches[2].user_id, "line-multicast:u1000+0");
+        let again = merge_line_multicast(ev, "u0000", plan(ev, false, &[Channel::Line], &users).0);
+        assert_eq!(
+            again,
+            batches.into_iter().cloned().collect::<Vec<_>>(),
+            "stable keys"
+        );
     }
 
     #[test]

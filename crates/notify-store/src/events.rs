@@ -82,18 +82,20 @@ pub async fn insert_events(
         .map(|b| b.event.fingerprint().to_vec())
         .collect();
     let topics: Vec<Option<&str>> = batch.iter().map(|b| b.event.topic.as_deref()).collect();
+    let multicast: Vec<bool> = batch.iter().map(|b| b.event.line_multicast).collect();
     let inserted: Vec<String> = sqlx::query_scalar(
         "INSERT INTO notification_events
              (id, event_key, type, actor_id, recipients, payload_json, content_json, channels,
-              fingerprint, topic, fanout_status)
+              fingerprint, topic, fanout_status, line_multicast)
          SELECT t.id, t.key, t.type, t.actor,
                 ARRAY(SELECT jsonb_array_elements_text(t.recipients)), t.payload, t.content,
                 ARRAY(SELECT jsonb_array_elements_text(t.channels)), t.fingerprint, t.topic,
-                CASE WHEN t.topic IS NULL THEN 'none' ELSE 'pending' END
+                CASE WHEN t.topic IS NULL THEN 'none' ELSE 'pending' END, t.multicast
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::jsonb[],
-                     $7::jsonb[], $8::jsonb[], $9::bytea[], $10::text[])
+                     $7::jsonb[], $8::jsonb[], $9::bytea[], $10::text[], $11::bool[])
               WITH ORDINALITY
-              AS t(id, key, type, actor, recipients, payload, content, channels, fingerprint, topic, n)
+              AS t(id, key, type, actor, recipients, payload, content, channels, fingerprint, topic,
+                   multicast, n)
          ORDER BY t.n
          ON CONFLICT (event_key) DO NOTHING
          RETURNING event_key",
@@ -108,6 +110,7 @@ pub async fn insert_events(
     .bind(&channels)
     .bind(&fingerprints)
     .bind(&topics)
+    .bind(&multicast)
     .fetch_all(&mut *db)
     .await?;
     if inserted.len() == batch.len() {
@@ -444,6 +447,8 @@ pub struct FanoutJob {
     pub channels: Vec<String>,
     /// Last subscriber planned.
     pub cursor: String,
+    /// LINE by multicast batches.
+    pub line_multicast: bool,
 }
 
 /// Claims the oldest topic event whose fan-out is pending and not held by a live replica,
@@ -458,7 +463,7 @@ pub async fn claim_fanout(
                WHERE fanout_status = 'pending' AND (fanout_locked_until IS NULL OR fanout_locked_until < now())
                ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED) due
          WHERE e.id = due.id
-         RETURNING e.id, e.type, e.topic, e.channels, e.fanout_cursor",
+         RETURNING e.id, e.type, e.topic, e.channels, e.fanout_cursor, e.line_multicast",
     )
     .bind(hold.as_millis() as i64)
     .fetch_optional(db)
@@ -469,6 +474,7 @@ pub async fn claim_fanout(
         topic: r.get("topic"),
         channels: r.get("channels"),
         cursor: r.get("fanout_cursor"),
+        line_multicast: r.get("line_multicast"),
     }))
 }
 

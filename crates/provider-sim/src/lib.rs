@@ -5,7 +5,8 @@
 //! Provider endpoints:
 //! - `POST /v2/bot/message/push`: LINE Messaging API push (bearer channel token,
 //!   `X-Line-Retry-Key` dedup with 409 + `x-line-accepted-request-id`, 1 to 5 messages,
-//!   text at most 5,000 UTF-16 units, `to` a LINE user id).
+//!   text at most 5,000 UTF-16 units, `to` a LINE user id);
+//!   `POST /v2/bot/message/multicast`: the same with `to` 1 to 500 user ids, answered `{}`.
 //! - `POST /token`: Google OAuth2 JWT-bearer grant (RFC 7523) for the FCM service account;
 //!   the assertion must be RS256-signed by the configured key.
 //! - `POST /v1/projects/{project}/messages:send`: FCM HTTP v1 send (bearer token from
@@ -233,6 +234,7 @@ pub fn router(cfg: SimConfig) -> Router {
         .route("/_sim/latency", post(set_latency).delete(clear_latency))
         .route("/_sim/tokens", axum::routing::delete(revoke_tokens))
         .route("/v2/bot/message/push", post(line_push))
+        .route("/v2/bot/message/multicast", post(line_multicast))
         .route("/token", post(oauth_token))
         .route("/v1/projects/{project}/messages:send", post(fcm_send))
         .route("/3/device/{token}", post(apns_send))
@@ -362,14 +364,32 @@ fn is_line_user_id(s: &str) -> bool {
     s.len() == 33 && s.starts_with('U') && s[1..].chars().all(|c| c.is_ascii_hexdigit())
 }
 
-/// Checks a LINE push body; `Err` carries LINE's 400 answer.
-fn check_line_body(body: &Value) -> Result<(), Value> {
+/// Checks a LINE push (`to` one user id) or multicast (`to` 1 to 500 user ids) body;
+/// `Err` carries LINE's 400 answer.
+fn check_line_messages(multicast: bool, body: &Value) -> Result<(), Value> {
     let bad = |msg: &str, details: Value| Err(json!({"message": msg, "details": details}));
-    let Some(to) = body["to"].as_str() else {
-        return bad(
-            "The request body has 1 error(s)",
-            json!([{"message": "must be specified", "property": "to"}]),
-        );
+    let to: Vec<&str> = if multicast {
+        match body["to"].as_array() {
+            Some(ids) if (1..=500).contains(&ids.len()) => {
+                ids.iter().map(|v| v.as_str().unwrap_or("")).collect()
+            }
+            _ => {
+                return bad(
+                    "The request body has 1 error(s)",
+                    json!([{"message": "Size must be between 1 and 500", "property": "to"}]),
+                );
+            }
+        }
+    } else {
+        match body["to"].as_str() {
+            Some(to) => vec![to],
+            None => {
+                return bad(
+                    "The request body has 1 error(s)",
+                    json!([{"message": "must be specified", "property": "to"}]),
+                );
+            }
+        }
     };
     let Some(messages) = body["messages"].as_array() else {
         return bad(
@@ -401,7 +421,13 @@ fn check_line_body(body: &Value) -> Result<(), Value> {
             );
         }
     }
-    if !is_line_user_id(to) {
+    if let Some(i) = to.iter().position(|id| !is_line_user_id(id)) {
+        if multicast {
+            return bad(
+                "The request body has 1 error(s)",
+                json!([{"message": "The value must be a valid user ID", "property": format!("to[{i}]")}]),
+            );
+        }
         return bad("Failed to send messages", json!([]));
     }
     Ok(())
@@ -412,11 +438,33 @@ async fn line_push(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
+    line_send(sim, headers, body, false).await
+}
+
+/// `POST /v2/bot/message/multicast`: up to 500 user ids, answered `{}` as a whole.
+async fn line_multicast(
+    State(sim): State<Sim>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    line_send(sim, headers, body, true).await
+}
+
+async fn line_send(
+    sim: Sim,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+    multicast: bool,
+) -> Response {
     sim.latency("line").await;
     let body = json_body(&body);
     let request_id = Uuid::new_v4().simple().to_string();
     let mut extra = vec![("x-line-request-id", request_id.clone())];
-    let path = "/v2/bot/message/push";
+    let path = if multicast {
+        "/v2/bot/message/multicast"
+    } else {
+        "/v2/bot/message/push"
+    };
     let (status, resp) = 'done: {
         if bearer(&headers) != Some(sim.cfg.line_channel_token.as_str()) {
             break 'done (
@@ -450,10 +498,17 @@ async fn line_push(
                 );
             }
         }
-        if let Err(e) = check_line_body(&body) {
+        if let Err(e) = check_line_messages(multicast, &body) {
             break 'done (400, e);
         }
-        let target = body["to"].as_str().unwrap_or_default().to_string();
+        let target = match &body["to"] {
+            Value::Array(ids) => ids
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(","),
+            to => to.as_str().unwrap_or_default().to_string(),
+        };
         let fault = sim.take_fault("line", &target);
         // A (possibly slow) success accepts the retry key as soon as the request arrives.
         if fault
@@ -470,6 +525,9 @@ async fn line_push(
         if let Some(f) = fault {
             sim.record("line", path, &headers, &body, f.status);
             return apply_fault(f, extra).await;
+        }
+        if multicast {
+            break 'done (200, json!({}));
         }
         let sent: Vec<Value> = body["messages"]
             .as_array()
@@ -905,14 +963,27 @@ mod tests {
     #[test]
     fn line_body_rules() {
         let ok = json!({"to": "U0123456789abcdef0123456789abcdef", "messages": [{"type": "text", "text": "สวัสดี"}]});
-        assert!(check_line_body(&ok).is_ok());
+        assert!(check_line_messages(false, &ok).is_ok());
         let too_many = json!({"to": "U0123456789abcdef0123456789abcdef", "messages": vec![json!({"type":"text","text":"a"}); 6]});
-        assert!(check_line_body(&too_many).is_err());
+        assert!(check_line_messages(false, &too_many).is_err());
         let long = json!({"to": "U0123456789abcdef0123456789abcdef", "messages": [{"type": "text", "text": "😀".repeat(2501)}]});
-        assert!(check_line_body(&long).is_err(), "5,002 UTF-16 units");
+        assert!(
+            check_line_messages(false, &long).is_err(),
+            "5,002 UTF-16 units"
+        );
+        let id = "U0123456789abcdef0123456789abcdef";
+        let many = json!({"to": vec![id; 500], "messages": [{"type": "text", "text": "x"}]});
+        assert!(check_line_messages(true, &many).is_ok());
+        let too_many = json!({"to": vec![id; 501], "messages": [{"type": "text", "text": "x"}]});
+        assert!(check_line_messages(true, &too_many).is_err());
+        let one_bad = json!({"to": [id, "user-1"], "messages": [{"type": "text", "text": "x"}]});
+        assert_eq!(
+            check_line_messages(true, &one_bad).unwrap_err()["details"][0]["property"],
+            "to[1]"
+        );
         let unknown = json!({"to": "user-1", "messages": [{"type": "text", "text": "x"}]});
         assert_eq!(
-            check_line_body(&unknown).unwrap_err()["message"],
+            check_line_messages(false, &unknown).unwrap_err()["message"],
             "Failed to send messages"
         );
     }

@@ -8,6 +8,11 @@
 //! Text longer than one text object allows is split at grapheme-cluster boundaries into
 //! up to five text objects of one push (LINE allows 1 to 5 messages per push); longer
 //! text fails permanently with `content_too_long`.
+//!
+//! A delivery of provider `line_multicast` (a topic event sent with `line_multicast`)
+//! holds up to 500 LINE user ids and goes to `POST {base}/v2/bot/message/multicast` with
+//! `"to": [ids]` and its own retry key. LINE answers `{}` for the whole batch: it states
+//! no per-recipient result, so the batch is sent or failed as one delivery.
 
 use notify_core::text::split_utf16;
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
@@ -92,17 +97,27 @@ impl ChannelSender for LineSender {
             .iter()
             .map(|p| json!({"type": "text", "text": p}))
             .collect();
-        let body = json!({
-            "to": job.address,
-            "messages": messages,
-        });
-        let content = json!({"retry_key": retry_key, "request": body});
-        let Some(_) = job.address.as_deref() else {
-            return AttemptOutcome::failed(ErrorClass::Permanent, "no_line_user_id", content);
+        let multicast = job.provider == "line_multicast";
+        let body = if multicast {
+            let to: Vec<&str> = job
+                .address
+                .as_deref()
+                .unwrap_or("")
+                .split(',')
+                .filter(|id| !id.is_empty())
+                .collect();
+            json!({"to": to, "messages": messages})
+        } else {
+            json!({"to": job.address, "messages": messages})
         };
+        let content = json!({"retry_key": retry_key, "request": body});
+        if job.address.as_deref().unwrap_or("").is_empty() {
+            return AttemptOutcome::failed(ErrorClass::Permanent, "no_line_user_id", content);
+        }
         let url = format!(
-            "{}/v2/bot/message/push",
-            self.cfg.api_base.trim_end_matches('/')
+            "{}/v2/bot/message/{}",
+            self.cfg.api_base.trim_end_matches('/'),
+            if multicast { "multicast" } else { "push" }
         );
         let request = self
             .http

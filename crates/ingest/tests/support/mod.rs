@@ -533,6 +533,7 @@ impl Platform {
             }),
             channels: vec![],
             topic: String::new(),
+            line_multicast: false,
         }
     }
 
