@@ -1339,3 +1339,46 @@ async fn a_burst_is_spread_to_the_providers_rate_limit() {
     assert!(span >= 1900, "60 calls within {span} ms");
     p.stop().await;
 }
+
+/// Accept-then-time-out on LINE: LINE accepts the push but the answer never arrives in
+/// time; the retry carries the same retry key, LINE answers 409, the delivery ends `sent`
+/// and the user saw one message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_push_accepted_then_timed_out_ends_sent_with_one_message() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![notify_core::Channel::Line],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, lid) = (uniq("u"), line_id());
+    p.add_recipient(&u, "", "", &lid).await;
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": lid, "status": 200,
+                       "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 7000, "times": 1}),
+    )
+    .await;
+    let ev = p.send("line-slow", "order_paid", &[&u]).await;
+    let done = p.wait_final(&ev.event_id, 30).await;
+    let d = &done.deliveries[0];
+    assert_eq!((d.status.as_str(), d.attempts), ("sent", 2), "{d:?}");
+    let calls = p.sim_requests("line").await;
+    let statuses: Vec<u64> = calls
+        .iter()
+        .map(|c| c["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        [200, 409],
+        "accepted once; the resend is refused as a duplicate"
+    );
+    let first: Option<String> = sqlx::query_scalar(
+        "SELECT error_code FROM delivery_attempts WHERE delivery_id = $1::uuid AND attempt = 1",
+    )
+    .bind(&d.delivery_id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(first.as_deref(), Some("line_timeout"));
+    p.stop().await;
+}

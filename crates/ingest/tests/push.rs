@@ -495,3 +495,123 @@ async fn thai_push_bodies_are_cut_to_each_providers_limit_byte_for_byte() {
     }
     p.stop().await;
 }
+
+/// FCM and APNs answers sorted by class against the simulator: 5xx and an expired APNs
+/// provider token retry, a timeout after the provider accepted is an ambiguous retry (the
+/// provider sees the message twice), other 4xx fail at once and keep the endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fcm_and_apns_errors_are_sorted_by_class() {
+    let p = push_platform().await;
+    p.add_type("order_paid", &["push"]).await;
+    let fcm_err = |status: u16, code: &str| {
+        json!({"error": {"code": status, "status": code, "message": "x",
+               "details": [{"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": code}]}})
+    };
+    // (name, platform, fault, status, attempts, first error code)
+    let cases: Vec<(&str, &str, Value, &str, u32, &str)> = vec![
+        (
+            "fcm503",
+            "fcm",
+            json!({"status": 503, "body": fcm_err(503, "UNAVAILABLE"), "times": 1}),
+            "sent",
+            2,
+            "fcm_unavailable",
+        ),
+        (
+            "fcmslow",
+            "fcm",
+            json!({"status": 200, "body": {"name": "projects/x/messages/1"}, "delay_ms": 6000, "times": 1}),
+            "sent",
+            2,
+            "fcm_timeout",
+        ),
+        (
+            "fcm400",
+            "fcm",
+            json!({"status": 400, "body": fcm_err(400, "INVALID_ARGUMENT")}),
+            "failed",
+            1,
+            "fcm_invalid_argument",
+        ),
+        (
+            "apns500",
+            "apns",
+            json!({"status": 500, "body": {"reason": "InternalServerError"}, "times": 1}),
+            "sent",
+            2,
+            "apns_500",
+        ),
+        (
+            "apnsslow",
+            "apns",
+            json!({"status": 200, "delay_ms": 6000, "times": 1}),
+            "sent",
+            2,
+            "apns_timeout",
+        ),
+        (
+            "apnsexpired",
+            "apns",
+            json!({"status": 403, "body": {"reason": "ExpiredProviderToken"}, "times": 1}),
+            "sent",
+            2,
+            "apns_expired_provider_token",
+        ),
+        (
+            "apns413",
+            "apns",
+            json!({"status": 413, "body": {"reason": "PayloadTooLarge"}}),
+            "failed",
+            1,
+            "payload_too_large",
+        ),
+        (
+            "apnstopic",
+            "apns",
+            json!({"status": 400, "body": {"reason": "BadTopic"}}),
+            "failed",
+            1,
+            "apns_bad_topic",
+        ),
+    ];
+    let mut users = Vec::new();
+    for (name, platform, fault, ..) in &cases {
+        let u = uniq(name);
+        p.add_recipient(&u, "", "", "").await;
+        let token = format!("{name}-tok-{u}");
+        let id = p.add_endpoint(&u, platform, &token).await;
+        let mut fault = fault.clone();
+        fault["provider"] = json!(platform);
+        fault["target_contains"] = json!(format!("{name}-tok-"));
+        p.sim_fault(fault).await;
+        users.push((u, id, token));
+    }
+    let all: Vec<&str> = users.iter().map(|(u, ..)| u.as_str()).collect();
+    let ev = p.send("push-errors", "order_paid", &all).await;
+    let done = p.wait_final(&ev.event_id, 60).await;
+    let calls = push_calls(&p).await;
+    for ((name, _, _, status, attempts, code), (_, id, token)) in cases.iter().zip(&users) {
+        let del = by_endpoint(&done, id);
+        assert_eq!(
+            (del.status.as_str(), del.attempts),
+            (*status, *attempts),
+            "{name}: {del:?}"
+        );
+        let first: Option<String> = sqlx::query_scalar(
+            "SELECT error_code FROM delivery_attempts WHERE delivery_id = $1::uuid AND attempt = 1",
+        )
+        .bind(&del.delivery_id)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+        assert_eq!(first.as_deref(), Some(*code), "{name}");
+        assert_eq!(
+            endpoint_state(&p, id).await.0,
+            "active",
+            "{name}: endpoint kept"
+        );
+        let seen = calls.iter().filter(|(_, t)| t == token).count();
+        assert_eq!(seen as u32, *attempts, "{name}: provider calls");
+    }
+    p.stop().await;
+}
