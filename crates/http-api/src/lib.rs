@@ -259,9 +259,14 @@ async fn unsubscribe(
             "names an unknown channel",
         );
     };
-    if let Err(e) =
-        notify_store::catalog::set_preference(&app.pool, &t.user_id, &t.type_key, channel, false)
-            .await
+    if let Err(e) = notify_store::catalog::set_preference(
+        &app.pool,
+        &t.user_id,
+        &t.type_key,
+        Some(channel),
+        false,
+    )
+    .await
     {
         return internal(e);
     }

@@ -85,7 +85,13 @@ async fn fan_out(
         let done = (users.len() as i64) < BATCH;
         let next = users.last().cloned().unwrap_or_else(|| cursor.clone());
         let facts = notify_store::catalog::load_recipient_facts(&mut tx, &ty.key, &users).await?;
-        let (mut planned, skipped) = plan(job.event_id, ty.critical, &channels, &facts);
+        let (mut planned, skipped) = plan(
+            job.event_id,
+            ty.critical,
+            &channels,
+            &facts,
+            chrono::Utc::now(),
+        );
         if job.line_multicast {
             planned = merge_line_multicast(job.event_id, &cursor, planned);
         }

@@ -75,17 +75,22 @@ fn delivery_to_pb(d: DeliveryRecord) -> pb::Delivery {
         last_error: d.last_error.unwrap_or_default(),
         provider_message_id: d.provider_message_id.unwrap_or_default(),
         sent_at: d.sent_at.map(ts),
+        deferred_until: d.deferred_until.map(ts),
+        decision: d.decision,
     }
 }
 
-fn skipped_to_pb(rows: Vec<(String, String, String)>) -> Vec<pb::SkippedDelivery> {
-    rows.into_iter()
-        .map(|(user_id, channel, reason)| pb::SkippedDelivery {
-            user_id,
-            channel,
-            reason,
-        })
-        .collect()
+fn skip_to_pb(s: events::SkipRecord) -> pb::SkippedDelivery {
+    pb::SkippedDelivery {
+        user_id: s.user_id,
+        channel: s.channel,
+        reason: s.reason,
+        decision: s.decision,
+    }
+}
+
+fn skipped_to_pb(rows: Vec<events::SkipRecord>) -> Vec<pb::SkippedDelivery> {
+    rows.into_iter().map(skip_to_pb).collect()
 }
 
 /// Most deliveries (and skipped pairs) in one reply.
@@ -236,6 +241,9 @@ impl Services {
                     .map(|e| e.to_string())
                     .unwrap_or_default(),
                 status: "pending".into(),
+                next_attempt_at: d.plan.deferred_until.map(ts),
+                deferred_until: d.plan.deferred_until.map(ts),
+                decision: d.plan.decision,
                 ..Default::default()
             })
             .collect();
@@ -256,9 +264,203 @@ impl Services {
                     user_id: s.user_id.clone(),
                     channel: s.channel.as_str().into(),
                     reason: s.reason.as_str().into(),
+                    decision: s.decision.clone(),
                 })
                 .collect(),
         })
+    }
+
+    async fn explain_delivery(
+        &self,
+        r: pb::ExplainDeliveryRequest,
+    ) -> Result<pb::ExplainDeliveryResponse, ApiError> {
+        let mut v = Violations::default();
+        let event_id = Uuid::parse_str(&r.event_id);
+        if event_id.is_err() {
+            v.add("event_id", "must be a UUID");
+        }
+        v.check_id("user_id", &r.user_id, 255);
+        let channel = r.channel.parse::<Channel>();
+        if let Err(e) = &channel {
+            v.add("channel", e.to_string());
+        }
+        v.into_result(()).map_err(ApiError::Invalid)?;
+        let (event_id, channel) = (event_id.expect("checked"), channel.expect("checked"));
+        let Some(event) = events::get_event(&self.pool, &EventSelector::Id(event_id)).await? else {
+            return Err(ApiError::NotFound {
+                kind: "event",
+                name: event_id.to_string(),
+            });
+        };
+        let mut trail = Vec::new();
+        let type_defaults = match catalog::get_type(&self.pool, &event.type_key).await? {
+            Some(t) => format!(
+                "type {}: priority {}, {}, {}, default channels {}",
+                t.key,
+                t.priority,
+                if t.critical {
+                    "critical (ignores opt-outs and quiet hours)"
+                } else {
+                    "not critical"
+                },
+                t.category,
+                t.default_channels
+                    .iter()
+                    .map(|c| c.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None => format!("type {}: no longer defined", event.type_key),
+        };
+        trail.push(type_defaults.clone());
+        let skipped = events::skip_of(&self.pool, event_id, &r.user_id, channel.as_str()).await?;
+        if let Some(s) = &skipped {
+            trail.extend(s.decision.lines().map(str::to_string));
+            trail.push(format!("skipped: {}", s.reason));
+        }
+        let mut deliveries = Vec::new();
+        for d in events::deliveries_of(&self.pool, event_id, &r.user_id, channel.as_str()).await? {
+            trail.extend(d.decision.lines().map(str::to_string));
+            let endpoint = match d.endpoint_id {
+                Some(ep) => events::endpoint_state(&self.pool, ep).await?,
+                None => String::new(),
+            };
+            if !endpoint.is_empty() {
+                trail.push(format!("endpoint now: {endpoint}"));
+            }
+            let attempts = events::attempts_of(&self.pool, d.id).await?;
+            for a in &attempts {
+                trail.push(format!(
+                    "attempt {}: {}{}{}",
+                    a.attempt,
+                    a.outcome,
+                    a.provider_status
+                        .map(|s| format!(", provider status {s}"))
+                        .unwrap_or_default(),
+                    a.error_code
+                        .as_deref()
+                        .map(|c| format!(", {c}"))
+                        .unwrap_or_default(),
+                ));
+            }
+            trail.push(format!("status: {}", d.status));
+            deliveries.push(pb::ExplainedDelivery {
+                endpoint,
+                attempts: attempts
+                    .into_iter()
+                    .map(|a| pb::Attempt {
+                        attempt: a.attempt.max(0) as u32,
+                        outcome: a.outcome,
+                        provider_status: a.provider_status.unwrap_or(0),
+                        error_code: a.error_code.unwrap_or_default(),
+                        provider_response: a.provider_response.unwrap_or_default(),
+                        content: a.content_json.map(|c| c.to_string()).unwrap_or_default(),
+                        started_at: Some(ts(a.started_at)),
+                        finished_at: Some(ts(a.finished_at)),
+                        worker_id: a.worker_id,
+                    })
+                    .collect(),
+                delivery: Some(delivery_to_pb(d)),
+            });
+        }
+        if skipped.is_none() && deliveries.is_empty() {
+            trail.push(if event.fanout_status == "pending" {
+                "not planned yet: the topic fan-out has not reached this user".into()
+            } else {
+                "no delivery and no skip: the user was not a recipient, or the channel was not used"
+                    .into()
+            });
+        }
+        Ok(pb::ExplainDeliveryResponse {
+            event_id: event_id.to_string(),
+            user_id: r.user_id,
+            channel: channel.as_str().into(),
+            type_defaults,
+            deliveries,
+            skipped: skipped.map(skip_to_pb),
+            trail,
+        })
+    }
+
+    async fn get_preferences(
+        &self,
+        r: pb::GetPreferencesRequest,
+    ) -> Result<pb::GetPreferencesResponse, ApiError> {
+        let mut v = Violations::default();
+        v.check_id("user_id", &r.user_id, 255);
+        v.into_result(()).map_err(ApiError::Invalid)?;
+        let Some(catalog::UserPreferences {
+            preferences: prefs,
+            quiet_hours: quiet,
+            timezone,
+        }) = catalog::get_preferences(&self.pool, &r.user_id).await?
+        else {
+            return Err(ApiError::NotFound {
+                kind: "recipient",
+                name: r.user_id,
+            });
+        };
+        Ok(pb::GetPreferencesResponse {
+            user_id: r.user_id,
+            preferences: prefs
+                .into_iter()
+                .map(|(t, channel, enabled)| pb::Preference {
+                    r#type: t,
+                    channel,
+                    enabled,
+                })
+                .collect(),
+            quiet_hours: quiet
+                .into_iter()
+                .map(|w| pb::QuietWindow {
+                    start: w.start,
+                    end: w.end,
+                    channels: w.channels.iter().map(|c| c.as_str().to_string()).collect(),
+                })
+                .collect(),
+            timezone,
+        })
+    }
+
+    async fn set_quiet_hours(
+        &self,
+        r: pb::SetQuietHoursRequest,
+    ) -> Result<pb::SetQuietHoursResponse, ApiError> {
+        let mut v = Violations::default();
+        v.check_id("user_id", &r.user_id, 255);
+        if r.windows.len() > 10 {
+            v.add("windows", "at most 10 windows");
+        }
+        let mut windows = Vec::new();
+        for (i, w) in r.windows.iter().enumerate() {
+            let mut channels = Vec::new();
+            for (j, c) in w.channels.iter().enumerate() {
+                match c.parse::<Channel>() {
+                    Ok(ch) => channels.push(ch),
+                    Err(e) => v.add(format!("windows[{i}].channels[{j}]"), e.to_string()),
+                }
+            }
+            let window = notify_core::quiet::QuietWindow {
+                start: w.start.clone(),
+                end: w.end.clone(),
+                channels,
+            };
+            if let Some(problem) = window.problem() {
+                v.add(format!("windows[{i}]"), problem);
+            }
+            windows.push(window);
+        }
+        v.into_result(()).map_err(ApiError::Invalid)?;
+        catalog::set_quiet_hours(&self.pool, &r.user_id, &windows)
+            .await
+            .map_err(|e| match e {
+                notify_store::StoreError::NotFound(_) => ApiError::NotFound {
+                    kind: "recipient",
+                    name: r.user_id.clone(),
+                },
+                e => e.into(),
+            })?;
+        Ok(pb::SetQuietHoursResponse {})
     }
 
     async fn get_event(&self, r: pb::GetEventRequest) -> Result<pb::GetEventResponse, ApiError> {
@@ -499,9 +701,15 @@ impl Services {
         if r.r#type != "*" && !validate::is_type_key(&r.r#type) {
             v.add("type", "must be a notification type key or \"*\"");
         }
-        let channel = r.channel.parse::<Channel>();
+        let channel = match r.channel.as_str() {
+            "*" => Ok(None),
+            c => c.parse::<Channel>().map(Some),
+        };
         if let Err(e) = &channel {
-            v.add("channel", e.to_string());
+            v.add("channel", format!("{e} (or \"*\" for every channel)"));
+        }
+        if r.r#type == "*" && r.channel == "*" {
+            v.add("channel", "type and channel cannot both be \"*\"");
         }
         v.into_result(()).map_err(ApiError::Invalid)?;
         if r.r#type != "*" && catalog::get_type(&self.pool, &r.r#type).await?.is_none() {
@@ -589,6 +797,15 @@ impl pb::ingest_service_server::IngestService for Services {
             Services::get_event(self, req.into_inner()).await?,
         ))
     }
+
+    async fn explain_delivery(
+        &self,
+        req: Request<pb::ExplainDeliveryRequest>,
+    ) -> Result<Response<pb::ExplainDeliveryResponse>, Status> {
+        Ok(Response::new(
+            Services::explain_delivery(self, req.into_inner()).await?,
+        ))
+    }
 }
 
 #[tonic::async_trait]
@@ -626,6 +843,24 @@ impl pb::recipient_service_server::RecipientService for Services {
     ) -> Result<Response<pb::SetPreferenceResponse>, Status> {
         Ok(Response::new(
             Services::set_preference(self, req.into_inner()).await?,
+        ))
+    }
+
+    async fn get_preferences(
+        &self,
+        req: Request<pb::GetPreferencesRequest>,
+    ) -> Result<Response<pb::GetPreferencesResponse>, Status> {
+        Ok(Response::new(
+            Services::get_preferences(self, req.into_inner()).await?,
+        ))
+    }
+
+    async fn set_quiet_hours(
+        &self,
+        req: Request<pb::SetQuietHoursRequest>,
+    ) -> Result<Response<pb::SetQuietHoursResponse>, Status> {
+        Ok(Response::new(
+            Services::set_quiet_hours(self, req.into_inner()).await?,
         ))
     }
 }

@@ -342,7 +342,7 @@ async fn try_write(
     let mut planned: HashMap<usize, (Vec<NewDelivery>, Vec<SkippedDelivery>)> = HashMap::new();
     for (&i, facts) in direct.iter().zip(facts) {
         let r = &ready[i];
-        let (deliveries, skipped) = plan(r.id, r.critical, &r.channels, &facts);
+        let (deliveries, skipped) = plan(r.id, r.critical, &r.channels, &facts, chrono::Utc::now());
         planned.insert(i, (new_deliveries(deliveries, max_attempts), skipped));
     }
     let rows: Vec<(Uuid, &NewDelivery)> = planned

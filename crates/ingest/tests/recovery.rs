@@ -258,7 +258,13 @@ async fn rows_claimed_by_a_relay_that_died_before_the_confirm_are_published_agai
         notify_store::catalog::load_recipient_facts(&mut tx, "order_paid", &event.recipients)
             .await
             .unwrap();
-    let (planned, _) = notify_core::plan::plan(event_id, false, &[Channel::Line], &facts);
+    let (planned, _) = notify_core::plan::plan(
+        event_id,
+        false,
+        &[Channel::Line],
+        &facts,
+        chrono::Utc::now(),
+    );
     notify_store::events::insert_deliveries(
         &mut tx,
         event_id,

@@ -4,9 +4,14 @@ use std::fmt;
 use std::str::FromStr;
 
 /// A way of reaching a person. Each channel has its own queue and worker binary.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Serialised as its name (`"email"`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum Channel {
     /// The in-app inbox (`notifications` table).
+    #[serde(rename = "inapp")]
     InApp,
     /// Email over SMTP.
     Email,

@@ -5,6 +5,7 @@ pub mod channel;
 pub mod event;
 pub mod outcome;
 pub mod plan;
+pub mod quiet;
 pub mod retry;
 pub mod signed;
 pub mod text;

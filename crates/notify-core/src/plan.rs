@@ -2,7 +2,9 @@
 //! deliveries and skipped recipient x channel pairs.
 
 use crate::channel::{Channel, Provider};
+use crate::quiet::{QuietWindow, quiet_until};
 use crate::validate::FieldViolation;
+use chrono::{DateTime, Utc};
 use std::collections::HashMap;
 use uuid::Uuid;
 
@@ -60,8 +62,14 @@ pub struct RecipientFacts {
     pub push_endpoints: Vec<(Uuid, String)>,
     /// Preferences for this event's type, per channel.
     pub type_prefs: HashMap<Channel, bool>,
+    /// The user's switch for this event's type on every channel (channel `*`).
+    pub type_wide_pref: Option<bool>,
     /// Channel-wide preferences (type `*`), per channel.
     pub channel_prefs: HashMap<Channel, bool>,
+    /// The recipient's IANA time zone (Asia/Bangkok when unknown).
+    pub timezone: Option<chrono_tz::Tz>,
+    /// The recipient's quiet hours.
+    pub quiet_hours: Vec<QuietWindow>,
 }
 
 /// One delivery to write: one recipient on one channel (one endpoint for push).
@@ -79,6 +87,11 @@ pub struct PlannedDelivery {
     pub address: Option<String>,
     /// Unique per channel: `<event id>/<user id>/<channel>[/<endpoint id>]`.
     pub idempotency_key: String,
+    /// Quiet hours: the first attempt waits until then (the end of the window).
+    pub deferred_until: Option<DateTime<Utc>>,
+    /// The planning decisions behind this delivery, one per line (preference applied,
+    /// quiet hours), shown by `GetEvent` and `ExplainDelivery`.
+    pub decision: String,
 }
 
 /// A recipient x channel pair that gets no delivery.
@@ -90,12 +103,77 @@ pub struct SkippedDelivery {
     pub channel: Channel,
     /// Why.
     pub reason: SkipReason,
+    /// The planning decisions behind the skip, one per line.
+    pub decision: String,
+}
+
+/// Which level of the preference resolution decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreferenceSource {
+    /// A critical type (security alert, OTP) ignores opt-outs.
+    Critical,
+    /// The user's setting for this type on this channel.
+    TypeChannel,
+    /// The user's switch for this type on every channel.
+    TypeWide,
+    /// The user's switch for this channel for every type.
+    ChannelWide,
+    /// Nothing set: the type's default channels are on.
+    TypeDefault,
 }
 
 /// Preference resolution, in order: a critical type always sends; then the user's
-/// setting for this type x channel; then the user's channel-wide setting; then on.
-pub fn is_enabled(critical: bool, type_pref: Option<bool>, channel_pref: Option<bool>) -> bool {
-    critical || type_pref.or(channel_pref).unwrap_or(true)
+/// setting for this type x channel; then the user's switch for this type (every
+/// channel); then the user's switch for this channel (every type); then the type's
+/// default, on. Returns whether the channel is on and which level decided.
+pub fn resolve_preference(
+    critical: bool,
+    type_channel: Option<bool>,
+    type_wide: Option<bool>,
+    channel_wide: Option<bool>,
+) -> (bool, PreferenceSource) {
+    if critical {
+        return (true, PreferenceSource::Critical);
+    }
+    if let Some(on) = type_channel {
+        return (on, PreferenceSource::TypeChannel);
+    }
+    if let Some(on) = type_wide {
+        return (on, PreferenceSource::TypeWide);
+    }
+    if let Some(on) = channel_wide {
+        return (on, PreferenceSource::ChannelWide);
+    }
+    (true, PreferenceSource::TypeDefault)
+}
+
+/// [`resolve_preference`]'s answer alone.
+pub fn is_enabled(
+    critical: bool,
+    type_channel: Option<bool>,
+    type_wide: Option<bool>,
+    channel_wide: Option<bool>,
+) -> bool {
+    resolve_preference(critical, type_channel, type_wide, channel_wide).0
+}
+
+fn preference_line(on: bool, source: PreferenceSource, channel: Channel) -> String {
+    let state = if on { "on" } else { "off" };
+    match source {
+        PreferenceSource::Critical => "preference: critical type, opt-outs do not apply".into(),
+        PreferenceSource::TypeChannel => {
+            format!("preference: {state} by the user's setting for this type on {channel}")
+        }
+        PreferenceSource::TypeWide => {
+            format!("preference: {state} by the user's switch for this type on every channel")
+        }
+        PreferenceSource::ChannelWide => {
+            format!("preference: {state} by the user's switch for {channel} on every type")
+        }
+        PreferenceSource::TypeDefault => {
+            "preference: on by the type's default channels (nothing set by the user)".into()
+        }
+    }
 }
 
 /// The channels an event uses: the type's defaults, narrowed to `requested` when it is
@@ -132,34 +210,57 @@ pub fn effective_channels(
     }
 }
 
-/// Plans the deliveries of one event. Recipients keep the event's order; channels the
-/// given order. Pure: ids come from `event_id` and the facts.
+/// Plans the deliveries of one event at `now`. Recipients keep the event's order;
+/// channels the given order. Pure: ids come from `event_id` and the facts. A delivery
+/// created inside the recipient's quiet hours is deferred to the window's end unless the
+/// type is critical; in-app is never deferred.
 pub fn plan(
     event_id: Uuid,
     critical: bool,
     channels: &[Channel],
     recipients: &[RecipientFacts],
+    now: DateTime<Utc>,
 ) -> (Vec<PlannedDelivery>, Vec<SkippedDelivery>) {
     let mut planned = Vec::new();
     let mut skipped = Vec::new();
     for r in recipients {
         for &channel in channels {
-            let skip = |reason| SkippedDelivery {
+            let (on, source) = resolve_preference(
+                critical,
+                r.type_prefs.get(&channel).copied(),
+                r.type_wide_pref,
+                r.channel_prefs.get(&channel).copied(),
+            );
+            let mut decision = preference_line(on, source, channel);
+            let skip = |reason: SkipReason, decision: &str| SkippedDelivery {
                 user_id: r.user_id.clone(),
                 channel,
                 reason,
+                decision: decision.to_string(),
             };
             let key = format!("{event_id}/{}/{channel}", r.user_id);
-            if !is_enabled(
-                critical,
-                r.type_prefs.get(&channel).copied(),
-                r.channel_prefs.get(&channel).copied(),
-            ) {
-                skipped.push(skip(SkipReason::OptedOut));
+            if !on {
+                skipped.push(skip(SkipReason::OptedOut, &decision));
                 continue;
             }
+            let tz = r.timezone.unwrap_or(chrono_tz::Asia::Bangkok);
+            let deferred_until = quiet_until(now, tz, &r.quiet_hours, channel);
+            let deferred_until = match deferred_until {
+                Some(_) if critical => {
+                    decision.push_str("\nquiet hours: critical type, not deferred");
+                    None
+                }
+                Some(t) => {
+                    decision.push_str(&format!(
+                        "\nquiet hours ({tz}): deferred until {}",
+                        t.to_rfc3339()
+                    ));
+                    Some(t)
+                }
+                None => None,
+            };
             if channel != Channel::InApp && !r.exists {
-                skipped.push(skip(SkipReason::RecipientNotFound));
+                skipped.push(skip(SkipReason::RecipientNotFound, &decision));
                 continue;
             }
             let one = |provider, address: Option<&String>| PlannedDelivery {
@@ -169,20 +270,24 @@ pub fn plan(
                 endpoint_id: None,
                 address: address.cloned(),
                 idempotency_key: key.clone(),
+                deferred_until,
+                decision: decision.clone(),
             };
             match channel {
                 Channel::InApp => planned.push(one(Provider::Inbox, None)),
                 Channel::Email => match &r.email {
                     Some(_) if r.email_undeliverable => {
-                        skipped.push(skip(SkipReason::EmailUndeliverable))
+                        skipped.push(skip(SkipReason::EmailUndeliverable, &decision))
                     }
                     Some(addr) => planned.push(one(Provider::Smtp, Some(addr))),
-                    None => skipped.push(skip(SkipReason::NoEmailAddress)),
+                    None => skipped.push(skip(SkipReason::NoEmailAddress, &decision)),
                 },
                 Channel::Line => match &r.line_user_id {
-                    Some(_) if r.line_unfollowed => skipped.push(skip(SkipReason::LineUnfollowed)),
+                    Some(_) if r.line_unfollowed => {
+                        skipped.push(skip(SkipReason::LineUnfollowed, &decision))
+                    }
                     Some(id) => planned.push(one(Provider::Line, Some(id))),
-                    None => skipped.push(skip(SkipReason::NoLineUserId)),
+                    None => skipped.push(skip(SkipReason::NoLineUserId, &decision)),
                 },
                 Channel::Push => {
                     let mut any = false;
@@ -198,10 +303,14 @@ pub fn plan(
                             endpoint_id: Some(*endpoint_id),
                             address: None,
                             idempotency_key: format!("{key}/{endpoint_id}"),
+                            deferred_until,
+                            decision: format!(
+                                "{decision}\nendpoint: {platform} {endpoint_id}, active"
+                            ),
                         });
                     }
                     if !any {
-                        skipped.push(skip(SkipReason::NoPushEndpoint));
+                        skipped.push(skip(SkipReason::NoPushEndpoint, &decision));
                     }
                 }
             }
@@ -238,6 +347,8 @@ pub fn merge_line_multicast(
             endpoint_id: None,
             address: Some(ids.join(",")),
             idempotency_key: format!("{event_id}/line-multicast/{page}/{n}"),
+            deferred_until: None,
+            decision: format!("line multicast: {} LINE users in one call", batch.len()),
         });
     }
     out
@@ -261,25 +372,88 @@ mod tests {
         }
     }
 
+    /// Every combination of the levels (critical or not; each user level unset, on or
+    /// off): the first level that is set decides, critical before all.
     #[test]
-    fn preference_resolution_order() {
-        assert!(is_enabled(true, Some(false), Some(false)), "critical wins");
+    fn preference_resolution_over_every_combination() {
+        let levels = [None, Some(true), Some(false)];
+        let mut seen = 0;
+        for critical in [false, true] {
+            for tc in levels {
+                for tw in levels {
+                    for cw in levels {
+                        let (on, source) = resolve_preference(critical, tc, tw, cw);
+                        let expected = if critical {
+                            (true, PreferenceSource::Critical)
+                        } else if let Some(v) = tc {
+                            (v, PreferenceSource::TypeChannel)
+                        } else if let Some(v) = tw {
+                            (v, PreferenceSource::TypeWide)
+                        } else if let Some(v) = cw {
+                            (v, PreferenceSource::ChannelWide)
+                        } else {
+                            (true, PreferenceSource::TypeDefault)
+                        };
+                        assert_eq!((on, source), expected, "{critical} {tc:?} {tw:?} {cw:?}");
+                        seen += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(seen, 54);
+        // Spot checks, as a reader would state them.
         assert!(
-            !is_enabled(false, Some(false), Some(true)),
-            "type x channel beats channel-wide"
+            !is_enabled(false, Some(false), Some(true), Some(true)),
+            "type x channel off wins"
         );
-        assert!(is_enabled(false, Some(true), Some(false)));
         assert!(
-            !is_enabled(false, None, Some(false)),
-            "channel-wide beats default"
+            is_enabled(false, Some(true), Some(false), Some(false)),
+            "type x channel on wins"
         );
-        assert!(is_enabled(false, None, None), "default on");
+        assert!(
+            !is_enabled(false, None, Some(false), Some(true)),
+            "type-wide beats channel-wide"
+        );
+        assert!(
+            !is_enabled(false, None, None, Some(false)),
+            "channel-wide beats the default"
+        );
+        assert!(
+            is_enabled(true, Some(false), Some(false), Some(false)),
+            "critical wins"
+        );
+    }
+
+    #[test]
+    fn quiet_hours_defer_all_but_in_app_and_critical_types_and_say_why() {
+        let mut r = somchai();
+        r.quiet_hours = vec![crate::quiet::QuietWindow {
+            start: "22:00".into(),
+            end: "07:00".into(),
+            channels: vec![],
+        }];
+        let at = "2026-11-30T16:30:00Z".parse().unwrap(); // 23:30 in Bangkok
+        let end: DateTime<Utc> = "2026-12-01T00:00:00Z".parse().unwrap();
+        let (p, _) = plan(Uuid::nil(), false, &Channel::ALL, &[r.clone()], at);
+        for d in &p {
+            let want = (d.channel != Channel::InApp).then_some(end);
+            assert_eq!(d.deferred_until, want, "{:?}", d.channel);
+        }
+        assert!(
+            p[1].decision
+                .contains("deferred until 2026-12-01T00:00:00+00:00"),
+            "{}",
+            p[1].decision
+        );
+        let (p, _) = plan(Uuid::nil(), true, &Channel::ALL, &[r], at);
+        assert!(p.iter().all(|d| d.deferred_until.is_none()));
+        assert!(p[1].decision.contains("critical type, not deferred"));
     }
 
     #[test]
     fn one_delivery_per_channel_and_per_push_endpoint() {
         let ev = Uuid::from_u128(9);
-        let (p, s) = plan(ev, false, &Channel::ALL, &[somchai()]);
+        let (p, s) = plan(ev, false, &Channel::ALL, &[somchai()], Utc::now());
         assert!(s.is_empty());
         let chans: Vec<_> = p.iter().map(|d| d.channel.as_str()).collect();
         assert_eq!(chans, ["inapp", "email", "push", "push", "line"]);
@@ -300,7 +474,13 @@ mod tests {
             })
             .collect();
         let ev = Uuid::from_u128(9);
-        let (planned, _) = plan(ev, false, &[Channel::InApp, Channel::Line], &users);
+        let (planned, _) = plan(
+            ev,
+            false,
+            &[Channel::InApp, Channel::Line],
+            &users,
+            Utc::now(),
+        );
         let merged = merge_line_multicast(ev, "u0000", planned);
         let inapp = merged
             .iter()
@@ -318,7 +498,11 @@ mod tests {
             .collect();
         assert_eq!(sizes, [500, 500, 1]);
         assert_eq!(batches[2].user_id, "line-multicast:u1000+0");
-        let again = merge_line_multicast(ev, "u0000", plan(ev, false, &[Channel::Line], &users).0);
+        let again = merge_line_multicast(
+            ev,
+            "u0000",
+            plan(ev, false, &[Channel::Line], &users, Utc::now()).0,
+        );
         assert_eq!(
             again,
             batches.into_iter().cloned().collect::<Vec<_>>(),
@@ -331,7 +515,13 @@ mod tests {
         let mut r = somchai();
         r.line_unfollowed = true;
         for critical in [false, true] {
-            let (p, s) = plan(Uuid::from_u128(9), critical, &[Channel::Line], &[r.clone()]);
+            let (p, s) = plan(
+                Uuid::from_u128(9),
+                critical,
+                &[Channel::Line],
+                &[r.clone()],
+                Utc::now(),
+            );
             assert!(p.is_empty());
             assert_eq!(s[0].reason, SkipReason::LineUnfollowed);
             assert_eq!(s[0].reason.as_str(), "line_unfollowed");
@@ -348,7 +538,7 @@ mod tests {
             user_id: "ghost".into(),
             ..Default::default()
         };
-        let (p, s) = plan(Uuid::nil(), false, &Channel::ALL, &[r, unknown]);
+        let (p, s) = plan(Uuid::nil(), false, &Channel::ALL, &[r, unknown], Utc::now());
         let planned: Vec<_> = p
             .iter()
             .map(|d| (d.user_id.as_str(), d.channel.as_str()))
@@ -375,7 +565,7 @@ mod tests {
     fn critical_types_ignore_opt_outs() {
         let mut r = somchai();
         r.channel_prefs.insert(Channel::Email, false);
-        let (p, s) = plan(Uuid::nil(), true, &[Channel::Email], &[r]);
+        let (p, s) = plan(Uuid::nil(), true, &[Channel::Email], &[r], Utc::now());
         assert_eq!(p.len(), 1);
         assert!(s.is_empty());
     }

@@ -187,7 +187,7 @@ pub async fn set_preference(
     db: impl PgExecutor<'_>,
     user_id: &str,
     type_key: &str,
-    channel: Channel,
+    channel: Option<Channel>,
     enabled: bool,
 ) -> Result<()> {
     sqlx::query(
@@ -196,7 +196,7 @@ pub async fn set_preference(
     )
     .bind(user_id)
     .bind(type_key)
-    .bind(channel.as_str())
+    .bind(channel.map_or("*", |c| c.as_str()))
     .bind(enabled)
     .execute(db)
     .await?;
@@ -227,10 +227,13 @@ pub async fn load_recipient_facts_many(
         line_user_id: Option<String>,
         line_unfollowed: bool,
         email_undeliverable: bool,
+        timezone: Option<chrono_tz::Tz>,
+        quiet_hours: Vec<notify_core::quiet::QuietWindow>,
         exists: bool,
         push_endpoints: Vec<(uuid::Uuid, String)>,
         // (type or "*", channel) -> enabled
-        prefs: Vec<(String, Channel, bool)>,
+        // channel None = '*' (the type on every channel)
+        prefs: Vec<(String, Option<Channel>, bool)>,
     }
     let mut users: Vec<&str> = requests
         .iter()
@@ -247,7 +250,8 @@ pub async fn load_recipient_facts_many(
     let rows =
         sqlx::query(
             "SELECT r.user_id, r.email, r.line_user_id, coalesce(NOT lf.following, false) AS line_unfollowed,
-                    r.email_undeliverable_at IS NOT NULL AS email_undeliverable
+                    r.email_undeliverable_at IS NOT NULL AS email_undeliverable,
+                    r.timezone, r.quiet_hours_json
              FROM recipients r LEFT JOIN line_followers lf ON lf.line_user_id = r.line_user_id
              WHERE r.user_id = ANY($1)",
         )
@@ -265,6 +269,11 @@ pub async fn load_recipient_facts_many(
             .filter(|s| !s.is_empty());
         k.line_unfollowed = r.get("line_unfollowed");
         k.email_undeliverable = r.get("email_undeliverable");
+        k.timezone = notify_core::validate::parse_timezone(r.get("timezone"));
+        k.quiet_hours = r
+            .get::<Option<serde_json::Value>, _>("quiet_hours_json")
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
     }
 
     let rows = sqlx::query(
@@ -291,8 +300,12 @@ pub async fn load_recipient_facts_many(
     .fetch_all(&mut *db)
     .await?;
     for r in rows {
-        let Ok(channel) = r.get::<&str, _>("channel").parse::<Channel>() else {
-            continue;
+        let channel = match r.get::<&str, _>("channel") {
+            "*" => None,
+            c => match c.parse::<Channel>() {
+                Ok(c) => Some(c),
+                Err(_) => continue,
+            },
         };
         known.entry(r.get("user_id")).or_default().prefs.push((
             r.get("type"),
@@ -317,12 +330,19 @@ pub async fn load_recipient_facts_many(
                         f.line_user_id = k.line_user_id.clone();
                         f.line_unfollowed = k.line_unfollowed;
                         f.email_undeliverable = k.email_undeliverable;
+                        f.timezone = k.timezone;
+                        f.quiet_hours = k.quiet_hours.clone();
                         f.push_endpoints = k.push_endpoints.clone();
                         for (t, channel, enabled) in &k.prefs {
-                            if t == "*" {
-                                f.channel_prefs.insert(*channel, *enabled);
-                            } else if t == type_key {
-                                f.type_prefs.insert(*channel, *enabled);
+                            match (t == "*", channel) {
+                                (true, Some(c)) => {
+                                    f.channel_prefs.insert(*c, *enabled);
+                                }
+                                (false, Some(c)) if t == type_key => {
+                                    f.type_prefs.insert(*c, *enabled);
+                                }
+                                (false, None) if t == type_key => f.type_wide_pref = Some(*enabled),
+                                _ => {}
                             }
                         }
                     }
@@ -383,4 +403,63 @@ pub async fn mark_email_undeliverable(
     .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Replaces `user_id`'s quiet hours. Fails with [`StoreError::NotFound`] for an unknown
+/// user.
+pub async fn set_quiet_hours(
+    db: impl PgExecutor<'_>,
+    user_id: &str,
+    windows: &[notify_core::quiet::QuietWindow],
+) -> Result<()> {
+    let json = (!windows.is_empty()).then(|| serde_json::json!(windows));
+    let done = sqlx::query(
+        "UPDATE recipients SET quiet_hours_json = $2, updated_at = now() WHERE user_id = $1",
+    )
+    .bind(user_id)
+    .bind(json)
+    .execute(db)
+    .await?;
+    if done.rows_affected() == 0 {
+        return Err(StoreError::NotFound(format!("recipient {user_id:?}")));
+    }
+    Ok(())
+}
+
+/// What a user has set: preferences, quiet hours, time zone.
+#[derive(Debug, Clone)]
+pub struct UserPreferences {
+    /// (type or `*`, channel or `*`, enabled), by type then channel.
+    pub preferences: Vec<(String, String, bool)>,
+    /// Quiet hours.
+    pub quiet_hours: Vec<notify_core::quiet::QuietWindow>,
+    /// IANA time zone.
+    pub timezone: String,
+}
+
+/// A user's preferences, quiet hours and time zone; `None` for an unknown user.
+pub async fn get_preferences(db: &sqlx::PgPool, user_id: &str) -> Result<Option<UserPreferences>> {
+    let Some((quiet, timezone)): Option<(Option<serde_json::Value>, String)> =
+        sqlx::query_as("SELECT quiet_hours_json, timezone FROM recipients WHERE user_id = $1")
+            .bind(user_id)
+            .fetch_optional(db)
+            .await?
+    else {
+        return Ok(None);
+    };
+    let prefs: Vec<(String, String, bool)> = sqlx::query_as(
+        "SELECT type, channel, enabled FROM notification_preferences WHERE user_id = $1
+         ORDER BY type, channel",
+    )
+    .bind(user_id)
+    .fetch_all(db)
+    .await?;
+    let quiet = quiet
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    Ok(Some(UserPreferences {
+        preferences: prefs,
+        quiet_hours: quiet,
+        timezone,
+    }))
 }

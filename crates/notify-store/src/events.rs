@@ -165,15 +165,17 @@ pub async fn insert_skips_many(
     let users: Vec<&str> = skipped.iter().map(|(_, s)| s.user_id.as_str()).collect();
     let channels: Vec<&str> = skipped.iter().map(|(_, s)| s.channel.as_str()).collect();
     let reasons: Vec<&str> = skipped.iter().map(|(_, s)| s.reason.as_str()).collect();
+    let decisions: Vec<&str> = skipped.iter().map(|(_, s)| s.decision.as_str()).collect();
     sqlx::query(
-        "INSERT INTO delivery_skips (event_id, user_id, channel, reason)
-         SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[])
+        "INSERT INTO delivery_skips (event_id, user_id, channel, reason, decision)
+         SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[])
          ON CONFLICT DO NOTHING",
     )
     .bind(&events)
     .bind(&users)
     .bind(&channels)
     .bind(&reasons)
+    .bind(&decisions)
     .execute(&mut *db)
     .await?;
     Ok(())
@@ -240,17 +242,27 @@ pub async fn insert_deliveries_many(
         .collect();
     let retry_keys: Vec<Option<Uuid>> = deliveries.iter().map(|(_, d)| d.retry_key).collect();
     let max_attempts: Vec<i32> = deliveries.iter().map(|(_, d)| d.max_attempts).collect();
+    let deferred: Vec<Option<chrono::DateTime<chrono::Utc>>> = deliveries
+        .iter()
+        .map(|(_, d)| d.plan.deferred_until)
+        .collect();
+    let decisions: Vec<&str> = deliveries
+        .iter()
+        .map(|(_, d)| d.plan.decision.as_str())
+        .collect();
     sqlx::query(
         "WITH d AS (
              INSERT INTO notification_deliveries
                  (id, event_id, user_id, channel, provider, endpoint_id, address, idempotency_key,
-                  retry_key, max_attempts)
+                  retry_key, max_attempts, deferred_until, next_attempt_at, decision)
              SELECT t.id, t.event_id, t.user_id, t.channel, t.provider, t.endpoint_id, t.address,
-                    t.key, t.retry_key, t.max_attempts
+                    t.key, t.retry_key, t.max_attempts, t.deferred,
+                    greatest(now(), coalesce(t.deferred, now())), t.decision
              FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::uuid[],
-                         $7::text[], $8::text[], $9::uuid[], $10::int[])
+                         $7::text[], $8::text[], $9::uuid[], $10::int[], $11::timestamptz[],
+                         $12::text[])
                   AS t(event_id, id, user_id, channel, provider, endpoint_id, address, key,
-                       retry_key, max_attempts)
+                       retry_key, max_attempts, deferred, decision)
              ON CONFLICT (channel, idempotency_key) DO NOTHING
              RETURNING id, channel, next_attempt_at)
          INSERT INTO outbox (delivery_id, channel, available_at)
@@ -266,6 +278,8 @@ pub async fn insert_deliveries_many(
     .bind(&keys)
     .bind(&retry_keys)
     .bind(&max_attempts)
+    .bind(&deferred)
+    .bind(&decisions)
     .execute(&mut *db)
     .await
     .map(|done| done.rows_affected())
@@ -324,6 +338,23 @@ pub struct DeliveryRecord {
     pub provider_message_id: Option<String>,
     /// When it was accepted.
     pub sent_at: Option<DateTime<Utc>>,
+    /// Quiet hours held the first attempt until then.
+    pub deferred_until: Option<DateTime<Utc>>,
+    /// Planning decisions, one per line.
+    pub decision: String,
+}
+
+/// A skipped recipient x channel pair.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SkipRecord {
+    /// Recipient.
+    pub user_id: String,
+    /// Channel name.
+    pub channel: String,
+    /// Skip reason code.
+    pub reason: String,
+    /// Planning decisions, one per line.
+    pub decision: String,
 }
 
 /// How to find an event.
@@ -377,7 +408,7 @@ pub async fn list_deliveries(
 ) -> Result<Vec<DeliveryRecord>> {
     let rows = sqlx::query(
         "SELECT id, user_id, channel, provider, endpoint_id, status, attempts, next_attempt_at,
-                last_error, provider_message_id, sent_at
+                last_error, provider_message_id, sent_at, deferred_until, decision
          FROM notification_deliveries WHERE event_id = $1 AND ($2::uuid IS NULL OR id > $2)
          ORDER BY id LIMIT $3",
     )
@@ -386,9 +417,12 @@ pub async fn list_deliveries(
     .bind(limit)
     .fetch_all(db)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| DeliveryRecord {
+    Ok(rows.into_iter().map(delivery_record).collect())
+}
+
+fn delivery_record(r: sqlx::postgres::PgRow) -> DeliveryRecord {
+    {
+        DeliveryRecord {
             id: r.get("id"),
             user_id: r.get("user_id"),
             channel: r.get("channel"),
@@ -400,8 +434,108 @@ pub async fn list_deliveries(
             last_error: r.get("last_error"),
             provider_message_id: r.get("provider_message_id"),
             sent_at: r.get("sent_at"),
-        })
-        .collect())
+            deferred_until: r.get("deferred_until"),
+            decision: r.get("decision"),
+        }
+    }
+}
+
+/// One user's deliveries of an event on one channel (several for push endpoints).
+pub async fn deliveries_of(
+    db: impl PgExecutor<'_>,
+    event_id: Uuid,
+    user_id: &str,
+    channel: &str,
+) -> Result<Vec<DeliveryRecord>> {
+    let rows = sqlx::query(
+        "SELECT id, user_id, channel, provider, endpoint_id, status, attempts, next_attempt_at,
+                last_error, provider_message_id, sent_at, deferred_until, decision
+         FROM notification_deliveries
+         WHERE event_id = $1 AND channel = $3
+           AND (user_id = $2 OR (provider = 'line_multicast' AND $2 = ANY(
+                 SELECT r.user_id FROM recipients r
+                 WHERE r.line_user_id = ANY(string_to_array(address, ',')))))
+         ORDER BY id",
+    )
+    .bind(event_id)
+    .bind(user_id)
+    .bind(channel)
+    .fetch_all(db)
+    .await?;
+    Ok(rows.into_iter().map(delivery_record).collect())
+}
+
+/// The skip of one user on one channel for an event, if any.
+pub async fn skip_of(
+    db: impl PgExecutor<'_>,
+    event_id: Uuid,
+    user_id: &str,
+    channel: &str,
+) -> Result<Option<SkipRecord>> {
+    Ok(sqlx::query_as(
+        "SELECT user_id, channel, reason, decision FROM delivery_skips
+         WHERE event_id = $1 AND user_id = $2 AND channel = $3",
+    )
+    .bind(event_id)
+    .bind(user_id)
+    .bind(channel)
+    .fetch_optional(db)
+    .await?)
+}
+
+/// One provider call as recorded.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AttemptRow {
+    /// Attempt number, from 1.
+    pub attempt: i32,
+    /// `sent`, `retry` or `failed`.
+    pub outcome: String,
+    /// HTTP status or SMTP code.
+    pub provider_status: Option<i32>,
+    /// Normalised error code.
+    pub error_code: Option<String>,
+    /// Raw answer (truncated).
+    pub provider_response: Option<String>,
+    /// What was sent.
+    pub content_json: Option<serde_json::Value>,
+    /// When the call started.
+    pub started_at: DateTime<Utc>,
+    /// When it was recorded.
+    pub finished_at: DateTime<Utc>,
+    /// Worker instance.
+    pub worker_id: String,
+}
+
+/// A delivery's attempts, oldest first.
+pub async fn attempts_of(db: impl PgExecutor<'_>, delivery_id: Uuid) -> Result<Vec<AttemptRow>> {
+    Ok(sqlx::query_as(
+        "SELECT attempt, outcome, provider_status, error_code, provider_response, content_json,
+                started_at, finished_at, worker_id
+         FROM delivery_attempts WHERE delivery_id = $1 ORDER BY attempt",
+    )
+    .bind(delivery_id)
+    .fetch_all(db)
+    .await?)
+}
+
+/// A push endpoint's state as text: `fcm active`, `apns revoked (invalid_token) at …`.
+pub async fn endpoint_state(db: impl PgExecutor<'_>, endpoint_id: Uuid) -> Result<String> {
+    type EndpointRow = (String, String, Option<String>, Option<DateTime<Utc>>);
+    let row: Option<EndpointRow> = sqlx::query_as(
+        "SELECT platform, status, revoked_reason, revoked_at FROM notification_endpoints WHERE id = $1",
+    )
+    .bind(endpoint_id)
+    .fetch_optional(db)
+    .await?;
+    Ok(match row {
+        None => "endpoint gone".into(),
+        Some((platform, status, reason, at)) => match (reason, at) {
+            (Some(reason), Some(at)) => {
+                format!("{platform} {status} ({reason}) at {}", at.to_rfc3339())
+            }
+            _ => format!("{platform} {status}"),
+        },
+    })
 }
 
 /// Number of an event's deliveries per (channel, status).
@@ -423,9 +557,9 @@ pub async fn list_skips(
     db: impl PgExecutor<'_>,
     event_id: Uuid,
     limit: i64,
-) -> Result<Vec<(String, String, String)>> {
+) -> Result<Vec<SkipRecord>> {
     Ok(sqlx::query_as(
-        "SELECT user_id, channel, reason FROM delivery_skips WHERE event_id = $1
+        "SELECT user_id, channel, reason, decision FROM delivery_skips WHERE event_id = $1
          ORDER BY user_id, channel LIMIT $2",
     )
     .bind(event_id)

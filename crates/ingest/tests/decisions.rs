@@ -1,0 +1,290 @@
+//! Who gets what, when: preference levels, quiet hours in the recipient's time zone, and
+//! the decision trail that `GetEvent` and `ExplainDelivery` show.
+
+mod support;
+
+use notify_proto::v1 as pb;
+use std::time::Duration;
+use support::{Platform, line_id, uniq};
+use tonic::Code;
+use tonic_types::StatusExt;
+
+async fn explain(
+    p: &Platform,
+    event_id: &str,
+    user: &str,
+    channel: &str,
+) -> pb::ExplainDeliveryResponse {
+    p.ingest()
+        .explain_delivery(pb::ExplainDeliveryRequest {
+            event_id: event_id.into(),
+            user_id: user.into(),
+            channel: channel.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn hhmm(t: chrono::DateTime<chrono_tz::Tz>) -> String {
+    t.format("%H:%M").to_string()
+}
+
+/// A recipient inside quiet hours: in-app arrives at once, LINE and email wait in Postgres
+/// until the window's end (nothing reaches the broker or LINE), `GetEvent` shows "deferred
+/// until" and `ExplainDelivery` says why; a critical type is not held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
+    let p = Platform::start().await;
+    p.add_type("order_paid", &["inapp", "email", "line"]).await;
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "security_login".into(),
+            default_channels: vec!["line".into()],
+            critical: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let u = uniq("u");
+    p.add_recipient(&u, "", &format!("{u}@example.test"), &line_id())
+        .await;
+    let now = chrono::Utc::now().with_timezone(&chrono_tz::Asia::Bangkok);
+    let (start, end) = (
+        now - chrono::Duration::hours(1),
+        now + chrono::Duration::hours(1),
+    );
+    // Bad windows are refused, naming the window.
+    let err = p
+        .recipients()
+        .set_quiet_hours(pb::SetQuietHoursRequest {
+            user_id: u.clone(),
+            windows: vec![pb::QuietWindow {
+                start: "22:00".into(),
+                end: "22:00".into(),
+                channels: vec![],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let fields: Vec<String> = err
+        .get_details_bad_request()
+        .unwrap()
+        .field_violations
+        .into_iter()
+        .map(|f| f.field)
+        .collect();
+    assert_eq!(fields, ["windows[0]"]);
+    p.recipients()
+        .set_quiet_hours(pb::SetQuietHoursRequest {
+            user_id: u.clone(),
+            windows: vec![pb::QuietWindow {
+                start: hhmm(start),
+                end: hhmm(end),
+                channels: vec![],
+            }],
+        })
+        .await
+        .unwrap();
+    let prefs = p
+        .recipients()
+        .get_preferences(pb::GetPreferencesRequest { user_id: u.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(prefs.timezone, "Asia/Bangkok");
+    assert_eq!(prefs.quiet_hours[0].end, hhmm(end));
+
+    let ev = p.send("quiet:1", "order_paid", &[&u]).await;
+    let expected_end = notify_core::quiet::first_instant(
+        chrono_tz::Asia::Bangkok,
+        end.date_naive(),
+        notify_core::quiet::parse_hhmm(&hhmm(end)).unwrap(),
+    );
+    for d in &ev.deliveries {
+        let deferred = d.deferred_until.as_ref().map(|t| t.seconds);
+        if d.channel == "inapp" {
+            assert_eq!(deferred, None);
+        } else {
+            assert_eq!(deferred, Some(expected_end.timestamp()), "{d:?}");
+        }
+    }
+    // In-app is sent; LINE and email stay pending and nothing reaches LINE.
+    let mut got = None;
+    for _ in 0..50 {
+        let e = p
+            .ingest()
+            .get_event(pb::GetEventRequest {
+                selector: Some(pb::get_event_request::Selector::EventId(
+                    ev.event_id.clone(),
+                )),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if e.deliveries
+            .iter()
+            .any(|d| d.channel == "inapp" && d.status == "sent")
+        {
+            got = Some(e);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let got = got.expect("in-app sent at once");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for d in got.deliveries.iter().filter(|d| d.channel != "inapp") {
+        assert_eq!(d.status, "pending");
+        assert_eq!(
+            d.deferred_until.as_ref().unwrap().seconds,
+            expected_end.timestamp()
+        );
+        assert!(
+            d.decision
+                .contains("quiet hours (Asia/Bangkok): deferred until"),
+            "{}",
+            d.decision
+        );
+    }
+    assert!(p.sim_requests("line").await.is_empty(), "LINE waits");
+    let outbox_due: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "SELECT min(o.available_at) FROM outbox o JOIN notification_deliveries d ON d.id = o.delivery_id
+         WHERE d.event_id = $1::uuid",
+    )
+    .bind(&ev.event_id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        outbox_due.timestamp(),
+        expected_end.timestamp(),
+        "it waits in Postgres"
+    );
+
+    let why = explain(&p, &ev.event_id, &u, "line").await;
+    assert_eq!(why.deliveries.len(), 1);
+    let trail = why.trail.join("\n");
+    assert!(
+        trail.contains("type order_paid: priority normal, not critical"),
+        "{trail}"
+    );
+    assert!(
+        trail.contains("preference: on by the type's default channels"),
+        "{trail}"
+    );
+    assert!(
+        trail.contains("quiet hours (Asia/Bangkok): deferred until"),
+        "{trail}"
+    );
+    assert!(trail.ends_with("status: pending"), "{trail}");
+
+    // The window ends (moved forward here instead of waiting an hour): LINE is sent.
+    sqlx::query(
+        "UPDATE outbox SET available_at = now() WHERE delivery_id IN
+           (SELECT id FROM notification_deliveries WHERE event_id = $1::uuid);
+         ",
+    )
+    .bind(&ev.event_id)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE notification_deliveries SET next_attempt_at = now() WHERE event_id = $1::uuid",
+    )
+    .bind(&ev.event_id)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert!(
+        done.deliveries.iter().all(|d| d.status == "sent"),
+        "{:?}",
+        done.deliveries
+    );
+    let why = explain(&p, &ev.event_id, &u, "line").await;
+    assert_eq!(why.deliveries[0].attempts.len(), 1);
+    assert!(
+        why.trail
+            .iter()
+            .any(|l| l.starts_with("attempt 1: sent, provider status 200"))
+    );
+
+    // A critical type is not held by quiet hours.
+    let ev = p.send("quiet:2", "security_login", &[&u]).await;
+    assert!(ev.deliveries[0].deferred_until.is_none());
+    assert!(
+        ev.deliveries[0]
+            .decision
+            .contains("critical type, not deferred")
+    );
+    p.wait_final(&ev.event_id, 30).await;
+    p.stop().await;
+}
+
+/// Each preference level decides in turn, and the skip says which one did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_deciding_preference_level_is_explained() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["inapp", "email", "line"]).await;
+    let u = uniq("u");
+    p.add_recipient(&u, "", &format!("{u}@example.test"), &line_id())
+        .await;
+    let set = |t: &str, c: &str, on: bool| {
+        let (mut r, u, t, c) = (p.recipients(), u.clone(), t.to_string(), c.to_string());
+        async move {
+            r.set_preference(pb::SetPreferenceRequest {
+                user_id: u,
+                r#type: t,
+                channel: c,
+                enabled: on,
+            })
+            .await
+            .unwrap();
+        }
+    };
+    set("*", "email", false).await; // channel-wide: email off
+    set("order_paid", "*", true).await; // type-wide: on, beats the channel switch
+    set("order_paid", "line", false).await; // type x channel: LINE off
+    let ev = p.send("prefs:1", "order_paid", &[&u]).await;
+    let channels: Vec<&str> = ev.deliveries.iter().map(|d| d.channel.as_str()).collect();
+    assert_eq!(channels, ["inapp", "email"]);
+    assert!(
+        ev.deliveries[1]
+            .decision
+            .contains("on by the user's switch for this type on every channel")
+    );
+    let why = explain(&p, &ev.event_id, &u, "line").await;
+    assert_eq!(why.skipped.as_ref().unwrap().reason, "opted_out");
+    assert!(
+        why.trail
+            .iter()
+            .any(|l| l == "preference: off by the user's setting for this type on line"),
+        "{:?}",
+        why.trail
+    );
+    let err = p
+        .recipients()
+        .set_preference(pb::SetPreferenceRequest {
+            user_id: u.clone(),
+            r#type: "*".into(),
+            channel: "*".into(),
+            enabled: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let prefs = p
+        .recipients()
+        .get_preferences(pb::GetPreferencesRequest { user_id: u.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(prefs.preferences.len(), 3);
+    p.stop().await;
+}
