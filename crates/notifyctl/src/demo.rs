@@ -372,6 +372,8 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         &mut failures,
     );
 
+    quiet_hours_part(&mut ingest, &mut recipients, &pool, &mut failures).await?;
+
     println!();
     println!("Read the emails in MailDev: {}/", cfg.maildev_url);
     println!(
@@ -385,4 +387,135 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         println!("DEMO FAILED: {} check(s) failed.", failures.len());
         Ok(false)
     }
+}
+
+/// Part two: นภา is inside her quiet hours (a window around the current time in
+/// Asia/Bangkok). Her in-app notification arrives at once; LINE waits in Postgres until the
+/// window ends, and `ExplainDelivery` says why.
+async fn quiet_hours_part(
+    ingest: &mut IngestServiceClient<tonic::transport::Channel>,
+    recipients: &mut RecipientServiceClient<tonic::transport::Channel>,
+    pool: &sqlx::PgPool,
+    failures: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let now = chrono::Utc::now().with_timezone(&chrono_tz::Asia::Bangkok);
+    let (start, end) = (
+        (now - chrono::Duration::hours(1))
+            .format("%H:%M")
+            .to_string(),
+        (now + chrono::Duration::hours(1))
+            .format("%H:%M")
+            .to_string(),
+    );
+    println!();
+    println!(
+        "== 8. quiet hours: napa (นภา สายชล) is quiet {start}-{end} Asia/Bangkok (it is {} there)",
+        now.format("%H:%M")
+    );
+    recipients
+        .upsert_recipient(pb::UpsertRecipientRequest {
+            user_id: "napa".into(),
+            display_name: "นภา สายชล".into(),
+            line_user_id: "U7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d".into(),
+            locale: "th-TH".into(),
+            timezone: "Asia/Bangkok".into(),
+            ..Default::default()
+        })
+        .await?;
+    recipients
+        .set_quiet_hours(pb::SetQuietHoursRequest {
+            user_id: "napa".into(),
+            windows: vec![pb::QuietWindow {
+                start,
+                end,
+                channels: vec![],
+            }],
+        })
+        .await?;
+    let reply = ingest
+        .create_event(pb::CreateEventRequest {
+            event_key: "order:124:paid".into(),
+            r#type: "order_paid".into(),
+            recipients: vec!["napa".into()],
+            content: Some(pb::Content {
+                title: "ชำระเงินสำเร็จ คำสั่งซื้อ #124".into(),
+                body: "เราได้รับชำระเงิน 890.00 บาท เรียบร้อยแล้ว".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let started = Instant::now();
+    let event = loop {
+        let ev = ingest
+            .get_event(pb::GetEventRequest {
+                selector: Some(pb::get_event_request::Selector::EventId(
+                    reply.event_id.clone(),
+                )),
+                ..Default::default()
+            })
+            .await?
+            .into_inner();
+        if ev
+            .deliveries
+            .iter()
+            .any(|d| d.channel == "inapp" && d.status == "sent")
+            || started.elapsed() > Duration::from_secs(30)
+        {
+            break ev;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for d in &event.deliveries {
+        let deferred = d
+            .deferred_until
+            .as_ref()
+            .and_then(|t| chrono::DateTime::from_timestamp(t.seconds, 0))
+            .map(|t| {
+                format!(
+                    "deferred until {}",
+                    t.with_timezone(&chrono_tz::Asia::Bangkok)
+                        .format("%Y-%m-%d %H:%M %Z")
+                )
+            })
+            .unwrap_or_default();
+        println!(
+            "  napa     {:<6} {:<8} {:<9} {deferred}",
+            d.channel, d.provider, d.status
+        );
+    }
+    let why = ingest
+        .explain_delivery(pb::ExplainDeliveryRequest {
+            event_id: reply.event_id.clone(),
+            user_id: "napa".into(),
+            channel: "line".into(),
+        })
+        .await?
+        .into_inner();
+    println!("  ExplainDelivery(napa, line):");
+    for line in &why.trail {
+        println!("    {line}");
+    }
+    let line = event.deliveries.iter().find(|d| d.channel == "line");
+    let inapp = event.deliveries.iter().find(|d| d.channel == "inapp");
+    check(
+        inapp.is_some_and(|d| d.status == "sent")
+            && line.is_some_and(|d| d.status == "pending" && d.deferred_until.is_some()),
+        "quiet hours: in-app sent at once, LINE deferred to the end of the window",
+        failures,
+    );
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox o JOIN notification_deliveries d ON d.id = o.delivery_id
+         WHERE d.event_id = $1::uuid AND d.channel = 'line' AND o.available_at > now()",
+    )
+    .bind(&reply.event_id)
+    .fetch_one(pool)
+    .await?;
+    check(
+        waiting == 1 && why.trail.iter().any(|l| l.contains("quiet hours")),
+        "the deferred LINE message waits in Postgres (outbox due at the window's end) and the explanation names quiet hours",
+        failures,
+    );
+    Ok(())
 }
