@@ -761,6 +761,47 @@ impl Services {
                 Err(e) => v.add(format!("default_channels[{i}]"), e.to_string()),
             }
         }
+        let default_locale = if r.default_locale.trim().is_empty() {
+            "th".to_string()
+        } else {
+            r.default_locale.trim().to_string()
+        };
+        if default_locale.len() > 35
+            || !default_locale
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            v.add("default_locale", "must be a BCP 47 tag such as th or en-US");
+        }
+        let sample_payload = if r.sample_payload.trim().is_empty() {
+            serde_json::json!({})
+        } else {
+            match serde_json::from_str::<serde_json::Value>(&r.sample_payload) {
+                Ok(p) if p.is_object() => p,
+                _ => {
+                    v.add("sample_payload", "must be a JSON object");
+                    serde_json::json!({})
+                }
+            }
+        };
+        if r.templates.len() > 100 {
+            v.add("templates", "at most 100 templates per type");
+        }
+        let templates: Vec<notify_core::template::Template> = r
+            .templates
+            .into_iter()
+            .map(|t| notify_core::template::Template {
+                channel: t.channel,
+                locale: t.locale,
+                title: t.title,
+                body: t.body,
+                email_subject: t.email_subject,
+                email_html: t.email_html,
+            })
+            .collect();
+        for f in notify_core::template::validate(&r.key, &templates, &sample_payload) {
+            v.add(f.field, f.description);
+        }
         let t = v
             .into_result(NotificationType {
                 key: r.key,
@@ -768,9 +809,11 @@ impl Services {
                 default_channels: channels,
                 critical: r.critical,
                 category,
+                default_locale,
+                sample_payload,
             })
             .map_err(ApiError::Invalid)?;
-        let created = catalog::upsert_type(&self.pool, &t).await?;
+        let created = catalog::upsert_type_with_templates(&self.pool, &t, &templates).await?;
         Ok(pb::UpsertNotificationTypeResponse {
             key: t.key,
             created,

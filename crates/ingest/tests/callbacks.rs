@@ -176,6 +176,7 @@ async fn marketing_email_unsubscribes_in_one_click() {
             default_channels: vec!["email".into()],
             critical: false,
             category: "marketing".into(),
+            ..Default::default()
         })
         .await
         .unwrap();

@@ -8,6 +8,7 @@ pub mod plan;
 pub mod quiet;
 pub mod retry;
 pub mod signed;
+pub mod template;
 pub mod text;
 pub mod validate;
 

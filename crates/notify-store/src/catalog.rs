@@ -19,17 +19,92 @@ pub struct NotificationType {
     pub critical: bool,
     /// `transactional` or `marketing`.
     pub category: String,
+    /// Last step of the template locale fallback.
+    pub default_locale: String,
+    /// What the templates are validated against.
+    pub sample_payload: serde_json::Value,
+}
+
+/// Creates or replaces a type together with its templates (replacing any saved before),
+/// in one transaction. Returns true when the type was created.
+pub async fn upsert_type_with_templates(
+    db: &sqlx::PgPool,
+    t: &NotificationType,
+    templates: &[notify_core::template::Template],
+) -> Result<bool> {
+    let mut tx = db.begin().await?;
+    let created = upsert_type(&mut *tx, t).await?;
+    sqlx::query("DELETE FROM notification_templates WHERE type = $1")
+        .bind(&t.key)
+        .execute(&mut *tx)
+        .await?;
+    if !templates.is_empty() {
+        let col = |f: fn(&notify_core::template::Template) -> &str| -> Vec<&str> {
+            templates.iter().map(f).collect()
+        };
+        sqlx::query(
+            "INSERT INTO notification_templates (type, channel, locale, title, body, email_subject, email_html)
+             SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])",
+        )
+        .bind(&t.key)
+        .bind(col(|x| &x.channel))
+        .bind(col(|x| &x.locale))
+        .bind(col(|x| &x.title))
+        .bind(col(|x| &x.body))
+        .bind(col(|x| &x.email_subject))
+        .bind(col(|x| &x.email_html))
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(created)
+}
+
+/// A type's templates and its default locale; `None` for an unknown type.
+pub async fn get_templates(
+    db: impl PgExecutor<'_> + Copy,
+    type_key: &str,
+) -> Result<Option<(String, Vec<notify_core::template::Template>)>> {
+    let Some(default_locale): Option<String> =
+        sqlx::query_scalar("SELECT default_locale FROM notification_types WHERE key = $1")
+            .bind(type_key)
+            .fetch_optional(db)
+            .await?
+    else {
+        return Ok(None);
+    };
+    let rows = sqlx::query(
+        "SELECT channel, locale, title, body, email_subject, email_html
+         FROM notification_templates WHERE type = $1 ORDER BY channel, locale",
+    )
+    .bind(type_key)
+    .fetch_all(db)
+    .await?;
+    let templates = rows
+        .into_iter()
+        .map(|r| notify_core::template::Template {
+            channel: r.get("channel"),
+            locale: r.get("locale"),
+            title: r.get("title"),
+            body: r.get("body"),
+            email_subject: r.get("email_subject"),
+            email_html: r.get("email_html"),
+        })
+        .collect();
+    Ok(Some((default_locale, templates)))
 }
 
 /// Creates or replaces a type. Returns true when it was created.
 pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Result<bool> {
     let channels: Vec<&str> = t.default_channels.iter().map(|c| c.as_str()).collect();
     let row = sqlx::query(
-        "INSERT INTO notification_types (key, priority, default_channels, critical, category)
-         VALUES ($1, $2, $3, $4, $5)
+        "INSERT INTO notification_types
+             (key, priority, default_channels, critical, category, default_locale, sample_payload)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
          ON CONFLICT (key) DO UPDATE SET priority = EXCLUDED.priority,
              default_channels = EXCLUDED.default_channels, critical = EXCLUDED.critical,
-             category = EXCLUDED.category, updated_at = now()
+             category = EXCLUDED.category, default_locale = EXCLUDED.default_locale,
+             sample_payload = EXCLUDED.sample_payload, updated_at = now()
          RETURNING (xmax = 0) AS created",
     )
     .bind(&t.key)
@@ -37,6 +112,8 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
     .bind(&channels)
     .bind(t.critical)
     .bind(&t.category)
+    .bind(&t.default_locale)
+    .bind(&t.sample_payload)
     .fetch_one(db)
     .await?;
     Ok(row.get("created"))
@@ -50,7 +127,8 @@ pub async fn get_type(db: impl PgExecutor<'_>, key: &str) -> Result<Option<Notif
 /// Loads the types named in `keys` (in no particular order); unknown keys are absent.
 pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<NotificationType>> {
     let rows = sqlx::query(
-        "SELECT key, priority, default_channels, critical, category FROM notification_types WHERE key = ANY($1)",
+        "SELECT key, priority, default_channels, critical, category, default_locale, sample_payload
+         FROM notification_types WHERE key = ANY($1)",
     )
     .bind(keys)
     .fetch_all(db)
@@ -67,6 +145,8 @@ pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<Not
                 .collect(),
             critical: r.get("critical"),
             category: r.get("category"),
+            default_locale: r.get("default_locale"),
+            sample_payload: r.get("sample_payload"),
         })
         .collect())
 }

@@ -12,6 +12,7 @@
 pub mod batch;
 pub mod http;
 pub mod limit;
+pub mod templates;
 
 use batch::Batcher;
 use futures_util::StreamExt;
@@ -175,8 +176,9 @@ pub async fn run<S: ChannelSender>(
     let mut backoff = Duration::from_millis(200);
     let db = DbBatches::start(&pool, sender.channel(), cfg.lease);
     let limits = Arc::new(limit::RateLimits::new(&cfg.rate_limits));
+    let templates = Arc::new(templates::TemplateCache::default());
     loop {
-        match run_connected(&cfg, &pool, &sender, &db, &limits, &shutdown).await {
+        match run_connected(&cfg, &pool, &sender, &db, &limits, &templates, &shutdown).await {
             Ok(()) => return Ok(()),
             Err(e) => {
                 error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "broker connection failed; reconnecting");
@@ -196,6 +198,7 @@ async fn run_connected<S: ChannelSender>(
     sender: &Arc<S>,
     db: &DbBatches,
     limits: &Arc<limit::RateLimits>,
+    templates: &Arc<templates::TemplateCache>,
     shutdown: &CancellationToken,
 ) -> Result<(), WorkerError> {
     let channel = sender.channel();
@@ -224,6 +227,7 @@ async fn run_connected<S: ChannelSender>(
         cfg: cfg.clone(),
         db: db.clone(),
         limits: limits.clone(),
+        templates: templates.clone(),
     });
     let mut failure = None;
     let mut ended = false;
@@ -290,6 +294,7 @@ struct Ctx<S> {
     cfg: WorkerConfig,
     db: DbBatches,
     limits: Arc<limit::RateLimits>,
+    templates: Arc<templates::TemplateCache>,
 }
 
 /// The worker's batched database calls: claims of one channel, and attempt records.
@@ -384,7 +389,11 @@ impl<S: ChannelSender> Ctx<S> {
                 }
                 Some(ClaimOutcome::Claimed(job)) => job,
             };
-            let outcome = self.send_with_heartbeat(&job).await;
+            let mut job = job;
+            let outcome = match self.templates.apply(&self.pool, &mut job).await {
+                Ok(()) => self.send_with_heartbeat(&job).await,
+                Err(failed) => failed,
+            };
             let (next, mut record) = decide(&self.cfg.retry, self.sender.retry_horizon(), &job, outcome);
             record.worker_id = self.cfg.worker_id.clone();
             match &next {
@@ -476,10 +485,13 @@ pub fn decide(
             retry_after,
         } => {
             record.error_code = Some(code.clone());
-            let status = record
-                .provider_status
-                .map(|s| format!(" (provider status {s})"))
-                .unwrap_or_default();
+            // A provider's status, or for a failure before any call (a template error)
+            // the reason itself, which names what to fix.
+            let status = match (record.provider_status, &record.provider_response) {
+                (Some(s), _) => format!(" (provider status {s})"),
+                (None, Some(why)) if code == "template_error" => format!(": {why}"),
+                _ => String::new(),
+            };
             match class {
                 ErrorClass::Permanent => {
                     record.outcome = "failed";

@@ -1,0 +1,162 @@
+//! Templates per type x channel x locale: Thai wording with Thai money and Buddhist-era
+//! dates, the English fallback, validation when the type is saved, and a template error at
+//! send time.
+
+mod support;
+
+use notify_proto::v1 as pb;
+use serde_json::Value;
+use support::{Platform, line_id, uniq};
+use tonic::Code;
+use tonic_types::StatusExt;
+
+fn tpl(channel: &str, locale: &str) -> pb::Template {
+    pb::Template {
+        channel: channel.into(),
+        locale: locale.into(),
+        ..Default::default()
+    }
+}
+
+fn order_paid_type(templates: Vec<pb::Template>) -> pb::UpsertNotificationTypeRequest {
+    pb::UpsertNotificationTypeRequest {
+        key: "order_paid".into(),
+        default_channels: vec!["email".into(), "line".into()],
+        default_locale: "en".into(),
+        sample_payload: r#"{"order_id": 1001, "total": "1250", "paid_at": "2026-11-30T18:30:00Z"}"#
+            .into(),
+        templates,
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thai_templates_with_thai_money_and_dates_and_an_english_fallback() {
+    let p = Platform::start().await;
+    let th_email = pb::Template {
+        email_subject: "ชำระเงินสำเร็จ คำสั่งซื้อ #{{ payload.order_id }}".into(),
+        body: "เรียนคุณ{{ recipient.display_name }} เราได้รับชำระเงิน {{ payload.total|money }} เมื่อ {{ payload.paid_at|date }} แล้ว".into(),
+        email_html: "<p>เรียนคุณ{{ recipient.display_name }}</p><p>ยอดชำระ <b>{{ payload.total|money }}</b></p>".into(),
+        ..tpl("email", "th")
+    };
+    let th_line = pb::Template {
+        title: "ชำระเงินแล้ว #{{ payload.order_id }}".into(),
+        body: "ยอด {{ payload.total|money }} วันที่ {{ payload.paid_at|date('short') }}".into(),
+        ..tpl("line", "th")
+    };
+    let en_any = pb::Template {
+        title: "Payment received for order #{{ payload.order_id }}".into(),
+        body: "We received {{ payload.total|money }} on {{ payload.paid_at|date }}.".into(),
+        ..tpl("*", "en")
+    };
+
+    // A template that does not render against the sample payload is refused on save.
+    let broken = pb::Template {
+        body: "ยอด\n{{ payload.totl|money }}".into(),
+        ..tpl("line", "th")
+    };
+    let err = p
+        .types()
+        .upsert_notification_type(order_paid_type(vec![en_any.clone(), broken]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    let v = &err.get_details_bad_request().unwrap().field_violations[0];
+    assert_eq!(v.field, "templates[1].body");
+    assert!(v.description.starts_with("line 2:"), "{}", v.description);
+
+    p.types()
+        .upsert_notification_type(order_paid_type(vec![th_email, th_line, en_any]))
+        .await
+        .unwrap();
+    let (th, ja) = (uniq("th"), uniq("ja"));
+    let (th_mail, ja_mail) = (format!("{th}@example.test"), format!("{ja}@example.test"));
+    p.add_recipient(&th, "สมชาย", &th_mail, &line_id()).await;
+    p.recipients()
+        .upsert_recipient(pb::UpsertRecipientRequest {
+            user_id: ja.clone(),
+            display_name: "Taro".into(),
+            email: ja_mail.clone(),
+            locale: "ja-JP".into(),
+            timezone: "Asia/Tokyo".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut req = p.event("tpl:1", "order_paid", &[&th, &ja]);
+    req.payload =
+        r#"{"order_id": 1001, "total": "1250", "paid_at": "2026-11-30T18:30:00Z"}"#.into();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert!(
+        done.deliveries.iter().all(|d| d.status == "sent"),
+        "{:?}",
+        done.deliveries
+    );
+
+    // Thai email: Thai subject, amount in baht, date in the Buddhist era (01:30 on 1 December
+    // in Bangkok).
+    let mail = &p.mails_to(&th_mail).await[0];
+    assert_eq!(mail["subject"], "ชำระเงินสำเร็จ คำสั่งซื้อ #1001");
+    let text = mail["text"].as_str().unwrap();
+    assert!(
+        text.contains("เรียนคุณสมชาย เราได้รับชำระเงิน 1,250.00 บาท เมื่อ 1 ธันวาคม 2569 แล้ว"),
+        "{text}"
+    );
+    assert!(
+        mail["html"]
+            .as_str()
+            .unwrap()
+            .contains("<b>1,250.00 บาท</b>")
+    );
+    // Thai LINE message.
+    let line = p.sim_requests("line").await;
+    let said = line[0]["body"]["messages"][0]["text"].as_str().unwrap();
+    assert_eq!(
+        said,
+        "ชำระเงินแล้ว #1001\nยอด 1,250.00 บาท วันที่ 1 ธ.ค. 2569\nhttps://shop.example.test/orders/1001",
+        "the caller's link follows the rendered text"
+    );
+    // No Japanese template: the type's default locale, English, in Tokyo time.
+    let mail = &p.mails_to(&ja_mail).await[0];
+    assert_eq!(mail["subject"], "Payment received for order #1001");
+    assert!(
+        mail["text"]
+            .as_str()
+            .unwrap()
+            .contains("We received THB 1,250.00 on 1 December 2026."),
+        "{}",
+        mail["text"]
+    );
+    // The attempt records the rendered content.
+    let th_email = done
+        .deliveries
+        .iter()
+        .find(|d| d.user_id == th && d.channel == "email")
+        .unwrap();
+    let content: Value = sqlx::query_scalar(
+        "SELECT content_json FROM delivery_attempts WHERE delivery_id = $1::uuid",
+    )
+    .bind(&th_email.delivery_id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(content["subject"], "ชำระเงินสำเร็จ คำสั่งซื้อ #1001");
+
+    // A payload without a field the template needs: that delivery fails at once, naming
+    // the template and line.
+    let mut req = p.event("tpl:2", "order_paid", &[&th]);
+    req.payload = r#"{"order_id": 1002}"#.into();
+    req.channels = vec!["line".into()];
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let done = p.wait_final(&ev.event_id, 30).await;
+    let d = &done.deliveries[0];
+    assert_eq!((d.status.as_str(), d.attempts), ("failed", 1));
+    assert!(
+        d.last_error
+            .starts_with("template_error: template order_paid/line/th:body line 1:"),
+        "{}",
+        d.last_error
+    );
+    p.stop().await;
+}

@@ -1,0 +1,95 @@
+//! Rendering a delivery's content from its type's templates just before the provider
+//! call (`notify_core::template`). Templates are read from Postgres per type and kept for
+//! [`CACHE_TTL`], so a saved change reaches every worker within that time.
+
+use notify_core::template::{self, EventContext, RecipientContext, RenderContext};
+use notify_core::{AttemptOutcome, ErrorClass};
+use notify_store::PgPool;
+use notify_store::deliveries::DeliveryJob;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long a type's templates are cached.
+pub const CACHE_TTL: Duration = Duration::from_secs(10);
+
+type Entry = (Instant, Arc<(String, Vec<template::Template>)>);
+
+/// Per-type template cache.
+#[derive(Default)]
+pub struct TemplateCache {
+    types: Mutex<HashMap<String, Entry>>,
+}
+
+impl TemplateCache {
+    async fn load(
+        &self,
+        pool: &PgPool,
+        type_key: &str,
+    ) -> notify_store::Result<Arc<(String, Vec<template::Template>)>> {
+        if let Some((at, entry)) = self
+            .types
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(type_key)
+            && at.elapsed() < CACHE_TTL
+        {
+            return Ok(entry.clone());
+        }
+        let loaded = notify_store::catalog::get_templates(pool, type_key)
+            .await?
+            .unwrap_or_else(|| ("th".into(), Vec::new()));
+        let entry = Arc::new(loaded);
+        self.types
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(type_key.to_string(), (Instant::now(), entry.clone()));
+        Ok(entry)
+    }
+
+    /// Replaces `job.content` with its type's template for the job's channel and the
+    /// recipient's locale, when there is one. `Err` is the attempt's outcome when the
+    /// template fails (permanent, `template_error`, naming the template and line) or the
+    /// templates cannot be read (transient).
+    pub async fn apply(&self, pool: &PgPool, job: &mut DeliveryJob) -> Result<(), AttemptOutcome> {
+        let entry = self.load(pool, &job.type_key).await.map_err(|e| {
+            AttemptOutcome::failed(
+                ErrorClass::Transient,
+                "templates_unavailable",
+                serde_json::json!({}),
+            )
+            .with_response(e.to_string())
+        })?;
+        let (default_locale, templates) = (&entry.0, &entry.1);
+        let Some(t) = template::pick(templates, &job.channel, &job.locale, default_locale) else {
+            return Ok(());
+        };
+        let ctx = RenderContext {
+            payload: &job.payload,
+            content: &job.content,
+            recipient: RecipientContext {
+                user_id: &job.user_id,
+                display_name: &job.display_name,
+                locale: &job.locale,
+                timezone: &job.timezone,
+            },
+            event: EventContext {
+                id: job.event_id.to_string(),
+                key: &job.event_key,
+                type_key: &job.type_key,
+            },
+        };
+        match template::render(&job.type_key, t, &ctx) {
+            Ok(content) => {
+                job.content = content;
+                Ok(())
+            }
+            Err(e) => Err(AttemptOutcome::failed(
+                ErrorClass::Permanent,
+                "template_error",
+                serde_json::json!({"template": e.name, "line": e.line}),
+            )
+            .with_response(e.to_string())),
+        }
+    }
+}
