@@ -784,6 +784,10 @@ impl Services {
                 }
             }
         };
+        let dedup_window_s = r.dedup_window_seconds;
+        if dedup_window_s > 31 * 86_400 {
+            v.add("dedup_window_seconds", "must be at most 31 days (2678400)");
+        }
         if r.templates.len() > 100 {
             v.add("templates", "at most 100 templates per type");
         }
@@ -811,6 +815,7 @@ impl Services {
                 category,
                 default_locale,
                 sample_payload,
+                dedup_window_s: dedup_window_s as i32,
             })
             .map_err(ApiError::Invalid)?;
         let created = catalog::upsert_type_with_templates(&self.pool, &t, &templates).await?;

@@ -267,7 +267,8 @@ async fn check_catalogue(
         }
     };
     let mut ready = Vec::with_capacity(jobs.len());
-    for job in jobs {
+    let now = chrono::Utc::now();
+    for mut job in jobs {
         let Some(ty) = types.get(&job.event.type_key) else {
             let name = job.event.type_key.clone();
             let _ = job.reply.send(Err(ApiError::NotFound {
@@ -298,6 +299,7 @@ async fn check_catalogue(
             }));
             continue;
         }
+        job.event.bucket_key(now, i64::from(ty.dedup_window_s));
         ready.push(Ready {
             // Time-ordered (RFC 9562 version 7), like delivery ids.
             id: Uuid::now_v7(),

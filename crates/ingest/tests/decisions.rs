@@ -288,3 +288,55 @@ async fn the_deciding_preference_level_is_explained() {
     assert_eq!(prefs.preferences.len(), 3);
     p.stop().await;
 }
+
+/// A type with a dedup window: the same key within one bucket is a duplicate; in the next
+/// bucket it is a new event; `GetEvent` by the caller's key finds the latest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dedup_window_merges_repeats_within_a_bucket_only() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "stock_low".into(),
+            default_channels: vec!["inapp".into()],
+            dedup_window_seconds: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let u = uniq("u");
+    // Start just after a bucket boundary (buckets are [2k, 2k+2) seconds since the epoch).
+    let now = chrono::Utc::now();
+    let into = 2_000 - (now.timestamp_millis().rem_euclid(2_000)) + 50;
+    tokio::time::sleep(Duration::from_millis(into as u64)).await;
+    let first = p.send("stock:sku-1", "stock_low", &[&u]).await;
+    let again = p.send("stock:sku-1", "stock_low", &[&u]).await;
+    assert!(!first.duplicate);
+    assert!(again.duplicate, "same bucket");
+    assert_eq!(again.event_id, first.event_id);
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let later = p.send("stock:sku-1", "stock_low", &[&u]).await;
+    assert!(!later.duplicate, "next bucket: a new event");
+    assert_ne!(later.event_id, first.event_id);
+    let found = p
+        .ingest()
+        .get_event(pb::GetEventRequest {
+            selector: Some(pb::get_event_request::Selector::EventKey(
+                "stock:sku-1".into(),
+            )),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(found.event_id, later.event_id, "the latest bucket's event");
+    assert!(
+        found.event_key.starts_with("stock:sku-1|dedup@"),
+        "{}",
+        found.event_key
+    );
+    p.stop().await;
+}

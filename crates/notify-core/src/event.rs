@@ -152,6 +152,37 @@ pub struct NewEvent {
     pub topic: Option<String>,
     /// LINE by multicast batches of up to 500 users (topic events only).
     pub line_multicast: bool,
+    /// The caller's key when `event_key` was bucketed by the type's dedup window.
+    pub caller_key: Option<String>,
+}
+
+/// Start of the dedup bucket holding `now` for a window of `window_s` seconds: buckets
+/// are `[k*W, (k+1)*W)` seconds since the Unix epoch, in UTC.
+pub fn dedup_bucket(
+    now: chrono::DateTime<chrono::Utc>,
+    window_s: i64,
+) -> chrono::DateTime<chrono::Utc> {
+    let w = window_s.max(1);
+    let start = now.timestamp().div_euclid(w) * w;
+    chrono::DateTime::from_timestamp(start, 0).unwrap_or(now)
+}
+
+impl NewEvent {
+    /// Scopes the event key to the dedup bucket holding `now`: the stored key becomes
+    /// `<key>|dedup@<bucket start, RFC 3339>` and the caller's key is kept. A repeat in the
+    /// same bucket is then a duplicate; in the next bucket it is a new event.
+    pub fn bucket_key(&mut self, now: chrono::DateTime<chrono::Utc>, window_s: i64) {
+        if window_s <= 0 || self.caller_key.is_some() {
+            return;
+        }
+        let bucket = dedup_bucket(now, window_s);
+        let caller = std::mem::take(&mut self.event_key);
+        self.event_key = format!(
+            "{caller}|dedup@{}",
+            bucket.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        );
+        self.caller_key = Some(caller);
+    }
 }
 
 /// NFC-normalises an event key so that visually identical keys compare equal.
@@ -286,6 +317,7 @@ impl NewEvent {
             channels,
             topic,
             line_multicast: input.line_multicast,
+            caller_key: None,
         })
     }
 
@@ -297,7 +329,7 @@ impl NewEvent {
         let mut recipients = self.recipients.clone();
         recipients.sort();
         let canonical = serde_json::json!({
-            "event_key": self.event_key,
+            "event_key": self.caller_key.as_ref().unwrap_or(&self.event_key),
             "type": self.type_key,
             "actor_id": self.actor_id,
             "recipients": recipients,
@@ -363,6 +395,35 @@ mod tests {
         let mut i = input();
         i.event_key = "k".repeat(256);
         assert_eq!(fields(&NewEvent::parse(i).unwrap_err()), ["event_key"]);
+    }
+
+    #[test]
+    fn dedup_buckets_are_aligned_to_the_epoch() {
+        let at = |s: &str| s.parse::<chrono::DateTime<chrono::Utc>>().unwrap();
+        // A 10-minute window: [17:00, 17:10) and [17:10, 17:20).
+        assert_eq!(
+            dedup_bucket(at("2026-11-30T17:09:59Z"), 600),
+            at("2026-11-30T17:00:00Z")
+        );
+        assert_eq!(
+            dedup_bucket(at("2026-11-30T17:10:00Z"), 600),
+            at("2026-11-30T17:10:00Z")
+        );
+        // A day: UTC midnight, which is 07:00 in Bangkok.
+        assert_eq!(
+            dedup_bucket(at("2026-11-30T23:59:59Z"), 86_400),
+            at("2026-11-30T00:00:00Z")
+        );
+        let mut e = NewEvent::parse(input()).unwrap();
+        let fingerprint = e.fingerprint();
+        e.bucket_key(at("2026-11-30T17:09:59Z"), 600);
+        assert_eq!(e.event_key, "order:123:paid|dedup@2026-11-30T17:00:00Z");
+        assert_eq!(e.caller_key.as_deref(), Some("order:123:paid"));
+        assert_eq!(
+            e.fingerprint(),
+            fingerprint,
+            "the caller's key is fingerprinted"
+        );
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct NotificationType {
     pub default_locale: String,
     /// What the templates are validated against.
     pub sample_payload: serde_json::Value,
+    /// Dedup window in seconds (0 = an event_key is unique forever).
+    pub dedup_window_s: i32,
 }
 
 /// Creates or replaces a type together with its templates (replacing any saved before),
@@ -99,12 +101,14 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
     let channels: Vec<&str> = t.default_channels.iter().map(|c| c.as_str()).collect();
     let row = sqlx::query(
         "INSERT INTO notification_types
-             (key, priority, default_channels, critical, category, default_locale, sample_payload)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
+             (key, priority, default_channels, critical, category, default_locale, sample_payload,
+              dedup_window_s)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
          ON CONFLICT (key) DO UPDATE SET priority = EXCLUDED.priority,
              default_channels = EXCLUDED.default_channels, critical = EXCLUDED.critical,
              category = EXCLUDED.category, default_locale = EXCLUDED.default_locale,
-             sample_payload = EXCLUDED.sample_payload, updated_at = now()
+             sample_payload = EXCLUDED.sample_payload, dedup_window_s = EXCLUDED.dedup_window_s,
+             updated_at = now()
          RETURNING (xmax = 0) AS created",
     )
     .bind(&t.key)
@@ -114,6 +118,7 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
     .bind(&t.category)
     .bind(&t.default_locale)
     .bind(&t.sample_payload)
+    .bind(t.dedup_window_s)
     .fetch_one(db)
     .await?;
     Ok(row.get("created"))
@@ -127,7 +132,8 @@ pub async fn get_type(db: impl PgExecutor<'_>, key: &str) -> Result<Option<Notif
 /// Loads the types named in `keys` (in no particular order); unknown keys are absent.
 pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<NotificationType>> {
     let rows = sqlx::query(
-        "SELECT key, priority, default_channels, critical, category, default_locale, sample_payload
+        "SELECT key, priority, default_channels, critical, category, default_locale, sample_payload,
+                dedup_window_s
          FROM notification_types WHERE key = ANY($1)",
     )
     .bind(keys)
@@ -147,6 +153,7 @@ pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<Not
             category: r.get("category"),
             default_locale: r.get("default_locale"),
             sample_payload: r.get("sample_payload"),
+            dedup_window_s: r.get("dedup_window_s"),
         })
         .collect())
 }

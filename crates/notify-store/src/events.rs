@@ -83,19 +83,23 @@ pub async fn insert_events(
         .collect();
     let topics: Vec<Option<&str>> = batch.iter().map(|b| b.event.topic.as_deref()).collect();
     let multicast: Vec<bool> = batch.iter().map(|b| b.event.line_multicast).collect();
+    let caller_keys: Vec<Option<&str>> = batch
+        .iter()
+        .map(|b| b.event.caller_key.as_deref())
+        .collect();
     let inserted: Vec<String> = sqlx::query_scalar(
         "INSERT INTO notification_events
              (id, event_key, type, actor_id, recipients, payload_json, content_json, channels,
-              fingerprint, topic, fanout_status, line_multicast)
+              fingerprint, topic, fanout_status, line_multicast, caller_key)
          SELECT t.id, t.key, t.type, t.actor,
                 ARRAY(SELECT jsonb_array_elements_text(t.recipients)), t.payload, t.content,
                 ARRAY(SELECT jsonb_array_elements_text(t.channels)), t.fingerprint, t.topic,
-                CASE WHEN t.topic IS NULL THEN 'none' ELSE 'pending' END, t.multicast
+                CASE WHEN t.topic IS NULL THEN 'none' ELSE 'pending' END, t.multicast, t.caller_key
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::jsonb[],
-                     $7::jsonb[], $8::jsonb[], $9::bytea[], $10::text[], $11::bool[])
+                     $7::jsonb[], $8::jsonb[], $9::bytea[], $10::text[], $11::bool[], $12::text[])
               WITH ORDINALITY
               AS t(id, key, type, actor, recipients, payload, content, channels, fingerprint, topic,
-                   multicast, n)
+                   multicast, caller_key, n)
          ORDER BY t.n
          ON CONFLICT (event_key) DO NOTHING
          RETURNING event_key",
@@ -111,6 +115,7 @@ pub async fn insert_events(
     .bind(&fingerprints)
     .bind(&topics)
     .bind(&multicast)
+    .bind(&caller_keys)
     .fetch_all(&mut *db)
     .await?;
     if inserted.len() == batch.len() {
@@ -378,7 +383,8 @@ pub async fn get_event(
     let row = sqlx::query(
         "SELECT id, event_key, type, actor_id, recipients, payload_json, content_json, topic,
                 fanout_status, fanout_recipients, created_at
-         FROM notification_events WHERE id = $1 OR event_key = $2",
+         FROM notification_events WHERE id = $1 OR event_key = $2 OR caller_key = $2
+         ORDER BY created_at DESC LIMIT 1",
     )
     .bind(id)
     .bind(key)
