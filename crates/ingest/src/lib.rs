@@ -6,6 +6,7 @@ pub mod error;
 pub mod fanout;
 pub mod grpc;
 pub mod relay;
+pub mod types_file;
 pub mod writer;
 
 use notify_broker::Topology;

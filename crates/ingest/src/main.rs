@@ -1,7 +1,7 @@
 //! `ingest`: the gRPC API, outbox relay and lease sweeper.
 //!
 //! Usage: `ingest [serve]` runs the service; `ingest migrate` applies database migrations
-//! and exits. Configuration comes from the environment (see README).
+//! and exits; `ingest load-types FILE` applies a versioned notification-type file. Configuration comes from the environment (see README).
 
 use std::process::ExitCode;
 
@@ -11,7 +11,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     let command = std::env::args().nth(1).unwrap_or_else(|| "serve".into());
     if matches!(command.as_str(), "-h" | "--help" | "help") {
         println!(
-            "usage: ingest [serve | migrate]\n  serve    gRPC API, outbox relay and lease sweeper (default)\n  migrate  apply database migrations and exit\nConfiguration: environment variables, see README."
+            "usage: ingest [serve | migrate | load-types FILE]\n  serve       gRPC API, outbox relay and lease sweeper (default)\n  migrate     apply database migrations and exit\n  load-types  apply a versioned notification-type file (JSON) and exit\nConfiguration: environment variables, see README."
         );
         return Ok(ExitCode::SUCCESS);
     }
@@ -20,6 +20,37 @@ async fn main() -> anyhow::Result<ExitCode> {
         notify_store::PoolConfig::new(env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]));
     pool_cfg.max_connections = env.number("NOTIFY_DB_POOL_SIZE", 20, 1, 1000);
     match command.as_str() {
+        "load-types" => {
+            let Some(path) = std::env::args().nth(2) else {
+                eprintln!("usage: ingest load-types FILE");
+                return Ok(ExitCode::from(64));
+            };
+            if let Err(problems) = env.finish() {
+                notify_telemetry::exit_bad_config("ingest", &problems);
+            }
+            let text = match std::fs::read_to_string(&path) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("ingest load-types: cannot read {path}: {e}");
+                    return Ok(ExitCode::from(66));
+                }
+            };
+            let pool = notify_store::connect(&pool_cfg)?;
+            match ingest::types_file::load(&pool, &text).await {
+                Ok(ingest::types_file::Loaded::Applied { version, types }) => {
+                    println!("loaded {path}: version {version}, {types} types");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Ok(ingest::types_file::Loaded::AlreadyLoaded { version }) => {
+                    println!("{path}: version {version} is already loaded; nothing to do");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("ingest load-types {path}: {e}");
+                    Ok(ExitCode::from(65))
+                }
+            }
+        }
         "migrate" => {
             if let Err(problems) = env.finish() {
                 notify_telemetry::exit_bad_config("ingest", &problems);

@@ -160,3 +160,80 @@ async fn thai_templates_with_thai_money_and_dates_and_an_english_fallback() {
     );
     p.stop().await;
 }
+
+/// `ingest load-types`: the versioned type file is applied once, atomically, and refused
+/// when invalid, reused with other content, or older than what is loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_type_file_loads_once_per_version_and_all_or_nothing() {
+    use ingest::types_file::{LoadError, Loaded, load};
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let file = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/notification-types.json"
+    ))
+    .unwrap();
+    assert_eq!(
+        load(&p.pool, &file).await.unwrap(),
+        Loaded::Applied {
+            version: 1,
+            types: 4
+        }
+    );
+    assert_eq!(
+        load(&p.pool, &file).await.unwrap(),
+        Loaded::AlreadyLoaded { version: 1 }
+    );
+    let templates: i64 = sqlx::query_scalar("SELECT count(*) FROM notification_templates")
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+    assert_eq!(templates, 5);
+
+    let changed = file.replace("\"stock_low\",", "\"stock_low\", \"priority\": \"low\",");
+    assert!(
+        matches!(load(&p.pool, &changed).await, Err(LoadError::Version(m)) if m.contains("bump the version"))
+    );
+    let older = file.replace("\"version\": 1", "\"version\": 0");
+    assert!(matches!(
+        load(&p.pool, &older).await,
+        Err(LoadError::Invalid(_))
+    ));
+    let broken = file
+        .replace("\"version\": 1", "\"version\": 2")
+        .replace("{{ payload.device }} ที่", "{{ payload.devise }} ที่")
+        .replace("\"promo_weekly\"", "\"promo_weekly_v2\"");
+    match load(&p.pool, &broken).await {
+        Err(LoadError::Invalid(problems)) => {
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(
+                problems[0].starts_with("types[1].templates[0].body: line 1:"),
+                "{problems:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(p.count("notification_types").await, 4, "nothing written");
+    let v2 = file
+        .replace("\"version\": 1", "\"version\": 2")
+        .replace("\"promo_weekly\"", "\"promo_weekly_v2\"");
+    assert_eq!(
+        load(&p.pool, &v2).await.unwrap(),
+        Loaded::Applied {
+            version: 2,
+            types: 4
+        }
+    );
+    assert_eq!(
+        p.count("notification_types").await,
+        5,
+        "types not in the file stay"
+    );
+    assert!(
+        matches!(load(&p.pool, &file).await, Err(LoadError::Version(m)) if m.contains("older"))
+    );
+    p.stop().await;
+}

@@ -27,14 +27,13 @@ pub struct NotificationType {
     pub dedup_window_s: i32,
 }
 
-/// Creates or replaces a type together with its templates (replacing any saved before),
-/// in one transaction. Returns true when the type was created.
+/// Creates or replaces a type together with its templates (replacing any saved before).
+/// Run it in a transaction. Returns true when the type was created.
 pub async fn upsert_type_with_templates(
-    db: &sqlx::PgPool,
+    tx: &mut sqlx::PgConnection,
     t: &NotificationType,
     templates: &[notify_core::template::Template],
 ) -> Result<bool> {
-    let mut tx = db.begin().await?;
     let created = upsert_type(&mut *tx, t).await?;
     sqlx::query("DELETE FROM notification_templates WHERE type = $1")
         .bind(&t.key)
@@ -58,8 +57,32 @@ pub async fn upsert_type_with_templates(
         .execute(&mut *tx)
         .await?;
     }
-    tx.commit().await?;
     Ok(created)
+}
+
+/// The highest type-file version loaded and its checksum, if any.
+pub async fn type_catalog_version(db: impl PgExecutor<'_>) -> Result<Option<(i32, Vec<u8>)>> {
+    Ok(sqlx::query_as(
+        "SELECT version, checksum FROM type_catalog_versions ORDER BY version DESC LIMIT 1",
+    )
+    .fetch_optional(db)
+    .await?)
+}
+
+/// Records that type-file `version` (with `checksum`, `types` types) was loaded.
+pub async fn record_type_catalog_version(
+    db: impl PgExecutor<'_>,
+    version: i32,
+    checksum: &[u8],
+    types: i32,
+) -> Result<()> {
+    sqlx::query("INSERT INTO type_catalog_versions (version, checksum, types) VALUES ($1, $2, $3)")
+        .bind(version)
+        .bind(checksum)
+        .bind(types)
+        .execute(db)
+        .await?;
+    Ok(())
 }
 
 /// A type's templates and its default locale; `None` for an unknown type.
