@@ -100,12 +100,31 @@ pub async fn serve(
         .await
 }
 
+/// A body that could not be read (over [`MAX_BODY_BYTES`], or cut off) as the JSON error
+/// every other failure gets.
+fn body_error(e: axum::extract::rejection::BytesRejection) -> Response {
+    let status = e.status();
+    let (code, message) = if status == StatusCode::PAYLOAD_TOO_LARGE {
+        (
+            "body_too_large",
+            format!("must be at most {MAX_BODY_BYTES} bytes"),
+        )
+    } else {
+        ("invalid_body", e.body_text())
+    };
+    error(status, code, "body", &message)
+}
+
 /// `POST /webhooks/line`.
 async fn line_webhook(
     State(app): State<AppState>,
     headers: HeaderMap,
-    body: axum::body::Bytes,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return body_error(e),
+    };
     let signature = headers
         .get("x-line-signature")
         .and_then(|v| v.to_str().ok())
@@ -234,8 +253,12 @@ async fn unsubscribe_page(State(app): State<AppState>, Query(q): Query<TokenQuer
 async fn unsubscribe(
     State(app): State<AppState>,
     Query(q): Query<TokenQuery>,
-    body: String,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Response {
+    let body = match body {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) => return body_error(e),
+    };
     let t = match check_token(&app, &q.token) {
         Ok(t) => t,
         Err(resp) => return *resp,

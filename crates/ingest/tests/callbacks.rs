@@ -156,6 +156,11 @@ async fn a_bad_line_webhook_body_gets_a_json_400_naming_the_field() {
         .await
         .unwrap();
     assert_eq!(r.status(), 413, "bodies over 1 MiB are refused");
+    let err: Value = r.json().await.unwrap();
+    assert_eq!(
+        err["error"]["code"], "body_too_large",
+        "as JSON like every other error"
+    );
     p.stop().await;
 }
 
