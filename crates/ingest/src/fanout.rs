@@ -20,7 +20,13 @@ pub const BATCH: i64 = 1_000;
 const HOLD: Duration = Duration::from_secs(30);
 
 /// Runs until `shutdown`: wakes on `LISTEN notify_fanout` or every `poll`.
-pub async fn run(pool: PgPool, max_attempts: i32, poll: Duration, shutdown: CancellationToken) {
+pub async fn run(
+    pool: PgPool,
+    max_attempts: i32,
+    caps: std::collections::BTreeMap<Channel, u32>,
+    poll: Duration,
+    shutdown: CancellationToken,
+) {
     let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
         Ok(mut l) => match l.listen("notify_fanout").await {
             Ok(()) => Some(l),
@@ -40,7 +46,7 @@ pub async fn run(pool: PgPool, max_attempts: i32, poll: Duration, shutdown: Canc
         }
         match events::claim_fanout(&pool, HOLD).await {
             Ok(Some(job)) => {
-                if let Err(e) = fan_out(&pool, &job, max_attempts, &shutdown).await {
+                if let Err(e) = fan_out(&pool, &job, max_attempts, &caps, &shutdown).await {
                     warn!(event_id = %job.event_id, error = %e, "fan-out interrupted; it resumes from its checkpoint");
                 }
                 continue;
@@ -66,6 +72,7 @@ async fn fan_out(
     pool: &PgPool,
     job: &FanoutJob,
     max_attempts: i32,
+    caps: &std::collections::BTreeMap<Channel, u32>,
     shutdown: &CancellationToken,
 ) -> notify_store::Result<()> {
     let Some(ty) = notify_store::catalog::get_type(pool, &job.type_key).await? else {
@@ -85,13 +92,23 @@ async fn fan_out(
         let done = (users.len() as i64) < BATCH;
         let next = users.last().cloned().unwrap_or_else(|| cursor.clone());
         let facts = notify_store::catalog::load_recipient_facts(&mut tx, &ty.key, &users).await?;
-        let (mut planned, skipped) = plan(
-            job.event_id,
-            ty.critical,
-            &channels,
-            &facts,
-            chrono::Utc::now(),
-        );
+        let now = chrono::Utc::now();
+        let (mut planned, mut skipped) = plan(job.event_id, ty.critical, &channels, &facts, now);
+        if !caps.is_empty() {
+            let page: Vec<&str> = users.iter().map(String::as_str).collect();
+            let mut counted = events::counted_toward_caps(&mut tx, &page).await?;
+            let over = notify_core::fatigue::OverCap::parse(&ty.over_cap)
+                .unwrap_or(notify_core::fatigue::OverCap::Defer);
+            planned = notify_core::fatigue::apply_caps(
+                planned,
+                &mut skipped,
+                caps,
+                ty.critical,
+                over,
+                now,
+                &mut counted,
+            );
+        }
         if job.line_multicast {
             planned = merge_line_multicast(job.event_id, &cursor, planned);
         }

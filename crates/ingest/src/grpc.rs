@@ -808,6 +808,14 @@ pub fn validate_type(
             }
         }
     };
+    let over_cap = if r.over_cap.is_empty() {
+        "defer".to_string()
+    } else {
+        r.over_cap.to_ascii_lowercase()
+    };
+    if notify_core::fatigue::OverCap::parse(&over_cap).is_none() {
+        v.add("over_cap", "must be defer or drop");
+    }
     let dedup_window_s = r.dedup_window_seconds;
     if dedup_window_s > 31 * 86_400 {
         v.add("dedup_window_seconds", "must be at most 31 days (2678400)");
@@ -839,6 +847,7 @@ pub fn validate_type(
         default_locale,
         sample_payload,
         dedup_window_s: dedup_window_s as i32,
+        over_cap,
     })?;
     Ok((t, templates))
 }

@@ -36,13 +36,39 @@ pub struct IngestConfig {
     pub writers: usize,
     /// Most `CreateEvent` requests written in one transaction.
     pub write_batch: usize,
+    /// Fatigue caps per channel: most non-critical notifications per user per rolling hour.
+    pub fatigue_caps: std::collections::BTreeMap<notify_core::Channel, u32>,
+}
+
+/// Parses `channel=n,...` (e.g. `email=5,line=10`; empty = no caps).
+pub fn parse_fatigue_caps(
+    s: &str,
+) -> Result<std::collections::BTreeMap<notify_core::Channel, u32>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (name, n) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not channel=per_hour"))?;
+            let channel = name
+                .trim()
+                .parse::<notify_core::Channel>()
+                .map_err(|e| e.to_string())?;
+            match n.trim().parse::<u32>() {
+                Ok(n) if n > 0 => Ok((channel, n)),
+                _ => Err(format!("{pair:?}: the cap must be a whole number above 0")),
+            }
+        })
+        .collect()
 }
 
 impl IngestConfig {
     /// Reads `NOTIFY_AMQP_URL` (required), `NOTIFY_AMQP_PREFIX` (""), `NOTIFY_MAX_ATTEMPTS`
     /// (5), `NOTIFY_REQUEST_TIMEOUT` (30s), `NOTIFY_RELAY_BATCH` (500), `NOTIFY_RELAY_POLL`
     /// (1s), `NOTIFY_SWEEP_INTERVAL` (10s), `NOTIFY_REPUBLISH_AFTER` (5m), `NOTIFY_INGEST_WRITERS`
-    /// (4), `NOTIFY_INGEST_BATCH` (200).
+    /// (4), `NOTIFY_INGEST_BATCH` (200), `NOTIFY_FATIGUE_CAPS` (empty: no caps; e.g.
+    /// `email=5,line=10,push=10` per user per rolling hour).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
         Self {
@@ -70,6 +96,11 @@ impl IngestConfig {
             ),
             writers: env.number("NOTIFY_INGEST_WRITERS", 4, 1, 64),
             write_batch: env.number("NOTIFY_INGEST_BATCH", 200, 1, 1000),
+            fatigue_caps: env.parse_with(
+                "NOTIFY_FATIGUE_CAPS",
+                Default::default(),
+                parse_fatigue_caps,
+            ),
         }
     }
 }
@@ -93,6 +124,7 @@ pub async fn run(
     let fanout_task = tokio::spawn(fanout::run(
         pool.clone(),
         cfg.max_attempts,
+        cfg.fatigue_caps.clone(),
         cfg.relay.poll,
         shutdown.clone(),
     ));
@@ -103,6 +135,7 @@ pub async fn run(
             writers: cfg.writers,
             max_batch: cfg.write_batch,
             max_attempts: cfg.max_attempts,
+            fatigue_caps: cfg.fatigue_caps.clone(),
         },
     );
     let (health, health_service) = tonic_health::server::health_reporter();

@@ -49,6 +49,8 @@ pub struct TypeSpec {
     #[serde(default)]
     dedup_window_seconds: u32,
     #[serde(default)]
+    over_cap: String,
+    #[serde(default)]
     templates: Vec<TemplateSpec>,
 }
 
@@ -127,6 +129,7 @@ pub async fn load(pool: &PgPool, text: &str) -> Result<Loaded, LoadError> {
                 .map(|p| p.to_string())
                 .unwrap_or_default(),
             dedup_window_seconds: spec.dedup_window_seconds,
+            over_cap: spec.over_cap,
             templates: spec
                 .templates
                 .into_iter()

@@ -51,7 +51,7 @@ struct Job {
 }
 
 /// Settings of the event writer.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct WriterConfig {
     /// Writer tasks (transactions in flight at once).
     pub writers: usize,
@@ -59,6 +59,9 @@ pub struct WriterConfig {
     pub max_batch: usize,
     /// Attempts each new delivery gets.
     pub max_attempts: i32,
+    /// Fatigue caps: most non-critical notifications per user per rolling hour, per
+    /// channel (empty = no caps).
+    pub fatigue_caps: std::collections::BTreeMap<Channel, u32>,
 }
 
 /// Handle to the writer tasks; cheap to clone. The tasks stop when every handle is gone.
@@ -73,7 +76,7 @@ impl EventWriter {
         let (tx, rx) = mpsc::channel::<Job>(cfg.max_batch * cfg.writers.max(1) * 4);
         let rx = Arc::new(Mutex::new(rx));
         for _ in 0..cfg.writers.max(1) {
-            tokio::spawn(writer_loop(pool.clone(), cfg, rx.clone()));
+            tokio::spawn(writer_loop(pool.clone(), cfg.clone(), rx.clone()));
         }
         Self { tx }
     }
@@ -137,7 +140,7 @@ async fn writer_loop(pool: PgPool, cfg: WriterConfig, rx: Arc<Mutex<mpsc::Receiv
             .into_iter()
             .partition(|j| seen.insert(j.event.event_key.clone()));
         carry = repeats;
-        write_batch(&pool, cfg.max_attempts, batch).await;
+        write_batch(&pool, &cfg, batch).await;
     }
 }
 
@@ -147,9 +150,10 @@ struct Ready {
     id: Uuid,
     channels: Vec<Channel>,
     critical: bool,
+    over_cap: notify_core::fatigue::OverCap,
 }
 
-async fn write_batch(pool: &PgPool, max_attempts: i32, jobs: Vec<Job>) {
+async fn write_batch(pool: &PgPool, cfg: &WriterConfig, jobs: Vec<Job>) {
     let mut jobs: Vec<Job> = jobs.into_iter().filter(|j| !j.reply.is_closed()).collect();
     if jobs.is_empty() {
         return;
@@ -168,7 +172,7 @@ async fn write_batch(pool: &PgPool, max_attempts: i32, jobs: Vec<Job>) {
     };
     loop {
         let started = std::time::Instant::now();
-        match try_write(pool, max_attempts, &ready).await {
+        match try_write(pool, cfg, &ready).await {
             Ok((results, committed)) if committed => {
                 debug!(
                     events = ready.len(),
@@ -191,7 +195,7 @@ async fn write_batch(pool: &PgPool, max_attempts: i32, jobs: Vec<Job>) {
                 if ready.len() > 1 && matches!(&e, StoreError::Db(sqlx::Error::Database(_))) {
                     warn!(error = %e, events = ready.len(), "batch failed; writing its events one by one");
                     for r in ready {
-                        write_alone(pool, max_attempts, r).await;
+                        write_alone(pool, cfg, r).await;
                     }
                 } else {
                     if size > 1 {
@@ -207,13 +211,13 @@ async fn write_batch(pool: &PgPool, max_attempts: i32, jobs: Vec<Job>) {
     }
 }
 
-async fn write_alone(pool: &PgPool, max_attempts: i32, r: Ready) {
+async fn write_alone(pool: &PgPool, cfg: &WriterConfig, r: Ready) {
     loop {
         if r.job.reply.is_closed() {
             return;
         }
         let one = std::slice::from_ref(&r);
-        match try_write(pool, max_attempts, one).await {
+        match try_write(pool, cfg, one).await {
             Ok((mut results, true)) => {
                 let _ = r.job.reply.send(Ok(results.remove(0)));
                 return;
@@ -304,6 +308,8 @@ async fn check_catalogue(
             // Time-ordered (RFC 9562 version 7), like delivery ids.
             id: Uuid::now_v7(),
             critical: ty.critical,
+            over_cap: notify_core::fatigue::OverCap::parse(&ty.over_cap)
+                .unwrap_or(notify_core::fatigue::OverCap::Defer),
             channels,
             job,
         });
@@ -315,7 +321,7 @@ async fn check_catalogue(
 /// committed: it rolls back instead when a caller left before the commit.
 async fn try_write(
     pool: &PgPool,
-    max_attempts: i32,
+    cfg: &WriterConfig,
     ready: &[Ready],
 ) -> Result<(Vec<Written>, bool), StoreError> {
     let mut tx = pool.begin().await?;
@@ -342,10 +348,32 @@ async fn try_write(
         .collect();
     let facts = catalog::load_recipient_facts_many(&mut tx, &requests).await?;
     let mut planned: HashMap<usize, (Vec<NewDelivery>, Vec<SkippedDelivery>)> = HashMap::new();
+    // Fatigue caps count what each user already has scheduled, across this batch too.
+    let mut counted = if cfg.fatigue_caps.is_empty() {
+        notify_core::fatigue::Counted::new()
+    } else {
+        let mut users: Vec<&str> = requests
+            .iter()
+            .flat_map(|(_, u)| u.iter().map(String::as_str))
+            .collect();
+        users.sort_unstable();
+        users.dedup();
+        events::counted_toward_caps(&mut tx, &users).await?
+    };
+    let now = chrono::Utc::now();
     for (&i, facts) in direct.iter().zip(facts) {
         let r = &ready[i];
-        let (deliveries, skipped) = plan(r.id, r.critical, &r.channels, &facts, chrono::Utc::now());
-        planned.insert(i, (new_deliveries(deliveries, max_attempts), skipped));
+        let (deliveries, mut skipped) = plan(r.id, r.critical, &r.channels, &facts, now);
+        let deliveries = notify_core::fatigue::apply_caps(
+            deliveries,
+            &mut skipped,
+            &cfg.fatigue_caps,
+            r.critical,
+            r.over_cap,
+            now,
+            &mut counted,
+        );
+        planned.insert(i, (new_deliveries(deliveries, cfg.max_attempts), skipped));
     }
     let rows: Vec<(Uuid, &NewDelivery)> = planned
         .iter()

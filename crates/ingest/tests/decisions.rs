@@ -340,3 +340,78 @@ async fn a_dedup_window_merges_repeats_within_a_bucket_only() {
     );
     p.stop().await;
 }
+
+/// Fatigue caps (LINE: 2 per user per rolling hour): the third non-critical event in the
+/// hour is deferred an hour (type `defer`) or dropped as `throttled` (type `drop`); a
+/// critical type is neither capped nor counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fatigue_caps_defer_or_drop_past_the_hourly_cap() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![notify_core::Channel::Line, notify_core::Channel::InApp],
+        fatigue_caps: [(notify_core::Channel::Line, 2)].into(),
+        ..Default::default()
+    })
+    .await;
+    for (key, over_cap, critical) in [
+        ("news", "defer", false),
+        ("promo", "drop", false),
+        ("otp", "", true),
+    ] {
+        p.types()
+            .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+                key: key.into(),
+                default_channels: vec!["line".into(), "inapp".into()],
+                over_cap: over_cap.into(),
+                critical,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+    let u = uniq("u");
+    p.add_recipient(&u, "", "", &line_id()).await;
+    let first = p.send("news:1", "news", &[&u]).await;
+    let otp = p.send("otp:1", "otp", &[&u]).await;
+    let second = p.send("news:2", "news", &[&u]).await;
+    let third = p.send("news:3", "news", &[&u]).await;
+    let dropped = p.send("promo:1", "promo", &[&u]).await;
+    let line =
+        |ev: &pb::CreateEventResponse| ev.deliveries.iter().find(|d| d.channel == "line").cloned();
+    assert!(line(&first).unwrap().deferred_until.is_none());
+    assert!(
+        line(&otp).unwrap().deferred_until.is_none(),
+        "critical: not capped"
+    );
+    assert!(
+        line(&second).unwrap().deferred_until.is_none(),
+        "critical did not count"
+    );
+    let held = line(&third).unwrap();
+    let wait = held.deferred_until.as_ref().unwrap().seconds - chrono::Utc::now().timestamp();
+    assert!(
+        (3590..=3600).contains(&wait),
+        "deferred to the next free slot, in {wait}s"
+    );
+    assert!(
+        held.decision
+            .contains("fatigue cap: 2 per hour on line reached; deferred until"),
+        "{}",
+        held.decision
+    );
+    assert!(line(&dropped).is_none());
+    let skip = dropped
+        .skipped
+        .iter()
+        .find(|s| s.channel == "line")
+        .unwrap();
+    assert_eq!(skip.reason, "throttled");
+    assert!(
+        dropped.deliveries.iter().any(|d| d.channel == "inapp"),
+        "in-app is not capped here"
+    );
+    // The capped delivery waits in Postgres; the others go out.
+    p.wait_final(&first.event_id, 30).await;
+    p.wait_final(&second.event_id, 30).await;
+    assert_eq!(p.sim_requests("line").await.len(), 3, "news 1, otp, news 2");
+    p.stop().await;
+}

@@ -3,6 +3,7 @@
 
 pub mod channel;
 pub mod event;
+pub mod fatigue;
 pub mod outcome;
 pub mod plan;
 pub mod quiet;

@@ -26,6 +26,8 @@ pub enum SkipReason {
     LineUnfollowed,
     /// The recipient's email address was refused as nonexistent (SMTP 550 5.1.1).
     EmailUndeliverable,
+    /// Over the channel's fatigue cap, and the type drops rather than defers.
+    Throttled,
 }
 
 impl SkipReason {
@@ -39,6 +41,7 @@ impl SkipReason {
             SkipReason::OptedOut => "opted_out",
             SkipReason::LineUnfollowed => "line_unfollowed",
             SkipReason::EmailUndeliverable => "email_undeliverable",
+            SkipReason::Throttled => "throttled",
         }
     }
 }
@@ -92,6 +95,9 @@ pub struct PlannedDelivery {
     /// The planning decisions behind this delivery, one per line (preference applied,
     /// quiet hours), shown by `GetEvent` and `ExplainDelivery`.
     pub decision: String,
+    /// When it counts toward the channel's fatigue cap (set by
+    /// [`crate::fatigue::apply_caps`] for capped channels of non-critical types).
+    pub throttle_at: Option<DateTime<Utc>>,
 }
 
 /// A recipient x channel pair that gets no delivery.
@@ -272,6 +278,7 @@ pub fn plan(
                 idempotency_key: key.clone(),
                 deferred_until,
                 decision: decision.clone(),
+                throttle_at: None,
             };
             match channel {
                 Channel::InApp => planned.push(one(Provider::Inbox, None)),
@@ -307,6 +314,7 @@ pub fn plan(
                             decision: format!(
                                 "{decision}\nendpoint: {platform} {endpoint_id}, active"
                             ),
+                            throttle_at: None,
                         });
                     }
                     if !any {
@@ -328,16 +336,18 @@ pub const LINE_MULTICAST_MAX: usize = 500;
 /// `line_multicast`, `address` = the ids joined with `,`, `user_id` =
 /// `line-multicast:<first user>+<others>`, idempotency key
 /// `<event id>/line-multicast/<page>/<n>`. `page` names this planning run (the fan-out
-/// page's cursor), so planning the same page again yields the same keys. Other deliveries
-/// are kept as they are, before the batches.
+/// page's cursor), so planning the same page again yields the same keys. Other deliveries,
+/// and LINE deliveries deferred by quiet hours or a fatigue cap, are kept as they are,
+/// before the batches. A batch does not count toward the users' fatigue caps.
 pub fn merge_line_multicast(
     event_id: Uuid,
     page: &str,
     planned: Vec<PlannedDelivery>,
 ) -> Vec<PlannedDelivery> {
+    // Deliveries held by quiet hours or a fatigue cap keep their own time and go alone.
     let (line, mut out): (Vec<_>, Vec<_>) = planned
         .into_iter()
-        .partition(|d| d.provider == Provider::Line);
+        .partition(|d| d.provider == Provider::Line && d.deferred_until.is_none());
     for (n, batch) in line.chunks(LINE_MULTICAST_MAX).enumerate() {
         let ids: Vec<&str> = batch.iter().filter_map(|d| d.address.as_deref()).collect();
         out.push(PlannedDelivery {
@@ -349,6 +359,7 @@ pub fn merge_line_multicast(
             idempotency_key: format!("{event_id}/line-multicast/{page}/{n}"),
             deferred_until: None,
             decision: format!("line multicast: {} LINE users in one call", batch.len()),
+            throttle_at: None,
         });
     }
     out

@@ -25,6 +25,8 @@ pub struct NotificationType {
     pub sample_payload: serde_json::Value,
     /// Dedup window in seconds (0 = an event_key is unique forever).
     pub dedup_window_s: i32,
+    /// `defer` or `drop` a notification over a fatigue cap.
+    pub over_cap: String,
 }
 
 /// Creates or replaces a type together with its templates (replacing any saved before).
@@ -125,13 +127,13 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
     let row = sqlx::query(
         "INSERT INTO notification_types
              (key, priority, default_channels, critical, category, default_locale, sample_payload,
-              dedup_window_s)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+              dedup_window_s, over_cap)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (key) DO UPDATE SET priority = EXCLUDED.priority,
              default_channels = EXCLUDED.default_channels, critical = EXCLUDED.critical,
              category = EXCLUDED.category, default_locale = EXCLUDED.default_locale,
              sample_payload = EXCLUDED.sample_payload, dedup_window_s = EXCLUDED.dedup_window_s,
-             updated_at = now()
+             over_cap = EXCLUDED.over_cap, updated_at = now()
          RETURNING (xmax = 0) AS created",
     )
     .bind(&t.key)
@@ -142,6 +144,7 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
     .bind(&t.default_locale)
     .bind(&t.sample_payload)
     .bind(t.dedup_window_s)
+    .bind(&t.over_cap)
     .fetch_one(db)
     .await?;
     Ok(row.get("created"))
@@ -156,7 +159,7 @@ pub async fn get_type(db: impl PgExecutor<'_>, key: &str) -> Result<Option<Notif
 pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<NotificationType>> {
     let rows = sqlx::query(
         "SELECT key, priority, default_channels, critical, category, default_locale, sample_payload,
-                dedup_window_s
+                dedup_window_s, over_cap
          FROM notification_types WHERE key = ANY($1)",
     )
     .bind(keys)
@@ -177,6 +180,7 @@ pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<Not
             default_locale: r.get("default_locale"),
             sample_payload: r.get("sample_payload"),
             dedup_window_s: r.get("dedup_window_s"),
+            over_cap: r.get("over_cap"),
         })
         .collect())
 }

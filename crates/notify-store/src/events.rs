@@ -255,19 +255,21 @@ pub async fn insert_deliveries_many(
         .iter()
         .map(|(_, d)| d.plan.decision.as_str())
         .collect();
+    let throttle: Vec<Option<chrono::DateTime<chrono::Utc>>> =
+        deliveries.iter().map(|(_, d)| d.plan.throttle_at).collect();
     sqlx::query(
         "WITH d AS (
              INSERT INTO notification_deliveries
                  (id, event_id, user_id, channel, provider, endpoint_id, address, idempotency_key,
-                  retry_key, max_attempts, deferred_until, next_attempt_at, decision)
+                  retry_key, max_attempts, deferred_until, next_attempt_at, decision, throttle_at)
              SELECT t.id, t.event_id, t.user_id, t.channel, t.provider, t.endpoint_id, t.address,
                     t.key, t.retry_key, t.max_attempts, t.deferred,
-                    greatest(now(), coalesce(t.deferred, now())), t.decision
+                    greatest(now(), coalesce(t.deferred, now())), t.decision, t.throttle
              FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::uuid[],
                          $7::text[], $8::text[], $9::uuid[], $10::int[], $11::timestamptz[],
-                         $12::text[])
+                         $12::text[], $13::timestamptz[])
                   AS t(event_id, id, user_id, channel, provider, endpoint_id, address, key,
-                       retry_key, max_attempts, deferred, decision)
+                       retry_key, max_attempts, deferred, decision, throttle)
              ON CONFLICT (channel, idempotency_key) DO NOTHING
              RETURNING id, channel, next_attempt_at)
          INSERT INTO outbox (delivery_id, channel, available_at)
@@ -285,6 +287,7 @@ pub async fn insert_deliveries_many(
     .bind(&max_attempts)
     .bind(&deferred)
     .bind(&decisions)
+    .bind(&throttle)
     .execute(&mut *db)
     .await
     .map(|done| done.rows_affected())
@@ -663,4 +666,32 @@ pub async fn advance_fanout(
     .execute(db)
     .await?;
     Ok(r.rows_affected() == 1)
+}
+
+/// What already counts toward fatigue caps for `users`: the scheduled times of their
+/// capped deliveries from the last hour on (future ones included), once per event and
+/// channel.
+pub async fn counted_toward_caps(
+    db: &mut sqlx::PgConnection,
+    users: &[&str],
+) -> Result<notify_core::fatigue::Counted> {
+    let mut counted = notify_core::fatigue::Counted::new();
+    if users.is_empty() {
+        return Ok(counted);
+    }
+    let rows: Vec<(String, String, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT DISTINCT ON (user_id, channel, event_id) user_id, channel, throttle_at
+         FROM notification_deliveries
+         WHERE user_id = ANY($1) AND throttle_at IS NOT NULL
+           AND throttle_at > now() - interval '1 hour'",
+    )
+    .bind(users)
+    .fetch_all(&mut *db)
+    .await?;
+    for (user, channel, at) in rows {
+        if let Ok(channel) = channel.parse() {
+            counted.entry((user, channel)).or_default().push(at);
+        }
+    }
+    Ok(counted)
 }

@@ -102,6 +102,8 @@ pub struct Options {
     pub smtp_sim: bool,
     /// Provider calls per second per worker (none by default).
     pub rate_limits: std::collections::BTreeMap<String, u32>,
+    /// Fatigue caps per channel (none by default).
+    pub fatigue_caps: std::collections::BTreeMap<Channel, u32>,
 }
 
 impl Default for Options {
@@ -115,6 +117,7 @@ impl Default for Options {
             worker_pool_size: None,
             smtp_sim: false,
             rate_limits: Default::default(),
+            fatigue_caps: Default::default(),
         }
     }
 }
@@ -232,6 +235,7 @@ impl Platform {
             write_batch: 200,
             sweep_batch: 500,
             republish_after: opts.republish_after,
+            fatigue_caps: opts.fatigue_caps.clone(),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc_url = format!("http://{}", listener.local_addr().unwrap());
