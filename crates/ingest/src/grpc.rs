@@ -192,6 +192,7 @@ impl Services {
             channels: r.channels,
             topic: r.topic,
             line_multicast: r.line_multicast,
+            aggregate_key: r.aggregate_key,
         })
         .map_err(ApiError::Invalid)?;
         let event_key = event.event_key.clone();
@@ -816,6 +817,9 @@ pub fn validate_type(
     if notify_core::fatigue::OverCap::parse(&over_cap).is_none() {
         v.add("over_cap", "must be defer or drop");
     }
+    if r.digest_window_seconds > 86_400 {
+        v.add("digest_window_seconds", "must be at most 1 day (86400)");
+    }
     let dedup_window_s = r.dedup_window_seconds;
     if dedup_window_s > 31 * 86_400 {
         v.add("dedup_window_seconds", "must be at most 31 days (2678400)");
@@ -848,6 +852,7 @@ pub fn validate_type(
         sample_payload,
         dedup_window_s: dedup_window_s as i32,
         over_cap,
+        digest_window_s: r.digest_window_seconds as i32,
     })?;
     Ok((t, templates))
 }

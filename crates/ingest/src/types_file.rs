@@ -51,6 +51,8 @@ pub struct TypeSpec {
     #[serde(default)]
     over_cap: String,
     #[serde(default)]
+    digest_window_seconds: u32,
+    #[serde(default)]
     templates: Vec<TemplateSpec>,
 }
 
@@ -130,6 +132,7 @@ pub async fn load(pool: &PgPool, text: &str) -> Result<Loaded, LoadError> {
                 .unwrap_or_default(),
             dedup_window_seconds: spec.dedup_window_seconds,
             over_cap: spec.over_cap,
+            digest_window_seconds: spec.digest_window_seconds,
             templates: spec
                 .templates
                 .into_iter()

@@ -151,6 +151,112 @@ struct Ready {
     channels: Vec<Channel>,
     critical: bool,
     over_cap: notify_core::fatigue::OverCap,
+    digest_window_s: i32,
+}
+
+/// Joins the batch's digest deliveries to their digests. An event whose digest an earlier
+/// event created is listed there and shows a `digested` skip instead of a delivery; one
+/// whose digest closed a moment ago (being sent) gets a delivery of its own, sent now.
+async fn attach_digests(
+    tx: &mut notify_store::sqlx::PgConnection,
+    ready: &[Ready],
+    planned: &mut HashMap<usize, (Vec<NewDelivery>, Vec<SkippedDelivery>)>,
+    max_attempts: i32,
+) -> Result<(), StoreError> {
+    let mut wanted = Vec::new();
+    for (&i, (deliveries, _)) in planned.iter() {
+        for (j, d) in deliveries.iter().enumerate() {
+            if d.plan.digest_key.is_some() && d.plan.channel != Channel::InApp {
+                wanted.push((i, j));
+            }
+        }
+    }
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let items: Vec<(Uuid, &str, &str)> = wanted
+        .iter()
+        .map(|&(i, j)| {
+            let d = &planned[&i].0[j];
+            (
+                ready[i].id,
+                d.plan.channel.as_str(),
+                d.plan.idempotency_key.as_str(),
+            )
+        })
+        .collect();
+    let joined = events::attach_digest_items(&mut *tx, &items).await?;
+    let mut alone = Vec::new();
+    let mut merged: Vec<(usize, usize, Uuid)> = Vec::new();
+    for (&(i, j), into) in wanted.iter().zip(joined) {
+        let d = &planned[&i].0[j];
+        match into {
+            Some(id) if id == d.id => {}
+            Some(id) => merged.push((i, j, id)),
+            None => alone.push((i, j)),
+        }
+    }
+    // Remove from the back so indexes stay valid.
+    let mut gone: Vec<(usize, usize)> = merged
+        .iter()
+        .map(|&(i, j, _)| (i, j))
+        .chain(alone.iter().copied())
+        .collect();
+    gone.sort_unstable_by(|a, b| b.cmp(a));
+    let mut removed: HashMap<(usize, usize), NewDelivery> = HashMap::new();
+    for (i, j) in gone {
+        let d = planned.get_mut(&i).expect("planned").0.remove(j);
+        removed.insert((i, j), d);
+    }
+    for (i, j, into) in merged {
+        let d = removed.remove(&(i, j)).expect("removed");
+        let entry = planned.get_mut(&i).expect("planned");
+        if !entry
+            .1
+            .iter()
+            .any(|s| s.user_id == d.plan.user_id && s.channel == d.plan.channel)
+        {
+            entry.1.push(SkippedDelivery {
+                user_id: d.plan.user_id.clone(),
+                channel: d.plan.channel,
+                reason: notify_core::plan::SkipReason::Digested,
+                decision: format!(
+                    "{}\ndigest: listed in delivery {into}, sent when the window closes",
+                    d.plan.decision
+                ),
+            });
+        }
+    }
+    let mut own = Vec::new();
+    for (i, j) in alone {
+        let mut d = removed.remove(&(i, j)).expect("removed").plan;
+        d.idempotency_key = format!(
+            "{}/{}/{}{}",
+            ready[i].id,
+            d.user_id,
+            d.channel,
+            d.endpoint_id.map(|e| format!("/{e}")).unwrap_or_default()
+        );
+        d.digest_key = None;
+        d.deferred_until = None;
+        d.decision
+            .push_str("\ndigest: its window had just closed; sent on its own");
+        own.push((i, d));
+    }
+    if !own.is_empty() {
+        let mut fresh = Vec::new();
+        for (i, d) in own {
+            let nd = new_deliveries(vec![d], max_attempts).remove(0);
+            fresh.push((i, nd));
+        }
+        let rows: Vec<(Uuid, &NewDelivery)> =
+            fresh.iter().map(|(i, d)| (ready[*i].id, d)).collect();
+        events::insert_deliveries_many(&mut *tx, &rows).await?;
+        for (i, d) in fresh {
+            planned.get_mut(&i).expect("planned").0.push(d);
+        }
+    }
+    Ok(())
 }
 
 async fn write_batch(pool: &PgPool, cfg: &WriterConfig, jobs: Vec<Job>) {
@@ -310,6 +416,7 @@ async fn check_catalogue(
             critical: ty.critical,
             over_cap: notify_core::fatigue::OverCap::parse(&ty.over_cap)
                 .unwrap_or(notify_core::fatigue::OverCap::Defer),
+            digest_window_s: ty.digest_window_s,
             channels,
             job,
         });
@@ -373,6 +480,15 @@ async fn try_write(
             now,
             &mut counted,
         );
+        let deliveries = match &r.job.event.aggregate_key {
+            Some(group) if r.digest_window_s > 0 => notify_core::plan::into_digests(
+                deliveries,
+                &r.job.event.type_key,
+                group,
+                notify_core::plan::digest_window(now, i64::from(r.digest_window_s)),
+            ),
+            _ => deliveries,
+        };
         planned.insert(i, (new_deliveries(deliveries, cfg.max_attempts), skipped));
     }
     let rows: Vec<(Uuid, &NewDelivery)> = planned
@@ -380,6 +496,7 @@ async fn try_write(
         .flat_map(|(&i, (d, _))| d.iter().map(move |d| (ready[i].id, d)))
         .collect();
     events::insert_deliveries_many(&mut tx, &rows).await?;
+    attach_digests(&mut tx, ready, &mut planned, cfg.max_attempts).await?;
     let skips: Vec<(Uuid, &SkippedDelivery)> = planned
         .iter()
         .flat_map(|(&i, (_, s))| s.iter().map(move |s| (ready[i].id, s)))

@@ -237,3 +237,110 @@ async fn the_type_file_loads_once_per_version_and_all_or_nothing() {
     );
     p.stop().await;
 }
+
+/// Digest: five replies in one thread within the window become one email and one LINE
+/// message listing all five, sent when the window closes; in-app shows one item updated
+/// in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_replies_in_one_window_become_one_digest_per_channel() {
+    let p = Platform::start().await;
+    let digest = pb::Template {
+        title: "{{ digest.count }} new replies in thread {{ payload.thread_id }}".into(),
+        body: "{% for i in digest.items %}- {{ i.payload.author }}: {{ i.content.body }}\n{% endfor %}".into(),
+        ..tpl("*", "en")
+    };
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "comment_reply".into(),
+            default_channels: vec!["inapp".into(), "email".into(), "line".into()],
+            default_locale: "en".into(),
+            sample_payload: r#"{"thread_id": 55, "author": "somying"}"#.into(),
+            digest_window_seconds: 4,
+            templates: vec![digest],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let u = uniq("u");
+    let mail = format!("{u}@example.test");
+    p.add_recipient(&u, "", &mail, &line_id()).await;
+    // Start just after a window opens ([4k, 4k+4) seconds since the epoch).
+    let into = 4_000 - chrono::Utc::now().timestamp_millis().rem_euclid(4_000) + 50;
+    tokio::time::sleep(std::time::Duration::from_millis(into as u64)).await;
+    let mut events = Vec::new();
+    for (n, author) in ["somying", "wichai", "napa", "somchai", "malee"]
+        .iter()
+        .enumerate()
+    {
+        let mut req = p.event(&format!("reply:{n}"), "comment_reply", &[&u]);
+        req.aggregate_key = "thread:55".into();
+        req.payload = format!(r#"{{"thread_id": 55, "author": "{author}"}}"#);
+        req.content.as_mut().unwrap().body = format!("ตอบกลับที่ {n}");
+        events.push(p.ingest().create_event(req).await.unwrap().into_inner());
+    }
+    let first = &events[0];
+    let held: Vec<&pb::Delivery> = first
+        .deliveries
+        .iter()
+        .filter(|d| d.channel != "inapp")
+        .collect();
+    assert_eq!(held.len(), 2);
+    assert!(
+        held.iter().all(|d| d.deferred_until.is_some()),
+        "held until the window closes"
+    );
+    for ev in &events[1..] {
+        let channels: Vec<&str> = ev.deliveries.iter().map(|d| d.channel.as_str()).collect();
+        assert_eq!(
+            channels,
+            ["inapp"],
+            "email and LINE join the first event's digest"
+        );
+        assert!(
+            ev.skipped.iter().all(|s| s.reason == "digested"),
+            "{:?}",
+            ev.skipped
+        );
+    }
+    // Nothing goes out on email or LINE before the window closes.
+    assert!(p.mails_to(&mail).await.is_empty());
+    assert!(p.sim_requests("line").await.is_empty());
+    let done = p.wait_final(&first.event_id, 30).await;
+    assert!(
+        done.deliveries.iter().all(|d| d.status == "sent"),
+        "{:?}",
+        done.deliveries
+    );
+
+    let mails = p.mails_to(&mail).await;
+    assert_eq!(mails.len(), 1, "one email");
+    assert_eq!(mails[0]["subject"], "5 new replies in thread 55");
+    let text = mails[0]["text"].as_str().unwrap();
+    for (n, author) in ["somying", "wichai", "napa", "somchai", "malee"]
+        .iter()
+        .enumerate()
+    {
+        assert!(text.contains(&format!("- {author}: ตอบกลับที่ {n}")), "{text}");
+    }
+    let line = p.sim_requests("line").await;
+    assert_eq!(line.len(), 1, "one LINE message");
+    let said = line[0]["body"]["messages"][0]["text"].as_str().unwrap();
+    assert!(
+        said.starts_with("5 new replies in thread 55\n- somying: ตอบกลับที่ 0\n"),
+        "{said}"
+    );
+    assert_eq!(said.matches("\n- ").count(), 5, "five replies listed: {said}");
+
+    for ev in &events {
+        p.wait_final(&ev.event_id, 30).await;
+    }
+    let rows: Vec<(i32, String)> =
+        sqlx::query_as("SELECT item_count, body FROM notifications WHERE user_id = $1")
+            .bind(&u)
+            .fetch_all(&p.pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 1, "one in-app item");
+    assert_eq!(rows[0].0, 5, "updated in place five times");
+    p.stop().await;
+}

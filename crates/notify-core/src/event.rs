@@ -129,6 +129,8 @@ pub struct CreateEventInput {
     pub topic: String,
     /// Topic events only: send LINE by multicast batches.
     pub line_multicast: bool,
+    /// Groups events of a digest type (e.g. `thread:55`); empty = none.
+    pub aggregate_key: String,
 }
 
 /// A validated event request.
@@ -154,6 +156,8 @@ pub struct NewEvent {
     pub line_multicast: bool,
     /// The caller's key when `event_key` was bucketed by the type's dedup window.
     pub caller_key: Option<String>,
+    /// Digest group within the type (listed recipients only).
+    pub aggregate_key: Option<String>,
 }
 
 /// Start of the dedup bucket holding `now` for a window of `window_s` seconds: buckets
@@ -222,6 +226,18 @@ impl NewEvent {
                 "topic",
                 "must be 1 to 64 characters of [a-z0-9_.-] starting with a letter",
             );
+        }
+        let aggregate_key = Some(input.aggregate_key.trim().to_string()).filter(|k| !k.is_empty());
+        if let Some(k) = &aggregate_key {
+            if k.len() > 255 || k.chars().any(char::is_control) {
+                v.add(
+                    "aggregate_key",
+                    "must be at most 255 bytes without control characters",
+                );
+            }
+            if topic.is_some() {
+                v.add("aggregate_key", "must be empty when topic is set");
+            }
         }
         if input.line_multicast && topic.is_none() {
             v.add(
@@ -318,6 +334,7 @@ impl NewEvent {
             topic,
             line_multicast: input.line_multicast,
             caller_key: None,
+            aggregate_key,
         })
     }
 
@@ -343,6 +360,9 @@ impl NewEvent {
         if self.line_multicast {
             canonical["line_multicast"] = serde_json::json!(true);
         }
+        if let Some(k) = &self.aggregate_key {
+            canonical["aggregate_key"] = serde_json::json!(k);
+        }
         Sha256::digest(canonical.to_string().as_bytes()).into()
     }
 }
@@ -366,6 +386,7 @@ mod tests {
             channels: vec![],
             topic: String::new(),
             line_multicast: false,
+            aggregate_key: String::new(),
         }
     }
 

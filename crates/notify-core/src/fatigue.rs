@@ -180,6 +180,7 @@ mod tests {
             deferred_until: None,
             decision: String::new(),
             throttle_at: None,
+            digest_key: None,
         }
     }
 

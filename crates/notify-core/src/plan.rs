@@ -28,6 +28,8 @@ pub enum SkipReason {
     EmailUndeliverable,
     /// Over the channel's fatigue cap, and the type drops rather than defers.
     Throttled,
+    /// Collected into a digest delivery that an earlier event of the group created.
+    Digested,
 }
 
 impl SkipReason {
@@ -42,6 +44,7 @@ impl SkipReason {
             SkipReason::LineUnfollowed => "line_unfollowed",
             SkipReason::EmailUndeliverable => "email_undeliverable",
             SkipReason::Throttled => "throttled",
+            SkipReason::Digested => "digested",
         }
     }
 }
@@ -98,6 +101,9 @@ pub struct PlannedDelivery {
     /// When it counts toward the channel's fatigue cap (set by
     /// [`crate::fatigue::apply_caps`] for capped channels of non-critical types).
     pub throttle_at: Option<DateTime<Utc>>,
+    /// Digest group (`<type>/<aggregate key>`; in-app: with `@<window start>`), set by
+    /// [`into_digests`].
+    pub digest_key: Option<String>,
 }
 
 /// A recipient x channel pair that gets no delivery.
@@ -279,6 +285,7 @@ pub fn plan(
                 deferred_until,
                 decision: decision.clone(),
                 throttle_at: None,
+                digest_key: None,
             };
             match channel {
                 Channel::InApp => planned.push(one(Provider::Inbox, None)),
@@ -315,6 +322,7 @@ pub fn plan(
                                 "{decision}\nendpoint: {platform} {endpoint_id}, active"
                             ),
                             throttle_at: None,
+                            digest_key: None,
                         });
                     }
                     if !any {
@@ -325,6 +333,52 @@ pub fn plan(
         }
     }
     (planned, skipped)
+}
+
+/// The digest window holding `now` for a window of `window_s` seconds: `[k*W, (k+1)*W)`
+/// seconds since the Unix epoch, in UTC. Returns (start, end).
+pub fn digest_window(now: DateTime<Utc>, window_s: i64) -> (DateTime<Utc>, DateTime<Utc>) {
+    let start = crate::event::dedup_bucket(now, window_s);
+    (start, start + chrono::Duration::seconds(window_s.max(1)))
+}
+
+/// Turns one event's plan into digest deliveries for the group `<type>/<aggregate>` in
+/// the window `[start, end)`: each non-in-app delivery gets the group's key for its user,
+/// channel (and endpoint) and window, so every event of the group in the window lands on
+/// the same delivery, due at `end`. In-app deliveries stay immediate and carry the group
+/// and window, so the inbox shows one item updated in place.
+pub fn into_digests(
+    planned: Vec<PlannedDelivery>,
+    type_key: &str,
+    aggregate_key: &str,
+    (start, end): (DateTime<Utc>, DateTime<Utc>),
+) -> Vec<PlannedDelivery> {
+    let group = format!("{type_key}/{aggregate_key}");
+    let at = start.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    planned
+        .into_iter()
+        .map(|mut d| {
+            if d.channel == Channel::InApp {
+                d.digest_key = Some(format!("{group}@{at}"));
+                d.decision
+                    .push_str(&format!("\ndigest: one in-app item for {group} since {at}"));
+                return d;
+            }
+            d.idempotency_key = format!(
+                "digest/{group}/{}/{}{}@{at}",
+                d.user_id,
+                d.channel,
+                d.endpoint_id.map(|e| format!("/{e}")).unwrap_or_default()
+            );
+            d.deferred_until = Some(d.deferred_until.map_or(end, |t| t.max(end)));
+            d.digest_key = Some(group.clone());
+            d.decision.push_str(&format!(
+                "\ndigest: collects {group} until {}",
+                end.to_rfc3339()
+            ));
+            d
+        })
+        .collect()
 }
 
 /// Most LINE users per multicast call (LINE Messaging API reference, "Send multicast
@@ -360,6 +414,7 @@ pub fn merge_line_multicast(
             deferred_until: None,
             decision: format!("line multicast: {} LINE users in one call", batch.len()),
             throttle_at: None,
+            digest_key: None,
         });
     }
     out

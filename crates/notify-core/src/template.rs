@@ -3,7 +3,8 @@
 //! A template gives any of `title`, `body`, `email_subject` and `email_html` (empty
 //! fields keep the caller's content). The context is `payload` (the event's payload),
 //! `content` (what the caller sent), `recipient` (`user_id`, `display_name`, `locale`,
-//! `timezone`) and `event` (`id`, `key`, `type`). Undefined variables are errors (strict),
+//! `timezone`), `event` (`id`, `key`, `type`) and `digest` (`count`, `items`: each with
+//! `event_key`, `payload`, `content`; one item, this event, when not a digest). Undefined variables are errors (strict),
 //! so a typo fails when the type is saved, against its sample payload, not at send time.
 //! `email_html` is HTML-escaped automatically; the other fields are plain text.
 //!
@@ -61,6 +62,59 @@ pub struct RenderContext<'a> {
     pub recipient: RecipientContext<'a>,
     /// The event.
     pub event: EventContext<'a>,
+    /// The events a digest lists (one, this event's, when not a digest).
+    pub digest: DigestContext,
+}
+
+/// `digest` in the template context: the events a digest delivery lists (for a delivery
+/// that is not a digest, just its own event).
+#[derive(Debug, Clone, Serialize)]
+pub struct DigestContext {
+    /// How many events.
+    pub count: usize,
+    /// The events, oldest first.
+    pub items: Vec<DigestItem>,
+}
+
+/// One event of a digest.
+#[derive(Debug, Clone, Serialize)]
+pub struct DigestItem {
+    /// The caller's event key.
+    pub event_key: String,
+    /// Its payload.
+    pub payload: Value,
+    /// Its content.
+    pub content: Content,
+}
+
+/// The content of a digest without a template: the latest title with the number of
+/// others (`ตอบกลับใหม่ (+4)`), and one line per event (`• title: body`), oldest first.
+pub fn default_digest_content(items: &[DigestItem]) -> Content {
+    let Some(last) = items.last() else {
+        return Content::default();
+    };
+    let title = if items.len() == 1 {
+        last.content.title.clone()
+    } else {
+        format!("{} (+{})", last.content.title, items.len() - 1)
+    };
+    let body = items
+        .iter()
+        .map(|i| {
+            if i.content.body.is_empty() {
+                format!("• {}", i.content.title)
+            } else {
+                format!("• {}: {}", i.content.title, i.content.body)
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    Content {
+        title,
+        body,
+        url: last.content.url.clone(),
+        ..Default::default()
+    }
 }
 
 /// `recipient` in the template context.
@@ -374,6 +428,17 @@ pub fn validate(
                 key: "sample",
                 type_key,
             },
+            digest: DigestContext {
+                count: 2,
+                items: vec![
+                    DigestItem {
+                        event_key: "sample-1".into(),
+                        payload: sample_payload.clone(),
+                        content: content.clone(),
+                    };
+                    2
+                ],
+            },
         };
         if let Err(e) = render(type_key, t, &ctx) {
             let field = e.name.rsplit(':').next().unwrap_or("body").to_string();
@@ -417,6 +482,10 @@ mod tests {
                 id: "e1".into(),
                 key: "order:1001:paid",
                 type_key: "order_paid",
+            },
+            digest: DigestContext {
+                count: 0,
+                items: vec![],
             },
         }
     }

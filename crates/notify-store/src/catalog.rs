@@ -27,6 +27,8 @@ pub struct NotificationType {
     pub dedup_window_s: i32,
     /// `defer` or `drop` a notification over a fatigue cap.
     pub over_cap: String,
+    /// Digest window in seconds (0 = no digests).
+    pub digest_window_s: i32,
 }
 
 /// Creates or replaces a type together with its templates (replacing any saved before).
@@ -127,13 +129,14 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
     let row = sqlx::query(
         "INSERT INTO notification_types
              (key, priority, default_channels, critical, category, default_locale, sample_payload,
-              dedup_window_s, over_cap)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+              dedup_window_s, over_cap, digest_window_s)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
          ON CONFLICT (key) DO UPDATE SET priority = EXCLUDED.priority,
              default_channels = EXCLUDED.default_channels, critical = EXCLUDED.critical,
              category = EXCLUDED.category, default_locale = EXCLUDED.default_locale,
              sample_payload = EXCLUDED.sample_payload, dedup_window_s = EXCLUDED.dedup_window_s,
-             over_cap = EXCLUDED.over_cap, updated_at = now()
+             over_cap = EXCLUDED.over_cap, digest_window_s = EXCLUDED.digest_window_s,
+             updated_at = now()
          RETURNING (xmax = 0) AS created",
     )
     .bind(&t.key)
@@ -145,6 +148,7 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
     .bind(&t.sample_payload)
     .bind(t.dedup_window_s)
     .bind(&t.over_cap)
+    .bind(t.digest_window_s)
     .fetch_one(db)
     .await?;
     Ok(row.get("created"))
@@ -159,7 +163,7 @@ pub async fn get_type(db: impl PgExecutor<'_>, key: &str) -> Result<Option<Notif
 pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<NotificationType>> {
     let rows = sqlx::query(
         "SELECT key, priority, default_channels, critical, category, default_locale, sample_payload,
-                dedup_window_s, over_cap
+                dedup_window_s, over_cap, digest_window_s
          FROM notification_types WHERE key = ANY($1)",
     )
     .bind(keys)
@@ -181,6 +185,7 @@ pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<Not
             sample_payload: r.get("sample_payload"),
             dedup_window_s: r.get("dedup_window_s"),
             over_cap: r.get("over_cap"),
+            digest_window_s: r.get("digest_window_s"),
         })
         .collect())
 }

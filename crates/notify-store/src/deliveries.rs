@@ -28,6 +28,9 @@ pub struct DeliveryJob {
     /// The type's category: `transactional` or `marketing` (marketing email gets
     /// List-Unsubscribe).
     pub category: String,
+    /// Digest group: the delivery lists the events in `digest_items` (in-app: the inbox
+    /// group, updated in place).
+    pub digest_key: Option<String>,
     /// Recipient.
     pub user_id: String,
     /// Channel name.
@@ -166,7 +169,7 @@ pub async fn claim_many(
                 coalesce(r.timezone, 'Asia/Bangkok') AS timezone,
                 ep.platform, ep.token, ep.subscription_json, ep.status AS endpoint_status,
                 coalesce(t.priority, 'normal') AS priority,
-                coalesce(t.category, 'transactional') AS category
+                coalesce(t.category, 'transactional') AS category, c.digest_key
          FROM c JOIN notification_events e ON e.id = c.event_id
               LEFT JOIN notification_types t ON t.key = e.type
               LEFT JOIN recipients r ON r.user_id = c.user_id
@@ -188,6 +191,7 @@ pub async fn claim_many(
                 type_key: r.get("type"),
                 priority: r.get("priority"),
                 category: r.get("category"),
+                digest_key: r.get("digest_key"),
                 user_id: r.get("user_id"),
                 channel: r.get("channel"),
                 provider: r.get("provider"),
@@ -610,6 +614,25 @@ pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> R
     if jobs.is_empty() {
         return Ok(Vec::new());
     }
+    // Digest groups update one row each, in place, so they go one by one.
+    if jobs.iter().any(|j| j.digest_key.is_some()) {
+        let mut out = Vec::with_capacity(jobs.len());
+        let plain: Vec<&DeliveryJob> = jobs
+            .iter()
+            .copied()
+            .filter(|j| j.digest_key.is_none())
+            .collect();
+        let mut plain_written = Box::pin(insert_inbox_notifications(db, &plain))
+            .await?
+            .into_iter();
+        for j in jobs {
+            out.push(match &j.digest_key {
+                Some(group) => upsert_grouped_inbox_row(db, j, group).await?,
+                None => plain_written.next().unwrap_or(false),
+            });
+        }
+        return Ok(out);
+    }
     let written: Vec<Uuid> = sqlx::query_scalar(
         "INSERT INTO notifications (id, delivery_id, event_id, user_id, type, title, body, url, data_json)
          SELECT t.id, t.delivery_id, t.event_id, t.user_id, t.type, t.title, t.body,
@@ -633,4 +656,37 @@ pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> R
     .await?;
     let written: std::collections::HashSet<Uuid> = written.into_iter().collect();
     Ok(jobs.iter().map(|j| written.contains(&j.id)).collect())
+}
+
+/// Writes a digest group's one inbox row: created by its first delivery, then updated in
+/// place by each later one (latest title and body, one more item, unread again). A
+/// delivery already counted changes nothing, so a redelivered message is harmless.
+/// Returns whether this delivery changed the row.
+pub async fn upsert_grouped_inbox_row(db: &PgPool, job: &DeliveryJob, group: &str) -> Result<bool> {
+    let changed: Option<Uuid> = sqlx::query_scalar(
+        "INSERT INTO notifications (id, delivery_id, event_id, user_id, type, title, body, url,
+                                    data_json, group_key, item_count, delivery_ids)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9, $10, 1, ARRAY[$2])
+         ON CONFLICT (user_id, group_key) WHERE group_key IS NOT NULL DO UPDATE
+             SET title = EXCLUDED.title, body = EXCLUDED.body, url = EXCLUDED.url,
+                 data_json = EXCLUDED.data_json, event_id = EXCLUDED.event_id,
+                 item_count = notifications.item_count + 1,
+                 delivery_ids = notifications.delivery_ids || EXCLUDED.delivery_id,
+                 status = 'unread', read_at = NULL, updated_at = now()
+             WHERE NOT (EXCLUDED.delivery_id = ANY(notifications.delivery_ids))
+         RETURNING id",
+    )
+    .bind(Uuid::now_v7())
+    .bind(job.id)
+    .bind(job.event_id)
+    .bind(&job.user_id)
+    .bind(&job.type_key)
+    .bind(&job.content.title)
+    .bind(&job.content.body)
+    .bind(&job.content.url)
+    .bind(&job.payload)
+    .bind(group)
+    .fetch_optional(db)
+    .await?;
+    Ok(changed.is_some())
 }

@@ -87,19 +87,25 @@ pub async fn insert_events(
         .iter()
         .map(|b| b.event.caller_key.as_deref())
         .collect();
+    let aggregates: Vec<Option<&str>> = batch
+        .iter()
+        .map(|b| b.event.aggregate_key.as_deref())
+        .collect();
     let inserted: Vec<String> = sqlx::query_scalar(
         "INSERT INTO notification_events
              (id, event_key, type, actor_id, recipients, payload_json, content_json, channels,
-              fingerprint, topic, fanout_status, line_multicast, caller_key)
+              fingerprint, topic, fanout_status, line_multicast, caller_key, aggregate_key)
          SELECT t.id, t.key, t.type, t.actor,
                 ARRAY(SELECT jsonb_array_elements_text(t.recipients)), t.payload, t.content,
                 ARRAY(SELECT jsonb_array_elements_text(t.channels)), t.fingerprint, t.topic,
-                CASE WHEN t.topic IS NULL THEN 'none' ELSE 'pending' END, t.multicast, t.caller_key
+                CASE WHEN t.topic IS NULL THEN 'none' ELSE 'pending' END, t.multicast, t.caller_key,
+                t.aggregate
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::jsonb[],
-                     $7::jsonb[], $8::jsonb[], $9::bytea[], $10::text[], $11::bool[], $12::text[])
+                     $7::jsonb[], $8::jsonb[], $9::bytea[], $10::text[], $11::bool[], $12::text[],
+                     $13::text[])
               WITH ORDINALITY
               AS t(id, key, type, actor, recipients, payload, content, channels, fingerprint, topic,
-                   multicast, caller_key, n)
+                   multicast, caller_key, aggregate, n)
          ORDER BY t.n
          ON CONFLICT (event_key) DO NOTHING
          RETURNING event_key",
@@ -116,6 +122,7 @@ pub async fn insert_events(
     .bind(&topics)
     .bind(&multicast)
     .bind(&caller_keys)
+    .bind(&aggregates)
     .fetch_all(&mut *db)
     .await?;
     if inserted.len() == batch.len() {
@@ -257,19 +264,24 @@ pub async fn insert_deliveries_many(
         .collect();
     let throttle: Vec<Option<chrono::DateTime<chrono::Utc>>> =
         deliveries.iter().map(|(_, d)| d.plan.throttle_at).collect();
+    let digests: Vec<Option<&str>> = deliveries
+        .iter()
+        .map(|(_, d)| d.plan.digest_key.as_deref())
+        .collect();
     sqlx::query(
         "WITH d AS (
              INSERT INTO notification_deliveries
                  (id, event_id, user_id, channel, provider, endpoint_id, address, idempotency_key,
-                  retry_key, max_attempts, deferred_until, next_attempt_at, decision, throttle_at)
+                  retry_key, max_attempts, deferred_until, next_attempt_at, decision, throttle_at,
+                  digest_key)
              SELECT t.id, t.event_id, t.user_id, t.channel, t.provider, t.endpoint_id, t.address,
                     t.key, t.retry_key, t.max_attempts, t.deferred,
-                    greatest(now(), coalesce(t.deferred, now())), t.decision, t.throttle
+                    greatest(now(), coalesce(t.deferred, now())), t.decision, t.throttle, t.digest
              FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::uuid[],
                          $7::text[], $8::text[], $9::uuid[], $10::int[], $11::timestamptz[],
-                         $12::text[], $13::timestamptz[])
+                         $12::text[], $13::timestamptz[], $14::text[])
                   AS t(event_id, id, user_id, channel, provider, endpoint_id, address, key,
-                       retry_key, max_attempts, deferred, decision, throttle)
+                       retry_key, max_attempts, deferred, decision, throttle, digest)
              ON CONFLICT (channel, idempotency_key) DO NOTHING
              RETURNING id, channel, next_attempt_at)
          INSERT INTO outbox (delivery_id, channel, available_at)
@@ -288,6 +300,7 @@ pub async fn insert_deliveries_many(
     .bind(&deferred)
     .bind(&decisions)
     .bind(&throttle)
+    .bind(&digests)
     .execute(&mut *db)
     .await
     .map(|done| done.rows_affected())
@@ -694,4 +707,62 @@ pub async fn counted_toward_caps(
         }
     }
     Ok(counted)
+}
+
+/// Attaches events to their digest deliveries: for each `(event id, channel, idempotency
+/// key)`, the digest delivery with that key, if it is still pending (locked against a
+/// concurrent claim, so an event never joins a digest already being sent). Returns, per
+/// input, the delivery it joined, or `None` when the digest had closed.
+pub async fn attach_digest_items(
+    db: &mut sqlx::PgConnection,
+    items: &[(Uuid, &str, &str)],
+) -> Result<Vec<Option<Uuid>>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows: Vec<(i64, Uuid)> = sqlx::query_as(
+        "WITH target AS (
+             SELECT t.n, t.event_id, d.id
+             FROM UNNEST($1::uuid[], $2::text[], $3::text[]) WITH ORDINALITY AS t(event_id, channel, key, n)
+             JOIN notification_deliveries d ON d.channel = t.channel AND d.idempotency_key = t.key
+             WHERE d.status = 'pending'
+             FOR SHARE OF d),
+         ins AS (
+             INSERT INTO digest_items (delivery_id, event_id)
+             SELECT id, event_id FROM target ON CONFLICT DO NOTHING)
+         SELECT n, id FROM target",
+    )
+    .bind(items.iter().map(|i| i.0).collect::<Vec<_>>())
+    .bind(items.iter().map(|i| i.1).collect::<Vec<_>>())
+    .bind(items.iter().map(|i| i.2).collect::<Vec<_>>())
+    .fetch_all(&mut *db)
+    .await?;
+    let mut out = vec![None; items.len()];
+    for (n, id) in rows {
+        out[(n - 1) as usize] = Some(id);
+    }
+    Ok(out)
+}
+
+/// The events a digest delivery lists, oldest first.
+pub async fn digest_items_of(
+    db: impl PgExecutor<'_>,
+    delivery_id: Uuid,
+) -> Result<Vec<notify_core::template::DigestItem>> {
+    let rows = sqlx::query(
+        "SELECT e.event_key, e.payload_json, e.content_json
+         FROM digest_items i JOIN notification_events e ON e.id = i.event_id
+         WHERE i.delivery_id = $1 ORDER BY i.added_at, e.id",
+    )
+    .bind(delivery_id)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| notify_core::template::DigestItem {
+            event_key: r.get("event_key"),
+            payload: r.get("payload_json"),
+            content: serde_json::from_value(r.get("content_json")).unwrap_or_default(),
+        })
+        .collect())
 }

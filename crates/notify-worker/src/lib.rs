@@ -641,6 +641,7 @@ mod tests {
             type_key: "t".into(),
             priority: "normal".into(),
             category: "transactional".into(),
+            digest_key: None,
             user_id: "u".into(),
             channel: "push".into(),
             provider: "fcm".into(),

@@ -2,7 +2,9 @@
 //! call (`notify_core::template`). Templates are read from Postgres per type and kept for
 //! [`CACHE_TTL`], so a saved change reaches every worker within that time.
 
-use notify_core::template::{self, EventContext, RecipientContext, RenderContext};
+use notify_core::template::{
+    self, DigestContext, DigestItem, EventContext, RecipientContext, RenderContext,
+};
 use notify_core::{AttemptOutcome, ErrorClass};
 use notify_store::PgPool;
 use notify_store::deliveries::DeliveryJob;
@@ -61,7 +63,30 @@ impl TemplateCache {
             .with_response(e.to_string())
         })?;
         let (default_locale, templates) = (&entry.0, &entry.1);
+        // A digest lists the events attached to it; any other delivery, its own event.
+        let is_digest = job.digest_key.is_some() && job.channel != "inapp";
+        let items = if is_digest {
+            notify_store::events::digest_items_of(pool, job.id)
+                .await
+                .map_err(|e| {
+                    AttemptOutcome::failed(
+                        ErrorClass::Transient,
+                        "digest_unavailable",
+                        serde_json::json!({}),
+                    )
+                    .with_response(e.to_string())
+                })?
+        } else {
+            vec![DigestItem {
+                event_key: job.event_key.clone(),
+                payload: job.payload.clone(),
+                content: job.content.clone(),
+            }]
+        };
         let Some(t) = template::pick(templates, &job.channel, &job.locale, default_locale) else {
+            if is_digest && !items.is_empty() {
+                job.content = template::default_digest_content(&items);
+            }
             return Ok(());
         };
         let ctx = RenderContext {
@@ -77,6 +102,10 @@ impl TemplateCache {
                 id: job.event_id.to_string(),
                 key: &job.event_key,
                 type_key: &job.type_key,
+            },
+            digest: DigestContext {
+                count: items.len(),
+                items,
             },
         };
         match template::render(&job.type_key, t, &ctx) {

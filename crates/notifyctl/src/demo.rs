@@ -172,6 +172,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         channels: vec![],
         topic: String::new(),
         line_multicast: false,
+        aggregate_key: String::new(),
     };
     println!("== 3. CreateEvent {EVENT_KEY}");
     let first = ingest.create_event(request.clone()).await?.into_inner();

@@ -538,6 +538,7 @@ impl Platform {
             channels: vec![],
             topic: String::new(),
             line_multicast: false,
+            aggregate_key: String::new(),
         }
     }
 
