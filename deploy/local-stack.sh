@@ -289,6 +289,7 @@ export NOTIFY_HTTP_ADDR=127.0.0.1:$HTTP_PORT
 export NOTIFY_HTTP_URL=http://127.0.0.1:$HTTP_PORT
 export NOTIFY_UNSUBSCRIBE_URL=http://127.0.0.1:$HTTP_PORT/unsubscribe
 export NOTIFY_UNSUBSCRIBE_SECRET=local-unsubscribe-signing-secret
+export NOTIFY_INBOX_JWT_SECRET=local-inbox-jwt-secret-of-at-least-32-characters
 export NOTIFY_FCM_API_BASE=http://127.0.0.1:$SIM_PORT
 export NOTIFY_FCM_SERVICE_ACCOUNT_FILE=$STACK/keys/fcm-service-account.json
 export NOTIFY_FCM_PUBLIC_KEY_FILE=$STACK/keys/fcm-public.pem

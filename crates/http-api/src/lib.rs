@@ -12,6 +12,7 @@
 //!   mail scanners fetch links); `POST /unsubscribe?token=…` with the body
 //!   `List-Unsubscribe=One-Click` (RFC 8058) or from that page turns the token's type off
 //!   on email for its user and answers 200 JSON.
+//! - `/v1/inbox/...`: the end users' inbox API ([`inbox`], `docs/openapi.json`).
 //! - `GET /healthz`: `ok`.
 //!
 //! Errors are JSON: `{"error": {"code", "message", "field"}}` with 400 for bad input, 401
@@ -31,6 +32,8 @@ use serde_json::{Value, json};
 /// Largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
+pub mod inbox;
+
 /// Settings of the HTTP service.
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
@@ -38,14 +41,28 @@ pub struct HttpConfig {
     pub line_channel_secret: String,
     /// Secret that signs unsubscribe tokens (shared with `worker-email`).
     pub unsubscribe_secret: String,
+    /// End-user inbox API settings.
+    pub inbox: inbox::InboxConfig,
+    /// Origins allowed to call the API from a browser (CORS); empty = none.
+    pub cors_origins: Vec<String>,
 }
 
 impl HttpConfig {
-    /// Reads `NOTIFY_LINE_CHANNEL_SECRET` and `NOTIFY_UNSUBSCRIBE_SECRET` (both required).
+    /// Reads `NOTIFY_LINE_CHANNEL_SECRET` and `NOTIFY_UNSUBSCRIBE_SECRET` (both required),
+    /// the inbox settings ([`inbox::InboxConfig::from_env`]) and `NOTIFY_CORS_ORIGINS`
+    /// (comma-separated origins, empty = no cross-origin calls).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         Self {
             line_channel_secret: env.required("NOTIFY_LINE_CHANNEL_SECRET"),
             unsubscribe_secret: env.required("NOTIFY_UNSUBSCRIBE_SECRET"),
+            inbox: inbox::InboxConfig::from_env(env),
+            cors_origins: env
+                .string("NOTIFY_CORS_ORIGINS", "")
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect(),
         }
     }
 }
@@ -54,6 +71,11 @@ impl HttpConfig {
 struct AppState {
     pool: PgPool,
     cfg: std::sync::Arc<HttpConfig>,
+    inbox: std::sync::Arc<inbox::InboxState>,
+    /// User ids whose inbox changed, from Postgres `LISTEN inbox`.
+    hub: tokio::sync::broadcast::Sender<String>,
+    /// Ends live streams when the service stops, so a drain does not wait for clients.
+    shutdown: tokio_util::sync::CancellationToken,
 }
 
 /// An error answer: `{"error": {"code", "message", "field"}}`.
@@ -75,29 +97,68 @@ fn internal(e: notify_store::StoreError) -> Response {
     )
 }
 
-/// The service's routes.
-pub fn router(pool: PgPool, cfg: HttpConfig) -> Router {
-    Router::new()
+/// The service's routes, and the sender that wakes inbox streams (fed by
+/// [`inbox::listen`]). `Err` when the inbox keys cannot be used.
+pub fn router(
+    pool: PgPool,
+    cfg: HttpConfig,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<(Router, tokio::sync::broadcast::Sender<String>), String> {
+    let (hub, _) = tokio::sync::broadcast::channel(1024);
+    let state = AppState {
+        inbox: inbox::state(&cfg.inbox)?,
+        pool,
+        cfg: std::sync::Arc::new(cfg),
+        hub: hub.clone(),
+        shutdown,
+    };
+    let origins: Vec<axum::http::HeaderValue> = state
+        .cfg
+        .cors_origins
+        .iter()
+        .filter_map(|o| o.parse().ok())
+        .collect();
+    let cors = tower_http::cors::CorsLayer::new()
+        .allow_origin(origins)
+        .allow_methods([
+            axum::http::Method::GET,
+            axum::http::Method::POST,
+            axum::http::Method::PUT,
+            axum::http::Method::DELETE,
+        ])
+        .allow_headers([
+            axum::http::header::AUTHORIZATION,
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderName::from_static("last-event-id"),
+        ])
+        .max_age(std::time::Duration::from_secs(600));
+    let router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/webhooks/line", post(line_webhook))
         .route("/unsubscribe", get(unsubscribe_page).post(unsubscribe))
+        .merge(inbox::routes())
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "path", "no such route") })
+        .layer(cors)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(AppState {
-            pool,
-            cfg: std::sync::Arc::new(cfg),
-        })
+        .with_state(state);
+    Ok((router, hub))
 }
 
-/// Serves on `listener` until `shutdown` is cancelled.
+/// Serves on `listener` until `shutdown` is cancelled, with the inbox's `LISTEN` task.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     pool: PgPool,
     cfg: HttpConfig,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(pool, cfg))
+    let (router, hub) =
+        router(pool.clone(), cfg, shutdown.clone()).map_err(std::io::Error::other)?;
+    let listen = tokio::spawn(inbox::listen(pool, hub));
+    let served = axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+        .await;
+    listen.abort();
+    served
 }
 
 /// A body that could not be read (over [`MAX_BODY_BYTES`], or cut off) as the JSON error

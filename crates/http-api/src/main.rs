@@ -3,7 +3,9 @@
 //!
 //! Environment: `NOTIFY_HTTP_ADDR` (127.0.0.1:8080), `NOTIFY_DATABASE_URL` (required),
 //! `NOTIFY_DB_POOL_SIZE` (10), `NOTIFY_LINE_CHANNEL_SECRET` (required),
-//! `NOTIFY_UNSUBSCRIBE_SECRET` (required).
+//! `NOTIFY_UNSUBSCRIBE_SECRET` (required), `NOTIFY_INBOX_JWT_SECRET` or
+//! `NOTIFY_INBOX_JWKS_FILE` (one required), `NOTIFY_INBOX_RATE` (20),
+//! `NOTIFY_CORS_ORIGINS` (empty).
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -16,6 +18,9 @@ async fn main() -> anyhow::Result<()> {
     let cfg = http_api::HttpConfig::from_env(&mut env);
     if let Err(problems) = env.finish() {
         notify_telemetry::exit_bad_config("http-api", &problems);
+    }
+    if let Err(problem) = http_api::inbox::Verifier::new(&cfg.inbox) {
+        notify_telemetry::exit_bad_config("http-api", &problem);
     }
     let pool = notify_store::connect(&pool_cfg)?;
     let listener = match tokio::net::TcpListener::bind(addr).await {

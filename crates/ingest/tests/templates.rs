@@ -329,7 +329,11 @@ async fn five_replies_in_one_window_become_one_digest_per_channel() {
         said.starts_with("5 new replies in thread 55\n- somying: ตอบกลับที่ 0\n"),
         "{said}"
     );
-    assert_eq!(said.matches("\n- ").count(), 5, "five replies listed: {said}");
+    assert_eq!(
+        said.matches("\n- ").count(),
+        5,
+        "five replies listed: {said}"
+    );
 
     for ev in &events {
         p.wait_final(&ev.event_id, 30).await;

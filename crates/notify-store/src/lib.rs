@@ -6,6 +6,7 @@
 pub mod catalog;
 pub mod deliveries;
 pub mod events;
+pub mod inbox;
 pub mod outbox;
 pub mod topics;
 

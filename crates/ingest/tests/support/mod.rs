@@ -74,6 +74,7 @@ pub const APNS_KEY_ID: &str = "TESTKEY001";
 pub const APNS_TEAM_ID: &str = "TESTTEAM01";
 pub const APNS_TOPIC: &str = "th.example.shop";
 pub const LINE_SECRET: &str = "test-line-channel-secret";
+pub const INBOX_SECRET: &str = "test-inbox-jwt-secret-at-least-32-bytes";
 pub const UNSUBSCRIBE_SECRET: &str = "test-unsubscribe-signing-secret";
 pub const VAPID_SUBJECT: &str = "mailto:ops@shop.example.test";
 
@@ -262,6 +263,12 @@ impl Platform {
         let http_cfg = http_api::HttpConfig {
             line_channel_secret: LINE_SECRET.into(),
             unsubscribe_secret: UNSUBSCRIBE_SECRET.into(),
+            inbox: http_api::inbox::InboxConfig {
+                jwt_secret: Some(INBOX_SECRET.into()),
+                jwks_json: None,
+                rate_per_user: 20,
+            },
+            cors_origins: vec!["https://app.example.test".into()],
         };
         let (p, s) = (pool.clone(), shutdown.clone());
         tasks.push(tokio::spawn(async move {

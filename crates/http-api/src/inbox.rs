@@ -1,0 +1,636 @@
+//! The inbox API for end users (`/v1/inbox/...`, described in `docs/openapi.json`).
+//!
+//! Every route needs `Authorization: Bearer <JWT>` whose `sub` is the user id: HS256 with
+//! `NOTIFY_INBOX_JWT_SECRET`, or RS256/ES256 with a key from `NOTIFY_INBOX_JWKS_FILE`
+//! (picked by `kid`); `exp` is required. A missing, expired, unsigned or wrongly signed
+//! token gets 401. Each request acts for that user only: another user's notification is
+//! 404, never shown. Each user may make `NOTIFY_INBOX_RATE` requests a second (429 with
+//! `Retry-After` beyond that).
+//!
+//! Live updates: `GET /v1/inbox/stream` is a Server-Sent Events stream of `notification`
+//! events (the changed item, its `seq` as the event id) and `unread_count` events, within
+//! a second of the in-app worker's commit (Postgres `LISTEN inbox`, so any replica serves
+//! any user). Reconnecting with `Last-Event-ID` replays every change after that id.
+
+use crate::{AppState, error};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::{DateTime, Utc};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use notify_store::inbox::{self, Filter, InboxItem};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Most items per page.
+pub const MAX_PAGE: i64 = 100;
+
+/// Inbox settings.
+#[derive(Debug, Clone, Default)]
+pub struct InboxConfig {
+    /// HS256 secret for end-user tokens.
+    pub jwt_secret: Option<String>,
+    /// JWKS (RFC 7517) JSON with RS256/ES256 public keys.
+    pub jwks_json: Option<String>,
+    /// Requests per second per user.
+    pub rate_per_user: u32,
+}
+
+impl InboxConfig {
+    /// Reads `NOTIFY_INBOX_JWT_SECRET`, `NOTIFY_INBOX_JWKS_FILE` (at least one required)
+    /// and `NOTIFY_INBOX_RATE` (20).
+    pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
+        let secret = env.string("NOTIFY_INBOX_JWT_SECRET", "");
+        let jwks_file = env.string("NOTIFY_INBOX_JWKS_FILE", "");
+        let jwks_json = if jwks_file.is_empty() {
+            None
+        } else {
+            match std::fs::read_to_string(&jwks_file) {
+                Ok(j) => Some(j),
+                Err(e) => {
+                    env.error(format!(
+                        "NOTIFY_INBOX_JWKS_FILE={jwks_file:?} cannot be read: {e}"
+                    ));
+                    None
+                }
+            }
+        };
+        if secret.is_empty() && jwks_file.is_empty() {
+            env.error("set NOTIFY_INBOX_JWT_SECRET (HS256) or NOTIFY_INBOX_JWKS_FILE (RS256/ES256) for inbox tokens".to_string());
+        }
+        if !secret.is_empty() && secret.len() < 32 {
+            env.error("NOTIFY_INBOX_JWT_SECRET must be at least 32 characters".to_string());
+        }
+        Self {
+            jwt_secret: Some(secret).filter(|s| !s.is_empty()),
+            jwks_json,
+            rate_per_user: env.number("NOTIFY_INBOX_RATE", 20, 1, 10_000),
+        }
+    }
+}
+
+/// Verifies end-user tokens.
+pub struct Verifier {
+    hs256: Option<DecodingKey>,
+    jwks: Vec<(Option<String>, DecodingKey, Algorithm)>,
+}
+
+impl Verifier {
+    /// Builds the keys; `Err` names what is wrong with the JWKS.
+    pub fn new(cfg: &InboxConfig) -> Result<Self, String> {
+        let hs256 = cfg
+            .jwt_secret
+            .as_ref()
+            .map(|s| DecodingKey::from_secret(s.as_bytes()))
+            .transpose()
+            .map_err(|e| format!("NOTIFY_INBOX_JWT_SECRET: {e}"))?;
+        let mut jwks = Vec::new();
+        if let Some(text) = &cfg.jwks_json {
+            let set: jsonwebtoken::jwk::JwkSet =
+                serde_json::from_str(text).map_err(|e| format!("the JWKS is not valid: {e}"))?;
+            for k in &set.keys {
+                let alg = match &k.algorithm {
+                    jsonwebtoken::jwk::AlgorithmParameters::RSA(_) => Algorithm::RS256,
+                    jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_) => Algorithm::ES256,
+                    _ => continue,
+                };
+                let key = DecodingKey::from_jwk(k).map_err(|e| format!("JWKS key: {e}"))?;
+                jwks.push((k.common.key_id.clone(), key, alg));
+            }
+        }
+        Ok(Self { hs256, jwks })
+    }
+
+    /// The user id (`sub`) of a valid token.
+    pub fn verify(&self, token: &str) -> Result<String, &'static str> {
+        #[derive(Deserialize)]
+        struct Claims {
+            sub: String,
+        }
+        let header = jsonwebtoken::decode_header(token).map_err(|_| "not a JWT")?;
+        let key = match header.alg {
+            Algorithm::HS256 => self.hs256.as_ref().map(|k| (k, Algorithm::HS256)),
+            alg => self
+                .jwks
+                .iter()
+                .find(|(kid, _, a)| *a == alg && (header.kid.is_none() || kid == &header.kid))
+                .map(|(_, k, a)| (k, *a)),
+        }
+        .ok_or("signed with an algorithm or key this service does not accept")?;
+        let mut v = Validation::new(key.1);
+        v.leeway = 30;
+        v.set_required_spec_claims(&["exp", "sub"]);
+        v.validate_aud = false;
+        let data =
+            jsonwebtoken::decode::<Claims>(token, key.0, &v).map_err(|e| match e.kind() {
+                jsonwebtoken::errors::ErrorKind::ExpiredSignature => "expired",
+                jsonwebtoken::errors::ErrorKind::InvalidSignature => "wrongly signed",
+                _ => "invalid",
+            })?;
+        if data.claims.sub.is_empty() || data.claims.sub.len() > 255 {
+            return Err("sub must name a user");
+        }
+        Ok(data.claims.sub)
+    }
+}
+
+/// Per-user request rate limit.
+pub type UserLimiter = governor::RateLimiter<
+    String,
+    governor::state::keyed::HashMapStateStore<String>,
+    governor::clock::QuantaClock,
+>;
+
+/// Builds the per-user limiter.
+pub fn user_limiter(per_second: u32) -> UserLimiter {
+    governor::RateLimiter::hashmap(governor::Quota::per_second(
+        NonZeroU32::new(per_second.max(1)).expect("above 0"),
+    ))
+}
+
+/// The authenticated end user.
+pub(crate) struct User(pub String);
+
+impl FromRequestParts<AppState> for User {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, Response> {
+        let unauthorized = |why: &str| {
+            let mut r = error(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "Authorization",
+                &format!("a valid Bearer token is required ({why})"),
+            );
+            r.headers_mut().insert(
+                "www-authenticate",
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+            r
+        };
+        let token = parts
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| unauthorized("missing"))?;
+        let user = app
+            .inbox
+            .verifier
+            .verify(token.trim())
+            .map_err(unauthorized)?;
+        if let Err(not_until) = app.inbox.limiter.check_key(&user) {
+            use governor::clock::Clock;
+            let wait = not_until.wait_time_from(governor::clock::QuantaClock::default().now());
+            let mut r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                "",
+                "too many requests for this user; slow down",
+            );
+            r.headers_mut().insert(
+                "retry-after",
+                axum::http::HeaderValue::from(wait.as_secs().max(1)),
+            );
+            return Err(r);
+        }
+        Ok(User(user))
+    }
+}
+
+/// The inbox routes.
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/inbox/notifications", get(list))
+        .route("/v1/inbox/unread-count", get(unread_count))
+        .route(
+            "/v1/inbox/notifications/{id}/read",
+            post(|s, u, p| change(s, u, p, "read")),
+        )
+        .route(
+            "/v1/inbox/notifications/{id}/unread",
+            post(|s, u, p| change(s, u, p, "unread")),
+        )
+        .route(
+            "/v1/inbox/notifications/{id}/archive",
+            post(|s, u, p| change(s, u, p, "archived")),
+        )
+        .route(
+            "/v1/inbox/notifications/{id}/unarchive",
+            post(|s, u, p| change(s, u, p, "read")),
+        )
+        .route("/v1/inbox/read-all", post(read_all))
+        .route("/v1/inbox/stream", get(stream))
+}
+
+/// Every inbox route as (method, path), as `docs/openapi.json` must list them.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("get", "/v1/inbox/notifications"),
+    ("get", "/v1/inbox/unread-count"),
+    ("post", "/v1/inbox/notifications/{id}/read"),
+    ("post", "/v1/inbox/notifications/{id}/unread"),
+    ("post", "/v1/inbox/notifications/{id}/archive"),
+    ("post", "/v1/inbox/notifications/{id}/unarchive"),
+    ("post", "/v1/inbox/read-all"),
+    ("get", "/v1/inbox/stream"),
+];
+
+fn db_error(e: notify_store::StoreError) -> Response {
+    tracing::error!(error = %e, "database error");
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "",
+        "the database is unavailable; try again",
+    )
+}
+
+/// "Today", "Yesterday" or "Earlier" for `at`, in `tz`, seen at `now`.
+pub fn group_label(at: DateTime<Utc>, now: DateTime<Utc>, tz: chrono_tz::Tz) -> &'static str {
+    let day = at.with_timezone(&tz).date_naive();
+    let today = now.with_timezone(&tz).date_naive();
+    if day >= today {
+        "Today"
+    } else if Some(day) == today.pred_opt() {
+        "Yesterday"
+    } else {
+        "Earlier"
+    }
+}
+
+fn item_json(i: &InboxItem, now: DateTime<Utc>, tz: chrono_tz::Tz) -> Value {
+    let mut v = serde_json::to_value(i).unwrap_or_default();
+    v["seq"] = json!(i.seq);
+    v["group"] = json!(group_label(i.created_at, now, tz));
+    v
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    limit: Option<String>,
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+fn encode_cursor(i: &InboxItem) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{}:{}", i.created_at.timestamp_micros(), i.id))
+}
+
+fn decode_cursor(c: &str) -> Option<(DateTime<Utc>, Uuid)> {
+    let text = String::from_utf8(URL_SAFE_NO_PAD.decode(c).ok()?).ok()?;
+    let (micros, id) = text.split_once(':')?;
+    Some((
+        DateTime::from_timestamp_micros(micros.parse().ok()?)?,
+        Uuid::parse_str(id).ok()?,
+    ))
+}
+
+async fn tz_of(app: &AppState, user: &str) -> chrono_tz::Tz {
+    inbox::timezone_of(&app.pool, user)
+        .await
+        .ok()
+        .and_then(|t| notify_core::validate::parse_timezone(&t))
+        .unwrap_or(chrono_tz::Asia::Bangkok)
+}
+
+/// `GET /v1/inbox/notifications?status=unread|read|archived&limit=1..100&cursor=`.
+async fn list(
+    State(app): State<AppState>,
+    User(user): User,
+    Query(q): Query<ListQuery>,
+) -> Response {
+    let filter = match q.status.as_deref() {
+        None | Some("") => Filter::Inbox,
+        Some("unread") => Filter::Unread,
+        Some("read") => Filter::Read,
+        Some("archived") => Filter::Archived,
+        Some(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+                "status",
+                "must be unread, read or archived",
+            );
+        }
+    };
+    let limit = match q.limit.as_deref().map(str::parse::<i64>) {
+        None => 20,
+        Some(Ok(n)) if (1..=MAX_PAGE).contains(&n) => n,
+        Some(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+                "limit",
+                "must be a whole number from 1 to 100",
+            );
+        }
+    };
+    let after = match q.cursor.as_deref() {
+        None | Some("") => None,
+        Some(c) => match decode_cursor(c) {
+            Some(k) => Some(k),
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_argument",
+                    "cursor",
+                    "must be a next_cursor from this API",
+                );
+            }
+        },
+    };
+    let items = match inbox::list(&app.pool, &user, filter, after, limit + 1).await {
+        Ok(i) => i,
+        Err(e) => return db_error(e),
+    };
+    let more = items.len() as i64 > limit;
+    let items = &items[..items.len().min(limit as usize)];
+    let (now, tz) = (Utc::now(), tz_of(&app, &user).await);
+    Json(json!({
+        "items": items.iter().map(|i| item_json(i, now, tz)).collect::<Vec<_>>(),
+        "next_cursor": if more { items.last().map(encode_cursor) } else { None },
+    }))
+    .into_response()
+}
+
+/// `GET /v1/inbox/unread-count`.
+async fn unread_count(State(app): State<AppState>, User(user): User) -> Response {
+    match inbox::unread_count(&app.pool, &user).await {
+        Ok(n) => Json(json!({"unread": n})).into_response(),
+        Err(e) => db_error(e),
+    }
+}
+
+async fn change(
+    State(app): State<AppState>,
+    User(user): User,
+    Path(id): Path<String>,
+    status: &str,
+) -> Response {
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            "id",
+            "must be a notification id (UUID)",
+        );
+    };
+    match inbox::set_status(&app.pool, &user, id, status).await {
+        Ok(Some(item)) => {
+            let tz = tz_of(&app, &user).await;
+            Json(item_json(&item, Utc::now(), tz)).into_response()
+        }
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "id",
+            "no such notification",
+        ),
+        Err(e) => db_error(e),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ReadAll {
+    #[serde(default)]
+    up_to_seq: Option<i64>,
+}
+
+/// `POST /v1/inbox/read-all` `{"up_to_seq": N}` (optional): marks read every unread item
+/// up to the newest change the client has seen, so one that arrives meanwhile stays
+/// unread.
+async fn read_all(
+    State(app): State<AppState>,
+    User(user): User,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return crate::body_error(e),
+    };
+    let req: ReadAll = if body.iter().all(u8::is_ascii_whitespace) {
+        ReadAll::default()
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_body",
+                    "body",
+                    &format!("must be JSON like {{\"up_to_seq\": 42}}: {e}"),
+                );
+            }
+        }
+    };
+    let marked = match inbox::read_all(&app.pool, &user, req.up_to_seq).await {
+        Ok(n) => n,
+        Err(e) => return db_error(e),
+    };
+    match inbox::unread_count(&app.pool, &user).await {
+        Ok(unread) => Json(json!({"marked_read": marked, "unread": unread})).into_response(),
+        Err(e) => db_error(e),
+    }
+}
+
+/// Fans Postgres `inbox` notifications (`"<user> <seq>"`) out to the streams of this
+/// replica. Runs until the process ends; the listener reconnects by itself.
+pub async fn listen(pool: notify_store::PgPool, hub: tokio::sync::broadcast::Sender<String>) {
+    loop {
+        let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "inbox LISTEN failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if let Err(e) = listener.listen("inbox").await {
+            tracing::warn!(error = %e, "inbox LISTEN failed; retrying");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        loop {
+            match listener.recv().await {
+                Ok(n) => {
+                    let user = n
+                        .payload()
+                        .rsplit_once(' ')
+                        .map_or("", |(u, _)| u)
+                        .to_string();
+                    let _ = hub.send(user);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "inbox LISTEN lost; reconnecting");
+                    // Streams catch up on their own timer meanwhile.
+                    break;
+                }
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct StreamQuery {
+    #[serde(default)]
+    last_event_id: Option<String>,
+}
+
+/// `GET /v1/inbox/stream`: Server-Sent Events (see the module docs).
+async fn stream(
+    State(app): State<AppState>,
+    User(user): User,
+    headers: HeaderMap,
+    Query(q): Query<StreamQuery>,
+) -> Response {
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or(q.last_event_id);
+    let mut last = match resume.as_deref().map(str::parse::<i64>) {
+        Some(Ok(n)) if n >= 0 => n,
+        Some(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+                "Last-Event-ID",
+                "must be an event id from this stream",
+            );
+        }
+        None => match inbox::latest_seq(&app.pool, &user).await {
+            Ok(n) => n,
+            Err(e) => return db_error(e),
+        },
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(64);
+    let mut hub = app.hub.subscribe();
+    let app2 = app.clone();
+    tokio::spawn(async move {
+        let tz = tz_of(&app2, &user).await;
+        let mut first = true;
+        loop {
+            let changes = inbox::changes_since(&app2.pool, &user, last, 500)
+                .await
+                .unwrap_or_default();
+            let any = !changes.is_empty();
+            for item in changes {
+                last = item.seq;
+                let ev = Event::default()
+                    .id(item.seq.to_string())
+                    .event("notification")
+                    .json_data(item_json(&item, Utc::now(), tz))
+                    .unwrap_or_default();
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+            if any || first {
+                first = false;
+                let n = inbox::unread_count(&app2.pool, &user).await.unwrap_or(0);
+                let ev = Event::default()
+                    .event("unread_count")
+                    .json_data(json!({"unread": n}))
+                    .unwrap_or_default();
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+            // Wake on this user's change, or every 15 s to catch up after a lost LISTEN.
+            let deadline = tokio::time::sleep(Duration::from_secs(15));
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    _ = &mut deadline => break,
+                    _ = tx.closed() => return,
+                    _ = app2.shutdown.cancelled() => return,
+                    m = hub.recv() => match m {
+                        Ok(u) if u == user => break,
+                        Ok(_) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => break,
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    },
+                }
+            }
+        }
+    });
+    Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// Shared state for the inbox.
+pub struct InboxState {
+    /// Token verification.
+    pub verifier: Verifier,
+    /// Per-user rate limit.
+    pub limiter: UserLimiter,
+}
+
+/// Builds [`InboxState`] from settings.
+pub fn state(cfg: &InboxConfig) -> Result<Arc<InboxState>, String> {
+    Ok(Arc::new(InboxState {
+        verifier: Verifier::new(cfg)?,
+        limiter: user_limiter(cfg.rate_per_user),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_labels_follow_the_users_calendar() {
+        let bkk = chrono_tz::Asia::Bangkok;
+        let now: DateTime<Utc> = "2026-11-30T18:00:00Z".parse().unwrap(); // 01:00 Dec 1 in Bangkok
+        let at = |s: &str| s.parse::<DateTime<Utc>>().unwrap();
+        assert_eq!(group_label(at("2026-11-30T17:30:00Z"), now, bkk), "Today"); // 00:30 Dec 1
+        assert_eq!(
+            group_label(at("2026-11-30T16:30:00Z"), now, bkk),
+            "Yesterday"
+        ); // 23:30 Nov 30
+        assert_eq!(group_label(at("2026-11-29T16:30:00Z"), now, bkk), "Earlier");
+        // The same instants in UTC would all be "Today" or "Yesterday" differently.
+        assert_eq!(
+            group_label(at("2026-11-30T16:30:00Z"), now, chrono_tz::UTC),
+            "Today"
+        );
+    }
+
+    #[test]
+    fn cursors_round_trip_and_garbage_is_refused() {
+        let i = InboxItem {
+            id: Uuid::from_u128(7),
+            type_key: "t".into(),
+            title: String::new(),
+            body: String::new(),
+            url: None,
+            data: json!({}),
+            status: "unread".into(),
+            created_at: "2026-11-30T18:00:00.123456Z".parse().unwrap(),
+            updated_at: Utc::now(),
+            item_count: 1,
+            seq: 1,
+        };
+        assert_eq!(
+            decode_cursor(&encode_cursor(&i)),
+            Some((i.created_at, i.id))
+        );
+        assert_eq!(decode_cursor("nope"), None);
+        assert_eq!(decode_cursor(""), None);
+    }
+}

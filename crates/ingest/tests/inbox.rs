@@ -1,0 +1,439 @@
+//! The end users' inbox API over HTTP: authentication, isolation between users, listing
+//! with cursors and group labels, read/unread/archive, race-free read-all, live updates
+//! over Server-Sent Events with resume, bad input, rate limit, and the OpenAPI file.
+
+mod support;
+
+use futures_util::StreamExt;
+use notify_core::Channel;
+use serde_json::{Value, json};
+use std::time::Duration;
+use support::{Options, Platform, uniq};
+
+fn token(user: &str, secret: &str, exp_in: i64) -> String {
+    let claims = json!({"sub": user, "exp": chrono::Utc::now().timestamp() + exp_in});
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).unwrap(),
+    )
+    .unwrap()
+}
+
+struct Client<'a> {
+    p: &'a Platform,
+    token: String,
+}
+
+impl Client<'_> {
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self
+            .p
+            .http
+            .get(format!("{}{path}", self.p.http_url))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        let r = self
+            .p
+            .http
+            .post(format!("{}{path}", self.p.http_url))
+            .bearer_auth(&self.token)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+    }
+}
+
+async fn inapp_platform() -> Platform {
+    Platform::start_with(Options {
+        workers: vec![Channel::InApp],
+        ..Default::default()
+    })
+    .await
+}
+
+async fn notify(p: &Platform, key: &str, user: &str, title: &str) {
+    let mut req = p.event(key, "news", &[user]);
+    req.content.as_mut().unwrap().title = title.into();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    p.wait_final(&ev.event_id, 30).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_see_and_change_only_their_own_notifications() {
+    let p = inapp_platform().await;
+    p.add_type("news", &["inapp"]).await;
+    let (a, b) = (uniq("a"), uniq("b"));
+    for u in [&a, &b] {
+        p.add_recipient(u, "", "", "").await;
+    }
+    for n in 1..=3 {
+        notify(&p, &format!("n{n}"), &a, &format!("ข่าวที่ {n}")).await;
+    }
+    notify(&p, "nb", &b, "for b").await;
+    let ca = Client {
+        p: &p,
+        token: token(&a, support::INBOX_SECRET, 300),
+    };
+    let cb = Client {
+        p: &p,
+        token: token(&b, support::INBOX_SECRET, 300),
+    };
+
+    // Newest first, two per page, with a cursor; labelled Today.
+    let (s, page1) = ca.get("/v1/inbox/notifications?limit=2").await;
+    assert_eq!(s, 200, "{page1}");
+    let titles: Vec<&str> = page1["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["title"].as_str().unwrap())
+        .collect();
+    assert_eq!(titles, ["ข่าวที่ 3", "ข่าวที่ 2"]);
+    assert_eq!(page1["items"][0]["group"], "Today");
+    let cursor = page1["next_cursor"].as_str().unwrap();
+    let (_, page2) = ca
+        .get(&format!("/v1/inbox/notifications?limit=2&cursor={cursor}"))
+        .await;
+    assert_eq!(page2["items"].as_array().unwrap().len(), 1);
+    assert!(page2["next_cursor"].is_null());
+    assert_eq!(ca.get("/v1/inbox/unread-count").await.1["unread"], 3);
+
+    // B cannot read or change A's notification: 404, and nothing leaks.
+    let id = page1["items"][0]["id"].as_str().unwrap().to_string();
+    let (s, body) = cb
+        .post(&format!("/v1/inbox/notifications/{id}/read"), "")
+        .await;
+    assert_eq!(s, 404);
+    assert!(!body.to_string().contains("ข่าว"), "{body}");
+    assert_eq!(
+        cb.get("/v1/inbox/notifications").await.1["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // Read, idempotently; unread; archive hides it from the default list.
+    for _ in 0..2 {
+        let (s, item) = ca
+            .post(&format!("/v1/inbox/notifications/{id}/read"), "")
+            .await;
+        assert_eq!((s, item["status"].as_str()), (200, Some("read")));
+    }
+    assert_eq!(ca.get("/v1/inbox/unread-count").await.1["unread"], 2);
+    assert_eq!(
+        ca.post(&format!("/v1/inbox/notifications/{id}/unread"), "")
+            .await
+            .1["status"],
+        "unread"
+    );
+    assert_eq!(
+        ca.post(&format!("/v1/inbox/notifications/{id}/archive"), "")
+            .await
+            .1["status"],
+        "archived"
+    );
+    assert_eq!(
+        ca.get("/v1/inbox/notifications").await.1["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    assert_eq!(
+        ca.get("/v1/inbox/notifications?status=archived").await.1["items"][0]["id"],
+        id.as_str()
+    );
+    assert_eq!(
+        ca.post(&format!("/v1/inbox/notifications/{id}/unarchive"), "")
+            .await
+            .1["status"],
+        "read"
+    );
+
+    // Read-all up to what the client saw; a later arrival stays unread.
+    let (_, all) = ca.get("/v1/inbox/notifications").await;
+    let newest_seq = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["seq"].as_i64().unwrap())
+        .max()
+        .unwrap();
+    notify(&p, "n4", &a, "ข่าวที่ 4").await;
+    let (s, r) = ca
+        .post(
+            "/v1/inbox/read-all",
+            &json!({"up_to_seq": newest_seq}).to_string(),
+        )
+        .await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(
+        r["unread"], 1,
+        "the one that arrived after stays unread: {r}"
+    );
+    assert_eq!(
+        cb.get("/v1/inbox/unread-count").await.1["unread"],
+        1,
+        "B untouched"
+    );
+
+    // Bad input: a clear JSON error naming the field.
+    for (path, field) in [
+        ("/v1/inbox/notifications?cursor=garbage", "cursor"),
+        ("/v1/inbox/notifications?limit=0", "limit"),
+        ("/v1/inbox/notifications?status=deleted", "status"),
+    ] {
+        let (s, e) = ca.get(path).await;
+        assert_eq!(
+            (s, e["error"]["field"].as_str()),
+            (400, Some(field)),
+            "{path}: {e}"
+        );
+    }
+    let (s, e) = ca.post("/v1/inbox/notifications/not-a-uuid/read", "").await;
+    assert_eq!((s, e["error"]["field"].as_str()), (400, Some("id")));
+    let (s, _) = ca
+        .post(
+            &format!("/v1/inbox/notifications/{}/read", uuid::Uuid::new_v4()),
+            "",
+        )
+        .await;
+    assert_eq!(s, 404);
+    let (s, e) = ca.post("/v1/inbox/read-all", "{not json").await;
+    assert_eq!((s, e["error"]["field"].as_str()), (400, Some("body")));
+    let (s, e) = ca.post("/v1/inbox/read-all", &"x".repeat(2 << 20)).await;
+    assert_eq!(
+        (s, e["error"]["code"].as_str()),
+        (413, Some("body_too_large"))
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_tokens_get_401_and_a_busy_user_gets_429() {
+    let p = inapp_platform().await;
+    let a = uniq("a");
+    let url = format!("{}/v1/inbox/unread-count", p.http_url);
+    let none = p.http.get(&url).send().await.unwrap();
+    assert_eq!(none.status(), 401);
+    assert_eq!(none.headers()["www-authenticate"], "Bearer");
+    let forged = token(&a, "another-secret-of-at-least-32-characters", 300);
+    let expired = token(&a, support::INBOX_SECRET, -3600);
+    let unsigned = {
+        let b64 = |v: Value| {
+            base64::Engine::encode(
+                &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+                v.to_string(),
+            )
+        };
+        format!(
+            "{}.{}.",
+            b64(json!({"alg": "none", "typ": "JWT"})),
+            b64(json!({"sub": a, "exp": 9999999999u64}))
+        )
+    };
+    for t in [forged, expired, unsigned, "garbage".to_string()] {
+        let r = p.http.get(&url).bearer_auth(&t).send().await.unwrap();
+        assert_eq!(r.status(), 401, "{t}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["field"], "Authorization");
+    }
+    // 20 requests a second per user: a burst of 40 sees 429 with Retry-After.
+    let good = token(&a, support::INBOX_SECRET, 300);
+    let mut limited = 0;
+    for _ in 0..40 {
+        let r = p.http.get(&url).bearer_auth(&good).send().await.unwrap();
+        if r.status() == 429 {
+            assert!(r.headers().contains_key("retry-after"));
+            limited += 1;
+        }
+    }
+    assert!(limited >= 10, "{limited} of 40 limited");
+    // CORS for the configured origin only.
+    let pre = p
+        .http
+        .request(reqwest::Method::OPTIONS, &url)
+        .header("origin", "https://app.example.test")
+        .header("access-control-request-method", "GET")
+        .header("access-control-request-headers", "authorization")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        pre.headers()["access-control-allow-origin"],
+        "https://app.example.test"
+    );
+    let other = p
+        .http
+        .request(reqwest::Method::OPTIONS, &url)
+        .header("origin", "https://evil.example.test")
+        .header("access-control-request-method", "GET")
+        .send()
+        .await
+        .unwrap();
+    assert!(!other.headers().contains_key("access-control-allow-origin"));
+    p.stop().await;
+}
+
+/// Reads SSE frames until `want` events of type `kind` arrived; returns (id, data) pairs.
+async fn read_events(
+    body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    buf: &mut String,
+    kind: &str,
+    want: usize,
+) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while out.len() < want {
+        while let Some(end) = buf.find("\n\n") {
+            let frame: String = buf.drain(..end + 2).collect();
+            let (mut id, mut event, mut data) = (String::new(), String::new(), String::new());
+            for line in frame.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    id = v.trim().into();
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().into();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim());
+                }
+            }
+            if event == kind {
+                out.push((id, serde_json::from_str(&data).unwrap()));
+            }
+        }
+        if out.len() >= want {
+            break;
+        }
+        let chunk = tokio::time::timeout_at(deadline, body.next())
+            .await
+            .expect("event within 10 s")
+            .expect("stream open")
+            .unwrap();
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_delivers_new_notifications_live_and_resumes_after_a_reconnect() {
+    let p = inapp_platform().await;
+    p.add_type("news", &["inapp"]).await;
+    let a = uniq("a");
+    p.add_recipient(&a, "", "", "").await;
+    let t = token(&a, support::INBOX_SECRET, 300);
+    let open = |last: Option<String>| {
+        let mut r = p
+            .http
+            .get(format!("{}/v1/inbox/stream", p.http_url))
+            .bearer_auth(&t);
+        if let Some(l) = last {
+            r = r.header("last-event-id", l);
+        }
+        r.send()
+    };
+    let resp = open(None).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.bytes_stream();
+    let mut buf = String::new();
+    assert_eq!(
+        read_events(&mut body, &mut buf, "unread_count", 1).await[0].1["unread"],
+        0
+    );
+    let started = std::time::Instant::now();
+    notify(&p, "live:1", &a, "สดๆ").await;
+    let got = read_events(&mut body, &mut buf, "notification", 1).await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(got[0].1["title"], "สดๆ");
+    let last_id = got[0].0.clone();
+    assert_eq!(
+        read_events(&mut body, &mut buf, "unread_count", 1).await[0].1["unread"],
+        1
+    );
+    drop(body);
+
+    // While disconnected, two more arrive; resuming from the last id replays exactly them.
+    notify(&p, "live:2", &a, "สอง").await;
+    notify(&p, "live:3", &a, "สาม").await;
+    let mut body = open(Some(last_id)).await.unwrap().bytes_stream();
+    let mut buf = String::new();
+    let replay = read_events(&mut body, &mut buf, "notification", 2).await;
+    let titles: Vec<&str> = replay
+        .iter()
+        .map(|(_, d)| d["title"].as_str().unwrap())
+        .collect();
+    assert_eq!(titles, ["สอง", "สาม"]);
+    p.stop().await;
+}
+
+/// `docs/openapi.json` lists exactly the inbox routes the service serves, and each of them
+/// answers (401 without a token, not 404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_file_matches_the_routes() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let spec: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/openapi.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let mut documented: Vec<(String, String)> = Vec::new();
+    for (path, ops) in spec["paths"].as_object().unwrap() {
+        for method in ops.as_object().unwrap().keys() {
+            if path.starts_with("/v1/inbox") {
+                documented.push((method.clone(), path.clone()));
+            }
+        }
+    }
+    documented.sort();
+    let mut served: Vec<(String, String)> = http_api::inbox::ROUTES
+        .iter()
+        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .collect();
+    served.sort();
+    assert_eq!(documented, served);
+    for (method, path) in &served {
+        let url = format!(
+            "{}{}",
+            p.http_url,
+            path.replace("{id}", &uuid::Uuid::new_v4().to_string())
+        );
+        let r = p
+            .http
+            .request(method.to_uppercase().parse().unwrap(), url)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            401,
+            "{method} {path} is served and needs a token"
+        );
+    }
+    let r = p
+        .http
+        .get(format!("{}/v1/inbox/nope", p.http_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "not_found");
+    p.stop().await;
+}
