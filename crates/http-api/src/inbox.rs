@@ -231,6 +231,16 @@ pub(crate) fn routes() -> Router<AppState> {
         )
         .route("/v1/inbox/read-all", post(read_all))
         .route("/v1/inbox/stream", get(stream))
+        .route(
+            "/v1/inbox/preferences",
+            get(get_preferences).put(put_preference),
+        )
+        .route("/v1/inbox/quiet-hours", axum::routing::put(put_quiet_hours))
+        .route("/v1/inbox/devices", post(register_device))
+        .route(
+            "/v1/inbox/devices/{id}",
+            axum::routing::delete(unregister_device),
+        )
 }
 
 /// Every inbox route as (method, path), as `docs/openapi.json` must list them.
@@ -243,7 +253,250 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("post", "/v1/inbox/notifications/{id}/unarchive"),
     ("post", "/v1/inbox/read-all"),
     ("get", "/v1/inbox/stream"),
+    ("get", "/v1/inbox/preferences"),
+    ("put", "/v1/inbox/preferences"),
+    ("put", "/v1/inbox/quiet-hours"),
+    ("post", "/v1/inbox/devices"),
+    ("delete", "/v1/inbox/devices/{id}"),
 ];
+
+/// Parses a JSON body into `T`, or the JSON 400/413 answer naming the problem.
+fn json_body<T: serde::de::DeserializeOwned>(
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<T, Response> {
+    let body = body.map_err(crate::body_error)?;
+    serde_json::from_slice(&body).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            "body",
+            &format!("must be JSON of the documented shape: {e}"),
+        )
+    })
+}
+
+/// A 400 naming the first bad field, with every violation listed.
+fn violations(v: Vec<notify_core::validate::FieldViolation>) -> Response {
+    let first = &v[0];
+    let all: Vec<Value> = v
+        .iter()
+        .map(|f| json!({"field": f.field, "message": f.description}))
+        .collect();
+    let body = json!({"error": {
+        "code": "invalid_argument",
+        "message": first.description,
+        "field": first.field,
+        "violations": all,
+    }});
+    (StatusCode::BAD_REQUEST, Json(body)).into_response()
+}
+
+/// `GET /v1/inbox/preferences`: the user's settings, quiet hours and time zone.
+async fn get_preferences(State(app): State<AppState>, User(user): User) -> Response {
+    match notify_store::catalog::get_preferences(&app.pool, &user).await {
+        Ok(Some(p)) => Json(json!({
+            "preferences": p.preferences.iter().map(|(t, c, on)| json!({"type": t, "channel": c, "enabled": on})).collect::<Vec<_>>(),
+            "quiet_hours": p.quiet_hours,
+            "timezone": p.timezone,
+        }))
+        .into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "user", "no recipient with this id"),
+        Err(e) => db_error(e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PreferenceBody {
+    #[serde(rename = "type")]
+    type_key: String,
+    channel: String,
+    enabled: bool,
+}
+
+/// `PUT /v1/inbox/preferences` `{"type", "channel", "enabled"}` (`*` for every type or
+/// every channel, not both).
+async fn put_preference(
+    State(app): State<AppState>,
+    User(user): User,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let b: PreferenceBody = match json_body(body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let mut v = notify_core::validate::Violations::default();
+    if b.type_key != "*" && !notify_core::validate::is_type_key(&b.type_key) {
+        v.add("type", "must be a notification type key or \"*\"");
+    }
+    let channel = match b.channel.as_str() {
+        "*" => None,
+        c => match c.parse::<notify_core::Channel>() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                v.add("channel", format!("{e} (or \"*\")"));
+                None
+            }
+        },
+    };
+    if b.type_key == "*" && b.channel == "*" {
+        v.add("channel", "type and channel cannot both be \"*\"");
+    }
+    if let Err(v) = v.into_result(()) {
+        return violations(v);
+    }
+    if b.type_key != "*" {
+        match notify_store::catalog::get_type(&app.pool, &b.type_key).await {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                return error(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    "type",
+                    "no such notification type",
+                );
+            }
+            Err(e) => return db_error(e),
+        }
+    }
+    match notify_store::catalog::set_preference(&app.pool, &user, &b.type_key, channel, b.enabled)
+        .await
+    {
+        Ok(()) => get_preferences(State(app), User(user)).await,
+        Err(e) => db_error(e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuietBody {
+    windows: Vec<notify_core::quiet::QuietWindow>,
+}
+
+/// `PUT /v1/inbox/quiet-hours` `{"windows": [{"start": "22:00", "end": "07:00",
+/// "channels": []}]}` (an empty list removes them).
+async fn put_quiet_hours(
+    State(app): State<AppState>,
+    User(user): User,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let b: QuietBody = match json_body(body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let mut v = notify_core::validate::Violations::default();
+    if b.windows.len() > 10 {
+        v.add("windows", "at most 10 windows");
+    }
+    for (i, w) in b.windows.iter().enumerate() {
+        if let Some(p) = w.problem() {
+            v.add(format!("windows[{i}]"), p);
+        }
+    }
+    if let Err(v) = v.into_result(()) {
+        return violations(v);
+    }
+    match notify_store::catalog::set_quiet_hours(&app.pool, &user, &b.windows).await {
+        Ok(()) => get_preferences(State(app), User(user)).await,
+        Err(notify_store::StoreError::NotFound(_)) => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "user",
+            "no recipient with this id",
+        ),
+        Err(e) => db_error(e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeviceBody {
+    platform: String,
+    #[serde(default)]
+    token: String,
+    #[serde(default)]
+    web_push: Option<WebPushBody>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WebPushBody {
+    endpoint: String,
+    keys: WebPushKeys,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WebPushKeys {
+    p256dh: String,
+    auth: String,
+}
+
+/// `POST /v1/inbox/devices` `{"platform": "fcm"|"apns", "token"}` or `{"platform":
+/// "webpush", "web_push": <PushSubscription.toJSON()>}`: registers (or re-activates) the
+/// user's device; answers `{"endpoint_id"}`.
+async fn register_device(
+    State(app): State<AppState>,
+    User(user): User,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Response {
+    let b: DeviceBody = match json_body(body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let mut v = notify_core::validate::Violations::default();
+    let web_push = b.web_push.as_ref().map(|w| {
+        (
+            w.endpoint.as_str(),
+            w.keys.p256dh.as_str(),
+            w.keys.auth.as_str(),
+        )
+    });
+    let (token, subscription) =
+        notify_core::validate::check_endpoint(&mut v, &b.platform, &b.token, web_push);
+    if let Err(v) = v.into_result(()) {
+        return violations(v);
+    }
+    match notify_store::catalog::register_endpoint(
+        &app.pool,
+        &user,
+        &b.platform,
+        &token,
+        subscription.as_ref(),
+    )
+    .await
+    {
+        Ok(id) => (StatusCode::CREATED, Json(json!({"endpoint_id": id}))).into_response(),
+        Err(notify_store::StoreError::NotFound(_)) => error(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "user",
+            "no recipient with this id",
+        ),
+        Err(e) => db_error(e),
+    }
+}
+
+/// `DELETE /v1/inbox/devices/{id}`: the user's device stops getting push (idempotent).
+async fn unregister_device(
+    State(app): State<AppState>,
+    User(user): User,
+    Path(id): Path<String>,
+) -> Response {
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+            "id",
+            "must be an endpoint id (UUID)",
+        );
+    };
+    match inbox::revoke_own_endpoint(&app.pool, &user, id).await {
+        Ok(Some(_)) => StatusCode::NO_CONTENT.into_response(),
+        Ok(None) => error(StatusCode::NOT_FOUND, "not_found", "id", "no such device"),
+        Err(e) => db_error(e),
+    }
+}
 
 fn db_error(e: notify_store::StoreError) -> Response {
     tracing::error!(error = %e, "database error");

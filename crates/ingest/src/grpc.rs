@@ -593,59 +593,12 @@ impl Services {
     ) -> Result<pb::RegisterEndpointResponse, ApiError> {
         let mut v = Violations::default();
         v.check_id("user_id", &r.user_id, 255);
-        let (token, subscription) = match r.platform.as_str() {
-            "fcm" | "apns" => {
-                if v.check_id("token", &r.token, 4096) && r.token.chars().any(char::is_whitespace) {
-                    v.add("token", "must not contain whitespace");
-                }
-                if r.web_push.is_some() {
-                    v.add("web_push", "must be empty for platform fcm and apns");
-                }
-                (r.token.clone(), None)
-            }
-            "webpush" => match &r.web_push {
-                None => {
-                    v.add("web_push", "is required for platform webpush");
-                    (String::new(), None)
-                }
-                Some(s) => {
-                    if !r.token.is_empty() {
-                        v.add(
-                            "token",
-                            "must be empty for platform webpush (the endpoint is in web_push)",
-                        );
-                    }
-                    if !s.endpoint.starts_with("https://") {
-                        v.add("web_push.endpoint", "must be an https:// URL");
-                    }
-                    v.check_url("web_push.endpoint", &s.endpoint);
-                    // RFC 8291: p256dh is an uncompressed P-256 point (65 bytes), auth a
-                    // 16-byte secret, both base64url (86-88 and 22-24 characters).
-                    let b64url = |x: &str, lens: std::ops::RangeInclusive<usize>| {
-                        lens.contains(&x.len())
-                            && x.chars()
-                                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '='))
-                    };
-                    if !b64url(&s.p256dh, 86..=88) {
-                        v.add(
-                            "web_push.p256dh",
-                            "must be a base64url P-256 public key (65 bytes)",
-                        );
-                    }
-                    if !b64url(&s.auth, 22..=24) {
-                        v.add("web_push.auth", "must be a base64url 16-byte secret");
-                    }
-                    (
-                        s.endpoint.clone(),
-                        Some(serde_json::json!({"p256dh": s.p256dh, "auth": s.auth})),
-                    )
-                }
-            },
-            _ => {
-                v.add("platform", "must be one of fcm, apns, webpush");
-                (String::new(), None)
-            }
-        };
+        let web_push = r
+            .web_push
+            .as_ref()
+            .map(|w| (w.endpoint.as_str(), w.p256dh.as_str(), w.auth.as_str()));
+        let (token, subscription) =
+            validate::check_endpoint(&mut v, &r.platform, &r.token, web_push);
         v.into_result(()).map_err(ApiError::Invalid)?;
         let id = catalog::register_endpoint(
             &self.pool,

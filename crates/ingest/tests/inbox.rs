@@ -437,3 +437,137 @@ async fn the_openapi_file_matches_the_routes() {
     assert_eq!(e["error"]["code"], "not_found");
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_manage_their_preferences_quiet_hours_and_devices() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("news", &["inapp", "push"]).await;
+    let (a, b) = (uniq("a"), uniq("b"));
+    for u in [&a, &b] {
+        p.add_recipient(u, "", "", "").await;
+    }
+    let ca = Client {
+        p: &p,
+        token: token(&a, support::INBOX_SECRET, 300),
+    };
+    let cb = Client {
+        p: &p,
+        token: token(&b, support::INBOX_SECRET, 300),
+    };
+    let put = |c: &Client, path: &str, body: Value| {
+        let req =
+            c.p.http
+                .put(format!("{}{path}", c.p.http_url))
+                .bearer_auth(&c.token)
+                .json(&body);
+        async move {
+            let r = req.send().await.unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    let (s, prefs) = put(
+        &ca,
+        "/v1/inbox/preferences",
+        json!({"type": "news", "channel": "push", "enabled": false}),
+    )
+    .await;
+    assert_eq!(s, 200, "{prefs}");
+    assert_eq!(
+        prefs["preferences"],
+        json!([{"type": "news", "channel": "push", "enabled": false}])
+    );
+    let (s, e) = put(
+        &ca,
+        "/v1/inbox/preferences",
+        json!({"type": "*", "channel": "*", "enabled": false}),
+    )
+    .await;
+    assert_eq!((s, e["error"]["field"].as_str()), (400, Some("channel")));
+    let (s, e) = put(
+        &ca,
+        "/v1/inbox/preferences",
+        json!({"type": "nope", "channel": "push", "enabled": false}),
+    )
+    .await;
+    assert_eq!((s, e["error"]["field"].as_str()), (404, Some("type")));
+    let (s, prefs) = put(
+        &ca,
+        "/v1/inbox/quiet-hours",
+        json!({"windows": [{"start": "22:00", "end": "07:00"}]}),
+    )
+    .await;
+    assert_eq!(
+        (s, prefs["quiet_hours"][0]["end"].as_str()),
+        (200, Some("07:00"))
+    );
+    let (s, e) = put(
+        &ca,
+        "/v1/inbox/quiet-hours",
+        json!({"windows": [{"start": "22:00", "end": "22:00"}]}),
+    )
+    .await;
+    assert_eq!((s, e["error"]["field"].as_str()), (400, Some("windows[0]")));
+    assert!(
+        cb.get("/v1/inbox/preferences").await.1["preferences"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "B's own"
+    );
+    // The push opt-out applies to A's next event; B is untouched.
+    let ev = p.send("prefs-http", "news", &[&a, &b]).await;
+    assert!(
+        ev.skipped
+            .iter()
+            .any(|s| s.user_id == a && s.channel == "push" && s.reason == "opted_out")
+    );
+
+    // Devices: register, a bad one named, another user's cannot be removed.
+    let (s, dev) = ca
+        .post(
+            "/v1/inbox/devices",
+            &json!({"platform": "fcm", "token": format!("fcm-tok-{a}")}).to_string(),
+        )
+        .await;
+    assert_eq!(s, 201, "{dev}");
+    let id = dev["endpoint_id"].as_str().unwrap().to_string();
+    let (s, e) = ca
+        .post("/v1/inbox/devices", &json!({"platform": "webpush", "web_push": {"endpoint": "http://insecure.test/x", "keys": {"p256dh": "x", "auth": "y"}}}).to_string())
+        .await;
+    assert_eq!(s, 400);
+    let fields: Vec<&str> = e["error"]["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        fields,
+        ["web_push.endpoint", "web_push.p256dh", "web_push.auth"]
+    );
+    let del = |c: &Client, id: &str| {
+        let req =
+            c.p.http
+                .delete(format!("{}/v1/inbox/devices/{id}", c.p.http_url))
+                .bearer_auth(&c.token);
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(del(&cb, &id).await, 404, "not B's device");
+    assert_eq!(del(&ca, &id).await, 204);
+    assert_eq!(del(&ca, &id).await, 204, "idempotent");
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM notification_endpoints WHERE id = $1::uuid")
+            .bind(&id)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "revoked");
+    p.stop().await;
+}

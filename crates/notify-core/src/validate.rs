@@ -213,3 +213,66 @@ mod tests {
         assert!(is_type_key("order_paid") && !is_type_key("Order") && !is_type_key("1x"));
     }
 }
+
+/// Checks a push endpoint registration: `platform` `fcm` or `apns` with a `token`, or
+/// `webpush` with a subscription `(endpoint, p256dh, auth)` (W3C Push API; RFC 8291: p256dh
+/// is a 65-byte uncompressed P-256 point, auth 16 bytes, both base64url). Returns what to
+/// store: the token (the endpoint URL for Web Push) and the subscription keys.
+pub fn check_endpoint(
+    v: &mut Violations,
+    platform: &str,
+    token: &str,
+    web_push: Option<(&str, &str, &str)>,
+) -> (String, Option<serde_json::Value>) {
+    match platform {
+        "fcm" | "apns" => {
+            if v.check_id("token", token, 4096) && token.chars().any(char::is_whitespace) {
+                v.add("token", "must not contain whitespace");
+            }
+            if web_push.is_some() {
+                v.add("web_push", "must be empty for platform fcm and apns");
+            }
+            (token.to_string(), None)
+        }
+        "webpush" => match web_push {
+            None => {
+                v.add("web_push", "is required for platform webpush");
+                (String::new(), None)
+            }
+            Some((endpoint, p256dh, auth)) => {
+                if !token.is_empty() {
+                    v.add(
+                        "token",
+                        "must be empty for platform webpush (the endpoint is in web_push)",
+                    );
+                }
+                if !endpoint.starts_with("https://") {
+                    v.add("web_push.endpoint", "must be an https:// URL");
+                }
+                v.check_url("web_push.endpoint", endpoint);
+                let b64url = |x: &str, lens: std::ops::RangeInclusive<usize>| {
+                    lens.contains(&x.len())
+                        && x.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '='))
+                };
+                if !b64url(p256dh, 86..=88) {
+                    v.add(
+                        "web_push.p256dh",
+                        "must be a base64url P-256 public key (65 bytes)",
+                    );
+                }
+                if !b64url(auth, 22..=24) {
+                    v.add("web_push.auth", "must be a base64url 16-byte secret");
+                }
+                (
+                    endpoint.to_string(),
+                    Some(serde_json::json!({"p256dh": p256dh, "auth": auth})),
+                )
+            }
+        },
+        _ => {
+            v.add("platform", "must be one of fcm, apns, webpush");
+            (String::new(), None)
+        }
+    }
+}

@@ -190,3 +190,20 @@ pub async fn timezone_of(db: &PgPool, user_id: &str) -> Result<String> {
             .unwrap_or_else(|| "Asia/Bangkok".to_string()),
     )
 }
+
+/// Revokes one of `user_id`'s push endpoints (the user unregistered the device).
+/// `None` when the user has no such endpoint; otherwise whether it was active.
+pub async fn revoke_own_endpoint(db: &PgPool, user_id: &str, id: Uuid) -> Result<Option<bool>> {
+    let row: Option<(bool,)> = sqlx::query_as(
+        "WITH target AS (SELECT id, status FROM notification_endpoints WHERE id = $2 AND user_id = $1),
+              upd AS (UPDATE notification_endpoints e SET status = 'revoked',
+                          revoked_reason = 'unregistered_by_user', revoked_at = now()
+                      FROM target WHERE e.id = target.id AND target.status = 'active' RETURNING e.id)
+         SELECT EXISTS (SELECT 1 FROM upd) FROM target",
+    )
+    .bind(user_id)
+    .bind(id)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map(|r| r.0))
+}
