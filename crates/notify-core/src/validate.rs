@@ -170,50 +170,6 @@ pub fn is_type_key(key: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-'))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_are_checked_for_blank_length_and_control_characters() {
-        let mut v = Violations::default();
-        assert!(v.check_id("a", "user-1", 255));
-        assert!(!v.check_id("b", "   ", 255));
-        assert!(!v.check_id("c", &"x".repeat(256), 255));
-        assert!(!v.check_id("d", "a\u{0}b", 255));
-        assert!(!v.check_id("e", "\u{200b}\u{feff}", 255));
-        assert!(!v.check_id("f", " qa0", 255));
-        let fields: Vec<_> = v.0.iter().map(|f| f.field.as_str()).collect();
-        assert_eq!(fields, ["b", "c", "d", "e", "f"]);
-        assert!(v.0[1].description.contains("256"));
-    }
-
-    #[test]
-    fn urls_must_be_absolute_http_or_https() {
-        let mut v = Violations::default();
-        v.check_url("ok1", "https://shop.example.test/orders/123");
-        v.check_url("ok2", "");
-        v.check_url("js", "javascript:alert(1)");
-        v.check_url("rel", "/orders/1");
-        v.check_url("nohost", "https:///x");
-        v.check_url("space", "https://a.test/x y");
-        let fields: Vec<_> = v.0.iter().map(|f| f.field.as_str()).collect();
-        assert_eq!(fields, ["js", "rel", "nohost", "space"]);
-    }
-
-    #[test]
-    fn contact_formats() {
-        assert!(is_line_user_id("U4af4980629a0b1c2d3e4f5a6b7c8d9e0"));
-        assert!(!is_line_user_id("U4AF4980629A0B1C2D3E4F5A6B7C8D9E0"));
-        assert!(!is_line_user_id("user-1"));
-        assert!(is_language_tag("th-TH") && is_language_tag("th") && is_language_tag("en-US"));
-        assert!(!is_language_tag("t") && !is_language_tag("th_TH") && !is_language_tag(""));
-        assert!(parse_timezone("Asia/Bangkok").is_some());
-        assert!(parse_timezone("Mars/Olympus").is_none());
-        assert!(is_type_key("order_paid") && !is_type_key("Order") && !is_type_key("1x"));
-    }
-}
-
 /// Checks a push endpoint registration: `platform` `fcm` or `apns` with a `token`, or
 /// `webpush` with a subscription `(endpoint, p256dh, auth)` (W3C Push API; RFC 8291: p256dh
 /// is a 65-byte uncompressed P-256 point, auth 16 bytes, both base64url). Returns what to
@@ -274,5 +230,49 @@ pub fn check_endpoint(
             v.add("platform", "must be one of fcm, apns, webpush");
             (String::new(), None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked_for_blank_length_and_control_characters() {
+        let mut v = Violations::default();
+        assert!(v.check_id("a", "user-1", 255));
+        assert!(!v.check_id("b", "   ", 255));
+        assert!(!v.check_id("c", &"x".repeat(256), 255));
+        assert!(!v.check_id("d", "a\u{0}b", 255));
+        assert!(!v.check_id("e", "\u{200b}\u{feff}", 255));
+        assert!(!v.check_id("f", " qa0", 255));
+        let fields: Vec<_> = v.0.iter().map(|f| f.field.as_str()).collect();
+        assert_eq!(fields, ["b", "c", "d", "e", "f"]);
+        assert!(v.0[1].description.contains("256"));
+    }
+
+    #[test]
+    fn urls_must_be_absolute_http_or_https() {
+        let mut v = Violations::default();
+        v.check_url("ok1", "https://shop.example.test/orders/123");
+        v.check_url("ok2", "");
+        v.check_url("js", "javascript:alert(1)");
+        v.check_url("rel", "/orders/1");
+        v.check_url("nohost", "https:///x");
+        v.check_url("space", "https://a.test/x y");
+        let fields: Vec<_> = v.0.iter().map(|f| f.field.as_str()).collect();
+        assert_eq!(fields, ["js", "rel", "nohost", "space"]);
+    }
+
+    #[test]
+    fn contact_formats() {
+        assert!(is_line_user_id("U4af4980629a0b1c2d3e4f5a6b7c8d9e0"));
+        assert!(!is_line_user_id("U4AF4980629A0B1C2D3E4F5A6B7C8D9E0"));
+        assert!(!is_line_user_id("user-1"));
+        assert!(is_language_tag("th-TH") && is_language_tag("th") && is_language_tag("en-US"));
+        assert!(!is_language_tag("t") && !is_language_tag("th_TH") && !is_language_tag(""));
+        assert!(parse_timezone("Asia/Bangkok").is_some());
+        assert!(parse_timezone("Mars/Olympus").is_none());
+        assert!(is_type_key("order_paid") && !is_type_key("Order") && !is_type_key("1x"));
     }
 }
