@@ -263,15 +263,15 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// Parses a JSON body into `T`, or the JSON 400/413 answer naming the problem.
 fn json_body<T: serde::de::DeserializeOwned>(
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-) -> Result<T, Response> {
-    let body = body.map_err(crate::body_error)?;
+) -> Result<T, Box<Response>> {
+    let body = body.map_err(|e| Box::new(crate::body_error(e)))?;
     serde_json::from_slice(&body).map_err(|e| {
-        error(
+        Box::new(error(
             StatusCode::BAD_REQUEST,
             "invalid_body",
             "body",
             &format!("must be JSON of the documented shape: {e}"),
-        )
+        ))
     })
 }
 
@@ -323,7 +323,7 @@ async fn put_preference(
 ) -> Response {
     let b: PreferenceBody = match json_body(body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let mut v = notify_core::validate::Violations::default();
     if b.type_key != "*" && !notify_core::validate::is_type_key(&b.type_key) {
@@ -382,7 +382,7 @@ async fn put_quiet_hours(
 ) -> Response {
     let b: QuietBody = match json_body(body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let mut v = notify_core::validate::Violations::default();
     if b.windows.len() > 10 {
@@ -442,7 +442,7 @@ async fn register_device(
 ) -> Response {
     let b: DeviceBody = match json_body(body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let mut v = notify_core::validate::Violations::default();
     let web_push = b.web_push.as_ref().map(|w| {
