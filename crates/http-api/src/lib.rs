@@ -13,6 +13,7 @@
 //!   `List-Unsubscribe=One-Click` (RFC 8058) or from that page turns the token's type off
 //!   on email for its user and answers 200 JSON.
 //! - `/v1/inbox/...`: the end users' inbox API ([`inbox`], `docs/openapi.json`).
+//! - `/console/...`: the operations console ([`console`]).
 //! - `GET /healthz`: `ok`.
 //!
 //! Errors are JSON: `{"error": {"code", "message", "field"}}` with 400 for bad input, 401
@@ -32,6 +33,7 @@ use serde_json::{Value, json};
 /// Largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
+pub mod console;
 pub mod inbox;
 
 /// Settings of the HTTP service.
@@ -45,6 +47,8 @@ pub struct HttpConfig {
     pub inbox: inbox::InboxConfig,
     /// Origins allowed to call the API from a browser (CORS); empty = none.
     pub cors_origins: Vec<String>,
+    /// Operations console settings.
+    pub console: console::ConsoleConfig,
 }
 
 impl HttpConfig {
@@ -56,6 +60,7 @@ impl HttpConfig {
             line_channel_secret: env.required("NOTIFY_LINE_CHANNEL_SECRET"),
             unsubscribe_secret: env.required("NOTIFY_UNSUBSCRIBE_SECRET"),
             inbox: inbox::InboxConfig::from_env(env),
+            console: console::ConsoleConfig::from_env(env),
             cors_origins: env
                 .string("NOTIFY_CORS_ORIGINS", "")
                 .split(',')
@@ -72,6 +77,7 @@ struct AppState {
     pool: PgPool,
     cfg: std::sync::Arc<HttpConfig>,
     inbox: std::sync::Arc<inbox::InboxState>,
+    console: std::sync::Arc<console::ConsoleConfig>,
     /// User ids whose inbox changed, from Postgres `LISTEN inbox`.
     hub: tokio::sync::broadcast::Sender<String>,
     /// Ends live streams when the service stops, so a drain does not wait for clients.
@@ -107,6 +113,7 @@ pub fn router(
     let (hub, _) = tokio::sync::broadcast::channel(1024);
     let state = AppState {
         inbox: inbox::state(&cfg.inbox)?,
+        console: std::sync::Arc::new(cfg.console.clone()),
         pool,
         cfg: std::sync::Arc::new(cfg),
         hub: hub.clone(),
@@ -137,6 +144,7 @@ pub fn router(
         .route("/webhooks/line", post(line_webhook))
         .route("/unsubscribe", get(unsubscribe_page).post(unsubscribe))
         .merge(inbox::routes())
+        .merge(console::routes())
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "path", "no such route") })
         .layer(cors)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -32,6 +32,25 @@ pub fn line_signature(channel_secret: &str, body: &[u8]) -> String {
     STANDARD.encode(mac(channel_secret.as_bytes(), body).finalize().into_bytes())
 }
 
+/// `data` signed with `secret`: base64url of HMAC-SHA256, no padding.
+pub fn sign(secret: &str, data: &str) -> String {
+    URL_SAFE_NO_PAD.encode(
+        mac(secret.as_bytes(), data.as_bytes())
+            .finalize()
+            .into_bytes(),
+    )
+}
+
+/// Whether `signature` is [`sign`]`(secret, data)`, compared in constant time.
+pub fn verify(secret: &str, data: &str, signature: &str) -> bool {
+    match URL_SAFE_NO_PAD.decode(signature) {
+        Ok(sig) => mac(secret.as_bytes(), data.as_bytes())
+            .verify_slice(&sig)
+            .is_ok(),
+        Err(_) => false,
+    }
+}
+
 /// What a one-click unsubscribe link turns off: `type_key` on `channel` for `user_id`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnsubscribeToken {

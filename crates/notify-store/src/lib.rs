@@ -4,6 +4,7 @@
 //! only when [`migrate`] is called (the `ingest migrate` command).
 
 pub mod catalog;
+pub mod console;
 pub mod deliveries;
 pub mod events;
 pub mod inbox;

@@ -74,6 +74,8 @@ pub const APNS_KEY_ID: &str = "TESTKEY001";
 pub const APNS_TEAM_ID: &str = "TESTTEAM01";
 pub const APNS_TOPIC: &str = "th.example.shop";
 pub const LINE_SECRET: &str = "test-line-channel-secret";
+pub const CONSOLE_USER: &str = "ops";
+pub const CONSOLE_PASSWORD: &str = "correct horse battery staple";
 pub const INBOX_SECRET: &str = "test-inbox-jwt-secret-at-least-32-bytes";
 pub const UNSUBSCRIBE_SECRET: &str = "test-unsubscribe-signing-secret";
 pub const VAPID_SUBJECT: &str = "mailto:ops@shop.example.test";
@@ -269,6 +271,14 @@ impl Platform {
                 rate_per_user: 20,
             },
             cors_origins: vec!["https://app.example.test".into()],
+            console: http_api::console::ConsoleConfig {
+                users: vec![(
+                    CONSOLE_USER.into(),
+                    http_api::console::password_hash(CONSOLE_PASSWORD),
+                )],
+                secret: "test-console-session-secret-32-chars-min".into(),
+                auth_header: None,
+            },
         };
         let (p, s) = (pool.clone(), shutdown.clone());
         tasks.push(tokio::spawn(async move {

@@ -1,0 +1,581 @@
+//! The operations console: server-rendered HTML under `/console`, no build step.
+//!
+//! Staff sign in either with configured credentials (`NOTIFY_CONSOLE_USERS` =
+//! `name:<SHA-256 hex of the password>,...`, a session cookie signed with
+//! `NOTIFY_CONSOLE_SECRET`, HttpOnly, SameSite=Strict, 8 hours) or through an
+//! authenticating proxy that sets `NOTIFY_CONSOLE_AUTH_HEADER` (e.g. `X-Forwarded-User`;
+//! only safe when the proxy is the sole way in). End-user inbox tokens are never accepted
+//! here. Without either setting the console answers 404.
+//!
+//! Pages: the overview (per channel: deliveries by status in the last hour and day, the
+//! oldest due pending delivery, retry rate, outbox lag), search (event id, event key, user
+//! id or type), an event page (recipient x channel matrix with status, attempts, next
+//! attempt, deferred until, the decision trail, and per delivery the attempts with the
+//! provider's status, raw answer and the content sent), and the audit log. Actions (retry
+//! a failed delivery, cancel an event's pending deliveries) go through a confirmation page
+//! and a CSRF token, and are recorded in `console_audit`. Every value is HTML-escaped.
+
+use crate::AppState;
+use axum::Router;
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use notify_store::events::{self, EventSelector};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+/// Console settings.
+#[derive(Debug, Clone, Default)]
+pub struct ConsoleConfig {
+    /// (name, SHA-256 hex of the password).
+    pub users: Vec<(String, String)>,
+    /// Signs session cookies and CSRF tokens.
+    pub secret: String,
+    /// Header an authenticating proxy sets to the staff member's name.
+    pub auth_header: Option<String>,
+}
+
+impl ConsoleConfig {
+    /// Reads `NOTIFY_CONSOLE_USERS`, `NOTIFY_CONSOLE_SECRET` (32+ characters, required with
+    /// users) and `NOTIFY_CONSOLE_AUTH_HEADER`.
+    pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
+        let users: Vec<(String, String)> = env
+            .string("NOTIFY_CONSOLE_USERS", "")
+            .split(',')
+            .filter(|s| !s.trim().is_empty())
+            .filter_map(|pair| {
+                let (u, h) = pair.trim().split_once(':')?;
+                Some((u.to_string(), h.to_ascii_lowercase()))
+            })
+            .collect();
+        let secret = env.string("NOTIFY_CONSOLE_SECRET", "");
+        if !users.is_empty() && secret.len() < 32 {
+            env.error("NOTIFY_CONSOLE_SECRET must be at least 32 characters when NOTIFY_CONSOLE_USERS is set".to_string());
+        }
+        let auth_header = Some(env.string("NOTIFY_CONSOLE_AUTH_HEADER", ""))
+            .filter(|h| !h.is_empty())
+            .map(|h| h.to_ascii_lowercase());
+        Self {
+            users,
+            secret,
+            auth_header,
+        }
+    }
+
+    fn enabled(&self) -> bool {
+        !self.users.is_empty() || self.auth_header.is_some()
+    }
+}
+
+/// SHA-256 hex of `password`, the form `NOTIFY_CONSOLE_USERS` takes.
+pub fn password_hash(password: &str) -> String {
+    hex::encode(Sha256::digest(password.as_bytes()))
+}
+
+const SESSION_HOURS: i64 = 8;
+
+fn session_cookie(cfg: &ConsoleConfig, user: &str) -> String {
+    let data = format!(
+        "{user}|{}",
+        chrono::Utc::now().timestamp() + SESSION_HOURS * 3600
+    );
+    let value = format!(
+        "{}.{}",
+        hex::encode(&data),
+        notify_core::signed::sign(&cfg.secret, &data)
+    );
+    format!(
+        "console_session={value}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}",
+        SESSION_HOURS * 3600
+    )
+}
+
+/// The signed-in staff member, if any.
+fn staff(cfg: &ConsoleConfig, headers: &HeaderMap) -> Option<String> {
+    if let Some(h) = &cfg.auth_header
+        && let Some(user) = headers.get(h.as_str()).and_then(|v| v.to_str().ok())
+        && !user.trim().is_empty()
+    {
+        return Some(user.trim().to_string());
+    }
+    if cfg.users.is_empty() {
+        return None;
+    }
+    let cookies = headers.get(header::COOKIE)?.to_str().ok()?;
+    let value = cookies
+        .split(';')
+        .find_map(|c| c.trim().strip_prefix("console_session="))?;
+    let (data_hex, sig) = value.split_once('.')?;
+    let data = String::from_utf8(hex::decode(data_hex).ok()?).ok()?;
+    if !notify_core::signed::verify(&cfg.secret, &data, sig) {
+        return None;
+    }
+    let (user, exp) = data.rsplit_once('|')?;
+    (exp.parse::<i64>().ok()? > chrono::Utc::now().timestamp()
+        && cfg.users.iter().any(|(u, _)| u == user))
+    .then(|| user.to_string())
+}
+
+fn csrf(cfg: &ConsoleConfig, user: &str) -> String {
+    notify_core::signed::sign(&cfg.secret, &format!("csrf|{user}"))
+}
+
+/// Escapes text for HTML element content and attribute values.
+pub fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn page(title: &str, user: Option<&str>, body: &str) -> Response {
+    let nav = match user {
+        Some(u) => format!(
+            "<nav><a href=\"/console\">Overview</a> · <a href=\"/console/audit\">Audit</a> · \
+             <form method=\"get\" action=\"/console/search\" style=\"display:inline\"><input name=\"q\" placeholder=\"event key, event id, user id or type\" size=\"40\"> <button>Search</button></form> \
+             <span style=\"float:right\">{} · <a href=\"/console/logout\">Sign out</a></span></nav>",
+            esc(u)
+        ),
+        None => String::new(),
+    };
+    Html(format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{} · notify console</title>\
+         <style>body{{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}}table{{border-collapse:collapse;margin:.5rem 0}}\
+         td,th{{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;vertical-align:top}}th{{background:#f4f4f4}}\
+         .failed{{color:#b00020;font-weight:600}}.sent{{color:#137333}}.pending{{color:#a56300}}pre{{white-space:pre-wrap;max-width:60rem;margin:0}}\
+         nav{{margin-bottom:1rem;padding-bottom:.5rem;border-bottom:1px solid #ddd}}</style></head>\
+         <body>{nav}<h1>{}</h1>{body}</body></html>",
+        esc(title),
+        esc(title)
+    ))
+    .into_response()
+}
+
+fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Html("<!doctype html><title>Not found</title><p>Not found.</p>"),
+    )
+        .into_response()
+}
+
+fn db_error(e: notify_store::StoreError) -> Response {
+    tracing::error!(error = %e, "database error");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Html("<!doctype html><title>Unavailable</title><p>The database is unavailable; try again.</p>"),
+    )
+        .into_response()
+}
+
+/// The signed-in staff member, or the answer to send instead (login redirect, or 404 when
+/// the console is not configured).
+fn require(app: &AppState, headers: &HeaderMap) -> Result<String, Box<Response>> {
+    if !app.console.enabled() {
+        return Err(Box::new(not_found()));
+    }
+    staff(&app.console, headers)
+        .ok_or_else(|| Box::new(Redirect::to("/console/login").into_response()))
+}
+
+/// The console routes.
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/console", get(overview))
+        .route("/console/login", get(login_page).post(login))
+        .route("/console/logout", get(logout))
+        .route("/console/search", get(search))
+        .route("/console/events/{id}", get(event_page))
+        .route("/console/confirm", get(confirm_page))
+        .route("/console/actions/retry/{id}", post(retry))
+        .route("/console/actions/cancel/{id}", post(cancel))
+        .route("/console/audit", get(audit))
+}
+
+async fn login_page(State(app): State<AppState>) -> Response {
+    if app.console.users.is_empty() {
+        return not_found();
+    }
+    page(
+        "Sign in",
+        None,
+        "<form method=\"post\" action=\"/console/login\"><p><label>Name <input name=\"user\" autocomplete=\"username\"></label></p>\
+         <p><label>Password <input name=\"password\" type=\"password\" autocomplete=\"current-password\"></label></p><button>Sign in</button></form>",
+    )
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    user: String,
+    password: String,
+}
+
+async fn login(State(app): State<AppState>, Form(f): Form<LoginForm>) -> Response {
+    let cfg = &app.console;
+    let hash = password_hash(&f.password);
+    // Compare the hashes in constant time: equal HMACs of both mean equal hashes.
+    let ok = cfg.users.iter().any(|(u, h)| {
+        u == &f.user
+            && notify_core::signed::verify(
+                &cfg.secret,
+                h,
+                &notify_core::signed::sign(&cfg.secret, &hash),
+            )
+    });
+    if !ok {
+        tracing::warn!(user = %f.user, "console sign-in refused");
+        let mut r = page(
+            "Sign in",
+            None,
+            "<p class=\"failed\">Wrong name or password.</p><p><a href=\"/console/login\">Try again</a></p>",
+        );
+        *r.status_mut() = StatusCode::UNAUTHORIZED;
+        return r;
+    }
+    let mut r = Redirect::to("/console").into_response();
+    if let Ok(v) = session_cookie(cfg, &f.user).parse() {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    r
+}
+
+async fn logout() -> Response {
+    let mut r = Redirect::to("/console/login").into_response();
+    r.headers_mut().insert(
+        header::SET_COOKIE,
+        "console_session=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0"
+            .parse()
+            .expect("static cookie"),
+    );
+    r
+}
+
+fn secs(s: Option<i64>) -> String {
+    s.map_or("–".into(), |s| format!("{s} s"))
+}
+
+async fn overview(State(app): State<AppState>, headers: HeaderMap) -> Response {
+    let user = match require(&app, &headers) {
+        Ok(u) => u,
+        Err(r) => return *r,
+    };
+    let (channels, lag) = match notify_store::console::overview(&app.pool).await {
+        Ok(o) => o,
+        Err(e) => return db_error(e),
+    };
+    let mut body = String::from(
+        "<table><tr><th>channel</th><th>last hour: pending / sending / sent / failed</th>\
+         <th>last day: pending / sending / sent / failed</th><th>oldest due pending</th><th>retry rate (1 h)</th></tr>",
+    );
+    for c in &channels {
+        let fmt = |a: &[i64; 4]| {
+            format!(
+                "{} / {} / {} / <span class=\"failed\">{}</span>",
+                a[0], a[1], a[2], a[3]
+            )
+        };
+        body.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&c.channel),
+            fmt(&c.last_hour),
+            fmt(&c.last_day),
+            secs(c.oldest_pending_s),
+            c.retry_rate
+                .map_or("–".into(), |r| format!("{:.1} %", r * 100.0)),
+        ));
+    }
+    body.push_str(&format!(
+        "</table><p>Outbox lag (oldest due row): {}. Dead-letter queue depth: see RabbitMQ's <code>deliveries.dead</code>.</p>",
+        secs(lag)
+    ));
+    page("Overview", Some(&user), &body)
+}
+
+#[derive(Deserialize)]
+struct SearchQuery {
+    #[serde(default)]
+    q: String,
+}
+
+async fn search(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<SearchQuery>,
+) -> Response {
+    let user = match require(&app, &headers) {
+        Ok(u) => u,
+        Err(r) => return *r,
+    };
+    let query = q.q.trim();
+    if query.is_empty() {
+        return page(
+            "Search",
+            Some(&user),
+            "<p>Type an event key, event id, user id or type.</p>",
+        );
+    }
+    let found = match notify_store::console::search(&app.pool, query).await {
+        Ok(f) => f,
+        Err(e) => return db_error(e),
+    };
+    let mut body = format!(
+        "<p>{} events for <b>{}</b>.</p><table><tr><th>event</th><th>key</th><th>type</th><th>created</th></tr>",
+        found.len(),
+        esc(query)
+    );
+    for e in &found {
+        body.push_str(&format!(
+            "<tr><td><a href=\"/console/events/{id}\">{id}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&e.event_key),
+            esc(&e.type_key),
+            e.created_at.to_rfc3339(),
+            id = e.id
+        ));
+    }
+    body.push_str("</table>");
+    page("Search", Some(&user), &body)
+}
+
+async fn event_page(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let user = match require(&app, &headers) {
+        Ok(u) => u,
+        Err(r) => return *r,
+    };
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return not_found();
+    };
+    let event = match events::get_event(&app.pool, &EventSelector::Id(id)).await {
+        Ok(Some(e)) => e,
+        Ok(None) => return not_found(),
+        Err(e) => return db_error(e),
+    };
+    let deliveries = match events::list_deliveries(&app.pool, id, None, 1000).await {
+        Ok(d) => d,
+        Err(e) => return db_error(e),
+    };
+    let skips = events::list_skips(&app.pool, id, 1000)
+        .await
+        .unwrap_or_default();
+    let mut body = format!(
+        "<p>key <b>{}</b> · type <b>{}</b> · created {} · topic {} · <a href=\"/console/confirm?action=cancel&amp;target={id}\">cancel pending deliveries…</a></p>\
+         <p>Title: {}<br>Body: {}</p>",
+        esc(&event.event_key),
+        esc(&event.type_key),
+        event.created_at.to_rfc3339(),
+        esc(event.topic.as_deref().unwrap_or("–")),
+        esc(&event.content.title),
+        esc(&event.content.body),
+    );
+    body.push_str("<h2>Recipients x channels</h2><table><tr><th>user</th><th>channel</th><th>provider</th><th>status</th><th>attempts</th><th>next attempt</th><th>deferred until</th><th>last error</th><th>decision</th><th></th></tr>");
+    for d in &deliveries {
+        let action = if d.status == "failed" {
+            format!(
+                "<a href=\"/console/confirm?action=retry&amp;target={}\">retry now…</a>",
+                d.id
+            )
+        } else {
+            String::new()
+        };
+        body.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{st}\">{st}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><pre>{}</pre></td><td>{action}</td></tr>",
+            esc(&d.user_id),
+            esc(&d.channel),
+            esc(&d.provider),
+            d.attempts,
+            if d.status == "pending" { d.next_attempt_at.to_rfc3339() } else { "–".into() },
+            d.deferred_until.map_or("–".into(), |t| t.to_rfc3339()),
+            esc(d.last_error.as_deref().unwrap_or("")),
+            esc(&d.decision),
+            st = esc(&d.status),
+        ));
+    }
+    for s in &skips {
+        body.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>–</td><td>skipped</td><td>–</td><td>–</td><td>–</td><td>{}</td><td><pre>{}</pre></td><td></td></tr>",
+            esc(&s.user_id),
+            esc(&s.channel),
+            esc(&s.reason),
+            esc(&s.decision)
+        ));
+    }
+    body.push_str("</table><h2>Attempts</h2>");
+    for d in deliveries.iter().filter(|d| d.attempts > 0).take(100) {
+        let attempts = events::attempts_of(&app.pool, d.id)
+            .await
+            .unwrap_or_default();
+        body.push_str(&format!("<h3>{} · {} · {}</h3><table><tr><th>#</th><th>outcome</th><th>provider status</th><th>error</th><th>provider's answer</th><th>content sent</th><th>started</th><th>worker</th></tr>", esc(&d.user_id), esc(&d.channel), d.id));
+        for a in attempts {
+            body.push_str(&format!(
+                "<tr><td>{}</td><td class=\"{o}\">{o}</td><td>{}</td><td>{}</td><td><pre>{}</pre></td><td><pre>{}</pre></td><td>{}</td><td>{}</td></tr>",
+                a.attempt,
+                a.provider_status.map_or("–".into(), |s| s.to_string()),
+                esc(a.error_code.as_deref().unwrap_or("")),
+                esc(a.provider_response.as_deref().unwrap_or("")),
+                esc(&a.content_json.map(|c| serde_json::to_string_pretty(&c).unwrap_or_default()).unwrap_or_default()),
+                a.started_at.to_rfc3339(),
+                esc(&a.worker_id),
+                o = esc(&a.outcome),
+            ));
+        }
+        body.push_str("</table>");
+    }
+    page(&format!("Event {id}"), Some(&user), &body)
+}
+
+#[derive(Deserialize)]
+struct ConfirmQuery {
+    action: String,
+    target: String,
+}
+
+async fn confirm_page(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<ConfirmQuery>,
+) -> Response {
+    let user = match require(&app, &headers) {
+        Ok(u) => u,
+        Err(r) => return *r,
+    };
+    let Ok(target) = Uuid::parse_str(&q.target) else {
+        return not_found();
+    };
+    let what = match q.action.as_str() {
+        "retry" => format!("Retry the failed delivery {target} now?"),
+        "cancel" => format!("Cancel every pending delivery of event {target}?"),
+        _ => return not_found(),
+    };
+    page(
+        "Confirm",
+        Some(&user),
+        &format!(
+            "<p>{}</p><form method=\"post\" action=\"/console/actions/{}/{target}\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+             <button>Confirm</button> <a href=\"javascript:history.back()\">Back</a></form>",
+            esc(&what),
+            esc(&q.action),
+            esc(&csrf(&app.console, &user))
+        ),
+    )
+}
+
+#[derive(Deserialize)]
+struct ActionForm {
+    csrf: String,
+}
+
+fn check_csrf(app: &AppState, user: &str, f: &ActionForm) -> Result<(), Box<Response>> {
+    if notify_core::signed::verify(&app.console.secret, &format!("csrf|{user}"), &f.csrf) {
+        Ok(())
+    } else {
+        Err(Box::new(
+            (
+                StatusCode::FORBIDDEN,
+                Html("<!doctype html><p>The form expired; go back and try again.</p>"),
+            )
+                .into_response(),
+        ))
+    }
+}
+
+async fn retry(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<ActionForm>,
+) -> Response {
+    let user = match require(&app, &headers) {
+        Ok(u) => u,
+        Err(r) => return *r,
+    };
+    if let Err(r) = check_csrf(&app, &user, &f) {
+        return *r;
+    }
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return not_found();
+    };
+    let event_id: Option<Uuid> = notify_store::sqlx::query_scalar(
+        "SELECT event_id FROM notification_deliveries WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&app.pool)
+    .await
+    .ok()
+    .flatten();
+    match notify_store::console::retry_delivery(&app.pool, &user, id).await {
+        Ok(()) => {
+            tracing::info!(staff = %user, delivery_id = %id, "console: retry");
+            Redirect::to(&format!("/console/events/{}", event_id.unwrap_or(id))).into_response()
+        }
+        Err(notify_store::StoreError::NotFound(_)) => page(
+            "Not retried",
+            Some(&user),
+            "<p>That delivery is not failed (any more).</p>",
+        ),
+        Err(e) => db_error(e),
+    }
+}
+
+async fn cancel(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<ActionForm>,
+) -> Response {
+    let user = match require(&app, &headers) {
+        Ok(u) => u,
+        Err(r) => return *r,
+    };
+    if let Err(r) = check_csrf(&app, &user, &f) {
+        return *r;
+    }
+    let Ok(id) = Uuid::parse_str(&id) else {
+        return not_found();
+    };
+    match notify_store::console::cancel_event(&app.pool, &user, id).await {
+        Ok(n) => {
+            tracing::info!(staff = %user, event_id = %id, canceled = n, "console: cancel");
+            Redirect::to(&format!("/console/events/{id}")).into_response()
+        }
+        Err(e) => db_error(e),
+    }
+}
+
+async fn audit(State(app): State<AppState>, headers: HeaderMap) -> Response {
+    let user = match require(&app, &headers) {
+        Ok(u) => u,
+        Err(r) => return *r,
+    };
+    let rows = match notify_store::console::audit_log(&app.pool, 200).await {
+        Ok(r) => r,
+        Err(e) => return db_error(e),
+    };
+    let mut body = String::from(
+        "<table><tr><th>when</th><th>who</th><th>action</th><th>target</th><th>detail</th></tr>",
+    );
+    for (at, staff, action, target, detail) in rows {
+        body.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            at.to_rfc3339(),
+            esc(&staff),
+            esc(&action),
+            esc(&target),
+            esc(&detail)
+        ));
+    }
+    body.push_str("</table>");
+    page("Audit log", Some(&user), &body)
+}

@@ -1,0 +1,211 @@
+//! What the operations console reads and the actions it takes, each action recorded in
+//! `console_audit` with who and when.
+
+use crate::{Result, StoreError};
+use chrono::{DateTime, Utc};
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+/// One channel's figures for the overview.
+#[derive(Debug, Clone, Default)]
+pub struct ChannelOverview {
+    /// Channel name.
+    pub channel: String,
+    /// Deliveries created in the last hour, by status: pending, sending, sent, failed.
+    pub last_hour: [i64; 4],
+    /// The same for the last day.
+    pub last_day: [i64; 4],
+    /// Age in seconds of the oldest pending delivery that is due.
+    pub oldest_pending_s: Option<i64>,
+    /// Share of the last hour's attempts that ended in a retry.
+    pub retry_rate: Option<f64>,
+}
+
+const STATUSES: [&str; 4] = ["pending", "sending", "sent", "failed"];
+
+/// Per-channel figures and the outbox lag (age in seconds of the oldest due outbox row).
+pub async fn overview(db: &PgPool) -> Result<(Vec<ChannelOverview>, Option<i64>)> {
+    let mut out: Vec<ChannelOverview> = ["inapp", "email", "push", "line"]
+        .iter()
+        .map(|c| ChannelOverview {
+            channel: c.to_string(),
+            ..Default::default()
+        })
+        .collect();
+    let rows = sqlx::query(
+        "SELECT channel, status, count(*) FILTER (WHERE created_at > now() - interval '1 hour') AS hour,
+                count(*) AS day
+         FROM notification_deliveries WHERE created_at > now() - interval '1 day'
+         GROUP BY channel, status",
+    )
+    .fetch_all(db)
+    .await?;
+    for r in rows {
+        let (channel, status): (String, String) = (r.get("channel"), r.get("status"));
+        if let (Some(o), Some(i)) = (
+            out.iter_mut().find(|o| o.channel == channel),
+            STATUSES.iter().position(|s| *s == status),
+        ) {
+            o.last_hour[i] = r.get("hour");
+            o.last_day[i] = r.get("day");
+        }
+    }
+    let rows = sqlx::query(
+        "SELECT channel, extract(epoch FROM now() - min(next_attempt_at))::bigint AS age
+         FROM notification_deliveries WHERE status = 'pending' AND next_attempt_at <= now()
+         GROUP BY channel",
+    )
+    .fetch_all(db)
+    .await?;
+    for r in rows {
+        let channel: String = r.get("channel");
+        if let Some(o) = out.iter_mut().find(|o| o.channel == channel) {
+            o.oldest_pending_s = r.get("age");
+        }
+    }
+    let rows = sqlx::query(
+        "SELECT d.channel, avg((a.outcome = 'retry')::int)::float8 AS rate
+         FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
+         WHERE a.finished_at > now() - interval '1 hour' GROUP BY d.channel",
+    )
+    .fetch_all(db)
+    .await?;
+    for r in rows {
+        let channel: String = r.get("channel");
+        if let Some(o) = out.iter_mut().find(|o| o.channel == channel) {
+            o.retry_rate = r.get("rate");
+        }
+    }
+    let lag: Option<i64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - min(available_at))::bigint FROM outbox WHERE available_at <= now()",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok((out, lag))
+}
+
+/// An event in search results.
+#[derive(Debug, Clone)]
+pub struct EventSummary {
+    /// Id.
+    pub id: Uuid,
+    /// Key as stored.
+    pub event_key: String,
+    /// Type.
+    pub type_key: String,
+    /// When.
+    pub created_at: DateTime<Utc>,
+}
+
+/// Events matching `q`: an event id, an event key (or the caller's key of a bucketed one),
+/// a user id (their latest events) or a type (its latest events); at most 50, newest first.
+pub async fn search(db: &PgPool, q: &str) -> Result<Vec<EventSummary>> {
+    let id = Uuid::parse_str(q).ok();
+    let rows = sqlx::query(
+        "SELECT id, event_key, type, created_at FROM notification_events
+         WHERE id = $1 OR event_key = $2 OR caller_key = $2
+            OR id IN (SELECT event_id FROM notification_deliveries WHERE user_id = $2
+                      ORDER BY id DESC LIMIT 50)
+            OR id IN (SELECT id FROM notification_events WHERE type = $2 ORDER BY id DESC LIMIT 50)
+         ORDER BY created_at DESC LIMIT 50",
+    )
+    .bind(id)
+    .bind(q)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| EventSummary {
+            id: r.get("id"),
+            event_key: r.get("event_key"),
+            type_key: r.get("type"),
+            created_at: r.get("created_at"),
+        })
+        .collect())
+}
+
+/// Writes one audit row.
+async fn audit(
+    tx: &mut sqlx::PgConnection,
+    staff: &str,
+    action: &str,
+    target: &str,
+    detail: &str,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO console_audit (staff, action, target, detail) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(staff)
+    .bind(action)
+    .bind(target)
+    .bind(detail)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// Retries a failed delivery now: back to pending with one more attempt allowed and an
+/// outbox row due now. `NotFound` when it is not failed (or does not exist).
+pub async fn retry_delivery(db: &PgPool, staff: &str, id: Uuid) -> Result<()> {
+    let mut tx = db.begin().await?;
+    let row: Option<(String,)> = sqlx::query_as(
+        "UPDATE notification_deliveries
+         SET status = 'pending', next_attempt_at = now(), max_attempts = attempts + 1,
+             deferred_until = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+         WHERE id = $1 AND status = 'failed' RETURNING channel",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((channel,)) = row else {
+        return Err(StoreError::NotFound(format!("failed delivery {id}")));
+    };
+    sqlx::query("INSERT INTO outbox (delivery_id, channel) VALUES ($1, $2)")
+        .bind(id)
+        .bind(&channel)
+        .execute(&mut *tx)
+        .await?;
+    audit(&mut tx, staff, "retry_delivery", &id.to_string(), &channel).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Cancels an event's pending deliveries (their outbox rows go too). Returns how many.
+pub async fn cancel_event(db: &PgPool, staff: &str, event_id: Uuid) -> Result<u64> {
+    let mut tx = db.begin().await?;
+    let canceled: Vec<Uuid> = sqlx::query_scalar(
+        "UPDATE notification_deliveries SET status = 'canceled', last_error = 'canceled by operator',
+                updated_at = now()
+         WHERE event_id = $1 AND status = 'pending' RETURNING id",
+    )
+    .bind(event_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM outbox WHERE delivery_id = ANY($1)")
+        .bind(&canceled)
+        .execute(&mut *tx)
+        .await?;
+    audit(
+        &mut tx,
+        staff,
+        "cancel_event",
+        &event_id.to_string(),
+        &format!("{} pending deliveries canceled", canceled.len()),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(canceled.len() as u64)
+}
+
+/// The latest audit rows: (when, staff, action, target, detail).
+pub async fn audit_log(
+    db: &PgPool,
+    limit: i64,
+) -> Result<Vec<(DateTime<Utc>, String, String, String, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT at, staff, action, target, detail FROM console_audit ORDER BY id DESC LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(db)
+    .await?)
+}
