@@ -30,6 +30,7 @@ MAILDEV_WEB_PORT=${NOTIFY_MAILDEV_WEB_PORT:-51080}
 SIM_PORT=${NOTIFY_SIM_PORT:-58080}
 RABBIT_NODE=notify${AMQP_PORT}@localhost
 MAILDEV_VERSION=3.0.0
+PLAYWRIGHT_VERSION=1.64.1
 HTTP_PORT=${NOTIFY_HTTP_PORT:-58090}
 LINE_TOKEN=${NOTIFY_LINE_CHANNEL_TOKEN:-local-line-channel-access-token}
 LINE_SECRET=${NOTIFY_LINE_CHANNEL_SECRET:-local-line-channel-secret}
@@ -68,7 +69,17 @@ install_missing() {
   command -v curl >/dev/null || pkgs+=(curl)
   command -v node >/dev/null || pkgs+=(nodejs npm)
   command -v python3 >/dev/null || pkgs+=(python3)
+  # Browser tests: Debian's Chromium, driven by playwright-core (below).
+  [ -x /usr/bin/chromium ] || pkgs+=(chromium)
+  # Thai glyphs in the screenshots.
+  [ -d /usr/share/fonts/truetype/tlwg ] || pkgs+=(fonts-thai-tlwg)
   [ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
+  if [ ! -d "$STACK/browser/node_modules/playwright-core" ]; then
+    log "npm install playwright-core@$PLAYWRIGHT_VERSION"
+    mkdir -p "$STACK/browser"
+    (cd "$STACK/browser" && npm install --no-audit --no-fund --loglevel=error "playwright-core@$PLAYWRIGHT_VERSION" \
+      >"$STACK/logs/npm-browser.log" 2>&1) || die "npm install playwright-core failed: $STACK/logs/npm-browser.log"
+  fi
   if [ ! -x "$STACK/maildev/node_modules/.bin/maildev" ]; then
     log "npm install maildev@$MAILDEV_VERSION"
     mkdir -p "$STACK/maildev"
@@ -292,6 +303,8 @@ export NOTIFY_UNSUBSCRIBE_SECRET=local-unsubscribe-signing-secret
 export NOTIFY_INBOX_JWT_SECRET=local-inbox-jwt-secret-of-at-least-32-characters
 export NOTIFY_CONSOLE_USERS=ops:$(printf %s notify-local | sha256sum | cut -d' ' -f1)
 export NOTIFY_CONSOLE_SECRET=local-console-session-secret-of-32-characters
+export NOTIFY_BROWSER_MODULES=$STACK/browser/node_modules
+export NOTIFY_CHROMIUM=/usr/bin/chromium
 export NOTIFY_FCM_API_BASE=http://127.0.0.1:$SIM_PORT
 export NOTIFY_FCM_SERVICE_ACCOUNT_FILE=$STACK/keys/fcm-service-account.json
 export NOTIFY_FCM_PUBLIC_KEY_FILE=$STACK/keys/fcm-public.pem

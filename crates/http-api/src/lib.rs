@@ -14,6 +14,7 @@
 //!   on email for its user and answers 200 JSON.
 //! - `/v1/inbox/...`: the end users' inbox API ([`inbox`], `docs/openapi.json`).
 //! - `/console/...`: the operations console ([`console`]).
+//! - `GET /inbox-example/`: an example inbox page for integrators (`static/inbox.html`).
 //! - `GET /healthz`: `ok`.
 //!
 //! Errors are JSON: `{"error": {"code", "message", "field"}}` with 400 for bad input, 401
@@ -141,6 +142,7 @@ pub fn router(
         .max_age(std::time::Duration::from_secs(600));
     let router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        .route("/inbox-example/", get(inbox_example))
         .route("/webhooks/line", post(line_webhook))
         .route("/unsubscribe", get(unsubscribe_page).post(unsubscribe))
         .merge(inbox::routes())
@@ -150,6 +152,22 @@ pub fn router(
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state);
     Ok((router, hub))
+}
+
+/// `GET /inbox-example/`: a static page showing how an app uses the inbox API (open it
+/// with `#token=<JWT>`).
+async fn inbox_example() -> Response {
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                axum::http::header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'",
+            ),
+        ],
+        include_str!("../static/inbox.html"),
+    )
+        .into_response()
 }
 
 /// Serves on `listener` until `shutdown` is cancelled, with the inbox's `LISTEN` task.

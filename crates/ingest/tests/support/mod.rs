@@ -30,6 +30,9 @@ pub struct Stack {
     pub apns_key_file: String,
     pub apns_public_key_file: String,
     pub vapid_key_file: String,
+    /// node_modules holding playwright-core, and Chromium (browser tests).
+    pub browser_modules: String,
+    pub chromium: String,
 }
 
 fn stack_env() -> HashMap<String, String> {
@@ -65,6 +68,8 @@ impl Stack {
             apns_key_file: get("NOTIFY_APNS_KEY_FILE"),
             apns_public_key_file: get("NOTIFY_APNS_PUBLIC_KEY_FILE"),
             vapid_key_file: get("NOTIFY_VAPID_PRIVATE_KEY_FILE"),
+            browser_modules: get("NOTIFY_BROWSER_MODULES"),
+            chromium: get("NOTIFY_CHROMIUM"),
         }
     }
 }
