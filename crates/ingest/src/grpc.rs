@@ -792,6 +792,37 @@ pub fn validate_type(
             email_html: t.email_html,
         })
         .collect();
+    let mut seen = std::collections::HashSet::new();
+    for (i, t) in templates.iter().enumerate() {
+        if !seen.insert((t.channel.clone(), t.locale.to_ascii_lowercase())) {
+            v.add(
+                format!("templates[{i}]"),
+                format!(
+                    "a template for channel {:?} and locale {:?} is already given",
+                    t.channel, t.locale
+                ),
+            );
+        }
+        for (field, text) in [
+            ("title", &t.title),
+            ("body", &t.body),
+            ("email_subject", &t.email_subject),
+            ("email_html", &t.email_html),
+        ] {
+            if text.len() > notify_core::template::MAX_TEMPLATE_BYTES {
+                v.add(
+                    format!("templates[{i}].{field}"),
+                    format!(
+                        "must be at most {} bytes",
+                        notify_core::template::MAX_TEMPLATE_BYTES
+                    ),
+                );
+            }
+        }
+    }
+    if !v.0.is_empty() {
+        return Err(v.0);
+    }
     for f in notify_core::template::validate(&r.key, &templates, &sample_payload) {
         v.add(f.field, f.description);
     }

@@ -1,20 +1,24 @@
 //! `ingest`: the gRPC API, outbox relay and lease sweeper.
 //!
 //! Usage: `ingest [serve]` runs the service; `ingest migrate` applies database migrations
-//! and exits; `ingest load-types FILE` applies a versioned notification-type file. Configuration comes from the environment (see README).
+//! and exits; `ingest load-types FILE` applies a versioned notification-type file.
+//! Configuration comes from the environment (see README). Exit codes: 0 done, 64 bad
+//! usage or configuration, 65 a type file refused (nothing written), 66 a file that
+//! cannot be read, 1 a database or broker failure.
 
 use std::process::ExitCode;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
-    notify_telemetry::init("ingest");
     let command = std::env::args().nth(1).unwrap_or_else(|| "serve".into());
-    if matches!(command.as_str(), "-h" | "--help" | "help") {
+    let wants_help = |a: &str| matches!(a, "-h" | "--help" | "help");
+    if wants_help(&command) || std::env::args().skip(2).any(|a| wants_help(&a)) {
         println!(
-            "usage: ingest [serve | migrate | load-types FILE]\n  serve       gRPC API, outbox relay and lease sweeper (default)\n  migrate     apply database migrations and exit\n  load-types  apply a versioned notification-type file (JSON) and exit\nConfiguration: environment variables, see README."
+            "usage: ingest [serve | migrate | load-types FILE]\n  serve       gRPC API, outbox relay and lease sweeper (default)\n  migrate     apply database migrations and exit\n  load-types  apply a versioned notification-type file (JSON) to NOTIFY_DATABASE_URL and exit:\n              a higher version is applied in one transaction, the same content again is a\n              no-op, other content under a used version or a lower version is refused;\n              types the file does not name stay. Exit 65: refused, nothing written.\nConfiguration: environment variables, see README."
         );
         return Ok(ExitCode::SUCCESS);
     }
+    notify_telemetry::init("ingest");
     let mut env = notify_telemetry::Env::new();
     let mut pool_cfg =
         notify_store::PoolConfig::new(env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]));
@@ -44,6 +48,10 @@ async fn main() -> anyhow::Result<ExitCode> {
                 Ok(ingest::types_file::Loaded::AlreadyLoaded { version }) => {
                     println!("{path}: version {version} is already loaded; nothing to do");
                     Ok(ExitCode::SUCCESS)
+                }
+                Err(ingest::types_file::LoadError::Store(e)) => {
+                    eprintln!("ingest load-types {path}: database failure: {e}");
+                    Ok(ExitCode::FAILURE)
                 }
                 Err(e) => {
                     eprintln!("ingest load-types {path}: {e}");
@@ -79,7 +87,9 @@ async fn main() -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         other => {
-            eprintln!("ingest: unknown command {other:?}; use `ingest serve` or `ingest migrate`");
+            eprintln!(
+                "ingest: unknown command {other:?}; use `ingest serve`, `ingest migrate` or `ingest load-types FILE`"
+            );
             Ok(ExitCode::from(64))
         }
     }

@@ -11,8 +11,10 @@
 //! same code (templates rendered against the sample payload). The whole file is applied in
 //! one transaction or not at all. A file whose version is higher than the last one loaded
 //! is applied; the same version with the same content is a no-op; the same version with
-//! other content, or a lower version, is refused (bump the version). Types the file does
-//! not name are left as they are.
+//! other content, or a lower version, is refused (bump the version); "the same content"
+//! compares the parsed JSON, so layout and line endings do not count. Types the file does
+//! not name are left as they are. A file is at most 4 MiB and 1,000 types, and names at
+//! least one type.
 
 use notify_proto::v1 as pb;
 use notify_store::PgPool;
@@ -105,13 +107,34 @@ pub enum LoadError {
     Store(#[from] notify_store::StoreError),
 }
 
+/// Most bytes in a type file.
+pub const MAX_FILE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Most types in a type file.
+pub const MAX_TYPES: usize = 1_000;
+
 /// Validates and applies `text` (see the module docs).
 pub async fn load(pool: &PgPool, text: &str) -> Result<Loaded, LoadError> {
-    let file: TypesFile = serde_json::from_str(text)?;
-    let checksum = Sha256::digest(text.as_bytes()).to_vec();
+    if text.len() > MAX_FILE_BYTES {
+        return Err(LoadError::Invalid(vec![format!(
+            "the file is {} bytes; at most {MAX_FILE_BYTES}",
+            text.len()
+        )]));
+    }
+    let file: TypesFile = serde_json::from_str(text.trim_start_matches('\u{feff}'))?;
+    // The checksum is over the parsed content (keys sorted, no layout), so re-indenting
+    // the file or a CRLF checkout is not a change.
+    let canonical: serde_json::Value = serde_json::from_str(text.trim_start_matches('\u{feff}'))?;
+    let checksum = Sha256::digest(canonical.to_string().as_bytes()).to_vec();
     let mut problems = Vec::new();
     if file.version <= 0 {
         problems.push("version: must be a positive whole number".to_string());
+    }
+    if file.types.is_empty() {
+        problems.push("types: must name at least one type".to_string());
+    }
+    if file.types.len() > MAX_TYPES {
+        problems.push(format!("types: at most {MAX_TYPES} types per file"));
     }
     let mut seen = std::collections::HashSet::new();
     let mut valid = Vec::new();

@@ -187,6 +187,29 @@ async fn the_type_file_loads_once_per_version_and_all_or_nothing() {
         load(&p.pool, &file).await.unwrap(),
         Loaded::AlreadyLoaded { version: 1 }
     );
+    // Layout and line endings are not content.
+    let relaid = file.replace('\n', "\r\n  ");
+    assert_eq!(
+        load(&p.pool, &relaid).await.unwrap(),
+        Loaded::AlreadyLoaded { version: 1 }
+    );
+    // Refused with the field named, nothing written: no types; two templates for one
+    // channel and locale.
+    let empty = r#"{"version": 9, "types": []}"#;
+    assert!(
+        matches!(load(&p.pool, empty).await, Err(LoadError::Invalid(m)) if m[0].starts_with("types:"))
+    );
+    let twice = file
+        .replace("\"version\": 1", "\"version\": 9")
+        .replace("\"locale\": \"en\",", "\"locale\": \"th\",");
+    match load(&p.pool, &twice).await {
+        Err(LoadError::Invalid(m)) => assert!(
+            m.iter()
+                .any(|l| l.starts_with("types[0].templates[2]: a template for channel")),
+            "{m:?}"
+        ),
+        other => panic!("{other:?}"),
+    }
     let templates: i64 = sqlx::query_scalar("SELECT count(*) FROM notification_templates")
         .fetch_one(&p.pool)
         .await

@@ -154,6 +154,9 @@ pub struct TemplateError {
     pub message: String,
 }
 
+/// Most bytes in one template field.
+pub const MAX_TEMPLATE_BYTES: usize = 64 * 1024;
+
 /// Most minijinja instructions one render may run.
 pub const FUEL: u64 = 50_000;
 
