@@ -27,7 +27,14 @@ start() { # name args...
 }
 echo "== starting ingest and workers (logs: $STACK/logs/demo-*.log)"
 start ingest serve
-start http-api
+# http-api stays up after the demo (like the stack) so its console and example inbox can be
+# opened; `make down` stops it.
+if [ -f "$STACK/pids/http-api.pid" ]; then
+  kill "$(cat "$STACK/pids/http-api.pid")" 2>/dev/null || true
+  rm -f "$STACK/pids/http-api.pid"
+fi
+setsid "$NOTIFY_BIN_DIR/http-api" >"$STACK/logs/demo-http-api.log" 2>&1 </dev/null &
+echo $! >"$STACK/pids/http-api.pid"
 for w in worker-inapp worker-email worker-line worker-push; do start "$w"; done
 
 for _ in $(seq 1 100); do

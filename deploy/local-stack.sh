@@ -336,6 +336,8 @@ case "$cmd" in
     log "ready; environment in $STACK/env"
     ;;
   down)
+    # http-api is started by the demo and left running for its console and inbox links.
+    stop_pid http-api
     for s in provider-sim maildev rabbitmq postgres; do stop_service "$s"; done
     ;;
   stop)

@@ -22,6 +22,10 @@ pub struct DemoConfig {
     pub maildev_url: String,
     /// provider-sim base URL.
     pub sim_url: String,
+    /// http-api base URL (console and example inbox).
+    pub http_url: String,
+    /// HS256 secret of end-user inbox tokens.
+    pub inbox_jwt_secret: String,
 }
 
 struct Person {
@@ -374,9 +378,15 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
     );
 
     quiet_hours_part(&mut ingest, &mut recipients, &pool, &mut failures).await?;
+    let inbox_link = inbox_part(cfg, &mut failures).await?;
 
     println!();
     println!("Read the emails in MailDev: {}/", cfg.maildev_url);
+    println!(
+        "Operations console: {}/console (sign in as ops / notify-local)",
+        cfg.http_url
+    );
+    println!("somchai's inbox (token valid 24 h): {inbox_link}");
     println!(
         "What LINE, FCM, APNs and Web Push received: {}/_sim/requests",
         cfg.sim_url
@@ -519,4 +529,55 @@ async fn quiet_hours_part(
         failures,
     );
     Ok(())
+}
+
+/// Part three: somchai's in-app notification through the inbox API, as his app would read
+/// it, and a ready-to-open link to the example inbox page. Returns the link.
+async fn inbox_part(cfg: &DemoConfig, failures: &mut Vec<String>) -> anyhow::Result<String> {
+    println!();
+    println!(
+        "== 9. somchai's inbox over HTTP ({}/v1/inbox)",
+        cfg.http_url
+    );
+    let claims =
+        serde_json::json!({"sub": "somchai", "exp": chrono::Utc::now().timestamp() + 86_400});
+    let token = jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(cfg.inbox_jwt_secret.as_bytes())?,
+    )?;
+    let http = reqwest::Client::new();
+    let mut ok = false;
+    for _ in 0..50 {
+        if let Ok(r) = http
+            .get(format!("{}/v1/inbox/notifications", cfg.http_url))
+            .bearer_auth(&token)
+            .send()
+            .await
+            && r.status().is_success()
+        {
+            let page: Value = r.json().await?;
+            for item in page["items"].as_array().into_iter().flatten() {
+                println!(
+                    "  [{}] {} · {} · {}",
+                    item["group"].as_str().unwrap_or(""),
+                    item["status"].as_str().unwrap_or(""),
+                    item["title"].as_str().unwrap_or(""),
+                    item["body"].as_str().unwrap_or("")
+                );
+            }
+            ok = page["items"].as_array().is_some_and(|i| {
+                i.iter()
+                    .any(|n| n["title"] == "ชำระเงินสำเร็จ คำสั่งซื้อ #123" && n["group"] == "Today")
+            });
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    check(
+        ok,
+        "the inbox API lists somchai's notification under Today",
+        failures,
+    );
+    Ok(format!("{}/inbox-example/#token={token}", cfg.http_url))
 }

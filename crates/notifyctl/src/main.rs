@@ -19,6 +19,8 @@ async fn main() -> ExitCode {
                 database_url: env.required("NOTIFY_DATABASE_URL"),
                 maildev_url: env.required("NOTIFY_MAILDEV_URL"),
                 sim_url: env.required("NOTIFY_SIM_URL"),
+                http_url: env.required("NOTIFY_HTTP_URL"),
+                inbox_jwt_secret: env.required("NOTIFY_INBOX_JWT_SECRET"),
             };
             if let Err(problems) = env.finish() {
                 notify_telemetry::exit_bad_config("notifyctl", &problems);
