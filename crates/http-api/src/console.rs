@@ -35,11 +35,15 @@ pub struct ConsoleConfig {
     pub secret: String,
     /// Header an authenticating proxy sets to the staff member's name.
     pub auth_header: Option<String>,
+    /// RabbitMQ URL and names, for the dead-letter queue's depth and the requeue action;
+    /// `None` shows neither.
+    pub amqp: Option<(String, notify_broker::Topology)>,
 }
 
 impl ConsoleConfig {
     /// Reads `NOTIFY_CONSOLE_USERS`, `NOTIFY_CONSOLE_SECRET` (32+ characters, required with
-    /// users) and `NOTIFY_CONSOLE_AUTH_HEADER`.
+    /// users), `NOTIFY_CONSOLE_AUTH_HEADER`, and `NOTIFY_AMQP_URL` / `NOTIFY_AMQP_PREFIX`
+    /// (optional: the dead-letter queue).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let users: Vec<(String, String)> = env
             .string("NOTIFY_CONSOLE_USERS", "")
@@ -57,10 +61,18 @@ impl ConsoleConfig {
         let auth_header = Some(env.string("NOTIFY_CONSOLE_AUTH_HEADER", ""))
             .filter(|h| !h.is_empty())
             .map(|h| h.to_ascii_lowercase());
+        let amqp_url = env.string("NOTIFY_AMQP_URL", "");
+        let amqp = (!amqp_url.is_empty()).then(|| {
+            (
+                amqp_url,
+                notify_broker::Topology::new(env.string("NOTIFY_AMQP_PREFIX", "")),
+            )
+        });
         Self {
             users,
             secret,
             auth_header,
+            amqp,
         }
     }
 
@@ -199,6 +211,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/console/confirm", get(confirm_page))
         .route("/console/actions/retry/{id}", post(retry))
         .route("/console/actions/cancel/{id}", post(cancel))
+        .route("/console/actions/requeue-dead", post(requeue_dead))
         .route("/console/audit", get(audit))
 }
 
@@ -294,8 +307,18 @@ async fn overview(State(app): State<AppState>, headers: HeaderMap) -> Response {
                 .map_or("–".into(), |r| format!("{:.1} %", r * 100.0)),
         ));
     }
+    let dead = match &app.console.amqp {
+        None => "not configured (set NOTIFY_AMQP_URL)".to_string(),
+        Some((url, topology)) => match dead_depth(url, topology).await {
+            Ok(0) => "0".to_string(),
+            Ok(n) => format!(
+                "<b class=\"failed\">{n}</b> · <a href=\"/console/confirm?action=requeue-dead&amp;target=00000000-0000-0000-0000-000000000000\">move them back to their queues…</a>"
+            ),
+            Err(e) => format!("unknown ({})", esc(&e)),
+        },
+    };
     body.push_str(&format!(
-        "</table><p>Outbox lag (oldest due row): {}. Dead-letter queue depth: see RabbitMQ's <code>deliveries.dead</code>.</p>",
+        "</table><p>Outbox lag (oldest due row): {}.</p><p>Dead-letter queue: {dead}</p>",
         secs(lag)
     ));
     page("Overview", Some(&user), &body)
@@ -457,16 +480,23 @@ async fn confirm_page(
     let what = match q.action.as_str() {
         "retry" => format!("Retry the failed delivery {target} now?"),
         "cancel" => format!("Cancel every pending delivery of event {target}?"),
+        "requeue-dead" => {
+            "Move up to 1,000 dead-lettered messages back to their channel queues?".to_string()
+        }
         _ => return not_found(),
     };
     page(
         "Confirm",
         Some(&user),
         &format!(
-            "<p>{}</p><form method=\"post\" action=\"/console/actions/{}/{target}\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+            "<p>{}</p><form method=\"post\" action=\"{}\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
              <button>Confirm</button> <a href=\"javascript:history.back()\">Back</a></form>",
             esc(&what),
-            esc(&q.action),
+            esc(&if q.action == "requeue-dead" {
+                "/console/actions/requeue-dead".to_string()
+            } else {
+                format!("/console/actions/{}/{target}", q.action)
+            }),
             esc(&csrf(&app.console, &user))
         ),
     )
@@ -551,6 +581,71 @@ async fn cancel(
             Redirect::to(&format!("/console/events/{id}")).into_response()
         }
         Err(e) => db_error(e),
+    }
+}
+
+async fn dead_depth(url: &str, topology: &notify_broker::Topology) -> Result<u32, String> {
+    let conn = notify_broker::connect(url, "http-api-console")
+        .await
+        .map_err(|e| e.to_string())?;
+    let depth = notify_broker::dead_letter_depth(&conn, topology)
+        .await
+        .map_err(|e| e.to_string());
+    let _ = conn.close(200, "done".into()).await;
+    depth
+}
+
+async fn requeue_dead(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Form(f): Form<ActionForm>,
+) -> Response {
+    let user = match require(&app, &headers) {
+        Ok(u) => u,
+        Err(r) => return *r,
+    };
+    if let Err(r) = check_csrf(&app, &user, &f) {
+        return *r;
+    }
+    let Some((url, topology)) = &app.console.amqp else {
+        return not_found();
+    };
+    let result = async {
+        let conn = notify_broker::connect(url, "http-api-console").await?;
+        let r = notify_broker::requeue_dead_letters(&conn, topology, 1000).await;
+        let _ = conn.close(200, "done".into()).await;
+        r
+    }
+    .await;
+    match result {
+        Ok((moved, left)) => {
+            let detail = format!("{moved} moved back, {left} left (not delivery pointers)");
+            if let Err(e) = notify_store::console::record(
+                &app.pool,
+                &user,
+                "requeue_dead_letters",
+                "deliveries.dead",
+                &detail,
+            )
+            .await
+            {
+                return db_error(e);
+            }
+            tracing::info!(staff = %user, moved, left, "console: dead letters moved back");
+            page(
+                "Dead letters",
+                Some(&user),
+                &format!(
+                    "<p>{}</p><p><a href=\"/console\">Back to the overview</a></p>",
+                    esc(&detail)
+                ),
+            )
+        }
+        Err(e) => page(
+            "Dead letters",
+            Some(&user),
+            &format!("<p class=\"failed\">Stopped: {}</p>", esc(&e.to_string())),
+        ),
     }
 }
 

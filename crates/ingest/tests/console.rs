@@ -167,3 +167,127 @@ fn urlencoding(s: &str) -> String {
         })
         .collect()
 }
+
+/// The overview shows the dead-letter queue's depth; the confirmed, audited action moves
+/// delivery pointers back to their queue (a worker then sends them) and leaves anything
+/// that is not a pointer where it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_moved_back_to_their_queue() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, lid) = (uniq("u"), line_id());
+    p.add_recipient(&u, "", "", &lid).await;
+    let ev = p.send("dlq", "order_paid", &[&u]).await;
+    let delivery = ev.deliveries[0].delivery_id.clone();
+    // Its pointer and one unreadable message sit in the dead-letter queue.
+    let (_conn, ch) = p.amqp().await;
+    p.topology.declare(&ch, &["line"]).await.unwrap();
+    // Wait for the relay to publish the pointer, then drop it, as if it had been
+    // dead-lettered.
+    for _ in 0..100 {
+        if p.queue_depth(&p.topology.queue("line")).await == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let dead = p.topology.dead_letter_queue();
+    for body in [
+        json!({"v": 1, "delivery_id": delivery, "channel": "line"}).to_string(),
+        "not a pointer".to_string(),
+    ] {
+        ch.basic_publish(
+            "".into(),
+            dead.clone().into(),
+            lapin::options::BasicPublishOptions::default(),
+            body.as_bytes(),
+            lapin::BasicProperties::default().with_delivery_mode(2),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    }
+    ch.queue_purge(p.topology.queue("line").into(), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(p.queue_depth(&dead).await, 2);
+
+    let http = no_redirects();
+    let url = |path: &str| format!("{}{path}", p.http_url);
+    let r = http
+        .post(url("/console/login"))
+        .form(&[
+            ("user", support::CONSOLE_USER),
+            ("password", support::CONSOLE_PASSWORD),
+        ])
+        .send()
+        .await
+        .unwrap();
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let overview = http
+        .get(url("/console"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        overview.contains("Dead-letter queue: <b class=\"failed\">2</b>"),
+        "{overview}"
+    );
+    let confirm = http
+        .get(url(
+            "/console/confirm?action=requeue-dead&target=00000000-0000-0000-0000-000000000000",
+        ))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = confirm
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_string();
+    let done = http
+        .post(url("/console/actions/requeue-dead"))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(done.contains("1 moved back, 1 left"), "{done}");
+    assert_eq!(p.queue_depth(&dead).await, 1, "the unreadable one stays");
+    assert_eq!(p.queue_depth(&p.topology.queue("line")).await, 1);
+    p.start_worker(Channel::Line);
+    let final_ = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(final_.deliveries[0].status, "sent");
+    let audit: String = sqlx::query_scalar(
+        "SELECT detail FROM console_audit WHERE action = 'requeue_dead_letters'",
+    )
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(audit, "1 moved back, 1 left (not delivery pointers)");
+    p.stop().await;
+}

@@ -31,6 +31,9 @@ pub enum BrokerError {
     /// A publisher confirm did not arrive in time; the outcome is unknown.
     #[error("publisher confirm timed out after {0:?}")]
     ConfirmTimeout(Duration),
+    /// A dead-lettered message could not be republished; it stays dead-lettered.
+    #[error("republishing failed: {0}")]
+    Republish(String),
 }
 
 /// Names of every exchange and queue, derived from an optional prefix.
@@ -295,6 +298,95 @@ impl Publisher {
         }
         out
     }
+}
+
+/// Messages waiting in the dead-letter queue (a passive declare: nothing is created).
+pub async fn dead_letter_depth(conn: &Connection, topology: &Topology) -> Result<u32, BrokerError> {
+    let ch = conn.create_channel().await?;
+    let q = ch
+        .queue_declare(
+            topology.dead_letter_queue().into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    let _ = ch.close(200, "done".into()).await;
+    Ok(q.message_count())
+}
+
+/// Moves up to `limit` dead-lettered messages back to their channel's queue: each valid
+/// delivery pointer is republished (persistent, confirmed) and only then removed from the
+/// dead-letter queue; a message that is not a pointer stays there. Workers then skip a
+/// pointer whose delivery is already final. Returns (moved, left in place).
+pub async fn requeue_dead_letters(
+    conn: &Connection,
+    topology: &Topology,
+    limit: u32,
+) -> Result<(u32, u32), BrokerError> {
+    use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions};
+    let ch = conn.create_channel().await?;
+    let publisher = Publisher::new(conn, topology, Duration::from_secs(10)).await?;
+    let (mut moved, mut left) = (0, 0);
+    // Messages that are not pointers are held (unacked) until the end and only then put
+    // back, so basic_get does not hand them out again and again.
+    let mut held = Vec::new();
+    for _ in 0..limit {
+        let Some(msg) = ch
+            .basic_get(
+                topology.dead_letter_queue().into(),
+                BasicGetOptions { no_ack: false },
+            )
+            .await?
+        else {
+            break;
+        };
+        let tag = msg.delivery.delivery_tag;
+        match DeliveryMessage::parse(&msg.delivery.data) {
+            Some(m) => match publisher
+                .publish_batch(std::slice::from_ref(&m))
+                .await
+                .pop()
+            {
+                Some(PublishOutcome::Confirmed) => {
+                    ch.basic_ack(tag, BasicAckOptions::default()).await?;
+                    moved += 1;
+                }
+                other => {
+                    ch.basic_nack(
+                        tag,
+                        BasicNackOptions {
+                            requeue: true,
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+                    return Err(BrokerError::Republish(format!(
+                        "delivery {}: {other:?}",
+                        m.delivery_id
+                    )));
+                }
+            },
+            None => {
+                held.push(tag);
+                left += 1;
+            }
+        }
+    }
+    for tag in held {
+        ch.basic_nack(
+            tag,
+            BasicNackOptions {
+                requeue: true,
+                ..Default::default()
+            },
+        )
+        .await?;
+    }
+    let _ = ch.close(200, "done".into()).await;
+    Ok((moved, left))
 }
 
 #[cfg(test)]

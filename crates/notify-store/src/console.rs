@@ -197,6 +197,18 @@ pub async fn cancel_event(db: &PgPool, staff: &str, event_id: Uuid) -> Result<u6
     Ok(canceled.len() as u64)
 }
 
+/// Records an action taken outside Postgres (e.g. on RabbitMQ) in the audit log.
+pub async fn record(
+    db: &PgPool,
+    staff: &str,
+    action: &str,
+    target: &str,
+    detail: &str,
+) -> Result<()> {
+    let mut conn = db.acquire().await?;
+    audit(&mut conn, staff, action, target, detail).await
+}
+
 /// The latest audit rows: (when, staff, action, target, detail).
 pub async fn audit_log(
     db: &PgPool,

@@ -283,6 +283,7 @@ impl Platform {
                 )],
                 secret: "test-console-session-secret-32-chars-min".into(),
                 auth_header: None,
+                amqp: Some((stack.amqp_url.clone(), topology.clone())),
             },
         };
         let (p, s) = (pool.clone(), shutdown.clone());
