@@ -23,6 +23,17 @@ pub struct ChannelOverview {
 
 const STATUSES: [&str; 4] = ["pending", "sending", "sent", "failed"];
 
+/// The smallest UUIDv7 (RFC 9562) of the millisecond `t`: delivery and event ids are
+/// time-ordered, so "created since t" is a range scan of the primary key.
+pub fn uuid_v7_floor(t: DateTime<Utc>) -> Uuid {
+    let ms = t.timestamp_millis().max(0) as u64;
+    let mut b = [0u8; 16];
+    b[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    b[6] = 0x70;
+    b[8] = 0x80;
+    Uuid::from_bytes(b)
+}
+
 /// Per-channel figures and the outbox lag (age in seconds of the oldest due outbox row).
 pub async fn overview(db: &PgPool) -> Result<(Vec<ChannelOverview>, Option<i64>)> {
     let mut out: Vec<ChannelOverview> = ["inapp", "email", "push", "line"]
@@ -32,12 +43,14 @@ pub async fn overview(db: &PgPool) -> Result<(Vec<ChannelOverview>, Option<i64>)
             ..Default::default()
         })
         .collect();
+    let now = Utc::now();
     let rows = sqlx::query(
-        "SELECT channel, status, count(*) FILTER (WHERE created_at > now() - interval '1 hour') AS hour,
-                count(*) AS day
-         FROM notification_deliveries WHERE created_at > now() - interval '1 day'
+        "SELECT channel, status, count(*) FILTER (WHERE id >= $2) AS hour, count(*) AS day
+         FROM notification_deliveries WHERE id >= $1
          GROUP BY channel, status",
     )
+    .bind(uuid_v7_floor(now - chrono::Duration::days(1)))
+    .bind(uuid_v7_floor(now - chrono::Duration::hours(1)))
     .fetch_all(db)
     .await?;
     for r in rows {
@@ -63,11 +76,13 @@ pub async fn overview(db: &PgPool) -> Result<(Vec<ChannelOverview>, Option<i64>)
             o.oldest_pending_s = r.get("age");
         }
     }
+    // Retry rate of the attempts made for the last hour's deliveries.
     let rows = sqlx::query(
         "SELECT d.channel, avg((a.outcome = 'retry')::int)::float8 AS rate
-         FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
-         WHERE a.finished_at > now() - interval '1 hour' GROUP BY d.channel",
+         FROM notification_deliveries d JOIN delivery_attempts a ON a.delivery_id = d.id
+         WHERE d.id >= $1 GROUP BY d.channel",
     )
+    .bind(uuid_v7_floor(now - chrono::Duration::hours(1)))
     .fetch_all(db)
     .await?;
     for r in rows {
@@ -220,4 +235,30 @@ pub async fn audit_log(
     .bind(limit)
     .fetch_all(db)
     .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_v7_floor_sorts_before_every_id_of_that_millisecond_and_after_earlier_ones() {
+        let t: DateTime<Utc> = "2026-11-30T18:00:00.123Z".parse().unwrap();
+        let floor = uuid_v7_floor(t);
+        assert_eq!(floor.get_version_num(), 7);
+        let ts = uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            t.timestamp() as u64,
+            t.timestamp_subsec_nanos(),
+        );
+        for _ in 0..100 {
+            assert!(Uuid::new_v7(ts) >= floor);
+        }
+        let earlier = uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            t.timestamp() as u64,
+            t.timestamp_subsec_nanos() - 1_000_000,
+        );
+        assert!(Uuid::new_v7(earlier) < floor);
+    }
 }

@@ -44,7 +44,7 @@ pub struct BenchConfig {
     /// The local stack's folder (`pids/postgres.pid`, `pids/rabbitmq.pid`), to split the
     /// CPU time among the processes.
     pub stack_dir: PathBuf,
-    /// Phases to run (`ingest`, `e2e`, `latency`, `fanout`); empty = all. The two
+    /// Phases to run (`ingest`, `e2e`, `latency`, `fanout`, `console`); empty = all. The two
     /// ceilings are always measured.
     pub only: Vec<String>,
 }
@@ -566,6 +566,11 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
             "fan-out: 100,000 deliveries written in {:.1} s (CreateEvent replied in {reply_ms:.0} ms)",
             started.elapsed().as_secs_f64()
         );
+    }
+    if cfg.wants("console") {
+        let http_url =
+            std::env::var("NOTIFY_HTTP_URL").unwrap_or_else(|_| "http://127.0.0.1:58090".into());
+        crate::console_bench::run(&pool, &mut procs, &http_url).await?;
     }
     for name in [
         "ingest",

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod chaos;
+pub mod console_bench;
 pub mod demo;
 pub mod observe;
 pub mod procs;
