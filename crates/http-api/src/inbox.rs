@@ -1,8 +1,9 @@
 //! The inbox API for end users (`/v1/inbox/...`, described in `docs/openapi.json`).
 //!
 //! Every route needs `Authorization: Bearer <JWT>` whose `sub` is the user id: HS256 with
-//! `NOTIFY_INBOX_JWT_SECRET`, or RS256/ES256 with a key from `NOTIFY_INBOX_JWKS_FILE`
-//! (picked by `kid`); `exp` is required. A missing, expired, unsigned or wrongly signed
+//! `NOTIFY_INBOX_JWT_SECRET`, or RS256/ES256 with a key from `NOTIFY_INBOX_JWKS_FILE` or
+//! `NOTIFY_INBOX_JWKS_URL` (fetched every 10 minutes; picked by `kid`); `exp` is
+//! required. A missing, expired, unsigned or wrongly signed
 //! token gets 401. Each request acts for that user only: another user's notification is
 //! 404, never shown. Each user may make `NOTIFY_INBOX_RATE` requests a second (429 with
 //! `Retry-After` beyond that).
@@ -42,15 +43,18 @@ pub struct InboxConfig {
     pub jwt_secret: Option<String>,
     /// JWKS (RFC 7517) JSON with RS256/ES256 public keys.
     pub jwks_json: Option<String>,
+    /// URL of a JWKS, fetched at start and every 10 minutes (keys rotate there).
+    pub jwks_url: Option<String>,
     /// Requests per second per user.
     pub rate_per_user: u32,
 }
 
 impl InboxConfig {
-    /// Reads `NOTIFY_INBOX_JWT_SECRET`, `NOTIFY_INBOX_JWKS_FILE` (at least one required)
-    /// and `NOTIFY_INBOX_RATE` (20).
+    /// Reads `NOTIFY_INBOX_JWT_SECRET`, `NOTIFY_INBOX_JWKS_FILE`, `NOTIFY_INBOX_JWKS_URL`
+    /// (at least one required) and `NOTIFY_INBOX_RATE` (20).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let secret = env.string("NOTIFY_INBOX_JWT_SECRET", "");
+        let jwks_url = Some(env.string("NOTIFY_INBOX_JWKS_URL", "")).filter(|u| !u.is_empty());
         let jwks_file = env.string("NOTIFY_INBOX_JWKS_FILE", "");
         let jwks_json = if jwks_file.is_empty() {
             None
@@ -65,8 +69,8 @@ impl InboxConfig {
                 }
             }
         };
-        if secret.is_empty() && jwks_file.is_empty() {
-            env.error("set NOTIFY_INBOX_JWT_SECRET (HS256) or NOTIFY_INBOX_JWKS_FILE (RS256/ES256) for inbox tokens".to_string());
+        if secret.is_empty() && jwks_file.is_empty() && jwks_url.is_none() {
+            env.error("set NOTIFY_INBOX_JWT_SECRET (HS256), NOTIFY_INBOX_JWKS_FILE or NOTIFY_INBOX_JWKS_URL (RS256/ES256) for inbox tokens".to_string());
         }
         if !secret.is_empty() && secret.len() < 32 {
             env.error("NOTIFY_INBOX_JWT_SECRET must be at least 32 characters".to_string());
@@ -74,6 +78,7 @@ impl InboxConfig {
         Self {
             jwt_secret: Some(secret).filter(|s| !s.is_empty()),
             jwks_json,
+            jwks_url,
             rate_per_user: env.number("NOTIFY_INBOX_RATE", 20, 1, 10_000),
         }
     }
@@ -82,7 +87,61 @@ impl InboxConfig {
 /// Verifies end-user tokens.
 pub struct Verifier {
     hs256: Option<DecodingKey>,
-    jwks: Vec<(Option<String>, DecodingKey, Algorithm)>,
+    /// Keys from the JWKS file, then those last fetched from the JWKS URL.
+    jwks: std::sync::RwLock<Vec<(Option<String>, DecodingKey, Algorithm)>>,
+    file_keys: usize,
+}
+
+/// The RS256/ES256 keys of a JWKS document.
+fn jwks_keys(text: &str) -> Result<Vec<(Option<String>, DecodingKey, Algorithm)>, String> {
+    let set: jsonwebtoken::jwk::JwkSet =
+        serde_json::from_str(text).map_err(|e| format!("the JWKS is not valid: {e}"))?;
+    let mut keys = Vec::new();
+    for k in &set.keys {
+        let alg = match &k.algorithm {
+            jsonwebtoken::jwk::AlgorithmParameters::RSA(_) => Algorithm::RS256,
+            jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_) => Algorithm::ES256,
+            _ => continue,
+        };
+        let key = DecodingKey::from_jwk(k).map_err(|e| format!("JWKS key: {e}"))?;
+        keys.push((k.common.key_id.clone(), key, alg));
+    }
+    Ok(keys)
+}
+
+/// Fetches the JWKS at `url` into `verifier` now and every 10 minutes; a failed fetch
+/// keeps the keys it had.
+pub async fn refresh_jwks(verifier: Arc<InboxState>, url: String) {
+    let http = reqwest::Client::new();
+    loop {
+        let fetched = async {
+            let text = http
+                .get(&url)
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?
+                .error_for_status()
+                .map_err(|e| e.to_string())?
+                .text()
+                .await
+                .map_err(|e| e.to_string())?;
+            jwks_keys(&text)
+        }
+        .await;
+        match fetched {
+            Ok(keys) => {
+                let v = &verifier.verifier;
+                let mut slot = v.jwks.write().unwrap_or_else(|e| e.into_inner());
+                slot.truncate(v.file_keys);
+                slot.extend(keys);
+            }
+            Err(e) => {
+                tracing::warn!(%url, error = %e, "JWKS fetch failed; keeping the keys I have")
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(600)).await;
+    }
 }
 
 impl Verifier {
@@ -94,21 +153,15 @@ impl Verifier {
             .map(|s| DecodingKey::from_secret(s.as_bytes()))
             .transpose()
             .map_err(|e| format!("NOTIFY_INBOX_JWT_SECRET: {e}"))?;
-        let mut jwks = Vec::new();
-        if let Some(text) = &cfg.jwks_json {
-            let set: jsonwebtoken::jwk::JwkSet =
-                serde_json::from_str(text).map_err(|e| format!("the JWKS is not valid: {e}"))?;
-            for k in &set.keys {
-                let alg = match &k.algorithm {
-                    jsonwebtoken::jwk::AlgorithmParameters::RSA(_) => Algorithm::RS256,
-                    jsonwebtoken::jwk::AlgorithmParameters::EllipticCurve(_) => Algorithm::ES256,
-                    _ => continue,
-                };
-                let key = DecodingKey::from_jwk(k).map_err(|e| format!("JWKS key: {e}"))?;
-                jwks.push((k.common.key_id.clone(), key, alg));
-            }
-        }
-        Ok(Self { hs256, jwks })
+        let jwks = match &cfg.jwks_json {
+            Some(text) => jwks_keys(text)?,
+            None => Vec::new(),
+        };
+        Ok(Self {
+            hs256,
+            file_keys: jwks.len(),
+            jwks: std::sync::RwLock::new(jwks),
+        })
     }
 
     /// The user id (`sub`) of a valid token.
@@ -118,10 +171,10 @@ impl Verifier {
             sub: String,
         }
         let header = jsonwebtoken::decode_header(token).map_err(|_| "not a JWT")?;
+        let jwks = self.jwks.read().unwrap_or_else(|e| e.into_inner());
         let key = match header.alg {
             Algorithm::HS256 => self.hs256.as_ref().map(|k| (k, Algorithm::HS256)),
-            alg => self
-                .jwks
+            alg => jwks
                 .iter()
                 .find(|(kid, _, a)| *a == alg && (header.kid.is_none() || kid == &header.kid))
                 .map(|(_, k, a)| (k, *a)),

@@ -111,9 +111,24 @@ pub fn router(
     cfg: HttpConfig,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<(Router, tokio::sync::broadcast::Sender<String>), String> {
+    router_parts(pool, cfg, shutdown).map(|(r, h, _)| (r, h))
+}
+
+type Parts = (
+    Router,
+    tokio::sync::broadcast::Sender<String>,
+    std::sync::Arc<inbox::InboxState>,
+);
+
+fn router_parts(
+    pool: PgPool,
+    cfg: HttpConfig,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> Result<Parts, String> {
     let (hub, _) = tokio::sync::broadcast::channel(1024);
+    let inbox_state = inbox::state(&cfg.inbox)?;
     let state = AppState {
-        inbox: inbox::state(&cfg.inbox)?,
+        inbox: inbox_state.clone(),
         console: std::sync::Arc::new(cfg.console.clone()),
         pool,
         cfg: std::sync::Arc::new(cfg),
@@ -151,7 +166,7 @@ pub fn router(
         .layer(cors)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state);
-    Ok((router, hub))
+    Ok((router, hub, inbox_state))
 }
 
 /// `GET /inbox-example/`: a static page showing how an app uses the inbox API (open it
@@ -177,13 +192,20 @@ pub async fn serve(
     cfg: HttpConfig,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
-    let (router, hub) =
-        router(pool.clone(), cfg, shutdown.clone()).map_err(std::io::Error::other)?;
+    let jwks_url = cfg.inbox.jwks_url.clone();
+    let (router, hub, inbox_state) =
+        router_parts(pool.clone(), cfg, shutdown.clone()).map_err(std::io::Error::other)?;
+    let router_jwks = jwks_url.map(|u| (inbox_state, u));
     let listen = tokio::spawn(inbox::listen(pool, hub));
+    // JWKS by URL: the keys are fetched in the background (first fetch at once).
+    let jwks = router_jwks.map(|(state, url)| tokio::spawn(inbox::refresh_jwks(state, url)));
     let served = axum::serve(listener, router)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await;
     listen.abort();
+    if let Some(j) = jwks {
+        j.abort();
+    }
     served
 }
 

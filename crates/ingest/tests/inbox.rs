@@ -571,3 +571,113 @@ async fn users_manage_their_preferences_quiet_hours_and_devices() {
     assert_eq!(status, "revoked");
     p.stop().await;
 }
+
+/// ES256 tokens checked against a JWKS served over HTTP, on a second replica of the
+/// service: its stream receives the in-app worker's commit too (Postgres LISTEN).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_replica_with_jwks_keys_streams_the_same_inbox() {
+    use p256::elliptic_curve::sec1::ToEncodedPoint;
+    use p256::pkcs8::DecodePublicKey;
+    let p = inapp_platform().await;
+    p.add_type("news", &["inapp"]).await;
+    let a = uniq("a");
+    p.add_recipient(&a, "", "", "").await;
+
+    // The app's signing key (any P-256 key; the stack's APNs test key will do) as a JWKS.
+    let public = p256::PublicKey::from_public_key_pem(
+        &std::fs::read_to_string(&p.stack.apns_public_key_file).unwrap(),
+    )
+    .unwrap();
+    let point = public.to_encoded_point(false);
+    let b64 =
+        |b: &[u8]| base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, b);
+    let jwks = json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "app-1", "alg": "ES256", "use": "sig",
+                                "x": b64(point.x().unwrap()), "y": b64(point.y().unwrap())}]});
+    let keys = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let jwks_url = format!("http://{}/jwks.json", keys.local_addr().unwrap());
+    tokio::spawn(async move {
+        let app = axum::Router::new().route(
+            "/jwks.json",
+            axum::routing::get(move || async move { axum::Json(jwks.clone()) }),
+        );
+        axum::serve(keys, app).await.unwrap();
+    });
+
+    // Replica two: ES256 keys from the URL only.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let second = format!("http://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let cfg = http_api::HttpConfig {
+        line_channel_secret: "x".into(),
+        unsubscribe_secret: "y".into(),
+        inbox: http_api::inbox::InboxConfig {
+            jwt_secret: None,
+            jwks_json: None,
+            jwks_url: Some(jwks_url),
+            rate_per_user: 20,
+        },
+        cors_origins: vec![],
+        console: Default::default(),
+    };
+    let (pool, s) = (p.pool.clone(), stop.clone());
+    tokio::spawn(async move { http_api::serve(listener, pool, cfg, s).await.unwrap() });
+
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.kid = Some("app-1".into());
+    let es256 = jsonwebtoken::encode(
+        &header,
+        &json!({"sub": a, "exp": chrono::Utc::now().timestamp() + 300}),
+        &jsonwebtoken::EncodingKey::from_ec_pem(
+            std::fs::read_to_string(&p.stack.apns_key_file)
+                .unwrap()
+                .as_bytes(),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut accepted = false;
+    for _ in 0..50 {
+        let r = p
+            .http
+            .get(format!("{second}/v1/inbox/unread-count"))
+            .bearer_auth(&es256)
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 200 {
+            accepted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        accepted,
+        "the ES256 token is accepted once the JWKS is fetched"
+    );
+    let hs256 = token(&a, support::INBOX_SECRET, 300);
+    let r = p
+        .http
+        .get(format!("{second}/v1/inbox/unread-count"))
+        .bearer_auth(&hs256)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "no HS256 secret on this replica");
+
+    let resp = p
+        .http
+        .get(format!("{second}/v1/inbox/stream"))
+        .bearer_auth(&es256)
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let mut buf = String::new();
+    read_events(&mut body, &mut buf, "unread_count", 1).await;
+    notify(&p, "replica", &a, "ผ่านอีกเครื่อง").await;
+    let got = read_events(&mut body, &mut buf, "notification", 1).await;
+    assert_eq!(got[0].1["title"], "ผ่านอีกเครื่อง");
+    drop(body);
+    stop.cancel();
+    p.stop().await;
+}

@@ -273,6 +273,7 @@ impl Platform {
             inbox: http_api::inbox::InboxConfig {
                 jwt_secret: Some(INBOX_SECRET.into()),
                 jwks_json: None,
+                jwks_url: None,
                 rate_per_user: 20,
             },
             cors_origins: vec!["https://app.example.test".into()],
