@@ -507,9 +507,15 @@ struct ActionForm {
     csrf: String,
 }
 
-fn check_csrf(app: &AppState, user: &str, f: &ActionForm) -> Result<(), Box<Response>> {
+/// The staff member behind an action form: signed in, and the form's CSRF token theirs.
+fn action_user(
+    app: &AppState,
+    headers: &HeaderMap,
+    f: &ActionForm,
+) -> Result<String, Box<Response>> {
+    let user = require(app, headers)?;
     if notify_core::signed::verify(&app.console.secret, &format!("csrf|{user}"), &f.csrf) {
-        Ok(())
+        Ok(user)
     } else {
         Err(Box::new(
             (
@@ -527,13 +533,10 @@ async fn retry(
     Path(id): Path<String>,
     Form(f): Form<ActionForm>,
 ) -> Response {
-    let user = match require(&app, &headers) {
+    let user = match action_user(&app, &headers, &f) {
         Ok(u) => u,
         Err(r) => return *r,
     };
-    if let Err(r) = check_csrf(&app, &user, &f) {
-        return *r;
-    }
     let Ok(id) = Uuid::parse_str(&id) else {
         return not_found();
     };
@@ -565,13 +568,10 @@ async fn cancel(
     Path(id): Path<String>,
     Form(f): Form<ActionForm>,
 ) -> Response {
-    let user = match require(&app, &headers) {
+    let user = match action_user(&app, &headers, &f) {
         Ok(u) => u,
         Err(r) => return *r,
     };
-    if let Err(r) = check_csrf(&app, &user, &f) {
-        return *r;
-    }
     let Ok(id) = Uuid::parse_str(&id) else {
         return not_found();
     };
@@ -600,13 +600,10 @@ async fn requeue_dead(
     headers: HeaderMap,
     Form(f): Form<ActionForm>,
 ) -> Response {
-    let user = match require(&app, &headers) {
+    let user = match action_user(&app, &headers, &f) {
         Ok(u) => u,
         Err(r) => return *r,
     };
-    if let Err(r) = check_csrf(&app, &user, &f) {
-        return *r;
-    }
     let Some((url, topology)) = &app.console.amqp else {
         return not_found();
     };

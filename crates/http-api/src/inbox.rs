@@ -438,14 +438,7 @@ async fn put_quiet_hours(
         Err(r) => return *r,
     };
     let mut v = notify_core::validate::Violations::default();
-    if b.windows.len() > 10 {
-        v.add("windows", "at most 10 windows");
-    }
-    for (i, w) in b.windows.iter().enumerate() {
-        if let Some(p) = w.problem() {
-            v.add(format!("windows[{i}]"), p);
-        }
-    }
+    notify_core::quiet::check_windows(&mut v, &b.windows);
     if let Err(v) = v.into_result(()) {
         return violations(v);
     }

@@ -429,9 +429,6 @@ impl Services {
     ) -> Result<pb::SetQuietHoursResponse, ApiError> {
         let mut v = Violations::default();
         v.check_id("user_id", &r.user_id, 255);
-        if r.windows.len() > 10 {
-            v.add("windows", "at most 10 windows");
-        }
         let mut windows = Vec::new();
         for (i, w) in r.windows.iter().enumerate() {
             let mut channels = Vec::new();
@@ -441,16 +438,13 @@ impl Services {
                     Err(e) => v.add(format!("windows[{i}].channels[{j}]"), e.to_string()),
                 }
             }
-            let window = notify_core::quiet::QuietWindow {
+            windows.push(notify_core::quiet::QuietWindow {
                 start: w.start.clone(),
                 end: w.end.clone(),
                 channels,
-            };
-            if let Some(problem) = window.problem() {
-                v.add(format!("windows[{i}]"), problem);
-            }
-            windows.push(window);
+            });
         }
+        notify_core::quiet::check_windows(&mut v, &windows);
         v.into_result(()).map_err(ApiError::Invalid)?;
         catalog::set_quiet_hours(&self.pool, &r.user_id, &windows)
             .await

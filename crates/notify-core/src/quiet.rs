@@ -33,6 +33,21 @@ pub struct QuietWindow {
     pub channels: Vec<Channel>,
 }
 
+/// Most quiet windows per user.
+pub const MAX_WINDOWS: usize = 10;
+
+/// Records a violation per bad window (`windows[i]`) and when there are too many.
+pub fn check_windows(v: &mut crate::validate::Violations, windows: &[QuietWindow]) {
+    if windows.len() > MAX_WINDOWS {
+        v.add("windows", format!("at most {MAX_WINDOWS} windows"));
+    }
+    for (i, w) in windows.iter().enumerate() {
+        if let Some(problem) = w.problem() {
+            v.add(format!("windows[{i}]"), problem);
+        }
+    }
+}
+
 /// Parses `HH:MM` (00:00 to 23:59).
 pub fn parse_hhmm(s: &str) -> Option<NaiveTime> {
     let (h, m) = s.split_once(':')?;
