@@ -14,6 +14,12 @@ pub async fn run(
     http_url: &str,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
+    sqlx::query(
+        "INSERT INTO notification_types (key, default_channels) VALUES ('bench_console', '{inapp,line}')
+         ON CONFLICT DO NOTHING",
+    )
+    .execute(pool)
+    .await?;
     // A UUIDv7 for time `ts`: 48-bit milliseconds, version 7, variant 10, random rest.
     let v7 = "(lpad(to_hex((extract(epoch FROM ts) * 1000)::bigint), 12, '0') || '7' || substr(md5(random()::text), 1, 3) \
               || '8' || substr(md5(random()::text), 1, 15))::uuid";

@@ -87,7 +87,9 @@ async fn main() -> ExitCode {
                         .map(|p| p.trim())
                         .filter(|p| !p.is_empty())
                         .map(|p| match p {
-                            "ingest" | "e2e" | "latency" | "fanout" | "console" => Ok(p.to_string()),
+                            "ingest" | "e2e" | "latency" | "fanout" | "console" => {
+                                Ok(p.to_string())
+                            }
                             _ => Err(format!(
                                 "{p:?} is not a phase; use ingest, e2e, latency, fanout or console"
                             )),
