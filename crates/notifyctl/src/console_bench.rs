@@ -43,9 +43,11 @@ pub async fn run(
     .execute(pool)
     .await
     .context("seeding deliveries")?;
-    sqlx::query("ANALYZE notification_deliveries; ANALYZE notification_events")
-        .execute(pool)
-        .await?;
+    for table in ["notification_deliveries", "notification_events"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {table}")))
+            .execute(pool)
+            .await?;
+    }
     let total: i64 = sqlx::query_scalar("SELECT count(*) FROM notification_deliveries")
         .fetch_one(pool)
         .await?;
