@@ -379,22 +379,7 @@ async fn put_preference(
         Err(r) => return *r,
     };
     let mut v = notify_core::validate::Violations::default();
-    if b.type_key != "*" && !notify_core::validate::is_type_key(&b.type_key) {
-        v.add("type", "must be a notification type key or \"*\"");
-    }
-    let channel = match b.channel.as_str() {
-        "*" => None,
-        c => match c.parse::<notify_core::Channel>() {
-            Ok(c) => Some(c),
-            Err(e) => {
-                v.add("channel", format!("{e} (or \"*\")"));
-                None
-            }
-        },
-    };
-    if b.type_key == "*" && b.channel == "*" {
-        v.add("channel", "type and channel cannot both be \"*\"");
-    }
+    let channel = notify_core::validate::check_preference(&mut v, &b.type_key, &b.channel);
     if let Err(v) = v.into_result(()) {
         return violations(v);
     }

@@ -646,19 +646,7 @@ impl Services {
     ) -> Result<pb::SetPreferenceResponse, ApiError> {
         let mut v = Violations::default();
         v.check_id("user_id", &r.user_id, 255);
-        if r.r#type != "*" && !validate::is_type_key(&r.r#type) {
-            v.add("type", "must be a notification type key or \"*\"");
-        }
-        let channel = match r.channel.as_str() {
-            "*" => Ok(None),
-            c => c.parse::<Channel>().map(Some),
-        };
-        if let Err(e) = &channel {
-            v.add("channel", format!("{e} (or \"*\" for every channel)"));
-        }
-        if r.r#type == "*" && r.channel == "*" {
-            v.add("channel", "type and channel cannot both be \"*\"");
-        }
+        let channel = validate::check_preference(&mut v, &r.r#type, &r.channel);
         v.into_result(()).map_err(ApiError::Invalid)?;
         if r.r#type != "*" && catalog::get_type(&self.pool, &r.r#type).await?.is_none() {
             return Err(ApiError::NotFound {
@@ -666,7 +654,6 @@ impl Services {
                 name: r.r#type,
             });
         }
-        let channel = channel.map_err(|e| ApiError::field("channel", e.to_string()))?;
         catalog::set_preference(&self.pool, &r.user_id, &r.r#type, channel, r.enabled).await?;
         Ok(pb::SetPreferenceResponse {})
     }

@@ -233,6 +233,31 @@ pub fn check_endpoint(
     }
 }
 
+/// Checks a preference's target: a type key or `*`, a channel or `*`, not both `*`.
+/// Returns the channel (`None` = every channel).
+pub fn check_preference(
+    v: &mut Violations,
+    type_key: &str,
+    channel: &str,
+) -> Option<crate::Channel> {
+    if type_key != "*" && !is_type_key(type_key) {
+        v.add("type", "must be a notification type key or \"*\"");
+    }
+    if type_key == "*" && channel == "*" {
+        v.add("channel", "type and channel cannot both be \"*\"");
+    }
+    match channel {
+        "*" => None,
+        c => match c.parse::<crate::Channel>() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                v.add("channel", format!("{e} (or \"*\" for every channel)"));
+                None
+            }
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
