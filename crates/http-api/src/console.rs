@@ -16,11 +16,13 @@
 //! and a CSRF token, and are recorded in `console_audit`. Every value is HTML-escaped.
 
 use crate::AppState;
+// The one HTML escaper, shared with the email HTML part.
 use axum::Router;
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
+use notify_core::event::escape_html as esc;
 use notify_store::events::{self, EventSelector};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -132,22 +134,6 @@ fn staff(cfg: &ConsoleConfig, headers: &HeaderMap) -> Option<String> {
 
 fn csrf(cfg: &ConsoleConfig, user: &str) -> String {
     notify_core::signed::sign(&cfg.secret, &format!("csrf|{user}"))
-}
-
-/// Escapes text for HTML element content and attribute values.
-pub fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 fn page(title: &str, user: Option<&str>, body: &str) -> Response {

@@ -331,14 +331,6 @@ fn check_token(app: &AppState, token: &str) -> Result<UnsubscribeToken, Box<Resp
     })
 }
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-        .replace('\'', "&#39;")
-}
-
 /// `GET /unsubscribe?token=…`: asks for confirmation; changes nothing.
 async fn unsubscribe_page(State(app): State<AppState>, Query(q): Query<TokenQuery>) -> Response {
     let t = match check_token(&app, &q.token) {
@@ -351,9 +343,9 @@ async fn unsubscribe_page(State(app): State<AppState>, Query(q): Query<TokenQuer
          <form method=\"post\" action=\"/unsubscribe?token={}\">\
          <input type=\"hidden\" name=\"List-Unsubscribe\" value=\"One-Click\">\
          <button type=\"submit\">ยืนยัน / Unsubscribe</button></form></html>",
-        escape(&t.type_key),
-        escape(&t.type_key),
-        escape(&q.token),
+        notify_core::event::escape_html(&t.type_key),
+        notify_core::event::escape_html(&t.type_key),
+        notify_core::event::escape_html(&q.token),
     ))
     .into_response()
 }
