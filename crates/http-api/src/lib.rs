@@ -15,7 +15,8 @@
 //! - `/v1/inbox/...`: the end users' inbox API ([`inbox`], `docs/openapi.json`).
 //! - `/console/...`: the operations console ([`console`]).
 //! - `GET /inbox-example/`: an example inbox page for integrators (`static/inbox.html`).
-//! - `GET /healthz`: `ok`.
+//! - `GET /healthz` (alive), `GET /readyz` (Postgres answers, not shutting down) and
+//!   `GET /metrics` (Prometheus): see `notify_telemetry::admin`.
 //!
 //! Errors are JSON: `{"error": {"code", "message", "field"}}` with 400 for bad input, 401
 //! for a bad signature, 413 for a body over 1 MiB.
@@ -127,6 +128,20 @@ fn router_parts(
 ) -> Result<Parts, String> {
     let (hub, _) = tokio::sync::broadcast::channel(1024);
     let inbox_state = inbox::state(&cfg.inbox)?;
+    let readiness = {
+        let pool = pool.clone();
+        notify_telemetry::admin::Readiness::new().with_check("postgres", move || {
+            let pool = pool.clone();
+            async move { notify_store::ping(&pool).await.map_err(|e| e.to_string()) }
+        })
+    };
+    {
+        let (readiness, shutdown) = (readiness.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            readiness.start_draining();
+        });
+    }
     let state = AppState {
         inbox: inbox_state.clone(),
         console: std::sync::Arc::new(cfg.console.clone()),
@@ -156,7 +171,6 @@ fn router_parts(
         ])
         .max_age(std::time::Duration::from_secs(600));
     let router = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
         .route("/inbox-example/", get(inbox_example))
         .route("/webhooks/line", post(line_webhook))
         .route("/unsubscribe", get(unsubscribe_page).post(unsubscribe))
@@ -165,7 +179,8 @@ fn router_parts(
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "path", "no such route") })
         .layer(cors)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(state);
+        .with_state(state)
+        .merge(notify_telemetry::admin::routes(readiness));
     Ok((router, hub, inbox_state))
 }
 

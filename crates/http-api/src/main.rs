@@ -31,6 +31,8 @@ async fn main() -> anyhow::Result<()> {
         ),
     };
     tracing::info!(%addr, "http-api listening");
-    http_api::serve(listener, pool, cfg, notify_telemetry::shutdown_on_signal()).await?;
+    let served = http_api::serve(listener, pool, cfg, notify_telemetry::shutdown_on_signal()).await;
+    notify_telemetry::shutdown();
+    served?;
     Ok(())
 }

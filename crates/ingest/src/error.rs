@@ -41,6 +41,22 @@ impl ApiError {
 
 impl From<ApiError> for Status {
     fn from(e: ApiError) -> Status {
+        let status = status_of(e);
+        // The gRPC server span of this call (RPC semantic conventions).
+        let span = tracing::Span::current();
+        span.record("rpc.grpc.status_code", status.code() as i32);
+        if matches!(
+            status.code(),
+            Code::Internal | Code::Unavailable | Code::DeadlineExceeded | Code::Unknown
+        ) {
+            span.record("otel.status_code", "ERROR");
+        }
+        status
+    }
+}
+
+fn status_of(e: ApiError) -> Status {
+    {
         match e {
             ApiError::Invalid(violations) => {
                 let summary = violations

@@ -182,7 +182,7 @@ impl Services {
         r: pb::CreateEventRequest,
     ) -> Result<pb::CreateEventResponse, ApiError> {
         let requested_names = r.channels.clone();
-        let event = NewEvent::parse(CreateEventInput {
+        let mut event = NewEvent::parse(CreateEventInput {
             event_key: r.event_key,
             type_key: r.r#type,
             actor_id: r.actor_id,
@@ -195,6 +195,9 @@ impl Services {
             aggregate_key: r.aggregate_key,
         })
         .map_err(ApiError::Invalid)?;
+        // The server span's context: the relay continues this trace for every publish.
+        event.trace_context =
+            notify_telemetry::propagation::traceparent_of(&tracing::Span::current());
         let event_key = event.event_key.clone();
         let fingerprint = event.fingerprint();
         let topic = event.topic.clone();

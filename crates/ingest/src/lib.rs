@@ -38,6 +38,11 @@ pub struct IngestConfig {
     pub write_batch: usize,
     /// Fatigue caps per channel: most non-critical notifications per user per rolling hour.
     pub fatigue_caps: std::collections::BTreeMap<notify_core::Channel, u32>,
+    /// After SIGTERM, how long the gRPC health service reports NOT_SERVING (and `/readyz`
+    /// 503) while requests are still accepted, so load balancers stop routing here first.
+    pub drain: Duration,
+    /// How often the database and queue gauges are sampled for the metrics.
+    pub metrics_interval: Duration,
 }
 
 /// Parses `channel=n,...` (e.g. `email=5,line=10`; empty = no caps).
@@ -68,7 +73,8 @@ impl IngestConfig {
     /// (5), `NOTIFY_REQUEST_TIMEOUT` (30s), `NOTIFY_RELAY_BATCH` (500), `NOTIFY_RELAY_POLL`
     /// (1s), `NOTIFY_SWEEP_INTERVAL` (10s), `NOTIFY_REPUBLISH_AFTER` (5m), `NOTIFY_INGEST_WRITERS`
     /// (4), `NOTIFY_INGEST_BATCH` (200), `NOTIFY_FATIGUE_CAPS` (empty: no caps; e.g.
-    /// `email=5,line=10,push=10` per user per rolling hour).
+    /// `email=5,line=10,push=10` per user per rolling hour), `NOTIFY_DRAIN_SECONDS` (5),
+    /// `NOTIFY_METRICS_INTERVAL` (15s).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
         Self {
@@ -101,12 +107,19 @@ impl IngestConfig {
                 Default::default(),
                 parse_fatigue_caps,
             ),
+            drain: Duration::from_secs(env.number("NOTIFY_DRAIN_SECONDS", 5, 0, 300)),
+            metrics_interval: env
+                .parse_with("NOTIFY_METRICS_INTERVAL", Duration::from_secs(15), dur)
+                .max(Duration::from_secs(1)),
         }
     }
 }
 
-/// Serves the gRPC API on `listener` and runs the relay and the sweeper until `shutdown`
-/// is cancelled; then stops accepting, finishes in-flight requests and stops the tasks.
+/// Serves the gRPC API on `listener` and runs the relay, the sweeper and the metrics
+/// sampler until `shutdown` is cancelled. Then it drains: the health service reports
+/// NOT_SERVING for every service (and `/readyz` 503) for `cfg.drain` while requests are
+/// still served; after that it stops accepting, finishes in-flight requests and stops the
+/// tasks. The admin endpoint listens on `NOTIFY_ADMIN_ADDR` when set.
 pub async fn run(
     cfg: IngestConfig,
     pool: PgPool,
@@ -114,19 +127,41 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let stats = Arc::new(relay::RelayStats::default());
+    // `stop` ends everything once the drain is over; `shutdown` only starts the drain.
+    let stop = CancellationToken::new();
     let relay_task = tokio::spawn(relay::run(
         pool.clone(),
         cfg.relay.clone(),
-        stats,
-        shutdown.clone(),
+        stats.clone(),
+        stop.clone(),
     ));
-    let sweeper_task = tokio::spawn(sweep(pool.clone(), cfg.clone(), shutdown.clone()));
+    let readiness = {
+        let (pool, stats) = (pool.clone(), stats.clone());
+        notify_telemetry::admin::Readiness::new()
+            .with_check("postgres", move || {
+                let pool = pool.clone();
+                async move { notify_store::ping(&pool).await.map_err(|e| e.to_string()) }
+            })
+            .with_check("rabbitmq", move || {
+                let up = stats.connected.load(std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    if up {
+                        Ok(())
+                    } else {
+                        Err("the relay has no broker connection".to_string())
+                    }
+                }
+            })
+    };
+    notify_telemetry::admin::spawn_from_env("ingest", readiness.clone(), stop.clone()).await;
+    let sampler_task = tokio::spawn(sample_gauges(pool.clone(), cfg.clone(), stop.clone()));
+    let sweeper_task = tokio::spawn(sweep(pool.clone(), cfg.clone(), stop.clone()));
     let fanout_task = tokio::spawn(fanout::run(
         pool.clone(),
         cfg.max_attempts,
         cfg.fatigue_caps.clone(),
         cfg.relay.poll,
-        shutdown.clone(),
+        stop.clone(),
     ));
 
     let services = grpc::Services::new(
@@ -138,7 +173,7 @@ pub async fn run(
             fatigue_caps: cfg.fatigue_caps.clone(),
         },
     );
-    let (health, health_service) = tonic_health::server::health_reporter();
+    let (mut health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<pb::ingest_service_server::IngestServiceServer<grpc::Services>>()
         .await;
@@ -153,8 +188,33 @@ pub async fn run(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     info!(addr = %listener.local_addr()?, "gRPC listening");
+    let drain_task = {
+        let (health, readiness, stop, drain) =
+            (health.clone(), readiness.clone(), stop.clone(), cfg.drain);
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = stop.cancelled() => return,
+            }
+            readiness.start_draining();
+            for name in SERVICE_NAMES {
+                health
+                    .set_service_status(*name, tonic_health::ServingStatus::NotServing)
+                    .await;
+            }
+            info!(
+                drain_s = drain.as_secs_f64(),
+                "draining: health NOT_SERVING; still accepting until the drain ends"
+            );
+            tokio::time::sleep(drain).await;
+            stop.cancel();
+        })
+    };
+    let _ = &mut health;
     tonic::transport::Server::builder()
         .timeout(cfg.request_timeout)
+        .trace_fn(server_span)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(pb::ingest_service_server::IngestServiceServer::new(
@@ -170,10 +230,13 @@ pub async fn run(
         .serve_with_incoming_shutdown(
             // Without TCP_NODELAY, small replies wait for the peer's delayed ACK (~40 ms).
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown.cancelled(),
+            stop.cancelled(),
         )
         .await?;
+    stop.cancel();
     info!("gRPC stopped; draining the relay");
+    let _ = drain_task.await;
+    let _ = sampler_task.await;
     let _ = relay_task.await;
     let _ = sweeper_task.await;
     let _ = fanout_task.await;
@@ -191,7 +254,12 @@ async fn sweep(pool: PgPool, cfg: IngestConfig, shutdown: CancellationToken) {
         }
         match notify_store::deliveries::requeue_expired_leases(&pool, cfg.sweep_batch).await {
             Ok(0) => {}
-            Ok(n) => warn!(recovered = n, "expired leases returned to pending"),
+            Ok(n) => {
+                notify_telemetry::metrics()
+                    .lease_recoveries
+                    .add(n as u64, &[]);
+                warn!(recovered = n, "expired leases returned to pending")
+            }
             Err(e) => warn!(error = %e, "lease sweep failed"),
         }
         match notify_store::deliveries::republish_stale(&pool, cfg.republish_after, cfg.sweep_batch)
@@ -204,5 +272,87 @@ async fn sweep(pool: PgPool, cfg: IngestConfig, shutdown: CancellationToken) {
             ),
             Err(e) => warn!(error = %e, "republish sweep failed"),
         }
+    }
+}
+
+/// Every gRPC service name the health service reports on ("" is the server as a whole).
+const SERVICE_NAMES: &[&str] = &[
+    "",
+    "notify.v1.IngestService",
+    "notify.v1.RecipientService",
+    "notify.v1.TypeService",
+    "notify.v1.TopicService",
+];
+
+/// The server span of one gRPC call (OpenTelemetry RPC semantic conventions), continuing
+/// the caller's trace from its `traceparent` metadata. Health checks and reflection get
+/// none (probes would flood the traces).
+fn server_span(req: &http::Request<()>) -> tracing::Span {
+    let path = req.uri().path().trim_start_matches('/');
+    if path.starts_with("grpc.") {
+        return tracing::Span::none();
+    }
+    let (service, method) = path.split_once('/').unwrap_or((path, ""));
+    let span = tracing::info_span!(
+        "rpc",
+        otel.name = %path,
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        rpc.system = "grpc",
+        rpc.service = %service,
+        rpc.method = %method,
+        rpc.grpc.status_code = tracing::field::Empty,
+    );
+    notify_telemetry::propagation::set_parent(
+        &span,
+        notify_telemetry::propagation::context_from_headers(req.headers()),
+    );
+    span
+}
+
+/// Samples the gauges every `cfg.metrics_interval`: outbox size and age, pending
+/// deliveries and the oldest due one per channel, paused channels (from Postgres) and the
+/// dead-letter queue's depth (from RabbitMQ). Every replica samples the same values.
+async fn sample_gauges(pool: PgPool, cfg: IngestConfig, stop: CancellationToken) {
+    use notify_core::Channel;
+    use opentelemetry::KeyValue;
+    let m = notify_telemetry::metrics();
+    let mut amqp: Option<notify_broker::lapin::Connection> = None;
+    loop {
+        match notify_store::deliveries::gauges(&pool).await {
+            Ok(g) => {
+                m.outbox_messages.record(g.outbox_rows as u64, &[]);
+                m.outbox_oldest_age.record(g.outbox_oldest_s, &[]);
+                for c in Channel::ALL {
+                    let label = [KeyValue::new("channel", c.as_str())];
+                    let row = g.channels.iter().find(|r| r.channel == c.as_str());
+                    m.deliveries_pending
+                        .record(row.map_or(0, |r| r.pending as u64), &label);
+                    m.oldest_pending_age
+                        .record(row.map_or(0.0, |r| r.oldest_due_s), &label);
+                    m.channel_paused
+                        .record(u64::from(row.is_some_and(|r| r.paused)), &label);
+                }
+            }
+            Err(e) => warn!(error = %e, "metrics: database gauges not sampled"),
+        }
+        if amqp.as_ref().is_none_or(|c| !c.status().connected()) {
+            amqp = notify_broker::connect(&cfg.relay.amqp_url, "ingest-metrics")
+                .await
+                .ok();
+        }
+        if let Some(conn) = &amqp {
+            match notify_broker::dead_letter_depth(conn, &cfg.relay.topology).await {
+                Ok(n) => m.dead_letter_messages.record(u64::from(n), &[]),
+                Err(e) => warn!(error = %e, "metrics: dead-letter depth not sampled"),
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(cfg.metrics_interval) => {}
+        }
+    }
+    if let Some(conn) = amqp {
+        let _ = conn.close(200, "ingest stopping".into()).await;
     }
 }

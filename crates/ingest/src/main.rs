@@ -18,7 +18,11 @@ async fn main() -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    notify_telemetry::init("ingest");
+    if command == "serve" {
+        notify_telemetry::init("ingest");
+    } else {
+        notify_telemetry::init_cli("ingest");
+    }
     let mut env = notify_telemetry::Env::new();
     let mut pool_cfg =
         notify_store::PoolConfig::new(env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]));
@@ -83,7 +87,10 @@ async fn main() -> anyhow::Result<ExitCode> {
                     &format!("NOTIFY_GRPC_ADDR={addr}: cannot listen: {e}"),
                 ),
             };
-            ingest::run(cfg, pool, listener, notify_telemetry::shutdown_on_signal()).await?;
+            let result =
+                ingest::run(cfg, pool, listener, notify_telemetry::shutdown_on_signal()).await;
+            notify_telemetry::shutdown();
+            result?;
             Ok(ExitCode::SUCCESS)
         }
         other => {

@@ -40,6 +40,8 @@ pub struct RelayStats {
     pub unroutable: AtomicU64,
     /// Messages nacked or with an unknown outcome.
     pub failed: AtomicU64,
+    /// Whether the relay holds a broker connection now (readiness).
+    pub connected: std::sync::atomic::AtomicBool,
 }
 
 /// Runs the relay until `shutdown`; reconnects to the broker after failures.
@@ -51,7 +53,9 @@ pub async fn run(
 ) {
     let mut backoff = Duration::from_millis(200);
     while !shutdown.is_cancelled() {
-        match run_connected(&pool, &cfg, &stats, &shutdown).await {
+        let result = run_connected(&pool, &cfg, &stats, &shutdown).await;
+        stats.connected.store(false, Ordering::SeqCst);
+        match result {
             Ok(()) => return,
             Err(e) => {
                 error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "relay failed; reconnecting");
@@ -80,6 +84,7 @@ async fn run_connected(
     let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
     listener.listen("notify_outbox").await?;
     info!("relay connected");
+    stats.connected.store(true, Ordering::SeqCst);
     loop {
         if shutdown.is_cancelled() {
             let _ = conn.close(200, "ingest stopping".into()).await;
@@ -102,7 +107,23 @@ async fn run_connected(
                 channel: r.channel.clone(),
             })
             .collect();
-        let outcomes = publisher.publish_batch(&messages).await;
+        // One producer span per message, a child of the event's stored trace context;
+        // its own context travels in the message headers to the worker.
+        let spans: Vec<tracing::Span> = rows.iter().map(|r| producer_span(cfg, r)).collect();
+        let headers: Vec<_> = spans
+            .iter()
+            .map(notify_telemetry::propagation::headers_of)
+            .collect();
+        let outcomes = publisher
+            .publish_batch_with_headers(&messages, &headers)
+            .await;
+        for (span, outcome) in spans.iter().zip(&outcomes) {
+            if *outcome != PublishOutcome::Confirmed {
+                span.record("otel.status_code", "ERROR");
+                span.record("notify.publish_outcome", format!("{outcome:?}"));
+            }
+        }
+        drop(spans);
         let mut done = Vec::new();
         let mut unroutable = Vec::new();
         let mut failed = Vec::new();
@@ -146,4 +167,36 @@ async fn run_connected(
             }
         }
     }
+}
+
+/// The producer span of one publish (OpenTelemetry messaging semantic conventions:
+/// `messaging.system = rabbitmq`, operation `publish`).
+fn producer_span(cfg: &RelayConfig, row: &outbox::OutboxRow) -> tracing::Span {
+    let queue = cfg.topology.queue(&row.channel);
+    let span = tracing::info_span!(
+        "publish",
+        otel.name = %format!("{queue} publish"),
+        otel.kind = "producer",
+        otel.status_code = tracing::field::Empty,
+        messaging.system = "rabbitmq",
+        messaging.operation.type = "publish",
+        messaging.operation.name = "publish",
+        messaging.destination.name = %queue,
+        messaging.rabbitmq.destination.routing_key = %row.channel,
+        messaging.message.id = %row.delivery_id,
+        notify.delivery_id = %row.delivery_id,
+        notify.event_id = tracing::field::Empty,
+        notify.channel = %row.channel,
+        notify.publish_outcome = tracing::field::Empty,
+    );
+    if let Some(id) = row.event_id {
+        span.record("notify.event_id", tracing::field::display(id));
+    }
+    if let Some(tp) = &row.trace_context {
+        notify_telemetry::propagation::set_parent(
+            &span,
+            notify_telemetry::propagation::context_from_traceparent(tp, None),
+        );
+    }
+    span
 }

@@ -195,6 +195,22 @@ pub struct DeliveryMessage {
     pub channel: String,
 }
 
+/// String-valued headers of a consumed message (e.g. `traceparent`); others are skipped.
+pub fn string_headers(props: &BasicProperties) -> std::collections::HashMap<String, String> {
+    let mut out = std::collections::HashMap::new();
+    if let Some(table) = props.headers() {
+        for (k, v) in table.inner() {
+            let text = match v {
+                AMQPValue::LongString(s) => String::from_utf8_lossy(s.as_bytes()).into_owned(),
+                AMQPValue::ShortString(s) => s.as_str().to_string(),
+                _ => continue,
+            };
+            out.insert(k.as_str().to_string(), text);
+        }
+    }
+    out
+}
+
 impl DeliveryMessage {
     /// Parses a message body; `None` for anything that is not a version-1 message.
     pub fn parse(body: &[u8]) -> Option<Self> {
@@ -252,10 +268,26 @@ impl Publisher {
     /// returns one outcome per message, in order. Never waits longer than the confirm
     /// timeout in total.
     pub async fn publish_batch(&self, messages: &[DeliveryMessage]) -> Vec<PublishOutcome> {
+        self.publish_batch_with_headers(messages, &[]).await
+    }
+
+    /// As [`Publisher::publish_batch`], with message headers: `headers[i]` (string
+    /// values, e.g. W3C `traceparent` / `tracestate`) go with `messages[i]`; missing
+    /// entries mean no headers.
+    pub async fn publish_batch_with_headers(
+        &self,
+        messages: &[DeliveryMessage],
+        headers: &[std::collections::HashMap<String, String>],
+    ) -> Vec<PublishOutcome> {
         let mut pending = Vec::with_capacity(messages.len());
-        for m in messages {
+        for (i, m) in messages.iter().enumerate() {
             let body = serde_json::to_vec(m).unwrap_or_default();
+            let mut table = FieldTable::default();
+            for (k, v) in headers.get(i).into_iter().flatten() {
+                table.insert(k.clone().into(), AMQPValue::LongString(v.clone().into()));
+            }
             let props = BasicProperties::default()
+                .with_headers(table)
                 // 2 = persistent: the message survives a broker restart.
                 .with_delivery_mode(2)
                 .with_content_type("application/json".into())

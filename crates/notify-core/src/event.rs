@@ -158,6 +158,10 @@ pub struct NewEvent {
     pub caller_key: Option<String>,
     /// Digest group within the type (listed recipients only).
     pub aggregate_key: Option<String>,
+    /// W3C `traceparent` of the request that created the event, kept with it so that
+    /// every publish of its deliveries (retries and recoveries too) continues that trace.
+    /// Not part of the fingerprint.
+    pub trace_context: Option<String>,
 }
 
 /// Start of the dedup bucket holding `now` for a window of `window_s` seconds: buckets
@@ -335,6 +339,7 @@ impl NewEvent {
             line_multicast: input.line_multicast,
             caller_key: None,
             aggregate_key,
+            trace_context: None,
         })
     }
 

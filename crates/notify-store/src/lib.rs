@@ -75,6 +75,12 @@ pub fn connect(cfg: &PoolConfig) -> Result<PgPool> {
         .connect_lazy_with(opts))
 }
 
+/// One round trip to the database (`SELECT 1`), for readiness checks.
+pub async fn ping(pool: &PgPool) -> Result<()> {
+    sqlx::query("SELECT 1").execute(pool).await?;
+    Ok(())
+}
+
 /// Applies every migration in `migrations/` that is not applied yet (idempotent; safe to
 /// run from several processes, sqlx takes an advisory lock).
 pub async fn migrate(pool: &PgPool) -> Result<()> {

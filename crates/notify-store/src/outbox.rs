@@ -15,6 +15,10 @@ pub struct OutboxRow {
     pub delivery_id: Uuid,
     /// Routing key.
     pub channel: String,
+    /// The delivery's event.
+    pub event_id: Option<Uuid>,
+    /// The event's W3C `traceparent`, when its request carried or started a trace.
+    pub trace_context: Option<String>,
 }
 
 /// Claims up to `limit` due rows, oldest first, for `hold`: their `available_at` moves
@@ -27,7 +31,12 @@ pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<Ou
          FROM (SELECT id FROM outbox WHERE available_at <= now()
                ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) due
          WHERE o.id = due.id
-         RETURNING o.id, o.delivery_id, o.channel",
+         RETURNING o.id, o.delivery_id, o.channel,
+                   (SELECT d.event_id FROM notification_deliveries d WHERE d.id = o.delivery_id)
+                       AS event_id,
+                   (SELECT e.trace_context FROM notification_deliveries d
+                      JOIN notification_events e ON e.id = d.event_id
+                     WHERE d.id = o.delivery_id) AS trace_context",
     )
     .bind(limit)
     .bind(hold.as_millis() as i64)
@@ -39,6 +48,8 @@ pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<Ou
             id: r.get("id"),
             delivery_id: r.get("delivery_id"),
             channel: r.get("channel"),
+            event_id: r.get("event_id"),
+            trace_context: r.get("trace_context"),
         })
         .collect();
     out.sort_by_key(|r| r.id);

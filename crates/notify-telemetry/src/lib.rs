@@ -1,9 +1,22 @@
-//! Process bootstrap shared by every binary: structured logging (tracing), configuration
-//! read from the environment with every bad variable reported at once, and shutdown on
-//! SIGTERM / SIGINT passed around as a `CancellationToken`.
+//! Process bootstrap shared by every binary: logs, traces and metrics (OpenTelemetry),
+//! the admin endpoint (`/healthz`, `/readyz`, `/metrics`), configuration read from the
+//! environment with every bad variable reported at once, and shutdown on SIGTERM / SIGINT
+//! passed around as a `CancellationToken`.
 //!
-//! Logs are human-readable by default and JSON lines with `NOTIFY_LOG_FORMAT=json`;
-//! the level comes from `RUST_LOG` (default `info`).
+//! Logs: JSON lines (see [`logfmt`]) unless the log stream is a terminal, where they are
+//! human-readable text; `NOTIFY_LOG_FORMAT=json|text` overrides. Services log to stdout;
+//! one-shot commands ([`init_cli`]) log to stderr so their own output stays clean. The
+//! level comes from `RUST_LOG` (default `info`); spans go to OpenTelemetry at `info` and
+//! above whatever `RUST_LOG` says.
+
+pub mod admin;
+pub mod logfmt;
+pub mod metrics;
+pub mod otel;
+pub mod propagation;
+
+pub use metrics::metrics;
+pub use otel::shutdown;
 
 use std::fmt::Display;
 use std::str::FromStr;
@@ -12,34 +25,87 @@ use tokio_util::sync::CancellationToken;
 /// Exit code for bad configuration (`EX_CONFIG`-style usage error, sysexits.h 64).
 pub const EXIT_BAD_CONFIG: i32 = 64;
 
-/// Installs the global tracing subscriber for `service` and the process-wide rustls
-/// crypto provider (ring; needed because more than one provider may be compiled in).
-/// Safe to call more than once (later calls do nothing), so tests can call it too.
+/// Where a process writes its logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// Installs logging, tracing and metrics for the long-running service `service` (logs on
+/// stdout) and the process-wide rustls crypto provider. Reads the `OTEL_*` variables (see
+/// [`otel`]); an unsupported one exits with code 64. Call inside the Tokio runtime.
+/// Later calls do nothing.
 pub fn init(service: &str) {
-    install_crypto_provider();
+    init_stream(service, Stream::Stdout)
+}
+
+/// As [`init`] for one-shot commands (`ingest migrate`): logs on stderr.
+pub fn init_cli(service: &str) {
+    init_stream(service, Stream::Stderr)
+}
+
+fn init_stream(service: &str, stream: Stream) {
     use std::io::IsTerminal;
-    use tracing_subscriber::{EnvFilter, fmt};
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let json = std::env::var("NOTIFY_LOG_FORMAT").is_ok_and(|v| v == "json");
-    // Logs go to stderr, so a command's own output (stdout) stays clean; colours only
-    // on a terminal.
-    let result = if json {
-        fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .json()
-            .with_current_span(true)
-            .try_init()
-    } else {
-        fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_ansi(std::io::stderr().is_terminal())
-            .with_target(false)
-            .try_init()
+    use tracing_subscriber::filter::LevelFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer, Registry, fmt};
+    install_crypto_provider();
+    let settings = match otel::OtelSettings::from_env() {
+        Ok(s) => s,
+        Err(e) => exit_bad_config(service, &e),
     };
+    let tracer = match otel::install(service, &settings) {
+        Ok(t) => t,
+        Err(e) => exit_bad_config(service, &e),
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let terminal = match stream {
+        Stream::Stdout => std::io::stdout().is_terminal(),
+        Stream::Stderr => std::io::stderr().is_terminal(),
+    };
+    let json = match std::env::var("NOTIFY_LOG_FORMAT").as_deref() {
+        Ok("json") => true,
+        Ok("text") => false,
+        _ => !terminal,
+    };
+    let writer = move || -> Box<dyn std::io::Write> {
+        match stream {
+            Stream::Stdout => Box::new(std::io::stdout()),
+            Stream::Stderr => Box::new(std::io::stderr()),
+        }
+    };
+    let logs: Box<dyn Layer<Registry> + Send + Sync> = if json {
+        fmt::layer()
+            .fmt_fields(fmt::format::JsonFields::new())
+            .event_format(logfmt::JsonLines)
+            .with_writer(writer)
+            .with_filter(filter)
+            .boxed()
+    } else {
+        fmt::layer()
+            .with_writer(writer)
+            .with_ansi(terminal)
+            .with_target(false)
+            .with_filter(filter)
+            .boxed()
+    };
+    let traces = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(LevelFilter::INFO);
+    let result = tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init();
     if result.is_ok() {
-        tracing::info!(service, version = env!("CARGO_PKG_VERSION"), "starting");
+        tracing::info!(
+            service,
+            version = env!("CARGO_PKG_VERSION"),
+            otlp_traces = settings.export_traces,
+            otlp_metrics = settings.export_metrics,
+            "starting"
+        );
     }
 }
 

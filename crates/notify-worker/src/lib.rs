@@ -35,6 +35,10 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 pub use notify_store::deliveries::DeliveryJob as Job;
 
+/// Whether this process's worker consumes from RabbitMQ now (for `/readyz`). One worker
+/// runtime per process in production; in-process tests do not read it.
+static CONSUMING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// One channel's provider adapter. It sorts every provider answer into an
 /// [`AttemptOutcome`]; it never touches the delivery state itself.
 pub trait ChannelSender: Send + Sync + 'static {
@@ -218,6 +222,7 @@ async fn run_connected<S: ChannelSender>(
         )
         .await?;
     info!(%channel, queue = %cfg.topology.queue(channel.as_str()), concurrency = cfg.concurrency, "consuming");
+    CONSUMING.store(true, std::sync::atomic::Ordering::SeqCst);
 
     let permits = Arc::new(Semaphore::new(cfg.concurrency as usize));
     let mut tasks = JoinSet::new();
@@ -261,6 +266,7 @@ async fn run_connected<S: ChannelSender>(
         while tasks.try_join_next().is_some() {}
     }
     while tasks.try_join_next().is_some() {}
+    CONSUMING.store(false, std::sync::atomic::Ordering::SeqCst);
     info!(in_flight = tasks.len(), "stopping: no new messages");
     let _ = amqp
         .basic_cancel(tag.into(), BasicCancelOptions::default())
@@ -363,7 +369,8 @@ impl<S: ChannelSender> Ctx<S> {
             reject(&msg).await;
             return;
         };
-        let span = info_span!("delivery", delivery_id = %pointer.delivery_id, %channel);
+        let span = self.consumer_span(&msg, &pointer);
+        let s = span.clone();
         async {
             if pointer.channel != channel.as_str() {
                 warn!(message_channel = %pointer.channel, "message for another channel: dead-lettered");
@@ -390,10 +397,15 @@ impl<S: ChannelSender> Ctx<S> {
                 Some(ClaimOutcome::Claimed(job)) => job,
             };
             let mut job = job;
+            s.record("notify.event_id", tracing::field::display(job.event_id));
+            s.record("notify.attempt", job.attempt);
+            s.record("notify.provider", job.provider.as_str());
+            let started = std::time::Instant::now();
             let outcome = match self.templates.apply(&self.pool, &mut job).await {
                 Ok(()) => self.send_with_heartbeat(&job).await,
                 Err(failed) => failed,
             };
+            let took = started.elapsed();
             let (next, mut record) = decide(&self.cfg.retry, self.sender.retry_horizon(), &job, outcome);
             record.worker_id = self.cfg.worker_id.clone();
             match &next {
@@ -420,20 +432,91 @@ impl<S: ChannelSender> Ctx<S> {
                     warn!("lease lost before recording: another worker owns this delivery now; nothing written");
                     ack(&msg).await
                 }
-                Some(true) => ack(&msg).await,
+                Some(true) => {
+                    count_recorded(&job, &next, &record, took);
+                    ack(&msg).await
+                }
             }
         }
         .instrument(span)
         .await
     }
 
+    /// The consumer span of one message (OpenTelemetry messaging semantic conventions),
+    /// a child of the relay's producer span named by the message's `traceparent` header.
+    fn consumer_span(
+        &self,
+        msg: &lapin::message::Delivery,
+        pointer: &DeliveryMessage,
+    ) -> tracing::Span {
+        let channel = self.sender.channel();
+        let queue = self.cfg.topology.queue(channel.as_str());
+        let span = info_span!(
+            "process",
+            otel.name = %format!("{queue} process"),
+            otel.kind = "consumer",
+            otel.status_code = tracing::field::Empty,
+            messaging.system = "rabbitmq",
+            messaging.operation.type = "process",
+            messaging.operation.name = "process",
+            messaging.destination.name = %queue,
+            messaging.message.id = %pointer.delivery_id,
+            messaging.rabbitmq.message.delivery_tag = msg.delivery_tag,
+            notify.delivery_id = %pointer.delivery_id,
+            notify.channel = %channel,
+            notify.event_id = tracing::field::Empty,
+            notify.attempt = tracing::field::Empty,
+            notify.provider = tracing::field::Empty,
+        );
+        let headers = notify_broker::string_headers(&msg.properties);
+        if let Some(tp) = headers.get("traceparent") {
+            notify_telemetry::propagation::set_parent(
+                &span,
+                notify_telemetry::propagation::context_from_traceparent(
+                    tp,
+                    headers.get("tracestate").map(String::as_str),
+                ),
+            );
+        }
+        span
+    }
+
     async fn send_with_heartbeat(&self, job: &DeliveryJob) -> AttemptOutcome {
         // The wait for the provider's rate limit counts as part of the call, under the
         // same lease heartbeat.
+        let client = info_span!(
+            "provider call",
+            otel.name = %format!("{} send", job.provider),
+            otel.kind = "client",
+            otel.status_code = tracing::field::Empty,
+            notify.provider = %job.provider,
+            notify.channel = %job.channel,
+            notify.delivery_id = %job.id,
+            notify.event_id = %job.event_id,
+            notify.attempt = job.attempt,
+            http.response.status_code = tracing::field::Empty,
+            smtp.response.code = tracing::field::Empty,
+            notify.error = tracing::field::Empty,
+        );
         let send = async {
             self.limits.wait(&job.provider).await;
-            self.sender.send(job).await
-        };
+            let out = self.sender.send(job).await;
+            let span = tracing::Span::current();
+            if let Some(status) = out.provider_status {
+                let key = if job.channel == "email" {
+                    "smtp.response.code"
+                } else {
+                    "http.response.status_code"
+                };
+                span.record(key, status);
+            }
+            if let AttemptResult::Failed { code, .. } = &out.result {
+                span.record("notify.error", code.as_str());
+                span.record("otel.status_code", "ERROR");
+            }
+            out
+        }
+        .instrument(client);
         tokio::pin!(send);
         let mut beat = tokio::time::interval(self.cfg.lease / 3);
         beat.tick().await;
@@ -562,6 +645,50 @@ pub fn decide(
     (next, record)
 }
 
+/// Counts one recorded attempt in the metrics (after its commit, so a lost lease or a
+/// failed record counts nothing).
+fn count_recorded(job: &DeliveryJob, next: &NextState, record: &AttemptRecord, took: Duration) {
+    use opentelemetry::KeyValue;
+    let m = notify_telemetry::metrics();
+    let labels = notify_telemetry::metrics::channel_provider(&job.channel, &job.provider);
+    let outcome = match next {
+        NextState::Sent { .. } => {
+            m.deliveries_sent.add(1, &labels);
+            let since = (chrono::Utc::now() - job.created_at)
+                .to_std()
+                .unwrap_or_default();
+            m.event_to_provider.record(since.as_secs_f64(), &labels);
+            "sent"
+        }
+        NextState::Retry { .. } | NextState::Paused { .. } => {
+            m.deliveries_retried.add(1, &labels);
+            "retry"
+        }
+        NextState::Failed { .. } => {
+            let reason = notify_telemetry::metrics::reason_of(
+                record.error_code.as_deref().unwrap_or("unknown"),
+            );
+            let mut with_reason = labels.to_vec();
+            with_reason.push(KeyValue::new("reason", reason));
+            m.deliveries_failed.add(1, &with_reason);
+            "failed"
+        }
+    };
+    if record
+        .error_code
+        .as_deref()
+        .is_some_and(notify_telemetry::metrics::is_ambiguous)
+    {
+        m.deliveries_ambiguous.add(1, &labels);
+    }
+    if record.deactivate_endpoint.is_some() || record.address_undeliverable.is_some() {
+        m.endpoints_deactivated.add(1, &labels);
+    }
+    let mut with_outcome = labels.to_vec();
+    with_outcome.push(KeyValue::new("outcome", outcome));
+    m.attempt_duration.record(took.as_secs_f64(), &with_outcome);
+}
+
 async fn ack(msg: &lapin::message::Delivery) {
     if let Err(e) = msg.acker.ack(BasicAckOptions::default()).await {
         warn!(error = %e, "ack failed; the message will be redelivered and its claim will skip it");
@@ -624,7 +751,36 @@ where
         notify_telemetry::exit_bad_config(service, "the channel sender could not be built");
     };
     let shutdown = notify_telemetry::shutdown_on_signal();
-    run(cfg, pool, Arc::new(sender), shutdown).await?;
+    let readiness = {
+        let pool = pool.clone();
+        notify_telemetry::admin::Readiness::new()
+            .with_check("postgres", move || {
+                let pool = pool.clone();
+                async move { notify_store::ping(&pool).await.map_err(|e| e.to_string()) }
+            })
+            .with_check("rabbitmq", || async {
+                if CONSUMING.load(std::sync::atomic::Ordering::SeqCst) {
+                    Ok(())
+                } else {
+                    Err("not consuming: no broker connection".to_string())
+                }
+            })
+    };
+    // The admin endpoint outlives the drain: `/readyz` answers 503 while in-flight
+    // deliveries finish, `/healthz` stays 200.
+    let admin_stop = CancellationToken::new();
+    notify_telemetry::admin::spawn_from_env(service, readiness.clone(), admin_stop.clone()).await;
+    {
+        let (readiness, shutdown) = (readiness.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            readiness.start_draining();
+        });
+    }
+    let result = run(cfg, pool, Arc::new(sender), shutdown).await;
+    admin_stop.cancel();
+    notify_telemetry::shutdown();
+    result?;
     Ok(())
 }
 

@@ -244,6 +244,8 @@ impl Platform {
             sweep_batch: 500,
             republish_after: opts.republish_after,
             fatigue_caps: opts.fatigue_caps.clone(),
+            drain: Duration::ZERO,
+            metrics_interval: Duration::from_secs(15),
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc_url = format!("http://{}", listener.local_addr().unwrap());

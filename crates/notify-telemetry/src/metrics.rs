@@ -1,0 +1,163 @@
+//! The platform's metric instruments (OpenTelemetry API; exported over OTLP and on the
+//! Prometheus `/metrics` endpoint). Names below are the Prometheus names; base units
+//! (seconds), `_total` on counters, labels limited to channel, provider, reason, outcome.
+//! `deploy/monitoring/metrics.txt` lists the same names for the alert rules and the
+//! dashboard, and a test keeps the two in step.
+//!
+//! Counters are per process (sum them across replicas); the gauges are sampled from the
+//! database by every ingest replica (take the max across replicas).
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Gauge, Histogram};
+use std::sync::OnceLock;
+
+/// Bucket bounds (seconds) of the attempt duration histogram: 5 ms to 60 s.
+const ATTEMPT_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+/// Bucket bounds (seconds) of the event-to-provider histogram: 10 ms to a day (deliveries
+/// deferred by quiet hours or digests land in the top buckets).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+    21600.0, 86400.0,
+];
+
+/// Every instrument. Get it with [`metrics`].
+pub struct Metrics {
+    /// `notify_deliveries_sent_total{channel,provider}`: deliveries the provider accepted.
+    pub deliveries_sent: Counter<u64>,
+    /// `notify_deliveries_failed_total{channel,provider,reason}`: deliveries failed for
+    /// good; `reason` is the normalised error code's class (see [`reason_of`]).
+    pub deliveries_failed: Counter<u64>,
+    /// `notify_deliveries_retried_total{channel,provider}`: attempts that failed with a
+    /// retry scheduled.
+    pub deliveries_retried: Counter<u64>,
+    /// `notify_deliveries_ambiguous_total{channel,provider}`: attempts whose outcome is
+    /// unknown (the call timed out after the request was sent; the provider may have
+    /// accepted it). Also counted as retried or failed.
+    pub deliveries_ambiguous: Counter<u64>,
+    /// `notify_attempt_duration_seconds{channel,provider,outcome}`: provider call time,
+    /// rate-limit wait included; outcome is `sent`, `retry` or `failed`.
+    pub attempt_duration: Histogram<f64>,
+    /// `notify_event_to_provider_seconds{channel,provider}`: from the delivery's creation
+    /// (the event's acceptance) to the provider's acceptance.
+    pub event_to_provider: Histogram<f64>,
+    /// `notify_endpoints_deactivated_total{channel,provider}`: push tokens, subscriptions
+    /// and addresses turned off because the provider said they are gone.
+    pub endpoints_deactivated: Counter<u64>,
+    /// `notify_lease_recoveries_total`: expired leases returned to pending by the sweeper.
+    pub lease_recoveries: Counter<u64>,
+    /// `notify_outbox_messages`: outbox rows waiting to be published.
+    pub outbox_messages: Gauge<u64>,
+    /// `notify_outbox_oldest_age_seconds`: age of the oldest due outbox row (0 if none).
+    pub outbox_oldest_age: Gauge<f64>,
+    /// `notify_deliveries_pending{channel}`: deliveries waiting to be sent (due or not).
+    pub deliveries_pending: Gauge<u64>,
+    /// `notify_oldest_pending_age_seconds{channel}`: how long the oldest due pending
+    /// delivery has been due (0 if none).
+    pub oldest_pending_age: Gauge<f64>,
+    /// `notify_dead_letter_messages`: messages in the dead-letter queue.
+    pub dead_letter_messages: Gauge<u64>,
+    /// `notify_channel_paused{channel}`: 1 while the channel is paused, else 0.
+    pub channel_paused: Gauge<u64>,
+}
+
+static METRICS: OnceLock<Metrics> = OnceLock::new();
+
+/// The instruments, created on first use from the global meter provider (so call
+/// [`crate::init`] first; before it, or in tests without it, they record nothing).
+pub fn metrics() -> &'static Metrics {
+    METRICS.get_or_init(|| {
+        let m = opentelemetry::global::meter("notify");
+        Metrics {
+            deliveries_sent: m.u64_counter("notify_deliveries_sent").build(),
+            deliveries_failed: m.u64_counter("notify_deliveries_failed").build(),
+            deliveries_retried: m.u64_counter("notify_deliveries_retried").build(),
+            deliveries_ambiguous: m.u64_counter("notify_deliveries_ambiguous").build(),
+            attempt_duration: m
+                .f64_histogram("notify_attempt_duration")
+                .with_unit("s")
+                .with_boundaries(ATTEMPT_BUCKETS.to_vec())
+                .build(),
+            event_to_provider: m
+                .f64_histogram("notify_event_to_provider")
+                .with_unit("s")
+                .with_boundaries(LATENCY_BUCKETS.to_vec())
+                .build(),
+            endpoints_deactivated: m.u64_counter("notify_endpoints_deactivated").build(),
+            lease_recoveries: m.u64_counter("notify_lease_recoveries").build(),
+            outbox_messages: m.u64_gauge("notify_outbox_messages").build(),
+            outbox_oldest_age: m
+                .f64_gauge("notify_outbox_oldest_age")
+                .with_unit("s")
+                .build(),
+            deliveries_pending: m.u64_gauge("notify_deliveries_pending").build(),
+            oldest_pending_age: m
+                .f64_gauge("notify_oldest_pending_age")
+                .with_unit("s")
+                .build(),
+            dead_letter_messages: m.u64_gauge("notify_dead_letter_messages").build(),
+            channel_paused: m.u64_gauge("notify_channel_paused").build(),
+        }
+    })
+}
+
+/// Labels `channel` and `provider`.
+pub fn channel_provider(channel: &str, provider: &str) -> [KeyValue; 2] {
+    [
+        KeyValue::new("channel", channel.to_string()),
+        KeyValue::new("provider", provider.to_string()),
+    ]
+}
+
+/// A low-cardinality failure reason for the `reason` label, from a normalised error
+/// code: codes are snake_case words chosen by our adapters (e.g. `invalid_token`,
+/// `line_400`, `template_error`); digits are folded to `Nxx` classes so a provider's
+/// new status does not make a new series.
+pub fn reason_of(code: &str) -> String {
+    let mut out = String::with_capacity(code.len());
+    for part in code.split('_') {
+        if !out.is_empty() {
+            out.push('_');
+        }
+        match part.as_bytes() {
+            [d, rest @ ..] if d.is_ascii_digit() && rest.iter().all(u8::is_ascii_digit) => {
+                out.push(*d as char);
+                out.push_str("xx");
+            }
+            _ => out.push_str(part),
+        }
+    }
+    out.chars().take(40).collect()
+}
+
+/// Whether an error code means the provider may have accepted the call (a timeout after
+/// the request went out): `timeout`, `smtp_timeout`, ...
+pub fn is_ambiguous(code: &str) -> bool {
+    code == "timeout" || code.ends_with("_timeout")
+}
+
+/// The text exposition of every metric, for `/metrics` (Prometheus text format 0.0.4).
+pub fn render_prometheus() -> String {
+    use prometheus::Encoder;
+    let Some(i) = crate::otel::INSTALLED.get() else {
+        return String::new();
+    };
+    let mut buf = Vec::new();
+    let _ = prometheus::TextEncoder::new().encode(&i.registry.gather(), &mut buf);
+    String::from_utf8(buf).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasons_fold_statuses_into_classes() {
+        assert_eq!(reason_of("line_400"), "line_4xx");
+        assert_eq!(reason_of("invalid_token"), "invalid_token");
+        assert_eq!(reason_of("fcm_503_unavailable"), "fcm_5xx_unavailable");
+        assert!(is_ambiguous("smtp_timeout") && is_ambiguous("timeout"));
+        assert!(!is_ambiguous("timeouts_exceeded"));
+    }
+}

@@ -1,0 +1,144 @@
+//! OpenTelemetry set-up: traces and metrics exported over OTLP/gRPC when the standard
+//! `OTEL_*` variables name an endpoint, and metrics always kept for the Prometheus
+//! `/metrics` endpoint (see [`crate::admin`]).
+//!
+//! Variables read (OpenTelemetry specification, "Environment Variable Specification";
+//! `opentelemetry-otlp` reads the exporter ones itself):
+//! - `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` /
+//!   `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`: where to export; unset means no export.
+//! - `OTEL_EXPORTER_OTLP_PROTOCOL`: only `grpc` is built in; anything else is a
+//!   configuration error (exit 64).
+//! - `OTEL_TRACES_EXPORTER` / `OTEL_METRICS_EXPORTER`: `none` turns that signal's export off.
+//! - `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`: the resource (default service name:
+//!   the binary's).
+//! - `OTEL_BSP_*`, `OTEL_METRIC_EXPORT_INTERVAL`: batching and export intervals.
+//!
+//! Trace context travels as W3C Trace Context (`traceparent`, `tracestate`;
+//! <https://www.w3.org/TR/trace-context/>) in gRPC metadata and AMQP message headers.
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use std::sync::OnceLock;
+
+/// The installed providers and the Prometheus registry behind `/metrics`.
+pub(crate) struct Installed {
+    pub(crate) tracer_provider: SdkTracerProvider,
+    pub(crate) meter_provider: SdkMeterProvider,
+    pub(crate) registry: prometheus::Registry,
+    /// Whether spans leave the process (an OTLP endpoint is set).
+    pub(crate) exporting_traces: bool,
+}
+
+pub(crate) static INSTALLED: OnceLock<Installed> = OnceLock::new();
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// What the `OTEL_*` variables ask for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtelSettings {
+    /// Export spans over OTLP.
+    pub export_traces: bool,
+    /// Export metrics over OTLP (the Prometheus endpoint is always on).
+    pub export_metrics: bool,
+}
+
+impl OtelSettings {
+    /// Reads the variables; an unsupported protocol is an error naming the variable.
+    pub fn from_env() -> Result<Self, String> {
+        if let Some(p) = var("OTEL_EXPORTER_OTLP_PROTOCOL")
+            && p != "grpc"
+        {
+            return Err(format!(
+                "OTEL_EXPORTER_OTLP_PROTOCOL={p:?} is invalid: only \"grpc\" (OTLP/gRPC) is built in"
+            ));
+        }
+        let any = var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some();
+        let off = |name: &str| var(name).is_some_and(|v| v == "none");
+        Ok(Self {
+            export_traces: !off("OTEL_TRACES_EXPORTER")
+                && (any || var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()),
+            export_metrics: !off("OTEL_METRICS_EXPORTER")
+                && (any || var("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT").is_some()),
+        })
+    }
+}
+
+/// Builds and installs the global tracer and meter providers and the W3C propagator.
+/// Returns the tracer for the tracing layer. Must run inside a Tokio runtime when an
+/// endpoint is set (the gRPC exporter's channel lives on it).
+pub(crate) fn install(
+    service: &str,
+    settings: &OtelSettings,
+) -> Result<opentelemetry_sdk::trace::Tracer, String> {
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    let mut resource = Resource::builder();
+    if var("OTEL_SERVICE_NAME").is_none() {
+        resource = resource.with_service_name(service.to_string());
+    }
+    let resource = resource
+        .with_attribute(opentelemetry::KeyValue::new(
+            "service.version",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .build();
+
+    let mut traces = SdkTracerProvider::builder().with_resource(resource.clone());
+    if settings.export_traces {
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_tonic()
+            .build()
+            .map_err(|e| format!("OTLP span exporter: {e}"))?;
+        traces = traces.with_batch_exporter(exporter);
+    }
+    let tracer_provider = traces.build();
+
+    let registry = prometheus::Registry::new();
+    let prom = opentelemetry_prometheus::exporter()
+        .with_registry(registry.clone())
+        .without_target_info()
+        .scope_info_enabled(false)
+        .build()
+        .map_err(|e| format!("Prometheus exporter: {e}"))?;
+    let mut meters = SdkMeterProvider::builder()
+        .with_resource(resource)
+        .with_reader(prom);
+    if settings.export_metrics {
+        let exporter = opentelemetry_otlp::MetricExporter::builder()
+            .with_tonic()
+            .build()
+            .map_err(|e| format!("OTLP metric exporter: {e}"))?;
+        meters = meters.with_reader(PeriodicReader::builder(exporter).build());
+    }
+    let meter_provider = meters.build();
+
+    let tracer = tracer_provider.tracer("notify");
+    opentelemetry::global::set_tracer_provider(tracer_provider.clone());
+    opentelemetry::global::set_meter_provider(meter_provider.clone());
+    let _ = INSTALLED.set(Installed {
+        tracer_provider,
+        meter_provider,
+        registry,
+        exporting_traces: settings.export_traces,
+    });
+    Ok(tracer)
+}
+
+/// Exports what is buffered and stops the exporters. Call once, at the end of `main`.
+pub fn shutdown() {
+    if let Some(i) = INSTALLED.get() {
+        let _ = i.tracer_provider.force_flush();
+        let _ = i.tracer_provider.shutdown();
+        let _ = i.meter_provider.shutdown();
+    }
+}
+
+/// Whether spans are exported (an OTLP endpoint is configured).
+pub fn exporting_traces() -> bool {
+    INSTALLED.get().is_some_and(|i| i.exporting_traces)
+}
