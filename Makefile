@@ -7,14 +7,15 @@ SHELL := /bin/bash
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 STACK_DIR := $(or $(NOTIFY_STACK_DIR),$(CURDIR)/.stack)
 
-.PHONY: demo test chaos bench up down status migrate lint fmt build
+.PHONY: demo test chaos bench up down status migrate lint fmt build check-deploy
 
 ## demo: start the stack and the services, send one event to every channel, show the outcome
 demo:
 	deploy/demo.sh
 
-## test: unit tests and end-to-end tests against the real services of the local stack
-test: up
+## test: deployment files validated offline, then unit and end-to-end tests against the
+## real services of the local stack
+test: up check-deploy
 	source $(STACK_DIR)/env && cargo test --workspace --all-targets 2>&1 | tee $(STACK_DIR)/logs/test.log
 	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "tests: %d passed, %d failed\n", p, f}' $(STACK_DIR)/logs/test.log
 
@@ -25,6 +26,11 @@ chaos:
 ## bench: release build; broker and Postgres ceilings, ingest, end-to-end and fan-out figures
 bench:
 	deploy/bench.sh
+
+## check-deploy: render the Kubernetes overlays and validate them against the Kubernetes and
+## KEDA schemas; check the alert rules (promtool, with their unit tests) and the dashboard
+check-deploy:
+	deploy/check-deploy.sh
 
 ## up: install what is missing and start PostgreSQL, RabbitMQ, MailDev and provider-sim
 up:

@@ -20,12 +20,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Each service's admin endpoint (/healthz, /readyz, /metrics) on its own port.
+admin_base=${NOTIFY_DEMO_ADMIN_PORT:-59464}
+declare -A admin_port=([ingest]=$admin_base [worker-inapp]=$((admin_base + 1))
+  [worker-email]=$((admin_base + 2)) [worker-line]=$((admin_base + 3)) [worker-push]=$((admin_base + 4)))
 start() { # name args...
   local name=$1; shift
-  "$NOTIFY_BIN_DIR/$name" "$@" >"$STACK/logs/demo-$name.log" 2>&1 &
+  NOTIFY_ADMIN_ADDR=127.0.0.1:${admin_port[$name]} \
+    "$NOTIFY_BIN_DIR/$name" "$@" >"$STACK/logs/demo-$name.log" 2>&1 &
   pids+=($!)
 }
-echo "== starting ingest and workers (logs: $STACK/logs/demo-*.log)"
+echo "== starting ingest and workers (logs: $STACK/logs/demo-*.log, JSON lines)"
 start ingest serve
 # http-api stays up after the demo (like the stack) so its console and example inbox can be
 # opened; `make down` stops it.
@@ -43,3 +48,12 @@ for _ in $(seq 1 100); do
 done
 
 "$NOTIFY_BIN_DIR/notifyctl" demo
+
+echo
+echo "== metrics: deliveries sent per channel and provider, from each worker's /metrics"
+for w in worker-inapp worker-email worker-line worker-push; do
+  url=http://127.0.0.1:${admin_port[$w]}
+  printf '%-13s readyz %s  ' "$w" "$(curl -s -o /dev/null -w '%{http_code}' "$url/readyz")"
+  curl -s "$url/metrics" | grep '^notify_deliveries_sent_total' | tr '\n' ' ' || true
+  echo
+done

@@ -255,9 +255,7 @@ async fn sweep(pool: PgPool, cfg: IngestConfig, shutdown: CancellationToken) {
         match notify_store::deliveries::requeue_expired_leases(&pool, cfg.sweep_batch).await {
             Ok(0) => {}
             Ok(n) => {
-                notify_telemetry::metrics()
-                    .lease_recoveries
-                    .add(n as u64, &[]);
+                notify_telemetry::metrics().lease_recoveries.add(n, &[]);
                 warn!(recovered = n, "expired leases returned to pending")
             }
             Err(e) => warn!(error = %e, "lease sweep failed"),

@@ -152,6 +152,90 @@ pub fn render_prometheus() -> String {
 mod tests {
     use super::*;
 
+    /// `deploy/monitoring/metrics.txt` (what alerts and dashboards use) lists exactly the
+    /// series `/metrics` exposes, with their types and label names.
+    #[test]
+    fn the_exposition_matches_the_metric_contract() {
+        use std::collections::BTreeMap;
+        crate::otel::install(
+            "contract-test",
+            &crate::otel::OtelSettings {
+                export_traces: false,
+                export_metrics: false,
+            },
+        )
+        .unwrap();
+        let m = metrics();
+        let cp = channel_provider("line", "line");
+        let with = |extra: KeyValue| {
+            let mut v = cp.to_vec();
+            v.push(extra);
+            v
+        };
+        let ch = [KeyValue::new("channel", "line")];
+        m.deliveries_sent.add(1, &cp);
+        m.deliveries_failed
+            .add(1, &with(KeyValue::new("reason", reason_of("line_400"))));
+        m.deliveries_retried.add(1, &cp);
+        m.deliveries_ambiguous.add(1, &cp);
+        m.attempt_duration
+            .record(0.2, &with(KeyValue::new("outcome", "sent")));
+        m.event_to_provider.record(1.5, &cp);
+        m.endpoints_deactivated.add(1, &cp);
+        m.lease_recoveries.add(1, &[]);
+        m.outbox_messages.record(3, &[]);
+        m.outbox_oldest_age.record(2.0, &[]);
+        m.deliveries_pending.record(4, &ch);
+        m.oldest_pending_age.record(5.0, &ch);
+        m.dead_letter_messages.record(0, &[]);
+        m.channel_paused.record(0, &ch);
+
+        let text = render_prometheus();
+        let mut exposed: BTreeMap<String, (String, String)> = BTreeMap::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').unwrap();
+                exposed.insert(name.to_string(), (kind.to_string(), String::new()));
+            } else if !line.starts_with('#') && line.starts_with("notify_") {
+                let (series, _) = line.rsplit_once(' ').unwrap();
+                let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s).filter(|b| exposed.contains_key(*b)))
+                    .unwrap_or(name);
+                let mut names: Vec<&str> = labels
+                    .trim_end_matches('}')
+                    .split(',')
+                    .filter_map(|kv| kv.split_once('=').map(|(k, _)| k))
+                    .filter(|k| *k != "le")
+                    .collect();
+                names.sort();
+                let joined = if names.is_empty() {
+                    "-".to_string()
+                } else {
+                    names.join(",")
+                };
+                exposed.get_mut(base).unwrap().1 = joined;
+            }
+        }
+        let contract = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/monitoring/metrics.txt"
+        ))
+        .unwrap();
+        let mut listed: BTreeMap<String, (String, String)> = BTreeMap::new();
+        for line in contract
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            let mut labels: Vec<&str> = parts[2].split(',').collect();
+            labels.sort();
+            listed.insert(parts[0].into(), (parts[1].into(), labels.join(",")));
+        }
+        assert_eq!(exposed, listed, "exposition:\n{text}");
+    }
+
     #[test]
     fn reasons_fold_statuses_into_classes() {
         assert_eq!(reason_of("line_400"), "line_4xx");
