@@ -4,6 +4,7 @@
 pub mod channel;
 pub mod event;
 pub mod fatigue;
+pub mod guard;
 pub mod outcome;
 pub mod plan;
 pub mod quiet;
