@@ -4,7 +4,8 @@
 #
 # builds the binaries (PROFILE debug or release), starts the local stack, recreates the
 # database DBNAME, migrates it, and exports what the services and notifyctl need:
-# NOTIFY_DATABASE_URL, NOTIFY_GRPC_ADDR, NOTIFY_GRPC_URL, NOTIFY_BIN_DIR, NOTIFY_LOG_DIR,
+# NOTIFY_DATABASE_URL, NOTIFY_GRPC_ADDR, NOTIFY_GRPC_URL, NOTIFY_API_KEY (a key allowed
+# everything, created in DBNAME), NOTIFY_BIN_DIR, NOTIFY_LOG_DIR,
 # NOTIFY_STACK_DIR and
 # everything in .stack/env.
 
@@ -31,4 +32,9 @@ prepare() {
   export NOTIFY_STACK_DIR=$STACK
   export PROVIDER_SIM_BIN=$target/provider-sim
   "$target/ingest" migrate 2>/dev/null
+  # An API key for this run's callers (notifyctl sends NOTIFY_API_KEY with every call);
+  # ingest requires one (NOTIFY_GRPC_AUTH=api_key by default).
+  NOTIFY_API_KEY=$("$target/notifyctl" keys create local-dev --types '*' --manage \
+    --rate 1000000 --max-recipients 1000)
+  export NOTIFY_API_KEY
 }

@@ -27,6 +27,22 @@ pub enum ApiError {
         /// The existing event's id.
         event_id: uuid::Uuid,
     },
+    /// No valid credential (API key or client certificate).
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The caller's key lacks the scope.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    /// Over one of the caller's quotas.
+    #[error("quota exceeded: {description}")]
+    QuotaExceeded {
+        /// Whose quota, e.g. `api_key:shop-checkout`.
+        subject: String,
+        /// Which limit, e.g. `events: at most 50 per second for this key`.
+        description: String,
+        /// When a retry may succeed (rates); `None` for size limits.
+        retry_after: Option<std::time::Duration>,
+    },
     /// A store failure.
     #[error(transparent)]
     Store(#[from] notify_store::StoreError),
@@ -105,6 +121,25 @@ fn status_of(e: ApiError) -> Status {
                     "existing event",
                 ),
             ),
+            ApiError::Unauthenticated(why) => Status::unauthenticated(why),
+            ApiError::PermissionDenied(why) => Status::permission_denied(why),
+            ApiError::QuotaExceeded {
+                subject,
+                description,
+                retry_after,
+            } => {
+                let mut details =
+                    ErrorDetails::with_quota_failure(vec![tonic_types::QuotaViolation::new(
+                        subject,
+                        description.clone(),
+                    )]);
+                let mut message = description;
+                if let Some(wait) = retry_after {
+                    details.set_retry_info(Some(wait));
+                    message = format!("{message}; retry in {} ms", wait.as_millis().max(1));
+                }
+                Status::with_error_details(Code::ResourceExhausted, message, details)
+            }
             ApiError::Store(e) => store_status(&e),
         }
     }

@@ -1,5 +1,6 @@
 //! The gRPC services: `IngestService`, `RecipientService`, `TypeService`.
 
+use crate::auth::{Auth, Caller, Need};
 use crate::error::ApiError;
 use crate::writer::{EventWriter, WriterConfig, Written};
 use chrono::{DateTime, Utc};
@@ -11,6 +12,7 @@ use notify_store::PgPool;
 use notify_store::catalog::{self, NotificationType, Recipient};
 use notify_store::events::{self, DeliveryRecord, EventRecord, EventSelector, NewDelivery};
 use notify_store::topics;
+use std::sync::Arc;
 use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
@@ -19,15 +21,27 @@ use uuid::Uuid;
 pub struct Services {
     pool: PgPool,
     writer: EventWriter,
+    auth: Arc<Auth>,
+    links: LinkPolicy,
+}
+
+/// Which `http://` hosts links may name (all others must be `https://`).
+#[derive(Debug, Clone, Default)]
+pub struct LinkPolicy {
+    /// Hosts (lowercase, without port) allowed over plain http, e.g. `localhost`; an entry
+    /// starting with `.` allows that domain's subdomains (`.test`).
+    pub http_hosts: Vec<String>,
 }
 
 impl Services {
     /// Services over `pool`; `CreateEvent` writes through a group-commit writer started
-    /// here with `writer` settings.
-    pub fn new(pool: PgPool, writer: WriterConfig) -> Self {
+    /// here with `writer` settings; callers are checked by `auth`.
+    pub fn new(pool: PgPool, writer: WriterConfig, auth: Arc<Auth>, links: LinkPolicy) -> Self {
         Self {
             writer: EventWriter::start(pool.clone(), writer),
             pool,
+            auth,
+            links,
         }
     }
 }
@@ -179,8 +193,11 @@ impl Services {
 
     async fn create_event(
         &self,
+        caller: &Caller,
         r: pb::CreateEventRequest,
     ) -> Result<pb::CreateEventResponse, ApiError> {
+        self.auth
+            .check_send(caller, r.r#type.trim(), r.recipients.len())?;
         let requested_names = r.channels.clone();
         let mut event = NewEvent::parse(CreateEventInput {
             event_key: r.event_key,
@@ -198,6 +215,9 @@ impl Services {
         // The server span's context: the relay continues this trace for every publish.
         event.trace_context =
             notify_telemetry::propagation::traceparent_of(&tracing::Span::current());
+        event.caller = Some(caller.name.clone());
+        self.check_links(&event)?;
+        self.guard_sensitive_data(&mut event).await?;
         let event_key = event.event_key.clone();
         let fingerprint = event.fingerprint();
         let topic = event.topic.clone();
@@ -757,6 +777,14 @@ pub fn validate_type(
     if r.digest_window_seconds > 86_400 {
         v.add("digest_window_seconds", "must be at most 1 day (86400)");
     }
+    let sensitive_data = if r.sensitive_data.is_empty() {
+        "reject".to_string()
+    } else {
+        r.sensitive_data.to_ascii_lowercase()
+    };
+    if sensitive_data != "reject" && sensitive_data != "mask" {
+        v.add("sensitive_data", "must be reject or mask");
+    }
     let dedup_window_s = r.dedup_window_seconds;
     if dedup_window_s > 31 * 86_400 {
         v.add("dedup_window_seconds", "must be at most 31 days (2678400)");
@@ -821,6 +849,7 @@ pub fn validate_type(
         dedup_window_s: dedup_window_s as i32,
         over_cap,
         digest_window_s: r.digest_window_seconds as i32,
+        sensitive_data,
     })?;
     Ok((t, templates))
 }
@@ -831,8 +860,9 @@ impl pb::ingest_service_server::IngestService for Services {
         &self,
         req: Request<pb::CreateEventRequest>,
     ) -> Result<Response<pb::CreateEventResponse>, Status> {
+        let caller = self.auth.caller(&req, Need::Read)?;
         Ok(Response::new(
-            Services::create_event(self, req.into_inner()).await?,
+            Services::create_event(self, &caller, req.into_inner()).await?,
         ))
     }
 
@@ -840,6 +870,7 @@ impl pb::ingest_service_server::IngestService for Services {
         &self,
         req: Request<pb::GetEventRequest>,
     ) -> Result<Response<pb::GetEventResponse>, Status> {
+        self.auth.caller(&req, Need::Read)?;
         Ok(Response::new(
             Services::get_event(self, req.into_inner()).await?,
         ))
@@ -849,6 +880,7 @@ impl pb::ingest_service_server::IngestService for Services {
         &self,
         req: Request<pb::ExplainDeliveryRequest>,
     ) -> Result<Response<pb::ExplainDeliveryResponse>, Status> {
+        self.auth.caller(&req, Need::Read)?;
         Ok(Response::new(
             Services::explain_delivery(self, req.into_inner()).await?,
         ))
@@ -861,6 +893,7 @@ impl pb::recipient_service_server::RecipientService for Services {
         &self,
         req: Request<pb::UpsertRecipientRequest>,
     ) -> Result<Response<pb::UpsertRecipientResponse>, Status> {
+        self.auth.caller(&req, Need::Manage)?;
         Ok(Response::new(
             Services::upsert_recipient(self, req.into_inner()).await?,
         ))
@@ -870,6 +903,7 @@ impl pb::recipient_service_server::RecipientService for Services {
         &self,
         req: Request<pb::RegisterEndpointRequest>,
     ) -> Result<Response<pb::RegisterEndpointResponse>, Status> {
+        self.auth.caller(&req, Need::Manage)?;
         Ok(Response::new(
             Services::register_endpoint(self, req.into_inner()).await?,
         ))
@@ -879,6 +913,7 @@ impl pb::recipient_service_server::RecipientService for Services {
         &self,
         req: Request<pb::RevokeEndpointRequest>,
     ) -> Result<Response<pb::RevokeEndpointResponse>, Status> {
+        self.auth.caller(&req, Need::Manage)?;
         Ok(Response::new(
             Services::revoke_endpoint(self, req.into_inner()).await?,
         ))
@@ -888,6 +923,7 @@ impl pb::recipient_service_server::RecipientService for Services {
         &self,
         req: Request<pb::SetPreferenceRequest>,
     ) -> Result<Response<pb::SetPreferenceResponse>, Status> {
+        self.auth.caller(&req, Need::Manage)?;
         Ok(Response::new(
             Services::set_preference(self, req.into_inner()).await?,
         ))
@@ -897,6 +933,7 @@ impl pb::recipient_service_server::RecipientService for Services {
         &self,
         req: Request<pb::GetPreferencesRequest>,
     ) -> Result<Response<pb::GetPreferencesResponse>, Status> {
+        self.auth.caller(&req, Need::Manage)?;
         Ok(Response::new(
             Services::get_preferences(self, req.into_inner()).await?,
         ))
@@ -906,6 +943,7 @@ impl pb::recipient_service_server::RecipientService for Services {
         &self,
         req: Request<pb::SetQuietHoursRequest>,
     ) -> Result<Response<pb::SetQuietHoursResponse>, Status> {
+        self.auth.caller(&req, Need::Manage)?;
         Ok(Response::new(
             Services::set_quiet_hours(self, req.into_inner()).await?,
         ))
@@ -918,11 +956,153 @@ impl pb::type_service_server::TypeService for Services {
         &self,
         req: Request<pb::UpsertNotificationTypeRequest>,
     ) -> Result<Response<pb::UpsertNotificationTypeResponse>, Status> {
+        self.auth.caller(&req, Need::Manage)?;
         Ok(Response::new(self.upsert_type(req.into_inner()).await?))
     }
 }
 
 impl Services {
+    /// Links must be `https://`; `http://` only for the configured development hosts.
+    /// Checked: `content.url` and every payload string under a key named `url` or ending
+    /// in `_url` (other schemes such as `javascript:` or `data:` are refused there too).
+    fn check_links(&self, event: &NewEvent) -> Result<(), ApiError> {
+        let mut v = Violations::default();
+        let mut check = |field: String, url: &str| {
+            if url.is_empty() {
+                return;
+            }
+            let lower = url.trim().to_ascii_lowercase();
+            if lower.starts_with("https://") {
+                return;
+            }
+            if let Some(rest) = lower.strip_prefix("http://") {
+                let host = rest
+                    .split(['/', '?', '#'])
+                    .next()
+                    .unwrap_or("")
+                    .rsplit('@')
+                    .next()
+                    .unwrap_or("");
+                let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+                let allowed = self
+                    .links
+                    .http_hosts
+                    .iter()
+                    .any(|h| match h.strip_prefix('.') {
+                        Some(domain) => host == domain || host.ends_with(&format!(".{domain}")),
+                        None => host == h,
+                    });
+                if !allowed {
+                    v.add(
+                        field,
+                        "must be an https:// URL (http:// only for the development hosts in NOTIFY_DEV_HTTP_HOSTS)",
+                    );
+                }
+                return;
+            }
+            v.add(
+                field,
+                "must be an https:// URL (no javascript:, data: or other schemes)",
+            );
+        };
+        check("content.url".into(), &event.content.url);
+        fn walk(path: &str, value: &serde_json::Value, out: &mut Vec<(String, String)>) {
+            match value {
+                serde_json::Value::Object(map) => {
+                    for (k, v) in map {
+                        let p = format!("{path}.{k}");
+                        match v {
+                            serde_json::Value::String(s)
+                                if k.eq_ignore_ascii_case("url")
+                                    || k.to_ascii_lowercase().ends_with("_url") =>
+                            {
+                                out.push((p, s.clone()))
+                            }
+                            _ => walk(&p, v, out),
+                        }
+                    }
+                }
+                serde_json::Value::Array(items) => {
+                    for (i, v) in items.iter().enumerate() {
+                        walk(&format!("{path}[{i}]"), v, out);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut urls = Vec::new();
+        walk("payload", &event.payload, &mut urls);
+        for (field, url) in urls {
+            check(field, &url);
+        }
+        v.into_result(()).map_err(ApiError::Invalid)
+    }
+
+    /// The sensitive-data guard (`notify_core::guard`) over the payload and the text
+    /// fields. With findings, the type's policy decides: `reject` refuses the event with
+    /// one violation per field path (the value is never echoed or logged), `mask` stores
+    /// a masked copy.
+    async fn guard_sensitive_data(&self, event: &mut NewEvent) -> Result<(), ApiError> {
+        use notify_core::guard;
+        let mut findings = guard::scan_json("payload", &event.payload);
+        let c = &event.content;
+        for (field, text) in [
+            ("content.title", &c.title),
+            ("content.body", &c.body),
+            ("content.email_subject", &c.email_subject),
+            ("content.email_html", &c.email_html),
+            ("content.email_text", &c.email_text),
+            ("content.url", &c.url),
+        ] {
+            findings.extend(
+                guard::scan_text(text)
+                    .into_iter()
+                    .map(|kind| guard::Finding {
+                        path: field.to_string(),
+                        kind,
+                    }),
+            );
+        }
+        if findings.is_empty() {
+            return Ok(());
+        }
+        let policy = catalog::sensitive_data_policy(&self.pool, &event.type_key).await?;
+        if policy.as_deref() == Some("mask") {
+            event.payload = guard::mask_json(&event.payload);
+            let c = &mut event.content;
+            for text in [
+                &mut c.title,
+                &mut c.body,
+                &mut c.email_subject,
+                &mut c.email_html,
+                &mut c.email_text,
+                &mut c.url,
+            ] {
+                *text = guard::mask_text(text);
+            }
+            tracing::info!(
+                fields = findings.len(),
+                "sensitive data masked before storing"
+            );
+            return Ok(());
+        }
+        // Reject (the default, and for an unknown type, which fails later anyway).
+        Err(ApiError::Invalid(
+            findings
+                .into_iter()
+                .map(|f| {
+                    FieldViolation::new(
+                        f.path,
+                        format!(
+                            "{}; this notification type does not accept sensitive data (sensitive_data = reject)",
+                            f.kind.describe()
+                        ),
+                    )
+                })
+                .collect(),
+        ))
+    }
+
     fn check_topic_users(v: &mut Violations, topic: &str, user_ids: &[String]) {
         if !validate::is_type_key(topic) {
             v.add(
@@ -959,6 +1139,7 @@ impl pb::topic_service_server::TopicService for Services {
         &self,
         req: Request<pb::CreateTopicRequest>,
     ) -> Result<Response<pb::CreateTopicResponse>, Status> {
+        self.auth.caller(&req, Need::Manage)?;
         let r = req.into_inner();
         if !validate::is_type_key(&r.key) {
             return Err(ApiError::field(
@@ -977,6 +1158,7 @@ impl pb::topic_service_server::TopicService for Services {
         &self,
         req: Request<pb::SubscribeRequest>,
     ) -> Result<Response<pb::SubscribeResponse>, Status> {
+        self.auth.caller(&req, Need::Manage)?;
         let r = req.into_inner();
         let mut v = Violations::default();
         Self::check_topic_users(&mut v, &r.topic, &r.user_ids);
@@ -994,6 +1176,7 @@ impl pb::topic_service_server::TopicService for Services {
         &self,
         req: Request<pb::UnsubscribeRequest>,
     ) -> Result<Response<pb::UnsubscribeResponse>, Status> {
+        self.auth.caller(&req, Need::Manage)?;
         let r = req.into_inner();
         let mut v = Violations::default();
         Self::check_topic_users(&mut v, &r.topic, &r.user_ids);

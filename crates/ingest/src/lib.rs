@@ -2,6 +2,7 @@
 //! outbox relay and the lease sweeper, in one process that may run as many replicas.
 //! `main.rs` only reads configuration and calls [`run`]; tests call [`run`] in-process.
 
+pub mod auth;
 pub mod error;
 pub mod fanout;
 pub mod grpc;
@@ -43,6 +44,64 @@ pub struct IngestConfig {
     pub drain: Duration,
     /// How often the database and queue gauges are sampled for the metrics.
     pub metrics_interval: Duration,
+    /// Which credentials callers must present.
+    pub auth: auth::AuthMode,
+    /// TLS for the gRPC listener (and mutual TLS with a client CA).
+    pub tls: Option<TlsFiles>,
+    /// Which `http://` link hosts are allowed.
+    pub links: grpc::LinkPolicy,
+    /// Largest gRPC request accepted, in bytes.
+    pub max_message_bytes: usize,
+}
+
+/// PEM files for the gRPC listener's TLS.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// Server certificate chain.
+    pub cert: String,
+    /// Its private key.
+    pub key: String,
+    /// CA whose client certificates are accepted (mutual TLS); `None`: no client
+    /// certificates.
+    pub client_ca: Option<String>,
+}
+
+impl TlsFiles {
+    /// Reads `NOTIFY_GRPC_TLS_CERT_FILE`, `NOTIFY_GRPC_TLS_KEY_FILE` and
+    /// `NOTIFY_GRPC_CLIENT_CA_FILE`: none set means plain TCP; cert and key must come
+    /// together; a client CA needs them.
+    pub fn from_env(env: &mut notify_telemetry::Env) -> Option<Self> {
+        let read = |env: &mut notify_telemetry::Env, name: &str| -> Option<String> {
+            let path = env.string(name, "");
+            if path.trim().is_empty() {
+                return None;
+            }
+            match std::fs::read_to_string(path.trim()) {
+                Ok(pem) => Some(pem),
+                Err(e) => {
+                    env.error(format!("{name}={path:?} cannot be read: {e}"));
+                    None
+                }
+            }
+        };
+        let cert = read(env, "NOTIFY_GRPC_TLS_CERT_FILE");
+        let key = read(env, "NOTIFY_GRPC_TLS_KEY_FILE");
+        let client_ca = read(env, "NOTIFY_GRPC_CLIENT_CA_FILE");
+        match (cert, key) {
+            (Some(cert), Some(key)) => Some(Self {
+                cert,
+                key,
+                client_ca,
+            }),
+            (None, None) if client_ca.is_none() => None,
+            _ => {
+                env.error(
+                    "NOTIFY_GRPC_TLS_CERT_FILE and NOTIFY_GRPC_TLS_KEY_FILE must be set together (and are required with NOTIFY_GRPC_CLIENT_CA_FILE)",
+                );
+                None
+            }
+        }
+    }
 }
 
 /// Parses `channel=n,...` (e.g. `email=5,line=10`; empty = no caps).
@@ -74,7 +133,9 @@ impl IngestConfig {
     /// (1s), `NOTIFY_SWEEP_INTERVAL` (10s), `NOTIFY_REPUBLISH_AFTER` (5m), `NOTIFY_INGEST_WRITERS`
     /// (4), `NOTIFY_INGEST_BATCH` (200), `NOTIFY_FATIGUE_CAPS` (empty: no caps; e.g.
     /// `email=5,line=10,push=10` per user per rolling hour), `NOTIFY_DRAIN_SECONDS` (5),
-    /// `NOTIFY_METRICS_INTERVAL` (15s).
+    /// `NOTIFY_METRICS_INTERVAL` (15s), `NOTIFY_GRPC_AUTH` (`api_key`), the TLS files (see
+    /// [`TlsFiles::from_env`]), `NOTIFY_DEV_HTTP_HOSTS` (empty), `NOTIFY_GRPC_MAX_MESSAGE_BYTES`
+    /// (1 MiB).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
         Self {
@@ -111,6 +172,22 @@ impl IngestConfig {
             metrics_interval: env
                 .parse_with("NOTIFY_METRICS_INTERVAL", Duration::from_secs(15), dur)
                 .max(Duration::from_secs(1)),
+            auth: env.parse("NOTIFY_GRPC_AUTH", auth::AuthMode::ApiKey),
+            tls: TlsFiles::from_env(env),
+            links: grpc::LinkPolicy {
+                http_hosts: env
+                    .string("NOTIFY_DEV_HTTP_HOSTS", "")
+                    .split(',')
+                    .map(|h| h.trim().to_ascii_lowercase())
+                    .filter(|h| !h.is_empty())
+                    .collect(),
+            },
+            max_message_bytes: env.number(
+                "NOTIFY_GRPC_MAX_MESSAGE_BYTES",
+                1 << 20,
+                64 << 10,
+                16 << 20,
+            ),
         }
     }
 }
@@ -164,6 +241,8 @@ pub async fn run(
         stop.clone(),
     ));
 
+    let auth = auth::Auth::new(cfg.auth);
+    auth.spawn_refresh(pool.clone(), stop.clone()).await?;
     let services = grpc::Services::new(
         pool,
         writer::WriterConfig {
@@ -172,6 +251,8 @@ pub async fn run(
             max_attempts: cfg.max_attempts,
             fatigue_caps: cfg.fatigue_caps.clone(),
         },
+        auth,
+        cfg.links.clone(),
     );
     let (mut health, health_service) = tonic_health::server::health_reporter();
     health
@@ -212,21 +293,40 @@ pub async fn run(
         })
     };
     let _ = &mut health;
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = &cfg.tls {
+        let mut tls_cfg = tonic::transport::ServerTlsConfig::new()
+            .identity(tonic::transport::Identity::from_pem(&tls.cert, &tls.key));
+        if let Some(ca) = &tls.client_ca {
+            tls_cfg = tls_cfg
+                .client_ca_root(tonic::transport::Certificate::from_pem(ca))
+                // With API keys alone a certificate is optional; otherwise it is required.
+                .client_auth_optional(cfg.auth == auth::AuthMode::ApiKey);
+        }
+        builder = builder.tls_config(tls_cfg)?;
+    }
+    let max = cfg.max_message_bytes;
+    builder
         .timeout(cfg.request_timeout)
         .trace_fn(server_span)
         .add_service(health_service)
         .add_service(reflection)
-        .add_service(pb::ingest_service_server::IngestServiceServer::new(
-            services.clone(),
-        ))
-        .add_service(pb::recipient_service_server::RecipientServiceServer::new(
-            services.clone(),
-        ))
-        .add_service(pb::type_service_server::TypeServiceServer::new(
-            services.clone(),
-        ))
-        .add_service(pb::topic_service_server::TopicServiceServer::new(services))
+        .add_service(
+            pb::ingest_service_server::IngestServiceServer::new(services.clone())
+                .max_decoding_message_size(max),
+        )
+        .add_service(
+            pb::recipient_service_server::RecipientServiceServer::new(services.clone())
+                .max_decoding_message_size(max),
+        )
+        .add_service(
+            pb::type_service_server::TypeServiceServer::new(services.clone())
+                .max_decoding_message_size(max),
+        )
+        .add_service(
+            pb::topic_service_server::TopicServiceServer::new(services)
+                .max_decoding_message_size(max),
+        )
         .serve_with_incoming_shutdown(
             // Without TCP_NODELAY, small replies wait for the peer's delayed ACK (~40 ms).
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),

@@ -76,6 +76,15 @@ async fn main() -> anyhow::Result<ExitCode> {
             let addr = env
                 .parse::<std::net::SocketAddr>("NOTIFY_GRPC_ADDR", ([127, 0, 0, 1], 50051).into());
             let cfg = ingest::IngestConfig::from_env(&mut env);
+            if matches!(
+                cfg.auth,
+                ingest::auth::AuthMode::ClientCert | ingest::auth::AuthMode::Both
+            ) && cfg.tls.as_ref().is_none_or(|t| t.client_ca.is_none())
+            {
+                env.error(
+                    "NOTIFY_GRPC_AUTH=client_cert or both needs mutual TLS: set NOTIFY_GRPC_TLS_CERT_FILE, NOTIFY_GRPC_TLS_KEY_FILE and NOTIFY_GRPC_CLIENT_CA_FILE",
+                );
+            }
             if let Err(problems) = env.finish() {
                 notify_telemetry::exit_bad_config("ingest", &problems);
             }

@@ -55,6 +55,8 @@ pub struct TypeSpec {
     #[serde(default)]
     digest_window_seconds: u32,
     #[serde(default)]
+    sensitive_data: String,
+    #[serde(default)]
     templates: Vec<TemplateSpec>,
 }
 
@@ -156,6 +158,7 @@ pub async fn load(pool: &PgPool, text: &str) -> Result<Loaded, LoadError> {
             dedup_window_seconds: spec.dedup_window_seconds,
             over_cap: spec.over_cap,
             digest_window_seconds: spec.digest_window_seconds,
+            sensitive_data: spec.sensitive_data,
             templates: spec
                 .templates
                 .into_iter()

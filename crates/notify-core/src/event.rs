@@ -14,6 +14,18 @@ pub const MAX_RECIPIENTS: usize = 1_000;
 pub const MAX_USER_ID_BYTES: usize = 255;
 /// Most bytes of payload JSON text.
 pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// Deepest nesting of objects and arrays in a payload (the top object is level 1).
+/// serde_json itself stops at 128 levels, before any stack trouble.
+pub const MAX_PAYLOAD_DEPTH: usize = 16;
+
+/// Nesting depth of a JSON value: 0 for a scalar, 1 for a flat object or array.
+pub fn json_depth(value: &serde_json::Value) -> usize {
+    match value {
+        serde_json::Value::Object(m) => 1 + m.values().map(json_depth).max().unwrap_or(0),
+        serde_json::Value::Array(a) => 1 + a.iter().map(json_depth).max().unwrap_or(0),
+        _ => 0,
+    }
+}
 /// Most characters of a title or an email subject.
 pub const MAX_TITLE_CHARS: usize = 255;
 /// Most characters of a body.
@@ -162,6 +174,8 @@ pub struct NewEvent {
     /// every publish of its deliveries (retries and recoveries too) continues that trace.
     /// Not part of the fingerprint.
     pub trace_context: Option<String>,
+    /// The authenticated caller (API key or client certificate name) that sent it.
+    pub caller: Option<String>,
 }
 
 /// Start of the dedup bucket holding `now` for a window of `window_s` seconds: buckets
@@ -289,6 +303,13 @@ impl NewEvent {
             serde_json::Value::Null
         } else {
             match serde_json::from_str::<serde_json::Value>(&input.payload) {
+                Ok(val @ serde_json::Value::Object(_)) if json_depth(&val) > MAX_PAYLOAD_DEPTH => {
+                    v.add(
+                        "payload",
+                        format!("must not nest objects and arrays deeper than {MAX_PAYLOAD_DEPTH} levels"),
+                    );
+                    serde_json::Value::Null
+                }
                 Ok(val @ serde_json::Value::Object(_)) => {
                     v.check_json_text("payload", &val);
                     val
@@ -340,6 +361,7 @@ impl NewEvent {
             caller_key: None,
             aggregate_key,
             trace_context: None,
+            caller: None,
         })
     }
 

@@ -124,7 +124,7 @@ pub fn luhn_valid(digits: &[u8]) -> bool {
             }
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 /// The value of an ASCII or Thai digit.
@@ -310,10 +310,12 @@ fn bearer_tokens(text: &str) -> Vec<(usize, usize)> {
             .sum();
         let candidate = &text[start..start + len];
         let parts: Vec<&str> = candidate.split('.').collect();
-        if parts.len() == 3 && parts[1].starts_with("eyJ") && parts.iter().all(|p| p.len() >= 4) {
-            if !out.iter().any(|(s, e)| *s <= start && start < *e) {
-                out.push((start, start + len));
-            }
+        if parts.len() == 3
+            && parts[1].starts_with("eyJ")
+            && parts.iter().all(|p| p.len() >= 4)
+            && !out.iter().any(|(s, e)| *s <= start && start < *e)
+        {
+            out.push((start, start + len));
         }
         from = start + len.max(3);
     }

@@ -27,6 +27,8 @@ pub struct NotificationType {
     pub dedup_window_s: i32,
     /// `defer` or `drop` a notification over a fatigue cap.
     pub over_cap: String,
+    /// `reject` (default) or `mask`: see [`notify_core::guard`].
+    pub sensitive_data: String,
     /// Digest window in seconds (0 = no digests).
     pub digest_window_s: i32,
 }
@@ -129,14 +131,14 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
     let row = sqlx::query(
         "INSERT INTO notification_types
              (key, priority, default_channels, critical, category, default_locale, sample_payload,
-              dedup_window_s, over_cap, digest_window_s)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+              dedup_window_s, over_cap, digest_window_s, sensitive_data)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
          ON CONFLICT (key) DO UPDATE SET priority = EXCLUDED.priority,
              default_channels = EXCLUDED.default_channels, critical = EXCLUDED.critical,
              category = EXCLUDED.category, default_locale = EXCLUDED.default_locale,
              sample_payload = EXCLUDED.sample_payload, dedup_window_s = EXCLUDED.dedup_window_s,
              over_cap = EXCLUDED.over_cap, digest_window_s = EXCLUDED.digest_window_s,
-             updated_at = now()
+             sensitive_data = EXCLUDED.sensitive_data, updated_at = now()
          RETURNING (xmax = 0) AS created",
     )
     .bind(&t.key)
@@ -149,6 +151,7 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
     .bind(t.dedup_window_s)
     .bind(&t.over_cap)
     .bind(t.digest_window_s)
+    .bind(&t.sensitive_data)
     .fetch_one(db)
     .await?;
     Ok(row.get("created"))
@@ -163,7 +166,7 @@ pub async fn get_type(db: impl PgExecutor<'_>, key: &str) -> Result<Option<Notif
 pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<NotificationType>> {
     let rows = sqlx::query(
         "SELECT key, priority, default_channels, critical, category, default_locale, sample_payload,
-                dedup_window_s, over_cap, digest_window_s
+                dedup_window_s, over_cap, digest_window_s, sensitive_data
          FROM notification_types WHERE key = ANY($1)",
     )
     .bind(keys)
@@ -185,6 +188,7 @@ pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<Not
             sample_payload: r.get("sample_payload"),
             dedup_window_s: r.get("dedup_window_s"),
             over_cap: r.get("over_cap"),
+            sensitive_data: r.get("sensitive_data"),
             digest_window_s: r.get("digest_window_s"),
         })
         .collect())
@@ -581,4 +585,15 @@ pub async fn get_preferences(db: &sqlx::PgPool, user_id: &str) -> Result<Option<
         quiet_hours: quiet,
         timezone,
     }))
+}
+
+/// The `sensitive_data` policy of the type `key` (`reject` or `mask`); `None` when there
+/// is no such type.
+pub async fn sensitive_data_policy(db: &sqlx::PgPool, key: &str) -> Result<Option<String>> {
+    Ok(
+        sqlx::query_scalar("SELECT sensitive_data FROM notification_types WHERE key = $1")
+            .bind(key)
+            .fetch_optional(db)
+            .await?,
+    )
 }

@@ -95,22 +95,23 @@ pub async fn insert_events(
         .iter()
         .map(|b| b.event.trace_context.as_deref())
         .collect();
+    let callers: Vec<Option<&str>> = batch.iter().map(|b| b.event.caller.as_deref()).collect();
     let inserted: Vec<String> = sqlx::query_scalar(
         "INSERT INTO notification_events
              (id, event_key, type, actor_id, recipients, payload_json, content_json, channels,
               fingerprint, topic, fanout_status, line_multicast, caller_key, aggregate_key,
-              trace_context)
+              trace_context, caller)
          SELECT t.id, t.key, t.type, t.actor,
                 ARRAY(SELECT jsonb_array_elements_text(t.recipients)), t.payload, t.content,
                 ARRAY(SELECT jsonb_array_elements_text(t.channels)), t.fingerprint, t.topic,
                 CASE WHEN t.topic IS NULL THEN 'none' ELSE 'pending' END, t.multicast, t.caller_key,
-                t.aggregate, t.trace
+                t.aggregate, t.trace, t.caller
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::jsonb[],
                      $7::jsonb[], $8::jsonb[], $9::bytea[], $10::text[], $11::bool[], $12::text[],
-                     $13::text[], $14::text[])
+                     $13::text[], $14::text[], $15::text[])
               WITH ORDINALITY
               AS t(id, key, type, actor, recipients, payload, content, channels, fingerprint, topic,
-                   multicast, caller_key, aggregate, trace, n)
+                   multicast, caller_key, aggregate, trace, caller, n)
          ORDER BY t.n
          ON CONFLICT (event_key) DO NOTHING
          RETURNING event_key",
@@ -129,6 +130,7 @@ pub async fn insert_events(
     .bind(&caller_keys)
     .bind(&aggregates)
     .bind(&traces)
+    .bind(&callers)
     .fetch_all(&mut *db)
     .await?;
     if inserted.len() == batch.len() {

@@ -3,6 +3,7 @@
 //! and own the commit. Migrations live in `migrations/` at the repository root and run
 //! only when [`migrate`] is called (the `ingest migrate` command).
 
+pub mod api_keys;
 pub mod catalog;
 pub mod console;
 pub mod deliveries;

@@ -245,7 +245,7 @@ async fn postgres_ceiling(pool: &PgPool, for_: Duration) -> anyhow::Result<f64> 
 
 /// `clients` concurrent callers sending one-recipient, three-channel events for `for_`.
 async fn ingest_load(
-    grpc: &tonic::transport::Channel,
+    grpc: &crate::keys::Grpc,
     clients: usize,
     for_: Duration,
     tag: &str,

@@ -81,11 +81,7 @@ struct Audience {
     with_email: bool,
 }
 
-async fn setup(
-    pool: &PgPool,
-    grpc: &tonic::transport::Channel,
-    a: &Audience,
-) -> anyhow::Result<()> {
+async fn setup(pool: &PgPool, grpc: &crate::keys::Grpc, a: &Audience) -> anyhow::Result<()> {
     pb::type_service_client::TypeServiceClient::new(grpc.clone())
         .upsert_notification_type(pb::UpsertNotificationTypeRequest {
             key: a.type_key.into(),

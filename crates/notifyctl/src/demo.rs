@@ -94,6 +94,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         .connect()
         .await
         .with_context(|| format!("connecting to ingest at {}", cfg.grpc_url))?;
+    let channel = crate::keys::authed(channel);
     let mut types = TypeServiceClient::new(channel.clone());
     let mut recipients = RecipientServiceClient::new(channel.clone());
     let mut ingest = IngestServiceClient::new(channel);
@@ -404,8 +405,8 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
 /// Asia/Bangkok). Her in-app notification arrives at once; LINE waits in Postgres until the
 /// window ends, and `ExplainDelivery` says why.
 async fn quiet_hours_part(
-    ingest: &mut IngestServiceClient<tonic::transport::Channel>,
-    recipients: &mut RecipientServiceClient<tonic::transport::Channel>,
+    ingest: &mut IngestServiceClient<crate::keys::Grpc>,
+    recipients: &mut RecipientServiceClient<crate::keys::Grpc>,
     pool: &sqlx::PgPool,
     failures: &mut Vec<String>,
 ) -> anyhow::Result<()> {

@@ -6,5 +6,6 @@ pub mod bench;
 pub mod chaos;
 pub mod console_bench;
 pub mod demo;
+pub mod keys;
 pub mod observe;
 pub mod procs;

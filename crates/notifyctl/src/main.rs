@@ -1,6 +1,8 @@
 //! `notifyctl`: operator command line.
 //!
 //! `notifyctl chaos` runs the crash and outage test (see the library docs).
+//! `notifyctl keys create|list|revoke` manages the API keys of calling services (see
+//! [`notifyctl::keys`]); every gRPC call this tool makes sends `NOTIFY_API_KEY`.
 //! `notifyctl demo` runs the demo scenario against a running ingest and workers and exits
 //! 0 only when every recipient x channel ended as expected. Environment:
 //! `NOTIFY_GRPC_URL` (http://127.0.0.1:50051), `NOTIFY_DATABASE_URL`, `NOTIFY_MAILDEV_URL`,
@@ -108,8 +110,25 @@ async fn main() -> ExitCode {
                 }
             }
         }
+        Some("keys") => {
+            let mut env = notify_telemetry::Env::new();
+            let database_url = env.required("NOTIFY_DATABASE_URL");
+            if let Err(problems) = env.finish() {
+                notify_telemetry::exit_bad_config("notifyctl", &problems);
+            }
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            match notifyctl::keys::run(&database_url, &args).await {
+                Ok(code) => ExitCode::from(code),
+                Err(e) => {
+                    eprintln!("notifyctl keys: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         _ => {
-            eprintln!("usage: notifyctl demo | notifyctl chaos | notifyctl bench");
+            eprintln!(
+                "usage: notifyctl demo | notifyctl chaos | notifyctl bench | notifyctl keys (create NAME --types PATTERNS [--manage] [--rate N] [--max-recipients N] | list | revoke NAME)"
+            );
             ExitCode::from(64)
         }
     }

@@ -106,14 +106,14 @@ pub fn peak_rss_kib(pid: u32) -> Option<u64> {
 }
 
 /// Connects to a gRPC server that may still be starting: retries for up to 30 s.
-pub async fn connect_grpc(url: &str) -> anyhow::Result<tonic::transport::Channel> {
+pub async fn connect_grpc(url: &str) -> anyhow::Result<crate::keys::Grpc> {
     let started = std::time::Instant::now();
     loop {
         match tonic::transport::Endpoint::from_shared(url.to_string())?
             .connect()
             .await
         {
-            Ok(c) => return Ok(c),
+            Ok(c) => return Ok(crate::keys::authed(c)),
             Err(_) if started.elapsed() < Duration::from_secs(30) => {
                 tokio::time::sleep(Duration::from_millis(200)).await
             }

@@ -115,6 +115,10 @@ pub struct Options {
     /// Run ingest in-process (default). When false, the test starts an `ingest` process
     /// on [`Platform::grpc_addr`] itself (see [`Platform::spawn`]).
     pub ingest_in_process: bool,
+    /// Caller authentication (`Off` by default; the auth tests turn it on).
+    pub auth: ingest::auth::AuthMode,
+    /// TLS for the in-process ingest.
+    pub tls: Option<ingest::TlsFiles>,
 }
 
 impl Default for Options {
@@ -130,7 +134,38 @@ impl Default for Options {
             rate_limits: Default::default(),
             fatigue_caps: Default::default(),
             ingest_in_process: true,
+            auth: ingest::auth::AuthMode::Off,
+            tls: None,
         }
+    }
+}
+
+/// The in-process ingest's settings for a platform.
+fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::IngestConfig {
+    ingest::IngestConfig {
+        relay: ingest::relay::RelayConfig {
+            amqp_url: stack.amqp_url.clone(),
+            topology: topology.clone(),
+            batch: 500,
+            poll: Duration::from_millis(500),
+            hold: Duration::from_secs(30),
+            confirm_timeout: Duration::from_secs(10),
+            retry_in: Duration::from_secs(1),
+        },
+        max_attempts: 5,
+        request_timeout: Duration::from_secs(30),
+        sweep_interval: Duration::from_secs(1),
+        writers: 4,
+        write_batch: 200,
+        sweep_batch: 500,
+        republish_after: opts.republish_after,
+        fatigue_caps: opts.fatigue_caps.clone(),
+        drain: Duration::ZERO,
+        metrics_interval: Duration::from_secs(15),
+        auth: opts.auth,
+        tls: opts.tls.clone(),
+        links: ingest::grpc::LinkPolicy::default(),
+        max_message_bytes: 1 << 20,
     }
 }
 
@@ -234,27 +269,7 @@ impl Platform {
 
         // Ingest.
         let topology = Topology::new(format!("t{id}."));
-        let ingest_cfg = ingest::IngestConfig {
-            relay: ingest::relay::RelayConfig {
-                amqp_url: stack.amqp_url.clone(),
-                topology: topology.clone(),
-                batch: 500,
-                poll: Duration::from_millis(500),
-                hold: Duration::from_secs(30),
-                confirm_timeout: Duration::from_secs(10),
-                retry_in: Duration::from_secs(1),
-            },
-            max_attempts: 5,
-            request_timeout: Duration::from_secs(30),
-            sweep_interval: Duration::from_secs(1),
-            writers: 4,
-            write_batch: 200,
-            sweep_batch: 500,
-            republish_after: opts.republish_after,
-            fatigue_caps: opts.fatigue_caps.clone(),
-            drain: Duration::ZERO,
-            metrics_interval: Duration::from_secs(15),
-        };
+        let ingest_cfg = ingest_config(&stack, &topology, &opts);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc_addr = listener.local_addr().unwrap();
         let grpc_url = format!("http://{grpc_addr}");
@@ -785,6 +800,7 @@ impl Platform {
             ("NOTIFY_LINE_CHANNEL_TOKEN", LINE_TOKEN.into()),
             ("NOTIFY_RETRY_DELAYS", "1s".into()),
             ("NOTIFY_LOG_FORMAT", "json".into()),
+            ("NOTIFY_GRPC_AUTH", "off".into()),
             ("RUST_LOG", "info".into()),
         ];
         vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
@@ -822,5 +838,22 @@ impl Platform {
             }
         });
         Proc { child, log }
+    }
+}
+
+impl Platform {
+    /// Starts another in-process ingest replica on the same database and broker; returns
+    /// a channel to it. It stops with the platform.
+    pub async fn start_ingest_replica(&mut self) -> tonic::transport::Channel {
+        let cfg = ingest_config(&self.stack, &self.topology, &self.opts);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (p, s) = (self.pool.clone(), self.shutdown.clone());
+        self.tasks.push(tokio::spawn(async move {
+            ingest::run(cfg, p, listener, s).await.unwrap();
+        }));
+        tonic::transport::Endpoint::from_shared(url)
+            .unwrap()
+            .connect_lazy()
     }
 }

@@ -1,0 +1,363 @@
+//! Who may call the gRPC API, and how much.
+//!
+//! - **Authentication.** An API key sent as `authorization: Bearer <key>` metadata
+//!   (RFC 6750 syntax), and/or a TLS client certificate whose subject CN names the caller
+//!   (mutual TLS with `NOTIFY_GRPC_CLIENT_CA_FILE`). [`AuthMode`] says which are
+//!   required. No valid credential: `UNAUTHENTICATED`. The health service is never
+//!   checked.
+//! - **Scopes.** A key lists the types it may send (exact keys, or prefixes ending in
+//!   `*`) and whether it may manage recipients, endpoints, preferences, topics and types.
+//!   Anything else: `PERMISSION_DENIED`. Reading events (`GetEvent`, `ExplainDelivery`)
+//!   needs only a valid key.
+//! - **Quotas.** Per key, `CreateEvent` calls per second (a token bucket whose burst is
+//!   the same number; governor) and listed recipients per event. Over either:
+//!   `RESOURCE_EXHAUSTED` with a `RetryInfo` detail (how long to wait) or a
+//!   `QuotaFailure` detail. Each key has its own bucket, so one runaway caller cannot
+//!   spend another's.
+//!
+//! Keys are cached in memory: every replica loads the table at start, reloads it when
+//! the `api_keys` channel announces a change (a revocation takes effect within
+//! milliseconds everywhere) and every 30 s in case a notification was missed.
+
+use crate::error::ApiError;
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use notify_store::PgPool;
+use notify_store::api_keys::{self, ApiKey};
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// Which credentials a call must carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    /// An API key (default).
+    ApiKey,
+    /// A client certificate naming an active key's caller (needs mutual TLS).
+    ClientCert,
+    /// Both, naming the same caller.
+    Both,
+    /// None: every call is allowed everything (local development only).
+    Off,
+}
+
+impl std::str::FromStr for AuthMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "api_key" => Ok(Self::ApiKey),
+            "client_cert" => Ok(Self::ClientCert),
+            "both" => Ok(Self::Both),
+            "off" => Ok(Self::Off),
+            _ => Err("must be api_key, client_cert, both or off".into()),
+        }
+    }
+}
+
+/// The authenticated caller of one call.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// Its name, recorded on the events it sends (`anonymous` with [`AuthMode::Off`]).
+    pub name: String,
+    /// Its key's row; `None` with [`AuthMode::Off`] (everything allowed).
+    pub key: Option<Arc<ApiKey>>,
+}
+
+/// What a call needs beyond a valid credential.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Reading events.
+    Read,
+    /// Managing recipients, endpoints, preferences, topics and types.
+    Manage,
+}
+
+#[derive(Default)]
+struct Cache {
+    by_hash: HashMap<Vec<u8>, Arc<ApiKey>>,
+    by_name: HashMap<String, Arc<ApiKey>>,
+}
+
+/// The key cache, the rate limiters and the mode.
+pub struct Auth {
+    mode: AuthMode,
+    cache: RwLock<Cache>,
+    limiters: Mutex<HashMap<uuid::Uuid, (i32, Arc<DefaultDirectRateLimiter>)>>,
+}
+
+/// `true` when `type_key` matches one of `patterns` (an exact key, `prefix*`, or `*`).
+pub fn type_allowed(patterns: &[String], type_key: &str) -> bool {
+    patterns.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => type_key.starts_with(prefix),
+        None => p == type_key,
+    })
+}
+
+/// The subject CN of a DER certificate.
+fn common_name(der: &[u8]) -> Option<String> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    cert.subject()
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_string)
+}
+
+impl Auth {
+    /// An empty cache in `mode`; call [`Auth::reload`] (or [`Auth::spawn_refresh`]).
+    pub fn new(mode: AuthMode) -> Arc<Self> {
+        Arc::new(Self {
+            mode,
+            cache: RwLock::new(Cache::default()),
+            limiters: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> AuthMode {
+        self.mode
+    }
+
+    /// Loads every active key.
+    pub async fn reload(&self, pool: &PgPool) -> Result<usize, notify_store::StoreError> {
+        let keys = api_keys::list(pool).await?;
+        let mut cache = Cache::default();
+        for k in keys.into_iter().filter(|k| k.revoked_at.is_none()) {
+            let k = Arc::new(k);
+            cache.by_hash.insert(k.key_hash.clone(), k.clone());
+            cache.by_name.insert(k.name.clone(), k);
+        }
+        let n = cache.by_hash.len();
+        *self.cache.write().expect("key cache lock") = cache;
+        Ok(n)
+    }
+
+    /// Loads the keys now, then keeps them fresh: on every `api_keys` notification, and
+    /// every 30 s, until `stop`.
+    pub async fn spawn_refresh(
+        self: &Arc<Self>,
+        pool: PgPool,
+        stop: CancellationToken,
+    ) -> Result<(), notify_store::StoreError> {
+        if self.mode == AuthMode::Off {
+            warn!("NOTIFY_GRPC_AUTH=off: every caller may do everything (local development only)");
+            return Ok(());
+        }
+        let n = self.reload(&pool).await?;
+        info!(keys = n, mode = ?self.mode, "API keys loaded");
+        let auth = self.clone();
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(200);
+            while !stop.is_cancelled() {
+                let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        warn!(error = %e, "API key listener cannot connect; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        continue;
+                    }
+                };
+                if let Err(e) = listener.listen("api_keys").await {
+                    warn!(error = %e, "LISTEN api_keys failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    continue;
+                }
+                backoff = Duration::from_millis(200);
+                // Changes made while no LISTEN was active.
+                let _ = auth.reload(&pool).await;
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        n = listener.recv() => if let Err(e) = n {
+                            warn!(error = %e, "API key listener lost; reconnecting");
+                            break;
+                        },
+                        _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+                    }
+                    if let Err(e) = auth.reload(&pool).await {
+                        warn!(error = %e, "API keys not reloaded; keeping the ones I have");
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// Authenticates `req` and checks `need`. Errors: `UNAUTHENTICATED` without a valid
+    /// credential, `PERMISSION_DENIED` without the scope. Never echoes the key.
+    pub fn caller<T>(&self, req: &tonic::Request<T>, need: Need) -> Result<Caller, ApiError> {
+        let caller = self.authenticate(req)?;
+        if need == Need::Manage && caller.key.as_ref().is_some_and(|k| !k.can_manage) {
+            return Err(ApiError::PermissionDenied(format!(
+                "the key of {:?} may not manage recipients, endpoints, preferences, topics or types",
+                caller.name
+            )));
+        }
+        Ok(caller)
+    }
+
+    fn authenticate<T>(&self, req: &tonic::Request<T>) -> Result<Caller, ApiError> {
+        if self.mode == AuthMode::Off {
+            return Ok(Caller {
+                name: "anonymous".into(),
+                key: None,
+            });
+        }
+        let cache = self.cache.read().expect("key cache lock");
+        let by_key = match req.metadata().get("authorization") {
+            None => None,
+            Some(v) => {
+                let presented = v
+                    .to_str()
+                    .ok()
+                    .and_then(|s| {
+                        s.strip_prefix("Bearer ")
+                            .or_else(|| s.strip_prefix("bearer "))
+                    })
+                    .map(str::trim)
+                    .ok_or_else(|| {
+                        ApiError::Unauthenticated(
+                            "authorization metadata must be `Bearer <API key>`".into(),
+                        )
+                    })?;
+                Some(
+                    cache
+                        .by_hash
+                        .get(&api_keys::hash_key(presented))
+                        .cloned()
+                        .ok_or_else(|| {
+                            ApiError::Unauthenticated("unknown or revoked API key".into())
+                        })?,
+                )
+            }
+        };
+        let by_cert = match req.peer_certs() {
+            None => None,
+            Some(certs) => {
+                let cn = certs.first().and_then(|c| common_name(c.as_ref()));
+                match cn.and_then(|cn| cache.by_name.get(&cn).cloned()) {
+                    Some(k) => Some(k),
+                    None if self.mode == AuthMode::ApiKey => None,
+                    None => {
+                        return Err(ApiError::Unauthenticated(
+                            "the client certificate's CN names no active caller".into(),
+                        ));
+                    }
+                }
+            }
+        };
+        let key = match (self.mode, by_key, by_cert) {
+            (AuthMode::ApiKey, Some(k), _) => k,
+            (AuthMode::ClientCert, _, Some(c)) => c,
+            (AuthMode::Both, Some(k), Some(c)) if k.id == c.id => k,
+            (AuthMode::Both, Some(_), Some(_)) => {
+                return Err(ApiError::Unauthenticated(
+                    "the API key and the client certificate name different callers".into(),
+                ));
+            }
+            (AuthMode::ApiKey | AuthMode::Both, None, _) => {
+                return Err(ApiError::Unauthenticated(
+                    "missing `authorization: Bearer <API key>` metadata".into(),
+                ));
+            }
+            (AuthMode::ClientCert | AuthMode::Both, _, None) => {
+                return Err(ApiError::Unauthenticated(
+                    "a client certificate is required".into(),
+                ));
+            }
+            (AuthMode::Off, ..) => unreachable!("handled above"),
+        };
+        Ok(Caller {
+            name: key.name.clone(),
+            key: Some(key),
+        })
+    }
+
+    /// Checks that `caller` may send `type_key` to `recipients` listed recipients now,
+    /// spending one token of its rate. Scope first, then size, then rate, so a refused
+    /// call spends nothing.
+    pub fn check_send(
+        &self,
+        caller: &Caller,
+        type_key: &str,
+        recipients: usize,
+    ) -> Result<(), ApiError> {
+        let Some(key) = &caller.key else {
+            return Ok(());
+        };
+        if !type_allowed(&key.send_types, type_key) {
+            return Err(ApiError::PermissionDenied(format!(
+                "the key of {:?} may not send type {type_key:?} (it may send: {})",
+                caller.name,
+                if key.send_types.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    key.send_types.join(", ")
+                }
+            )));
+        }
+        if recipients > key.max_recipients as usize {
+            return Err(ApiError::QuotaExceeded {
+                subject: format!("api_key:{}", caller.name),
+                description: format!(
+                    "recipients: at most {} per event for this key, got {recipients}",
+                    key.max_recipients
+                ),
+                retry_after: None,
+            });
+        }
+        let limiter = {
+            let mut map = self.limiters.lock().expect("limiter lock");
+            let entry = map.entry(key.id).or_insert_with(|| {
+                (
+                    key.events_per_second,
+                    Arc::new(limiter(key.events_per_second)),
+                )
+            });
+            if entry.0 != key.events_per_second {
+                *entry = (
+                    key.events_per_second,
+                    Arc::new(limiter(key.events_per_second)),
+                );
+            }
+            entry.1.clone()
+        };
+        if let Err(not_until) = limiter.check() {
+            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            return Err(ApiError::QuotaExceeded {
+                subject: format!("api_key:{}", caller.name),
+                description: format!(
+                    "events: at most {} per second for this key",
+                    key.events_per_second
+                ),
+                retry_after: Some(wait.max(Duration::from_millis(1))),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn limiter(per_second: i32) -> DefaultDirectRateLimiter {
+    let n = NonZeroU32::new(per_second.max(1) as u32).expect("at least 1");
+    RateLimiter::direct(Quota::per_second(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn type_patterns_match_exact_keys_and_prefixes() {
+        let p = vec!["order_*".to_string(), "security_login".to_string()];
+        assert!(type_allowed(&p, "order_paid"));
+        assert!(type_allowed(&p, "security_login"));
+        assert!(!type_allowed(&p, "security_login_new_device"));
+        assert!(!type_allowed(&p, "orders"));
+        assert!(type_allowed(&["*".to_string()], "anything"));
+        assert!(!type_allowed(&[], "order_paid"));
+    }
+}
