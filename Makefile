@@ -7,7 +7,7 @@ SHELL := /bin/bash
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 STACK_DIR := $(or $(NOTIFY_STACK_DIR),$(CURDIR)/.stack)
 
-.PHONY: demo test chaos bench up down status migrate lint fmt build check-deploy
+.PHONY: demo test chaos bench up down status migrate lint fmt build check-deploy fuzz deny-advisories
 
 ## demo: start the stack and the services, send one event to every channel, show the outcome
 demo:
@@ -49,10 +49,20 @@ migrate: up
 	cargo build -p ingest
 	source $(STACK_DIR)/env && $(TARGET_DIR)/debug/ingest migrate
 
-## lint: formatting and clippy, warnings are errors
+## lint: formatting, clippy (warnings are errors) and cargo deny (licences, bans incl.
+## duplicate versions, sources; deny.toml)
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	$$(deploy/tools.sh cargo-deny) check licenses bans sources
+
+## deny-advisories: the RustSec advisory check (needs github.com, unreachable on the build machine)
+deny-advisories:
+	$$(deploy/tools.sh cargo-deny) check advisories
+
+## fuzz: every cargo-fuzz target for FUZZ_SECONDS (60) each; corpus in fuzz/corpus/
+fuzz:
+	deploy/fuzz.sh
 
 fmt:
 	cargo fmt --all

@@ -9,6 +9,9 @@
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    notify_telemetry::exit_if_help(
+        "usage: http-api\n  serves the LINE webhook, one-click unsubscribe, the inbox API, the operations\n  console, /healthz, /readyz and /metrics on NOTIFY_HTTP_ADDR until SIGTERM.\nConfiguration: environment variables, see README.",
+    );
     notify_telemetry::init("http-api");
     let mut env = notify_telemetry::Env::new();
     let addr = env.parse::<std::net::SocketAddr>("NOTIFY_HTTP_ADDR", ([127, 0, 0, 1], 8080).into());

@@ -225,13 +225,18 @@ pub async fn run(
                     if up {
                         Ok(())
                     } else {
-                        Err("the relay has no broker connection".to_string())
+                        Err("the outbox relay is not running (RabbitMQ or Postgres unreachable; see the log)".to_string())
                     }
                 }
             })
     };
     notify_telemetry::admin::spawn_from_env("ingest", readiness.clone(), stop.clone()).await;
-    let sampler_task = tokio::spawn(sample_gauges(pool.clone(), cfg.clone(), stop.clone()));
+    let sampler_task = tokio::spawn(sample_gauges(
+        pool.clone(),
+        cfg.clone(),
+        stats.clone(),
+        stop.clone(),
+    ));
     let sweeper_task = tokio::spawn(sweep(pool.clone(), cfg.clone(), stop.clone()));
     let fanout_task = tokio::spawn(fanout::run(
         pool.clone(),
@@ -411,7 +416,12 @@ fn server_span(req: &http::Request<()>) -> tracing::Span {
 /// Samples the gauges every `cfg.metrics_interval`: outbox size and age, pending
 /// deliveries and the oldest due one per channel, paused channels (from Postgres) and the
 /// dead-letter queue's depth (from RabbitMQ). Every replica samples the same values.
-async fn sample_gauges(pool: PgPool, cfg: IngestConfig, stop: CancellationToken) {
+async fn sample_gauges(
+    pool: PgPool,
+    cfg: IngestConfig,
+    relay: Arc<relay::RelayStats>,
+    stop: CancellationToken,
+) {
     use notify_core::Channel;
     use opentelemetry::KeyValue;
     let m = notify_telemetry::metrics();
@@ -434,7 +444,10 @@ async fn sample_gauges(pool: PgPool, cfg: IngestConfig, stop: CancellationToken)
             }
             Err(e) => warn!(error = %e, "metrics: database gauges not sampled"),
         }
-        if amqp.as_ref().is_none_or(|c| !c.status().connected()) {
+        // The relay declares the queues when it connects; before that the dead-letter
+        // queue may not exist yet.
+        let declared = relay.connected.load(std::sync::atomic::Ordering::SeqCst);
+        if declared && amqp.as_ref().is_none_or(|c| !c.status().connected()) {
             amqp = notify_broker::connect(&cfg.relay.amqp_url, "ingest-metrics")
                 .await
                 .ok();

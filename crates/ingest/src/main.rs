@@ -76,6 +76,7 @@ async fn main() -> anyhow::Result<ExitCode> {
             let addr = env
                 .parse::<std::net::SocketAddr>("NOTIFY_GRPC_ADDR", ([127, 0, 0, 1], 50051).into());
             let cfg = ingest::IngestConfig::from_env(&mut env);
+            notify_telemetry::admin::check_env(&mut env);
             if matches!(
                 cfg.auth,
                 ingest::auth::AuthMode::ClientCert | ingest::auth::AuthMode::Both

@@ -129,21 +129,40 @@ pub async fn serve(
         .await
 }
 
+/// `NOTIFY_ADMIN_ADDR` resolved (`host:port`, a name such as `localhost` allowed):
+/// `Ok(None)` when unset or empty.
+fn addr_from_env() -> Result<Option<std::net::SocketAddr>, String> {
+    use std::net::ToSocketAddrs;
+    let Ok(raw) = std::env::var("NOTIFY_ADMIN_ADDR") else {
+        return Ok(None);
+    };
+    if raw.trim().is_empty() {
+        return Ok(None);
+    }
+    match raw.trim().to_socket_addrs() {
+        Ok(mut addrs) => addrs.next().map(Some).ok_or_else(|| {
+            format!("NOTIFY_ADMIN_ADDR={raw:?} is invalid: it resolves to no address")
+        }),
+        Err(e) => Err(format!(
+            "NOTIFY_ADMIN_ADDR={raw:?} is invalid: {e} (expected host:port)"
+        )),
+    }
+}
+
+/// Checks `NOTIFY_ADMIN_ADDR` with the other settings (reported by `env.finish()`).
+pub fn check_env(env: &mut crate::Env) {
+    if let Err(e) = addr_from_env() {
+        env.error(e);
+    }
+}
+
 /// Binds `NOTIFY_ADMIN_ADDR` (when set) and serves the admin routes in the background
 /// until `stop`. Exits with code 64 when the address is invalid or cannot be bound.
 pub async fn spawn_from_env(service: &str, readiness: Readiness, stop: CancellationToken) {
-    let Ok(raw) = std::env::var("NOTIFY_ADMIN_ADDR") else {
-        return;
-    };
-    if raw.trim().is_empty() {
-        return;
-    }
-    let addr: std::net::SocketAddr = match raw.trim().parse() {
-        Ok(a) => a,
-        Err(e) => crate::exit_bad_config(
-            service,
-            &format!("NOTIFY_ADMIN_ADDR={raw:?} is invalid: {e} (expected host:port)"),
-        ),
+    let addr = match addr_from_env() {
+        Ok(Some(a)) => a,
+        Ok(None) => return,
+        Err(e) => crate::exit_bad_config(service, &e),
     };
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => l,

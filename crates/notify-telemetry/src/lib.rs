@@ -52,9 +52,16 @@ fn init_stream(service: &str, stream: Stream) {
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{EnvFilter, Layer, Registry, fmt};
     install_crypto_provider();
+    // Problems found here are reported with every other bad variable, by `Env::finish`.
     let settings = match otel::OtelSettings::from_env() {
         Ok(s) => s,
-        Err(e) => exit_bad_config(service, &e),
+        Err(e) => {
+            init_problem(e);
+            otel::OtelSettings {
+                export_traces: false,
+                export_metrics: false,
+            }
+        }
     };
     let tracer = match otel::install(service, &settings) {
         Ok(t) => t,
@@ -68,7 +75,13 @@ fn init_stream(service: &str, stream: Stream) {
     let json = match std::env::var("NOTIFY_LOG_FORMAT").as_deref() {
         Ok("json") => true,
         Ok("text") => false,
-        _ => !terminal,
+        Ok("") | Err(_) => !terminal,
+        Ok(other) => {
+            init_problem(format!(
+                "NOTIFY_LOG_FORMAT={other:?} is invalid: must be json or text"
+            ));
+            !terminal
+        }
     };
     let writer = move || -> Box<dyn std::io::Write> {
         match stream {
@@ -109,6 +122,36 @@ fn init_stream(service: &str, stream: Stream) {
     }
 }
 
+/// Configuration problems found while setting up telemetry, handed to the first
+/// [`Env`] so that they are reported together with every other bad variable.
+static INIT_PROBLEMS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn init_problem(p: String) {
+    INIT_PROBLEMS.lock().expect("init problems").push(p);
+}
+
+/// `value` with the password of a URL's userinfo replaced by `***`
+/// (`postgres://notify:***@db:5432/notify`), for error messages.
+pub fn redact(value: &str) -> String {
+    let Some((scheme, rest)) = value.split_once("://") else {
+        return value.to_string();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            let masked = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                user.to_string()
+            };
+            format!("{scheme}://{masked}@{host}{tail}")
+        }
+        None => value.to_string(),
+    }
+}
+
 /// Logging for tests: output goes through libtest's capture, so it shows only for a
 /// failing test. Safe to call from every test.
 pub fn init_for_tests() {
@@ -135,9 +178,11 @@ pub struct Env {
 }
 
 impl Env {
-    /// A new reader.
+    /// A new reader, holding any problem telemetry set-up found (see [`init`]).
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            errors: std::mem::take(&mut *INIT_PROBLEMS.lock().expect("init problems")),
+        }
     }
 
     /// A required variable; records an error when it is unset or empty.
@@ -176,7 +221,8 @@ impl Env {
             Ok(v) if !v.trim().is_empty() => match f(v.trim()) {
                 Ok(t) => t,
                 Err(e) => {
-                    self.errors.push(format!("{name}={v:?} is invalid: {e}"));
+                    self.errors
+                        .push(format!("{name}={:?} is invalid: {e}", redact(&v)));
                     default
                 }
             },
@@ -184,20 +230,58 @@ impl Env {
         }
     }
 
-    /// A required URL whose scheme is one of `schemes` (e.g. `["postgres", "postgresql"]`).
+    /// A required URL whose scheme is one of `schemes` (e.g. `["postgres", "postgresql"]`)
+    /// and whose port, if given, is a number from 1 to 65535.
     pub fn url(&mut self, name: &str, schemes: &[&str]) -> String {
         let v = self.required(name);
         if !v.is_empty() {
-            let scheme = v.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-            if !scheme.is_some_and(|s| schemes.contains(&s.as_str())) {
-                let wanted: Vec<String> = schemes.iter().map(|s| format!("{s}://")).collect();
-                self.errors.push(format!(
-                    "{name}={v:?} is invalid: must start with {}",
-                    wanted.join(" or ")
-                ));
-            }
+            self.check_url(name, &v, schemes);
         }
         v
+    }
+
+    /// An optional `http://` or `https://` base URL (a provider's API), with a default.
+    pub fn base_url(&mut self, name: &str, default: &str) -> String {
+        let v = self.string(name, default);
+        self.check_url(name, &v, &["http", "https"]);
+        v.trim_end_matches('/').to_string()
+    }
+
+    fn check_url(&mut self, name: &str, v: &str, schemes: &[&str]) {
+        let wanted: Vec<String> = schemes.iter().map(|s| format!("{s}://")).collect();
+        let Some((scheme, rest)) = v.split_once("://") else {
+            self.errors.push(format!(
+                "{name}={:?} is invalid: must start with {}",
+                redact(v),
+                wanted.join(" or ")
+            ));
+            return;
+        };
+        if !schemes.contains(&scheme.to_ascii_lowercase().as_str()) {
+            self.errors.push(format!(
+                "{name}={:?} is invalid: must start with {}",
+                redact(v),
+                wanted.join(" or ")
+            ));
+            return;
+        }
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        if host_port.is_empty() {
+            self.errors
+                .push(format!("{name}={:?} is invalid: names no host", redact(v)));
+            return;
+        }
+        // A port after the last ':' (not inside an IPv6 literal's brackets).
+        if let Some((_, port)) = host_port.rsplit_once(':')
+            && !port.ends_with(']')
+            && !port.parse::<u16>().is_ok_and(|p| p > 0)
+        {
+            self.errors.push(format!(
+                "{name}={:?} is invalid: the port must be a number from 1 to 65535",
+                redact(v)
+            ));
+        }
     }
 
     /// An optional whole number in `min..=max`, with a default.
@@ -226,13 +310,27 @@ impl Env {
     }
 }
 
+/// When the command line asks for help (`-h`, `--help` or `help`), prints `usage` and
+/// exits 0; otherwise returns. Call first thing in `main`, before reading configuration.
+pub fn exit_if_help(usage: &str) {
+    if std::env::args()
+        .skip(1)
+        .any(|a| matches!(a.as_str(), "-h" | "--help" | "help"))
+    {
+        println!("{usage}");
+        std::process::exit(0);
+    }
+}
+
 /// Exits the process with [`EXIT_BAD_CONFIG`] after printing `problems`.
 pub fn exit_bad_config(service: &str, problems: &str) -> ! {
     eprintln!("{service}: invalid configuration:\n{problems}");
     std::process::exit(EXIT_BAD_CONFIG)
 }
 
-/// A token cancelled on the first SIGTERM or SIGINT.
+/// A token cancelled on the first SIGTERM or SIGINT. A second signal ends the process at
+/// once with exit code 130 (an operator who does not want to wait for the drain; work in
+/// hand is recovered as after a crash: leases expire, outbox rows stay).
 pub fn shutdown_on_signal() -> CancellationToken {
     let token = CancellationToken::new();
     let t = token.clone();
@@ -246,10 +344,16 @@ pub fn shutdown_on_signal() -> CancellationToken {
                 }
             };
         tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down (a second signal exits at once)"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down (a second signal exits at once)"),
         }
         t.cancel();
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::warn!("second signal: exiting without finishing the drain");
+        std::process::exit(130);
     });
     token
 }
@@ -257,6 +361,17 @@ pub fn shutdown_on_signal() -> CancellationToken {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_in_urls_are_never_echoed() {
+        assert_eq!(
+            redact("mysql://u:DbS3cretPw@127.0.0.1/db"),
+            "mysql://u:***@127.0.0.1/db"
+        );
+        assert_eq!(redact("ftp://u:p@x"), "ftp://u:***@x");
+        assert_eq!(redact("amqp://guest@h:5672/%2f"), "amqp://guest@h:5672/%2f");
+        assert_eq!(redact("not a url"), "not a url");
+    }
 
     #[test]
     fn every_bad_variable_is_reported() {

@@ -70,34 +70,68 @@ pub fn metrics() -> &'static Metrics {
     METRICS.get_or_init(|| {
         let m = opentelemetry::global::meter("notify");
         Metrics {
-            deliveries_sent: m.u64_counter("notify_deliveries_sent").build(),
-            deliveries_failed: m.u64_counter("notify_deliveries_failed").build(),
-            deliveries_retried: m.u64_counter("notify_deliveries_retried").build(),
-            deliveries_ambiguous: m.u64_counter("notify_deliveries_ambiguous").build(),
+            deliveries_sent: m
+                .u64_counter("notify_deliveries_sent")
+                .with_description("Deliveries the provider accepted.")
+                .build(),
+            deliveries_failed: m
+                .u64_counter("notify_deliveries_failed")
+                .with_description("Deliveries failed for good, by reason.")
+                .build(),
+            deliveries_retried: m
+                .u64_counter("notify_deliveries_retried")
+                .with_description("Attempts that failed with a retry scheduled.")
+                .build(),
+            deliveries_ambiguous: m
+                .u64_counter("notify_deliveries_ambiguous")
+                .with_description("Attempts whose outcome is unknown (timed out after sending).")
+                .build(),
             attempt_duration: m
                 .f64_histogram("notify_attempt_duration")
+                .with_description("Provider call time per attempt, rate-limit wait included.")
                 .with_unit("s")
                 .with_boundaries(ATTEMPT_BUCKETS.to_vec())
                 .build(),
             event_to_provider: m
                 .f64_histogram("notify_event_to_provider")
+                .with_description("From the event's acceptance to the provider's acceptance.")
                 .with_unit("s")
                 .with_boundaries(LATENCY_BUCKETS.to_vec())
                 .build(),
-            endpoints_deactivated: m.u64_counter("notify_endpoints_deactivated").build(),
-            lease_recoveries: m.u64_counter("notify_lease_recoveries").build(),
-            outbox_messages: m.u64_gauge("notify_outbox_messages").build(),
+            endpoints_deactivated: m
+                .u64_counter("notify_endpoints_deactivated")
+                .with_description("Push tokens, subscriptions and addresses turned off.")
+                .build(),
+            lease_recoveries: m
+                .u64_counter("notify_lease_recoveries")
+                .with_description("Expired leases returned to pending by the sweeper.")
+                .build(),
+            outbox_messages: m
+                .u64_gauge("notify_outbox_messages")
+                .with_description("Outbox rows waiting to be published.")
+                .build(),
             outbox_oldest_age: m
                 .f64_gauge("notify_outbox_oldest_age")
+                .with_description("Age of the oldest due outbox row.")
                 .with_unit("s")
                 .build(),
-            deliveries_pending: m.u64_gauge("notify_deliveries_pending").build(),
+            deliveries_pending: m
+                .u64_gauge("notify_deliveries_pending")
+                .with_description("Deliveries waiting to be sent, due or not.")
+                .build(),
             oldest_pending_age: m
                 .f64_gauge("notify_oldest_pending_age")
+                .with_description("How long the oldest due pending delivery has waited.")
                 .with_unit("s")
                 .build(),
-            dead_letter_messages: m.u64_gauge("notify_dead_letter_messages").build(),
-            channel_paused: m.u64_gauge("notify_channel_paused").build(),
+            dead_letter_messages: m
+                .u64_gauge("notify_dead_letter_messages")
+                .with_description("Messages in the dead-letter queue.")
+                .build(),
+            channel_paused: m
+                .u64_gauge("notify_channel_paused")
+                .with_description("1 while the channel is paused, else 0.")
+                .build(),
         }
     })
 }
@@ -115,6 +149,30 @@ pub fn channel_provider(channel: &str, provider: &str) -> [KeyValue; 2] {
 /// `line_400`, `template_error`); digits are folded to `Nxx` classes so a provider's
 /// new status does not make a new series.
 pub fn reason_of(code: &str) -> String {
+    // Codes are built by our adapters, but some embed a provider's own error name
+    // (`fcm_<errorCode>`): anything that is not a short snake_case word list becomes
+    // `<first word>_other`, so provider text (tokens, ids) never reaches a label or a log.
+    let well_formed = !code.is_empty()
+        && code.len() <= 40
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !well_formed {
+        let first: String = code
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .next()
+            .unwrap_or("")
+            .chars()
+            .filter(char::is_ascii_alphabetic)
+            .take(16)
+            .collect::<String>()
+            .to_ascii_lowercase();
+        return if first.is_empty() {
+            "other".to_string()
+        } else {
+            format!("{first}_other")
+        };
+    }
     let mut out = String::with_capacity(code.len());
     for part in code.split('_') {
         if !out.is_empty() {
@@ -241,6 +299,10 @@ mod tests {
         assert_eq!(reason_of("line_400"), "line_4xx");
         assert_eq!(reason_of("invalid_token"), "invalid_token");
         assert_eq!(reason_of("fcm_503_unavailable"), "fcm_5xx_unavailable");
+        // Provider text with tokens or ids in it never becomes a label.
+        assert_eq!(reason_of("fcm_Token qafcm86c5c6703 bad"), "fcm_other");
+        assert_eq!(reason_of("apns_bad_thing user=qa-push-1"), "apns_other");
+        assert_eq!(reason_of(&"x".repeat(60)), "xxxxxxxxxxxxxxxx_other");
         assert!(is_ambiguous("smtp_timeout") && is_ambiguous("timeout"));
         assert!(!is_ambiguous("timeouts_exceeded"));
     }

@@ -47,14 +47,50 @@ pub struct OtelSettings {
 }
 
 impl OtelSettings {
-    /// Reads the variables; an unsupported protocol is an error naming the variable.
+    /// Reads the variables; every unsupported value is named, one per line.
     pub fn from_env() -> Result<Self, String> {
-        if let Some(p) = var("OTEL_EXPORTER_OTLP_PROTOCOL")
-            && p != "grpc"
-        {
-            return Err(format!(
-                "OTEL_EXPORTER_OTLP_PROTOCOL={p:?} is invalid: only \"grpc\" (OTLP/gRPC) is built in"
-            ));
+        let mut problems = Vec::new();
+        for name in [
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
+        ] {
+            if let Some(p) = var(name)
+                && p != "grpc"
+            {
+                problems.push(format!(
+                    "{name}={p:?} is invalid: only \"grpc\" (OTLP/gRPC) is built in"
+                ));
+            }
+        }
+        for name in ["OTEL_TRACES_EXPORTER", "OTEL_METRICS_EXPORTER"] {
+            if let Some(v) = var(name)
+                && v != "otlp"
+                && v != "none"
+            {
+                problems.push(format!("{name}={v:?} is invalid: must be otlp or none"));
+            }
+        }
+        for name in [
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        ] {
+            if let Some(v) = var(name) {
+                let lower = v.to_ascii_lowercase();
+                let rest = lower
+                    .strip_prefix("http://")
+                    .or_else(|| lower.strip_prefix("https://"));
+                if rest.is_none_or(|r| r.is_empty() || r.starts_with('/')) {
+                    problems.push(format!(
+                        "{name}={:?} is invalid: must be http://host:port or https://host:port",
+                        crate::redact(&v)
+                    ));
+                }
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems.join("\n"));
         }
         let any = var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some();
         let off = |name: &str| var(name).is_some_and(|v| v == "none");
@@ -129,12 +165,25 @@ pub(crate) fn install(
     Ok(tracer)
 }
 
-/// Exports what is buffered and stops the exporters. Call once, at the end of `main`.
+/// Exports what is buffered and stops the exporters, giving up after 2 s each (a
+/// collector that accepts but never answers must not hold up a shutdown). Call once, at
+/// the end of `main`.
 pub fn shutdown() {
     if let Some(i) = INSTALLED.get() {
-        let _ = i.tracer_provider.force_flush();
-        let _ = i.tracer_provider.shutdown();
-        let _ = i.meter_provider.shutdown();
+        let limit = std::time::Duration::from_secs(2);
+        let traces = i.tracer_provider.clone();
+        let meters = i.meter_provider.clone();
+        // Both may block on the network; run them on a helper thread and stop waiting
+        // after the limit.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = traces.shutdown_with_timeout(limit);
+            let _ = meters.shutdown_with_timeout(limit);
+            let _ = tx.send(());
+        });
+        if rx.recv_timeout(limit * 2).is_err() {
+            tracing::warn!("telemetry export did not finish within 4 s; exiting without it");
+        }
     }
 }
 

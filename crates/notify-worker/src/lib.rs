@@ -110,12 +110,12 @@ impl WorkerConfig {
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
         let durs = |s: &str| notify_core::retry::parse_durations(s).map_err(|e| e.to_string());
-        let amqp_url = env.required("NOTIFY_AMQP_URL");
+        let amqp_url = env.url("NOTIFY_AMQP_URL", &["amqp", "amqps"]);
         let prefix = env.string("NOTIFY_AMQP_PREFIX", "");
         let concurrency = env.parse_with("NOTIFY_WORKER_CONCURRENCY", 16u16, |s| {
             match s.parse::<u16>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err("must be a whole number from 1 to 65535".into()),
+                Ok(n) if (1..=1000).contains(&n) => Ok(n),
+                _ => Err("must be a whole number from 1 to 1000".into()),
             }
         });
         let lease = env.parse_with("NOTIFY_LEASE", Duration::from_secs(60), dur);
@@ -408,16 +408,25 @@ impl<S: ChannelSender> Ctx<S> {
             let took = started.elapsed();
             let (next, mut record) = decide(&self.cfg.retry, self.sender.retry_horizon(), &job, outcome);
             record.worker_id = self.cfg.worker_id.clone();
+            // Logs name the failure's class and the provider status only: the full error
+            // (which can quote payload values or provider text) goes to Postgres, where
+            // the console shows it.
+            let reason = record
+                .error_code
+                .as_deref()
+                .map(notify_telemetry::metrics::reason_of)
+                .unwrap_or_default();
+            let status = record.provider_status.unwrap_or(0);
             match &next {
                 NextState::Sent { .. } => info!(attempt = job.attempt, "sent"),
-                NextState::Retry { after, error } => {
-                    warn!(attempt = job.attempt, retry_in_ms = after.as_millis() as u64, %error, "attempt failed; retry scheduled")
+                NextState::Retry { after, .. } => {
+                    warn!(attempt = job.attempt, retry_in_ms = after.as_millis() as u64, %reason, provider_status = status, "attempt failed; retry scheduled")
                 }
-                NextState::Failed { error } => {
-                    error!(attempt = job.attempt, %error, alert = "delivery_failed", "delivery failed")
+                NextState::Failed { .. } => {
+                    error!(attempt = job.attempt, %reason, provider_status = status, alert = "delivery_failed", "delivery failed; the full error is on the delivery (GetEvent, console)")
                 }
-                NextState::Paused { after, error } => {
-                    error!(%error, paused_for_s = after.as_secs(), alert = "channel_paused",
+                NextState::Paused { after, .. } => {
+                    error!(%reason, paused_for_s = after.as_secs(), alert = "channel_paused",
                         "provider quota spent: channel paused; its deliveries wait without spending attempts")
                 }
             }
@@ -727,12 +736,16 @@ where
     S: ChannelSender,
     F: FnOnce(&mut notify_telemetry::Env, Option<&PgPool>) -> Option<S>,
 {
+    notify_telemetry::exit_if_help(&format!(
+        "usage: {service}\n  consumes its channel's queue and delivers until SIGTERM; /healthz, /readyz and\n  /metrics on NOTIFY_ADMIN_ADDR when set.\nConfiguration: environment variables, see README."
+    ));
     notify_telemetry::init(service);
     let mut env = notify_telemetry::Env::new();
     let mut pool_cfg =
         notify_store::PoolConfig::new(env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]));
     pool_cfg.max_connections = env.number("NOTIFY_DB_POOL_SIZE", 10, 1, 1000);
     let cfg = WorkerConfig::from_env(&mut env);
+    notify_telemetry::admin::check_env(&mut env);
     let pool = match notify_store::connect(&pool_cfg) {
         Ok(pool) => Some(pool),
         Err(e) if !pool_cfg.url.is_empty() => {
@@ -762,7 +775,7 @@ where
                 if CONSUMING.load(std::sync::atomic::Ordering::SeqCst) {
                     Ok(())
                 } else {
-                    Err("not consuming: no broker connection".to_string())
+                    Err("not consuming from its queue (starting, draining, or RabbitMQ unreachable; see the log)".to_string())
                 }
             })
     };

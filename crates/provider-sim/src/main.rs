@@ -10,6 +10,9 @@
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    notify_telemetry::exit_if_help(
+        "usage: provider-sim\n  a stand-in for LINE, FCM, APNs, Web Push and an SMTP server, for local runs and tests.\nConfiguration: environment variables, see README.",
+    );
     notify_telemetry::init("provider-sim");
     let mut env = notify_telemetry::Env::new();
     let addr = env.string("SIM_ADDR", "127.0.0.1:58080");

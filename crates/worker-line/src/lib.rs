@@ -42,7 +42,7 @@ impl LineConfig {
     /// (required), `NOTIFY_HTTP_TIMEOUT` (10s).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         Self {
-            api_base: env.string("NOTIFY_LINE_API_BASE", "https://api.line.me"),
+            api_base: env.base_url("NOTIFY_LINE_API_BASE", "https://api.line.me"),
             channel_token: env.required("NOTIFY_LINE_CHANNEL_TOKEN"),
             timeout: env.parse_with("NOTIFY_HTTP_TIMEOUT", Duration::from_secs(10), |s| {
                 notify_core::retry::parse_duration(s).map_err(|e| e.to_string())

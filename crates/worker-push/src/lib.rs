@@ -78,7 +78,7 @@ impl PushConfig {
                 String::new()
             });
             Some(apns::ApnsConfig {
-                api_base: env.string("NOTIFY_APNS_API_BASE", "https://api.push.apple.com"),
+                api_base: env.base_url("NOTIFY_APNS_API_BASE", "https://api.push.apple.com"),
                 key_pem,
                 key_id: env.required("NOTIFY_APNS_KEY_ID"),
                 team_id: env.required("NOTIFY_APNS_TEAM_ID"),
@@ -109,7 +109,7 @@ impl PushConfig {
         Self {
             apns,
             webpush,
-            fcm_api_base: env.string("NOTIFY_FCM_API_BASE", "https://fcm.googleapis.com"),
+            fcm_api_base: env.base_url("NOTIFY_FCM_API_BASE", "https://fcm.googleapis.com"),
             fcm_service_account_file: env.required("NOTIFY_FCM_SERVICE_ACCOUNT_FILE"),
             fcm_project_id: Some(env.string("NOTIFY_FCM_PROJECT_ID", "")).filter(|s| !s.is_empty()),
             timeout,

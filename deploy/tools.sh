@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the project's Rust tools into $NOTIFY_STACK_DIR/tools/cargo (default
+# .stack/tools/cargo), pinned and --locked, once; later runs find them there.
+#
+#   deploy/tools.sh cargo-deny    # supply-chain checks (make lint)
+#   deploy/tools.sh cargo-fuzz    # fuzzing (make fuzz)
+#
+# Prints the installed binary's path.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+root=${NOTIFY_STACK_DIR:-$repo/.stack}/tools/cargo
+
+declare -A version=([cargo-deny]=0.20.2 [cargo-fuzz]=0.13.2)
+tool=${1:?usage: deploy/tools.sh cargo-deny|cargo-fuzz}
+want=${version[$tool]:?unknown tool $tool}
+bin=$root/bin/$tool
+if [ -x "$bin" ] && "$bin" --version 2>/dev/null | grep -q "$want"; then
+  echo "$bin"
+  exit 0
+fi
+echo "[tools] installing $tool $want into $root (first time only; a few minutes)" >&2
+# Its own target dir, so the workspace build is not disturbed.
+CARGO_TARGET_DIR=$root/build cargo install --quiet --locked --root "$root" --version "$want" "$tool" >&2
+rm -rf "$root/build"
+echo "$bin"
