@@ -86,6 +86,9 @@ pub struct Auth {
     mode: AuthMode,
     cache: RwLock<Cache>,
     limiters: Mutex<HashMap<uuid::Uuid, (i32, Arc<DefaultDirectRateLimiter>)>>,
+    /// Every call of a key (reads and management too): ten times its event rate, at
+    /// least 100 per second.
+    call_limiters: Mutex<HashMap<uuid::Uuid, (i32, Arc<DefaultDirectRateLimiter>)>>,
 }
 
 /// `true` when `type_key` matches one of `patterns` (an exact key, `prefix*`, or `*`).
@@ -113,6 +116,7 @@ impl Auth {
             mode,
             cache: RwLock::new(Cache::default()),
             limiters: Mutex::new(HashMap::new()),
+            call_limiters: Mutex::new(HashMap::new()),
         })
     }
 
@@ -191,6 +195,13 @@ impl Auth {
     /// credential, `PERMISSION_DENIED` without the scope. Never echoes the key.
     pub fn caller<T>(&self, req: &tonic::Request<T>, need: Need) -> Result<Caller, ApiError> {
         let caller = self.authenticate(req)?;
+        if let Some(key) = &caller.key {
+            let per_second = key
+                .events_per_second
+                .saturating_mul(10)
+                .clamp(100, 1_000_000);
+            Self::spend(&self.call_limiters, key, per_second, &caller.name, "calls")?;
+        }
         if need == Need::Manage && caller.key.as_ref().is_some_and(|k| !k.can_manage) {
             return Err(ApiError::PermissionDenied(format!(
                 "the key of {:?} may not manage recipients, endpoints, preferences, topics or types",
@@ -277,6 +288,16 @@ impl Auth {
         })
     }
 
+    /// Whether `caller` may read an event sent by `sender`: its own events, or any with the
+    /// manage scope (operators' tools). Others' events are "not found", so event keys
+    /// cannot be probed.
+    pub fn may_read(&self, caller: &Caller, sender: Option<&str>) -> bool {
+        match &caller.key {
+            None => true,
+            Some(k) => k.can_manage || sender == Some(caller.name.as_str()),
+        }
+    }
+
     /// Checks that `caller` may send `type_key` to `recipients` listed recipients now,
     /// spending one token of its rate. Scope first, then size, then rate, so a refused
     /// call spends nothing.
@@ -290,8 +311,10 @@ impl Auth {
             return Ok(());
         };
         if !type_allowed(&key.send_types, type_key) {
+            // Never echo unbounded input.
+            let shown: String = type_key.chars().take(64).collect();
             return Err(ApiError::PermissionDenied(format!(
-                "the key of {:?} may not send type {type_key:?} (it may send: {})",
+                "the key of {:?} may not send type {shown:?} (it may send: {})",
                 caller.name,
                 if key.send_types.is_empty() {
                     "nothing".to_string()
@@ -300,7 +323,10 @@ impl Auth {
                 }
             )));
         }
-        if recipients > key.max_recipients as usize {
+        // Over the API's own limit, validation names the field (INVALID_ARGUMENT).
+        if recipients > key.max_recipients as usize
+            && recipients <= notify_core::event::MAX_RECIPIENTS
+        {
             return Err(ApiError::QuotaExceeded {
                 subject: format!("api_key:{}", caller.name),
                 description: format!(
@@ -310,30 +336,39 @@ impl Auth {
                 retry_after: None,
             });
         }
+        Self::spend(
+            &self.limiters,
+            key,
+            key.events_per_second,
+            &caller.name,
+            "events",
+        )
+    }
+
+    /// Takes one token from `key`'s bucket in `map` (made at `per_second`, remade when
+    /// that changes); `RESOURCE_EXHAUSTED` with the wait when it is empty.
+    fn spend(
+        map: &Mutex<HashMap<uuid::Uuid, (i32, Arc<DefaultDirectRateLimiter>)>>,
+        key: &ApiKey,
+        per_second: i32,
+        name: &str,
+        what: &str,
+    ) -> Result<(), ApiError> {
         let limiter = {
-            let mut map = self.limiters.lock().expect("limiter lock");
-            let entry = map.entry(key.id).or_insert_with(|| {
-                (
-                    key.events_per_second,
-                    Arc::new(limiter(key.events_per_second)),
-                )
-            });
-            if entry.0 != key.events_per_second {
-                *entry = (
-                    key.events_per_second,
-                    Arc::new(limiter(key.events_per_second)),
-                );
+            let mut map = map.lock().expect("limiter lock");
+            let entry = map
+                .entry(key.id)
+                .or_insert_with(|| (per_second, Arc::new(limiter(per_second))));
+            if entry.0 != per_second {
+                *entry = (per_second, Arc::new(limiter(per_second)));
             }
             entry.1.clone()
         };
         if let Err(not_until) = limiter.check() {
             let wait = not_until.wait_time_from(DefaultClock::default().now());
             return Err(ApiError::QuotaExceeded {
-                subject: format!("api_key:{}", caller.name),
-                description: format!(
-                    "events: at most {} per second for this key",
-                    key.events_per_second
-                ),
+                subject: format!("api_key:{name}"),
+                description: format!("{what}: at most {per_second} per second for this key"),
                 retry_after: Some(wait.max(Duration::from_millis(1))),
             });
         }

@@ -271,7 +271,8 @@ impl Services {
                 ..Default::default()
             })
             .collect();
-        tracing::info!(%event_id, %event_key, topic = topic.as_deref().unwrap_or(""),
+        // Not the event key: callers choose it and it may carry anything.
+        tracing::info!(%event_id, topic = topic.as_deref().unwrap_or(""),
             deliveries = deliveries.len(), skipped = skipped.len(), "event recorded");
         let counts: Vec<(String, String, i64)> = deliveries
             .iter()
@@ -296,6 +297,7 @@ impl Services {
 
     async fn explain_delivery(
         &self,
+        caller: &Caller,
         r: pb::ExplainDeliveryRequest,
     ) -> Result<pb::ExplainDeliveryResponse, ApiError> {
         let mut v = Violations::default();
@@ -310,7 +312,10 @@ impl Services {
         }
         v.into_result(()).map_err(ApiError::Invalid)?;
         let (event_id, channel) = (event_id.expect("checked"), channel.expect("checked"));
-        let Some(event) = events::get_event(&self.pool, &EventSelector::Id(event_id)).await? else {
+        let found = events::get_event(&self.pool, &EventSelector::Id(event_id))
+            .await?
+            .filter(|e| self.auth.may_read(caller, e.caller.as_deref()));
+        let Some(event) = found else {
             return Err(ApiError::NotFound {
                 kind: "event",
                 name: event_id.to_string(),
@@ -481,7 +486,11 @@ impl Services {
         Ok(pb::SetQuietHoursResponse {})
     }
 
-    async fn get_event(&self, r: pb::GetEventRequest) -> Result<pb::GetEventResponse, ApiError> {
+    async fn get_event(
+        &self,
+        caller: &Caller,
+        r: pb::GetEventRequest,
+    ) -> Result<pb::GetEventResponse, ApiError> {
         let sel = match r.selector {
             Some(pb::get_event_request::Selector::EventId(id)) => EventSelector::Id(
                 Uuid::parse_str(&id).map_err(|_| ApiError::field("event_id", "must be a UUID"))?,
@@ -514,6 +523,7 @@ impl Services {
         let loaded = self
             .load_event(&sel, after, page_size)
             .await?
+            .filter(|l| self.auth.may_read(caller, l.event.caller.as_deref()))
             .ok_or(ApiError::NotFound {
                 kind: "notification event",
                 name,
@@ -832,6 +842,28 @@ pub fn validate_type(
             }
         }
     }
+    // A type's sample payload and templates are stored and shown: no sensitive data.
+    for f in notify_core::guard::scan_json("sample_payload", &sample_payload) {
+        v.add(
+            f.path,
+            format!("{}; types may not carry it", f.kind.describe()),
+        );
+    }
+    for (i, t) in templates.iter().enumerate() {
+        for (field, text) in [
+            ("title", &t.title),
+            ("body", &t.body),
+            ("email_subject", &t.email_subject),
+            ("email_html", &t.email_html),
+        ] {
+            for kind in notify_core::guard::scan_text(text) {
+                v.add(
+                    format!("templates[{i}].{field}"),
+                    format!("{}; types may not carry it", kind.describe()),
+                );
+            }
+        }
+    }
     if !v.0.is_empty() {
         return Err(v.0);
     }
@@ -870,9 +902,9 @@ impl pb::ingest_service_server::IngestService for Services {
         &self,
         req: Request<pb::GetEventRequest>,
     ) -> Result<Response<pb::GetEventResponse>, Status> {
-        self.auth.caller(&req, Need::Read)?;
+        let caller = self.auth.caller(&req, Need::Read)?;
         Ok(Response::new(
-            Services::get_event(self, req.into_inner()).await?,
+            Services::get_event(self, &caller, req.into_inner()).await?,
         ))
     }
 
@@ -880,9 +912,9 @@ impl pb::ingest_service_server::IngestService for Services {
         &self,
         req: Request<pb::ExplainDeliveryRequest>,
     ) -> Result<Response<pb::ExplainDeliveryResponse>, Status> {
-        self.auth.caller(&req, Need::Read)?;
+        let caller = self.auth.caller(&req, Need::Read)?;
         Ok(Response::new(
-            Services::explain_delivery(self, req.into_inner()).await?,
+            Services::explain_delivery(self, &caller, req.into_inner()).await?,
         ))
     }
 }
@@ -962,80 +994,131 @@ impl pb::type_service_server::TypeService for Services {
 }
 
 impl Services {
-    /// Links must be `https://`; `http://` only for the configured development hosts.
-    /// Checked: `content.url` and every payload string under a key named `url` or ending
-    /// in `_url` (other schemes such as `javascript:` or `data:` are refused there too).
+    /// Links must be `https://` with a host, no user:password, no backslash, whitespace
+    /// or control characters; `http://` only for the configured development hosts.
+    /// Checked: `content.url`, and every payload string under a key that names a link
+    /// (`url`, `uri`, `link`, `href` anywhere in it, or `callback`, `redirect`), in lists
+    /// and objects under such a key too.
     fn check_links(&self, event: &NewEvent) -> Result<(), ApiError> {
         let mut v = Violations::default();
         let mut check = |field: String, url: &str| {
-            if url.is_empty() {
-                return;
+            if let Err(why) = self.link_problem(url) {
+                v.add(field, why);
             }
-            let lower = url.trim().to_ascii_lowercase();
-            if lower.starts_with("https://") {
-                return;
-            }
-            if let Some(rest) = lower.strip_prefix("http://") {
-                let host = rest
-                    .split(['/', '?', '#'])
-                    .next()
-                    .unwrap_or("")
-                    .rsplit('@')
-                    .next()
-                    .unwrap_or("");
-                let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
-                let allowed = self
-                    .links
-                    .http_hosts
-                    .iter()
-                    .any(|h| match h.strip_prefix('.') {
-                        Some(domain) => host == domain || host.ends_with(&format!(".{domain}")),
-                        None => host == h,
-                    });
-                if !allowed {
-                    v.add(
-                        field,
-                        "must be an https:// URL (http:// only for the development hosts in NOTIFY_DEV_HTTP_HOSTS)",
-                    );
-                }
-                return;
-            }
-            v.add(
-                field,
-                "must be an https:// URL (no javascript:, data: or other schemes)",
-            );
         };
-        check("content.url".into(), &event.content.url);
-        fn walk(path: &str, value: &serde_json::Value, out: &mut Vec<(String, String)>) {
-            match value {
+        if !event.content.url.is_empty() {
+            check("content.url".into(), &event.content.url);
+        }
+        /// A key one of whose words (split at `_`, `-`, `.`, spaces and camelCase
+        /// humps: `imageUrl`, `deep_link`, `redirect_uri`) names a link.
+        fn is_link_key(k: &str) -> bool {
+            let mut words: Vec<String> = Vec::new();
+            let mut cur = String::new();
+            let mut prev_lower = false;
+            for c in k.chars() {
+                if !c.is_alphanumeric() {
+                    words.push(std::mem::take(&mut cur));
+                    prev_lower = false;
+                    continue;
+                }
+                if c.is_uppercase() && prev_lower {
+                    words.push(std::mem::take(&mut cur));
+                }
+                prev_lower = c.is_lowercase() || c.is_ascii_digit();
+                cur.extend(c.to_lowercase());
+            }
+            words.push(cur);
+            words.iter().any(|w| {
+                matches!(
+                    w.as_str(),
+                    "url"
+                        | "urls"
+                        | "uri"
+                        | "uris"
+                        | "link"
+                        | "links"
+                        | "href"
+                        | "callback"
+                        | "redirect"
+                        | "website"
+                        | "homepage"
+                )
+            })
+        }
+        fn walk(path: &str, v: &serde_json::Value, link: bool, out: &mut Vec<(String, String)>) {
+            match v {
                 serde_json::Value::Object(map) => {
-                    for (k, v) in map {
-                        let p = format!("{path}.{k}");
-                        match v {
-                            serde_json::Value::String(s)
-                                if k.eq_ignore_ascii_case("url")
-                                    || k.to_ascii_lowercase().ends_with("_url") =>
-                            {
-                                out.push((p, s.clone()))
-                            }
-                            _ => walk(&p, v, out),
-                        }
+                    for (k, x) in map {
+                        walk(&format!("{path}.{k}"), x, link || is_link_key(k), out);
                     }
                 }
                 serde_json::Value::Array(items) => {
-                    for (i, v) in items.iter().enumerate() {
-                        walk(&format!("{path}[{i}]"), v, out);
+                    for (i, x) in items.iter().enumerate() {
+                        walk(&format!("{path}[{i}]"), x, link, out);
                     }
                 }
+                serde_json::Value::String(s) if link => out.push((path.to_string(), s.clone())),
                 _ => {}
             }
         }
         let mut urls = Vec::new();
-        walk("payload", &event.payload, &mut urls);
+        walk("payload", &event.payload, false, &mut urls);
         for (field, url) in urls {
-            check(field, &url);
+            // An empty link is no link.
+            if !url.is_empty() {
+                check(field, &url);
+            }
         }
         v.into_result(()).map_err(ApiError::Invalid)
+    }
+
+    /// Why `url` is not an acceptable link, if it is not.
+    fn link_problem(&self, url: &str) -> Result<(), String> {
+        const RULE: &str = "must be an https:// URL with a host (http:// only for the development hosts in NOTIFY_DEV_HTTP_HOSTS; no javascript:, data: or other schemes)";
+        if url
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '\\')
+        {
+            return Err(format!(
+                "{RULE}; no whitespace, control characters or backslashes"
+            ));
+        }
+        let lower = url.to_ascii_lowercase();
+        let (rest, secure) = match (
+            lower.strip_prefix("https://"),
+            lower.strip_prefix("http://"),
+        ) {
+            (Some(r), _) => (r, true),
+            (None, Some(r)) => (r, false),
+            _ => return Err(RULE.to_string()),
+        };
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        if authority.contains('@') {
+            return Err(format!("{RULE}; no user:password@ in links"));
+        }
+        let host = match authority.rsplit_once(':') {
+            Some((h, port)) if !port.contains(']') => h,
+            _ => authority,
+        };
+        if host.is_empty() {
+            return Err(format!("{RULE}; it names no host"));
+        }
+        if secure {
+            return Ok(());
+        }
+        let allowed = self
+            .links
+            .http_hosts
+            .iter()
+            .any(|h| match h.strip_prefix('.') {
+                Some(domain) => host == domain || host.ends_with(&format!(".{domain}")),
+                None => host == h,
+            });
+        if allowed {
+            Ok(())
+        } else {
+            Err(RULE.to_string())
+        }
     }
 
     /// The sensitive-data guard (`notify_core::guard`) over the payload and the text
@@ -1044,25 +1127,52 @@ impl Services {
     /// a masked copy.
     async fn guard_sensitive_data(&self, event: &mut NewEvent) -> Result<(), ApiError> {
         use notify_core::guard;
-        let mut findings = guard::scan_json("payload", &event.payload);
-        let c = &event.content;
-        for (field, text) in [
-            ("content.title", &c.title),
-            ("content.body", &c.body),
-            ("content.email_subject", &c.email_subject),
-            ("content.email_html", &c.email_html),
-            ("content.email_text", &c.email_text),
-            ("content.url", &c.url),
-        ] {
-            findings.extend(
-                guard::scan_text(text)
-                    .into_iter()
-                    .map(|kind| guard::Finding {
-                        path: field.to_string(),
-                        kind,
-                    }),
-            );
+        let text_findings = |field: &str, text: &str| -> Vec<guard::Finding> {
+            guard::scan_text(text)
+                .into_iter()
+                .map(|kind| guard::Finding {
+                    path: field.to_string(),
+                    kind,
+                })
+                .collect()
+        };
+        // Identifiers are stored, logged by operators' tools and used for dedup: they are
+        // never masked, so a finding there refuses the event whatever the type says.
+        let mut id_findings = text_findings("event_key", &event.event_key);
+        id_findings.extend(text_findings("actor_id", &event.actor_id));
+        if let Some(a) = &event.aggregate_key {
+            id_findings.extend(text_findings("aggregate_key", a));
         }
+        for (i, r) in event.recipients.iter().enumerate() {
+            id_findings.extend(text_findings(&format!("recipients[{i}]"), r));
+        }
+        if !id_findings.is_empty() {
+            return Err(Self::refusal(id_findings, "identifiers may not carry it"));
+        }
+        // Content, looked at as a reader would see it: HTML without tags and entities,
+        // URLs percent-decoded.
+        let scan_content = |event: &NewEvent| -> Vec<guard::Finding> {
+            let mut findings = guard::scan_json("payload", &event.payload);
+            let c = &event.content;
+            for (field, text) in [
+                ("content.title", c.title.clone()),
+                ("content.body", c.body.clone()),
+                ("content.email_subject", c.email_subject.clone()),
+                ("content.email_html", c.email_html.clone()),
+                ("content.email_html", guard::html_text(&c.email_html)),
+                ("content.email_text", c.email_text.clone()),
+                ("content.url", c.url.clone()),
+                ("content.url", guard::percent_decoded(&c.url)),
+            ] {
+                for f in text_findings(field, &text) {
+                    if !findings.contains(&f) {
+                        findings.push(f);
+                    }
+                }
+            }
+            findings
+        };
+        let findings = scan_content(event);
         if findings.is_empty() {
             return Ok(());
         }
@@ -1080,6 +1190,18 @@ impl Services {
             ] {
                 *text = guard::mask_text(text);
             }
+            // What masking cannot reach (inside HTML markup or percent-encoding) refuses
+            // the event instead.
+            let left: Vec<guard::Finding> = scan_content(event)
+                .into_iter()
+                .filter(|f| f.kind != guard::Kind::SecretField)
+                .collect();
+            if !left.is_empty() {
+                return Err(Self::refusal(
+                    left,
+                    "it is encoded where it cannot be masked",
+                ));
+            }
             tracing::info!(
                 fields = findings.len(),
                 "sensitive data masked before storing"
@@ -1087,20 +1209,20 @@ impl Services {
             return Ok(());
         }
         // Reject (the default, and for an unknown type, which fails later anyway).
-        Err(ApiError::Invalid(
+        Err(Self::refusal(
+            findings,
+            "this notification type does not accept sensitive data (sensitive_data = reject)",
+        ))
+    }
+
+    /// INVALID_ARGUMENT with one violation per finding; never the value found.
+    fn refusal(findings: Vec<notify_core::guard::Finding>, why: &str) -> ApiError {
+        ApiError::Invalid(
             findings
                 .into_iter()
-                .map(|f| {
-                    FieldViolation::new(
-                        f.path,
-                        format!(
-                            "{}; this notification type does not accept sensitive data (sensitive_data = reject)",
-                            f.kind.describe()
-                        ),
-                    )
-                })
+                .map(|f| FieldViolation::new(f.path, format!("{}; {why}", f.kind.describe())))
                 .collect(),
-        ))
+        )
     }
 
     fn check_topic_users(v: &mut Violations, topic: &str, user_ids: &[String]) {

@@ -136,6 +136,36 @@ async fn keys_are_checked_scoped_and_recorded_on_the_event() {
             .unwrap();
     assert_eq!(caller.as_deref(), Some("shop-orders"));
 
+    // Another caller's event is "not found" to a key without the manage scope.
+    let other = key(&p, "forum-replies", &["forum_*"], false, 1000, 1000).await;
+    let get = |k: &str| {
+        let (mut c, k) = (ingest(&p.grpc), k.to_string());
+        let id = ok.event_id.clone();
+        async move {
+            c.get_event(with_key(
+                pb::GetEventRequest {
+                    selector: Some(pb::get_event_request::Selector::EventId(id)),
+                    ..Default::default()
+                },
+                &k,
+            ))
+            .await
+        }
+    };
+    // (Until the replica's cache has the new key, it is unknown.)
+    let mut code = Code::Unauthenticated;
+    for _ in 0..100 {
+        code = get(&other).await.unwrap_err().code();
+        if code != Code::Unauthenticated {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(code, Code::NotFound);
+    get(&admin)
+        .await
+        .expect("the manage scope reads every event");
+
     // Out of scope: denied, nothing written.
     let key_login = uniq("login");
     let err = ingest(&p.grpc)
@@ -615,6 +645,38 @@ async fn sensitive_data_is_rejected_by_default_and_masked_when_the_type_says_so(
             .unwrap();
     assert_eq!(stored, 0, "nothing is stored on reject");
 
+    // Other spellings are found too, and identifiers may never carry an id.
+    let mut req = p.event(&uniq("kyc"), "kyc_check", &[&user]);
+    req.payload = json!({"doc": "1.1037.00123.45.8", "pass": ["x"]}).to_string();
+    let v = violations(
+        &ingest(&p.grpc)
+            .create_event(with_key(req, &admin))
+            .await
+            .unwrap_err(),
+    );
+    let fields: Vec<&str> = v.iter().map(|(f, _)| f.as_str()).collect();
+    assert_eq!(fields, ["payload.doc", "payload.pass"]);
+    let mut req = p.event("citizen:1103700123458", "order_paid", &[&user]);
+    req.payload = "{}".into();
+    let v = violations(
+        &ingest(&p.grpc)
+            .create_event(with_key(req, &admin))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(v[0].0, "event_key", "{v:?}");
+    assert!(!v[0].1.contains("1103700123458"));
+    // Encoded in HTML, on a type that masks: masking cannot reach it, so it is refused.
+    let mut req = p.event(&uniq("paid"), "order_paid", &[&user]);
+    req.content.as_mut().unwrap().email_html = "<p>&#49;103700<b>123458</b></p>".into();
+    let v = violations(
+        &ingest(&p.grpc)
+            .create_event(with_key(req, &admin))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(v[0].0, "content.email_html", "{v:?}");
+
     // Lookalikes pass: a wrong check digit, a card number failing Luhn, an order number.
     let mut req = p.event(&uniq("kyc"), "kyc_check", &[&user]);
     req.payload = json!({"ref": "1-1037-00123-45-7", "card": "4111 1111 1111 1112", "order": 1001})
@@ -684,6 +746,17 @@ async fn links_must_be_https_and_oversized_or_deep_input_is_refused() {
             "https://shop.example.test/ok",
             json!({"links": [{"url": "http://evil.example/"}]}),
         ),
+        (
+            "https://shop.example.test/ok",
+            json!({"imageUrl": "javascript:alert(1)"}),
+        ),
+        (
+            "https://shop.example.test/ok",
+            json!({"deep_link": ["javascript:alert(1)"]}),
+        ),
+        ("http://evil.example\\@localhost/", json!({})),
+        ("https://user:hunter2@shop.example.test/", json!({})),
+        ("https://", json!({})),
     ] {
         let mut req = p.event(&uniq("link"), "order_paid", &[&user]);
         req.content.as_mut().unwrap().url = url.into();
@@ -694,10 +767,15 @@ async fn links_must_be_https_and_oversized_or_deep_input_is_refused() {
         assert!(
             v.iter()
                 .any(|(f, d)| (f == "content.url" || f.starts_with("payload."))
-                    && d.contains("https")),
+                    && (d.contains("https") || d.contains("host"))),
             "{v:?}"
         );
     }
+    // Words that merely contain "uri" or "link" are not links.
+    let mut req = p.event(&uniq("words"), "order_paid", &[&user]);
+    req.payload =
+        json!({"security_level": "high", "unlinked_items": "3", "image_url": ""}).to_string();
+    send(req).await.expect("not links");
 
     // 40 levels of nesting.
     let mut deep = json!("x");

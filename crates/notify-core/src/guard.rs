@@ -59,36 +59,60 @@ pub struct Finding {
     pub kind: Kind,
 }
 
-/// Field names (compared lowercase, without `_`, `-` and `.`) whose values are secrets
-/// whatever they look like.
+/// Field names (compared after NFKC, lowercase, without `_`, `-`, `.`, spaces and
+/// invisible characters) whose values are secrets whatever they look like: a name
+/// equal to one of these, containing one of [`SECRET_FIELD_PARTS`], or ending in `pass`,
+/// `pwd` or `token`.
 pub const SECRET_FIELDS: &[&str] = &[
+    "pwd",
+    "pass",
+    "pin",
+    "cvv",
+    "cvv2",
+    "cvc",
+    "cvc2",
+    "token",
+    "auth",
+    "otpsecret",
+];
+
+/// Parts that make any field name a secret's (`user_password`, `clientSecret`,
+/// `db_credentials`, `refresh_token`, …).
+pub const SECRET_FIELD_PARTS: &[&str] = &[
     "password",
     "passwd",
-    "pwd",
     "passphrase",
     "secret",
-    "clientsecret",
     "apikey",
-    "apisecret",
     "accesstoken",
     "refreshtoken",
     "idtoken",
     "authtoken",
+    "bearertoken",
     "privatekey",
-    "cvv",
-    "cvc",
+    "credential",
     "cardpin",
-    "pin",
 ];
 
-/// Whether `name` is one of [`SECRET_FIELDS`] (case and `_`/`-`/`.` ignored).
+/// Whether `name` names a secret (see [`SECRET_FIELDS`] and [`SECRET_FIELD_PARTS`]).
 pub fn is_secret_field(name: &str) -> bool {
+    use unicode_normalization::UnicodeNormalization;
     let norm: String = name
-        .chars()
-        .filter(|c| !matches!(c, '_' | '-' | '.' | ' '))
+        .nfkc()
+        .filter(|c| !matches!(c, '_' | '-' | '.' | ' ' | ':') && !is_ignorable(*c))
         .flat_map(char::to_lowercase)
         .collect();
     SECRET_FIELDS.contains(&norm.as_str())
+        || SECRET_FIELD_PARTS.iter().any(|p| norm.contains(p))
+        || ["pass", "pwd", "token"].iter().any(|t| norm.ends_with(t))
+}
+
+/// Characters that render as nothing (zero-width, joiners, soft hyphen, BOM).
+fn is_ignorable(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}' | '\u{200B}'..='\u{200F}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}'
+    )
 }
 
 /// The Thai national id check: 13 digits, check digit = (11 − Σ dᵢ·(13 − i) mod 11) mod 10
@@ -127,13 +151,37 @@ pub fn luhn_valid(digits: &[u8]) -> bool {
     sum.is_multiple_of(10)
 }
 
-/// The value of an ASCII or Thai digit.
+/// The value of a decimal digit in ASCII, Thai, fullwidth, Arabic-Indic, extended
+/// Arabic-Indic, Devanagari, Lao, Myanmar or Khmer script.
 fn digit(c: char) -> Option<u8> {
-    match c {
-        '0'..='9' => Some(c as u8 - b'0'),
-        '\u{0E50}'..='\u{0E59}' => Some((c as u32 - 0x0E50) as u8),
-        _ => None,
-    }
+    let zero = match c {
+        '0'..='9' => '0',
+        '\u{0E50}'..='\u{0E59}' => '\u{0E50}',
+        '\u{FF10}'..='\u{FF19}' => '\u{FF10}',
+        '\u{0660}'..='\u{0669}' => '\u{0660}',
+        '\u{06F0}'..='\u{06F9}' => '\u{06F0}',
+        '\u{0966}'..='\u{096F}' => '\u{0966}',
+        '\u{0ED0}'..='\u{0ED9}' => '\u{0ED0}',
+        '\u{1040}'..='\u{1049}' => '\u{1040}',
+        '\u{17E0}'..='\u{17E9}' => '\u{17E0}',
+        _ => return None,
+    };
+    Some((c as u32 - zero as u32) as u8)
+}
+
+/// Characters people put between the digit groups of an id or a card number.
+fn is_separator(c: char) -> bool {
+    matches!(
+        c,
+        '-' | ' ' | '.' | '/' | '_' | '\u{00A0}' | '\u{2010}'
+            ..='\u{2015}'
+                | '\u{2212}'
+                | '\u{202F}'
+                | '\u{3000}'
+                | '\u{FF0D}'
+                | '\u{FF0E}'
+                | '\u{FF0F}'
+    ) || is_ignorable(c)
 }
 
 /// A group of digits without separators: byte range and digits.
@@ -147,7 +195,7 @@ struct Group {
 fn digit_runs(text: &str) -> Vec<Vec<Group>> {
     let mut runs = Vec::new();
     let mut cur: Vec<Group> = Vec::new();
-    let mut after_sep = false;
+    let mut after_sep = 0u8;
     let mut in_group = false;
     for (i, c) in text.char_indices() {
         if let Some(d) = digit(c) {
@@ -162,16 +210,18 @@ fn digit_runs(text: &str) -> Vec<Vec<Group>> {
                 });
             }
             in_group = true;
-            after_sep = false;
-        } else if (c == '-' || c == ' ') && !cur.is_empty() && !after_sep {
-            after_sep = true;
+            after_sep = 0;
+        } else if is_ignorable(c) && in_group {
+            // Invisible: the group goes on.
+        } else if is_separator(c) && !cur.is_empty() && after_sep < 2 {
+            after_sep += 1;
             in_group = false;
         } else {
-            // Anything else, or a second separator in a row, ends the run.
+            // Anything else, or a third separator in a row, ends the run.
             if !cur.is_empty() {
                 runs.push(std::mem::take(&mut cur));
             }
-            after_sep = false;
+            after_sep = 0;
             in_group = false;
         }
     }
@@ -248,30 +298,33 @@ fn number_spans(text: &str) -> Vec<Span> {
     out
 }
 
-const PEM_BEGIN: &str = "-----BEGIN ";
-const PEM_KEY: &str = "PRIVATE KEY-----";
+const PEM_BEGIN: &str = "-----begin ";
+const PEM_KEY: &str = "private key-----";
 
-/// Byte ranges of PEM private key blocks (to the matching END line, or the text's end).
+/// Byte ranges of PEM private key blocks (to the matching END line, or the text's end),
+/// in any letter case.
 fn private_keys(text: &str) -> Vec<(usize, usize)> {
+    // ASCII lowercasing keeps byte offsets.
+    let lower = text.to_ascii_lowercase();
     let mut out = Vec::new();
     let mut from = 0;
-    while let Some(pos) = text[from..].find(PEM_BEGIN) {
+    while let Some(pos) = lower[from..].find(PEM_BEGIN) {
         let start = from + pos;
-        let line_end = text[start..].find('\n').map_or(text.len(), |n| start + n);
-        if text[start..line_end].contains(PEM_KEY) {
-            let end = text[line_end..]
-                .find("-----END ")
+        let line_end = lower[start..].find('\n').map_or(lower.len(), |n| start + n);
+        if lower[start..line_end].contains(PEM_KEY) {
+            let end = lower[line_end..]
+                .find("-----end ")
                 .and_then(|n| {
                     let e = line_end + n;
-                    text[e..].find(PEM_KEY).map(|k| e + k + PEM_KEY.len())
+                    lower[e..].find(PEM_KEY).map(|k| e + k + PEM_KEY.len())
                 })
-                .unwrap_or(text.len());
+                .unwrap_or(lower.len());
             out.push((start, end));
             from = end;
         } else {
             from = line_end.max(start + PEM_BEGIN.len());
         }
-        if from >= text.len() {
+        if from >= lower.len() {
             break;
         }
     }
@@ -282,23 +335,46 @@ fn token_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_' | '~' | '+' | '/' | '=')
 }
 
-/// Byte ranges of bearer credentials (`Bearer ` + 16 or more token68 characters, the
-/// token only) and of JSON Web Tokens (`eyJ….eyJ….sig`).
+/// Byte ranges of bearer credentials (`Bearer`, then spaces, tabs or a colon, then 16 or
+/// more token68 characters; the token only), of this platform's own API keys (`nk_…`)
+/// and of JSON Web Tokens (`eyJ….eyJ….sig`).
 fn bearer_tokens(text: &str) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let lower = text.to_ascii_lowercase();
     let mut from = 0;
-    while let Some(pos) = lower[from..].find("bearer ") {
-        let start = from + pos + "bearer ".len();
+    while let Some(pos) = lower[from..].find("bearer") {
+        let mut start = from + pos + "bearer".len();
+        let gap: usize = text[start..]
+            .chars()
+            .take_while(|c| matches!(c, ' ' | '\t' | ':' | '\u{00A0}'))
+            .map(char::len_utf8)
+            .sum();
+        start += gap;
         let len: usize = text[start..]
             .chars()
             .take_while(|c| token_char(*c))
             .map(char::len_utf8)
             .sum();
-        if len >= 16 {
+        if gap > 0 && len >= 16 {
             out.push((start, start + len));
         }
-        from = start + len;
+        from = start + len.max(1);
+        if from >= text.len() {
+            break;
+        }
+    }
+    let mut from = 0;
+    while let Some(pos) = text[from..].find("nk_") {
+        let start = from + pos;
+        let len: usize = text[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+            .map(char::len_utf8)
+            .sum();
+        if len >= 40 && !out.iter().any(|(s, e)| *s <= start && start < *e) {
+            out.push((start, start + len));
+        }
+        from = start + len.max(3);
     }
     let mut from = 0;
     while let Some(pos) = text[from..].find("eyJ") {
@@ -420,9 +496,19 @@ fn walk(path: &str, value: &Value, out: &mut Vec<Finding>) {
     match value {
         Value::Object(map) => {
             for (k, v) in map {
-                let p = format!("{path}.{k}");
-                let empty = v.is_null() || v.as_str().is_some_and(str::is_empty);
-                if is_secret_field(k) && !empty && !v.is_object() && !v.is_array() {
+                // A key that is itself an id or a card is named masked.
+                let key_kinds = scan_text(k);
+                let shown = if key_kinds.is_empty() {
+                    k.clone()
+                } else {
+                    mask_text(k)
+                };
+                let p = format!("{path}.{shown}");
+                out.extend(key_kinds.into_iter().map(|kind| Finding {
+                    path: p.clone(),
+                    kind,
+                }));
+                if is_secret_field(k) && !is_empty_value(v) {
                     out.push(Finding {
                         path: p,
                         kind: Kind::SecretField,
@@ -448,22 +534,31 @@ fn walk(path: &str, value: &Value, out: &mut Vec<Finding>) {
     }
 }
 
-/// `value` with every finding of [`scan_json`] masked: secret fields become
-/// `"[REDACTED]"`, strings are masked with [`mask_text`], and a number that is an id or a
-/// card becomes its masked string.
+/// Null, `""`, `[]` or `{}`: nothing secret to hide.
+fn is_empty_value(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+/// `value` with every finding of [`scan_json`] masked: a secret field's whole value
+/// becomes `"[REDACTED]"`, strings and keys are masked with [`mask_text`], and a number
+/// that is an id or a card becomes its masked string.
 pub fn mask_json(value: &Value) -> Value {
     match value {
         Value::Object(map) => Value::Object(
             map.iter()
                 .map(|(k, v)| {
-                    let empty = v.is_null() || v.as_str().is_some_and(str::is_empty);
-                    let masked = if is_secret_field(k) && !empty && !v.is_object() && !v.is_array()
-                    {
+                    let masked = if is_secret_field(k) && !is_empty_value(v) {
                         Value::String("[REDACTED]".into())
                     } else {
                         mask_json(v)
                     };
-                    (k.clone(), masked)
+                    (mask_text(k), masked)
                 })
                 .collect(),
         ),
@@ -479,6 +574,76 @@ pub fn mask_json(value: &Value) -> Value {
         }
         other => other.clone(),
     }
+}
+
+/// The text a reader sees in an HTML fragment: tags removed, character references
+/// (`&#49;`, `&#x31;`, `&amp;` and the like) decoded. For scanning email HTML.
+pub fn html_text(html: &str) -> String {
+    let mut out = String::with_capacity(html.len());
+    let mut in_tag = false;
+    for c in html.chars() {
+        match c {
+            '<' => in_tag = true,
+            '>' if in_tag => in_tag = false,
+            _ if !in_tag => out.push(c),
+            _ => {}
+        }
+    }
+    let mut decoded = String::with_capacity(out.len());
+    let mut rest = out.as_str();
+    while let Some(pos) = rest.find('&') {
+        decoded.push_str(&rest[..pos]);
+        let tail = &rest[pos..];
+        let end = tail.find(';').filter(|e| *e <= 12);
+        let reference = end.map(|e| &tail[1..e]);
+        let ch = reference.and_then(|r| match r {
+            "amp" => Some('&'),
+            "lt" => Some('<'),
+            "gt" => Some('>'),
+            "quot" => Some('"'),
+            "apos" => Some('\''),
+            "nbsp" => Some('\u{00A0}'),
+            _ => r
+                .strip_prefix("#x")
+                .or_else(|| r.strip_prefix("#X"))
+                .and_then(|h| u32::from_str_radix(h, 16).ok())
+                .or_else(|| r.strip_prefix('#').and_then(|d| d.parse().ok()))
+                .and_then(char::from_u32),
+        });
+        match (ch, end) {
+            (Some(c), Some(e)) => {
+                decoded.push(c);
+                rest = &tail[e + 1..];
+            }
+            _ => {
+                decoded.push('&');
+                rest = &tail[1..];
+            }
+        }
+    }
+    decoded.push_str(rest);
+    decoded
+}
+
+/// `text` with `%XX` escapes decoded (invalid UTF-8 replaced). For scanning URLs.
+pub fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -503,6 +668,18 @@ mod tests {
             "1 1037 00123 45 8",
             "เลขประจำตัวประชาชน ๑๑๐๓๗๐๐๑๒๓๔๕๘ ค่ะ",
             "บัตร:1-1037-00123-45-8.",
+            // Found by testing: dots, slashes, underscores, doubled or unusual spaces,
+            // dashes, invisible characters, fullwidth and Arabic-Indic digits.
+            "1.1037.00123.45.8",
+            "1/1037/00123/45/8",
+            "1_1037_00123_45_8",
+            "1  1037  00123  45  8",
+            "1\u{a0}1037\u{a0}00123\u{a0}45\u{a0}8",
+            "1\u{2013}1037\u{2013}00123\u{2013}45\u{2013}8",
+            "11037\u{ad}00123458",
+            "110370\u{200b}0123458",
+            "１１０３７００１２３４５８",
+            "\u{661}\u{661}\u{660}\u{663}\u{667}\u{660}\u{660}\u{661}\u{662}\u{663}\u{664}\u{665}\u{668}",
         ] {
             assert_eq!(scan_text(text), vec![Kind::ThaiNationalId], "{text}");
         }
@@ -510,7 +687,7 @@ mod tests {
             "1103700123459",         // wrong check digit
             "order 1-1037-00123-45", // 12 digits
             "11037001234581",        // 14 digits (and not Luhn-valid)
-            "1--1037-00123-45-8",    // two separators split it
+            "1---1037-00123-45-8",   // three separators split it
             "tel 081-234-5678",
         ] {
             assert!(!scan_text(text).contains(&Kind::ThaiNationalId), "{text}");
@@ -524,6 +701,7 @@ mod tests {
             "card 4111 1111 1111 1111 exp 12/29",
             "5500-0000-0000-0004",
             "บัตรเครดิต 378282246310005",
+            "4111.1111.1111.1111",
         ] {
             assert_eq!(scan_text(text), vec![Kind::PaymentCard], "{text}");
         }
@@ -555,12 +733,54 @@ mod tests {
             vec![Kind::BearerToken]
         );
         assert!(scan_text("a bearer of good news").is_empty());
+        for t in [
+            "Authorization: Bearer  abcdefghijklmnop1234",
+            "Bearer\tabcdefghijklmnop1234",
+            "bearer:abcdefghijklmnop1234",
+            "key nk_0a1b2c3d_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789-_abcdefg",
+        ] {
+            assert_eq!(scan_text(t), vec![Kind::BearerToken], "{t}");
+        }
+        assert_eq!(
+            scan_text("-----begin private key-----\nabc"),
+            vec![Kind::PrivateKey]
+        );
         assert_eq!(
             scan_text("token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl"),
             vec![Kind::BearerToken]
         );
         assert!(is_secret_field("Password") && is_secret_field("client_secret"));
         assert!(is_secret_field("API-Key") && !is_secret_field("order_id"));
+        for name in [
+            "user_password",
+            "userPassword",
+            "new_password",
+            "password_confirmation",
+            "db_pass",
+            "token",
+            "auth",
+            "credentials",
+            "cvv2",
+            "pass\u{200b}word",
+            "ｐａｓｓｗｏｒｄ",
+            "password:",
+        ] {
+            assert!(is_secret_field(name), "{name}");
+        }
+        // Login codes are what the platform sends; the others are ordinary words.
+        for name in ["otp", "author", "passenger", "url", "tracking_number"] {
+            assert!(!is_secret_field(name), "{name}");
+        }
+        // HTML and URL encodings are looked through.
+        assert_eq!(
+            html_text("<b>1103700</b>&#49;23458 &amp; x"),
+            "1103700123458 & x"
+        );
+        assert_eq!(
+            percent_decoded("a=%31103700123458&b=%E0%B8%81"),
+            "a=1103700123458&b=ก"
+        );
+        assert_eq!(percent_decoded("100%"), "100%");
     }
 
     #[test]
@@ -570,12 +790,18 @@ mod tests {
             "customer": {"name": "สมชาย", "id_card": "1-1037-00123-45-8", "password": "hunter2"},
             "cards": [{"last": "1111"}, {"number": 4111111111111111u64}],
             "note": "โอนแล้ว ขอบคุณ",
-            "empty_secret": {"token": null},
+            "extras": {"token": null},
+            "login2": {"password": ["hunter2"]},
+            "1103700123458": "x",
         });
         let found = scan_json("payload", &payload);
         assert_eq!(
             found,
             vec![
+                Finding {
+                    path: "payload.XXXXXXXXX3458".into(),
+                    kind: Kind::ThaiNationalId
+                },
                 Finding {
                     path: "payload.cards[1].number".into(),
                     kind: Kind::PaymentCard
@@ -586,6 +812,10 @@ mod tests {
                 },
                 Finding {
                     path: "payload.customer.password".into(),
+                    kind: Kind::SecretField
+                },
+                Finding {
+                    path: "payload.login2.password".into(),
                     kind: Kind::SecretField
                 },
             ]

@@ -61,6 +61,13 @@ impl Violations {
         } else if value.chars().any(char::is_control) {
             self.add(field, "must not contain control characters");
             false
+        } else if value.chars().any(|c| is_invisible(c) || is_bidi_control(c)) {
+            // `u\u{200b}1` would look like `u1` and be another user.
+            self.add(
+                field,
+                "must not contain invisible or bidirectional control characters",
+            );
+            false
         } else {
             true
         }
@@ -126,6 +133,12 @@ impl Violations {
             Some(_) => {}
         }
     }
+}
+
+/// Bidirectional embedding, override and isolate controls (U+202A to U+202E, U+2066 to
+/// U+2069), which reorder how text is shown.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// Zero-width and byte-order-mark characters that render as nothing.
@@ -270,6 +283,9 @@ mod tests {
         assert!(!v.check_id("c", &"x".repeat(256), 255));
         assert!(!v.check_id("d", "a\u{0}b", 255));
         assert!(!v.check_id("e", "\u{200b}\u{feff}", 255));
+        assert!(!v.check_id("e", "u\u{200b}1", 255));
+        assert!(!v.check_id("e", "order\u{202e}1", 255));
+        assert!(v.check_id("e", "คำสั่งซื้อ:๑๒๓", 255));
         assert!(!v.check_id("f", " qa0", 255));
         let fields: Vec<_> = v.0.iter().map(|f| f.field.as_str()).collect();
         assert_eq!(fields, ["b", "c", "d", "e", "f"]);

@@ -338,6 +338,9 @@ pub struct EventRecord {
     pub fanout_status: String,
     /// Topic subscribers planned so far.
     pub fanout_recipients: i32,
+    /// The authenticated caller that sent it (`None` for events from before callers were
+    /// recorded).
+    pub caller: Option<String>,
     /// When it was recorded (database clock).
     pub created_at: DateTime<Utc>,
 }
@@ -406,7 +409,7 @@ pub async fn get_event(
     };
     let row = sqlx::query(
         "SELECT id, event_key, type, actor_id, recipients, payload_json, content_json, topic,
-                fanout_status, fanout_recipients, created_at
+                fanout_status, fanout_recipients, created_at, caller
          FROM notification_events WHERE id = $1 OR event_key = $2 OR caller_key = $2
          ORDER BY created_at DESC LIMIT 1",
     )
@@ -425,6 +428,7 @@ pub async fn get_event(
         topic: r.get("topic"),
         fanout_status: r.get("fanout_status"),
         fanout_recipients: r.get("fanout_recipients"),
+        caller: r.get("caller"),
         created_at: r.get("created_at"),
     }))
 }

@@ -109,7 +109,21 @@ impl TemplateCache {
             },
         };
         match template::render(&job.type_key, t, &ctx) {
-            Ok(content) => {
+            Ok(mut content) => {
+                // The caller's input passed the sensitive-data guard, but a template can
+                // join pieces into an id or a card number: whatever the guard finds in
+                // the rendered text is masked before it is sent or stored.
+                for text in [
+                    &mut content.title,
+                    &mut content.body,
+                    &mut content.email_subject,
+                    &mut content.email_html,
+                    &mut content.email_text,
+                ] {
+                    if !notify_core::guard::scan_text(text).is_empty() {
+                        *text = notify_core::guard::mask_text(text);
+                    }
+                }
                 job.content = content;
                 Ok(())
             }

@@ -84,7 +84,25 @@ pub async fn run(database_url: &str, args: &[String]) -> anyhow::Result<u8> {
                             .split(',')
                             .map(|t| t.trim().to_string())
                             .filter(|t| !t.is_empty())
-                            .collect()
+                            .collect();
+                        // Type keys are lowercase [a-z0-9_.-]; a pattern that cannot match
+                        // one is a mistake, not a restriction.
+                        for t in &new.send_types {
+                            let body = t.strip_suffix('*').unwrap_or(t);
+                            let ok = t == "*"
+                                || (!body.is_empty()
+                                    && body.starts_with(|c: char| c.is_ascii_lowercase())
+                                    && body.chars().all(|c| {
+                                        c.is_ascii_lowercase()
+                                            || c.is_ascii_digit()
+                                            || matches!(c, '_' | '.' | '-')
+                                    }));
+                            if !ok {
+                                bail!(
+                                    "--types {t:?}: a type key ([a-z][a-z0-9_.-]*), a prefix ending in *, or *"
+                                );
+                            }
+                        }
                     }
                     "--manage" => new.can_manage = true,
                     "--rate" => {
