@@ -122,10 +122,17 @@ pub async fn run(database_url: &str, args: &[String]) -> anyhow::Result<u8> {
                     other => bail!("unknown option {other:?}"),
                 }
             }
+            if new.send_types.is_empty() {
+                bail!(
+                    "--types is required: the types this caller may send (order_*,security_login), or * for all"
+                );
+            }
             let (key, row) = match api_keys::create(&pool, &new).await {
                 Ok(k) => k,
                 Err(e) if e.to_string().contains("api_keys_name_key") => {
-                    bail!("a key named {name:?} exists; revoke it or pick another name")
+                    bail!(
+                        "a key named {name:?} exists (active or revoked: names stay taken, so events keep naming their caller); pick another name, e.g. {name}-2"
+                    )
                 }
                 Err(e) if e.to_string().contains("api_keys_name_check") => {
                     bail!(

@@ -111,6 +111,16 @@ async fn main() -> ExitCode {
             }
         }
         Some("keys") => {
+            if std::env::args()
+                .skip(2)
+                .any(|a| matches!(a.as_str(), "-h" | "--help" | "help"))
+                || std::env::args().nth(2).is_none()
+            {
+                println!(
+                    "usage: notifyctl keys create NAME --types PATTERNS [--manage] [--rate N] [--max-recipients N]\n       notifyctl keys list\n       notifyctl keys revoke NAME\n  PATTERNS: type keys or prefixes ending in * (order_*,security_login), or * for all.\n  --rate: CreateEvent calls per second (default 50); --max-recipients: per event (default 1000).\n  Talks to Postgres at NOTIFY_DATABASE_URL. create prints the key once, on stdout.\n  Revoked names stay taken."
+                );
+                return ExitCode::SUCCESS;
+            }
             let mut env = notify_telemetry::Env::new();
             let database_url = env.required("NOTIFY_DATABASE_URL");
             if let Err(problems) = env.finish() {
