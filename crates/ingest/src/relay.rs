@@ -192,11 +192,6 @@ fn producer_span(cfg: &RelayConfig, row: &outbox::OutboxRow) -> tracing::Span {
     if let Some(id) = row.event_id {
         span.record("notify.event_id", tracing::field::display(id));
     }
-    if let Some(tp) = &row.trace_context {
-        notify_telemetry::propagation::set_parent(
-            &span,
-            notify_telemetry::propagation::context_from_traceparent(tp, None),
-        );
-    }
+    notify_telemetry::propagation::continue_trace(&span, row.trace_context.as_deref(), None);
     span
 }

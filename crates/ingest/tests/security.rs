@@ -105,6 +105,15 @@ async fn setup(p: &Platform, admin: &str, types: &[(&str, &str)]) -> String {
     user
 }
 
+/// The caller recorded on an event.
+async fn caller_of(p: &Platform, event_id: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT caller FROM notification_events WHERE id = $1::uuid")
+        .bind(event_id)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap()
+}
+
 fn secured() -> Options {
     Options {
         auth: ingest::auth::AuthMode::ApiKey,
@@ -128,13 +137,10 @@ async fn keys_are_checked_scoped_and_recorded_on_the_event() {
         .await
         .unwrap()
         .into_inner();
-    let caller: Option<String> =
-        sqlx::query_scalar("SELECT caller FROM notification_events WHERE id = $1::uuid")
-            .bind(&ok.event_id)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
-    assert_eq!(caller.as_deref(), Some("shop-orders"));
+    assert_eq!(
+        caller_of(&p, &ok.event_id).await.as_deref(),
+        Some("shop-orders")
+    );
 
     // Another caller's event is "not found" to a key without the manage scope.
     let other = key(&p, "forum-replies", &["forum_*"], false, 1000, 1000).await;
@@ -543,13 +549,10 @@ async fn mutual_tls_names_the_caller_by_its_certificate() {
         .await
         .unwrap()
         .into_inner();
-    let caller: Option<String> =
-        sqlx::query_scalar("SELECT caller FROM notification_events WHERE id = $1::uuid")
-            .bind(&ev.event_id)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
-    assert_eq!(caller.as_deref(), Some("shop-checkout"));
+    assert_eq!(
+        caller_of(&p, &ev.event_id).await.as_deref(),
+        Some("shop-checkout")
+    );
 
     // A certificate from our CA naming no caller: unauthenticated.
     let stranger = tls_channel(&p, &pki, Some("stranger")).await.unwrap();

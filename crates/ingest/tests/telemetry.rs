@@ -128,6 +128,15 @@ fn tokio_stream_from(listener: tokio::net::TcpListener) -> tonic::transport::ser
     tonic::transport::server::TcpIncoming::from(listener)
 }
 
+/// A platform whose ingest (and workers) the test starts as processes.
+fn ingest_as_a_process() -> Options {
+    Options {
+        workers: vec![],
+        ingest_in_process: false,
+        ..Default::default()
+    }
+}
+
 /// OTLP settings for a platform process exporting to `url` quickly.
 fn otel_env(url: &str) -> Vec<(&'static str, String)> {
     vec![
@@ -206,12 +215,7 @@ fn sample(exposition: &str, name: &str, labels: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_notification_is_one_trace_from_the_caller_to_the_provider_retry_included() {
     let (collector, otlp_url) = Collector::start().await;
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ingest_in_process: false,
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(ingest_as_a_process()).await;
     let env = otel_env(&otlp_url);
     let _ingest = p.spawn("ingest", &["serve"], &env);
     let _worker = p.spawn("worker-line", &[], &env);
@@ -428,12 +432,7 @@ async fn one_notification_is_one_trace_from_the_caller_to_the_provider_retry_inc
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_exactly_the_deliveries_sent_and_logs_carry_ids_but_no_content() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ingest_in_process: false,
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(ingest_as_a_process()).await;
     let (ingest_admin, worker_admin) = (free_addr(), free_addr());
     let ingest = p.spawn(
         "ingest",
@@ -575,12 +574,7 @@ async fn metrics_count_exactly_the_deliveries_sent_and_logs_carry_ids_but_no_con
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_sigterm_ingest_reports_not_serving_before_it_stops_accepting() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ingest_in_process: false,
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(ingest_as_a_process()).await;
     let admin = free_addr();
     let mut ingest = p.spawn(
         "ingest",

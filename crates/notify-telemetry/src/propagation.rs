@@ -80,6 +80,14 @@ pub fn set_parent(span: &tracing::Span, cx: Context) {
     }
 }
 
+/// Sets `span`'s parent to the context named by `traceparent` (and `tracestate`), when
+/// there is one and it is valid: a stored event's trace, or a message's headers.
+pub fn continue_trace(span: &tracing::Span, traceparent: Option<&str>, tracestate: Option<&str>) {
+    if let Some(tp) = traceparent {
+        set_parent(span, context_from_traceparent(tp, tracestate));
+    }
+}
+
 /// `(trace_id, span_id)` in lowercase hex of `span`, if it has a valid context.
 pub fn ids_of(span: &tracing::Span) -> Option<(String, String)> {
     let cx = span.context();

@@ -478,15 +478,11 @@ impl<S: ChannelSender> Ctx<S> {
             notify.provider = tracing::field::Empty,
         );
         let headers = notify_broker::string_headers(&msg.properties);
-        if let Some(tp) = headers.get("traceparent") {
-            notify_telemetry::propagation::set_parent(
-                &span,
-                notify_telemetry::propagation::context_from_traceparent(
-                    tp,
-                    headers.get("tracestate").map(String::as_str),
-                ),
-            );
-        }
+        notify_telemetry::propagation::continue_trace(
+            &span,
+            headers.get("traceparent").map(String::as_str),
+            headers.get("tracestate").map(String::as_str),
+        );
         span
     }
 
