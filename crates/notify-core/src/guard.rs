@@ -358,7 +358,14 @@ fn bearer_tokens(text: &str) -> Vec<(usize, usize)> {
         if gap > 0 && len >= 16 {
             out.push((start, start + len));
         }
-        from = start + len.max(1);
+        // Step past at least one whole character (found by `make fuzz`: a byte step
+        // landed inside a Cyrillic letter).
+        let step = if len > 0 {
+            len
+        } else {
+            text[start..].chars().next().map_or(1, char::len_utf8)
+        };
+        from = start + step;
         if from >= text.len() {
             break;
         }
@@ -744,6 +751,14 @@ mod tests {
         assert_eq!(
             scan_text("-----begin private key-----\nabc"),
             vec![Kind::PrivateKey]
+        );
+        // Found by `make fuzz`: "bearer " followed by a multi-byte letter.
+        let odd = "Bearer .......eareyJga....,..,.HxBearer к";
+        assert_eq!(scan_text(odd), vec![Kind::BearerToken]);
+        assert!(
+            mask_text(odd).ends_with(",..,.HxBearer к"),
+            "{}",
+            mask_text(odd)
         );
         assert_eq!(
             scan_text("token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl"),
