@@ -611,13 +611,7 @@ def cmd_manifests(args: argparse.Namespace) -> int:
             Rendering(name, objs, problems).check()
         else:
             problems.add(name, "project rules not checked: schema errors first")
-    for item in problems.items:
-        print(f"ERROR {item}", file=sys.stderr)
-    if problems:
-        print(f"manifests: {len(problems.items)} problem(s)", file=sys.stderr)
-        return 1
-    print(f"{len(args.renderings)} renderings, {total} objects valid; rules OK")
-    return 0
+    return report(problems, "manifests", f"{len(args.renderings)} renderings, {total} objects valid; rules OK")
 
 
 # ---------------------------------------------------------------------------------------
@@ -848,14 +842,23 @@ def cmd_monitoring(args: argparse.Namespace) -> int:
             if name not in quiet:
                 problems.add(tests_path, f"no test shows {name} quiet on healthy series")
 
+    return report(
+        problems,
+        "monitoring",
+        f"dashboard OK ({panels_checked} panels, {len(metrics)} metrics); {len(alert_names)} alerts OK",
+    )
+
+
+
+def report(problems, what: str, ok_line: str) -> int:
+    """Prints every problem (exit 1) or the one-line summary (exit 0)."""
     for item in problems.items:
         print(f"ERROR {item}", file=sys.stderr)
     if problems:
-        print(f"monitoring: {len(problems.items)} problem(s)", file=sys.stderr)
+        print(f"{what}: {len(problems.items)} problem(s)", file=sys.stderr)
         return 1
-    print(f"dashboard OK ({panels_checked} panels, {len(metrics)} metrics); {len(alert_names)} alerts OK")
+    print(ok_line)
     return 0
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

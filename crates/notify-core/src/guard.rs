@@ -63,18 +63,7 @@ pub struct Finding {
 /// invisible characters) whose values are secrets whatever they look like: a name
 /// equal to one of these, containing one of [`SECRET_FIELD_PARTS`], or ending in `pass`,
 /// `pwd` or `token`.
-pub const SECRET_FIELDS: &[&str] = &[
-    "pwd",
-    "pass",
-    "pin",
-    "cvv",
-    "cvv2",
-    "cvc",
-    "cvc2",
-    "token",
-    "auth",
-    "otpsecret",
-];
+pub const SECRET_FIELDS: &[&str] = &["pin", "cvv", "cvv2", "cvc", "cvc2", "auth"];
 
 /// Parts that make any field name a secret's (`user_password`, `clientSecret`,
 /// `db_credentials`, `refresh_token`, …).

@@ -27,8 +27,6 @@ pub(crate) struct Installed {
     pub(crate) tracer_provider: SdkTracerProvider,
     pub(crate) meter_provider: SdkMeterProvider,
     pub(crate) registry: prometheus::Registry,
-    /// Whether spans leave the process (an OTLP endpoint is set).
-    pub(crate) exporting_traces: bool,
 }
 
 pub(crate) static INSTALLED: OnceLock<Installed> = OnceLock::new();
@@ -160,7 +158,6 @@ pub(crate) fn install(
         tracer_provider,
         meter_provider,
         registry,
-        exporting_traces: settings.export_traces,
     });
     Ok(tracer)
 }
@@ -185,9 +182,4 @@ pub fn shutdown() {
             tracing::warn!("telemetry export did not finish within 4 s; exiting without it");
         }
     }
-}
-
-/// Whether spans are exported (an OTLP endpoint is configured).
-pub fn exporting_traces() -> bool {
-    INSTALLED.get().is_some_and(|i| i.exporting_traces)
 }
