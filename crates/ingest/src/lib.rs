@@ -16,7 +16,7 @@ use notify_store::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 /// Settings of an ingest process.
 #[derive(Debug, Clone)]
@@ -358,10 +358,28 @@ async fn sweep(pool: PgPool, cfg: IngestConfig, shutdown: CancellationToken) {
             _ = tokio::time::sleep(cfg.sweep_interval) => {}
         }
         match notify_store::deliveries::requeue_expired_leases(&pool, cfg.sweep_batch).await {
-            Ok(0) => {}
-            Ok(n) => {
-                notify_telemetry::metrics().lease_recoveries.add(n, &[]);
-                warn!(recovered = n, "expired leases returned to pending")
+            Ok(expired) if expired.is_empty() => {}
+            Ok(expired) => {
+                let m = notify_telemetry::metrics();
+                m.lease_recoveries.add(expired.len() as u64, &[]);
+                for lost in expired.iter().filter(|l| l.failed) {
+                    // The worker died or froze during the last attempt allowed: the
+                    // attempt cap holds here as on the worker's own path.
+                    let [c, p] =
+                        notify_telemetry::metrics::channel_provider(&lost.channel, &lost.provider);
+                    m.deliveries_failed.add(
+                        1,
+                        &[c, p, opentelemetry::KeyValue::new("reason", "worker_lost")],
+                    );
+                    error!(delivery_id = %lost.id, channel = %lost.channel, attempt = lost.attempt,
+                        reason = "worker_lost", alert = "delivery_failed",
+                        "delivery failed: its worker died or froze during the last attempt allowed");
+                }
+                warn!(
+                    recovered = expired.iter().filter(|l| !l.failed).count(),
+                    failed = expired.iter().filter(|l| l.failed).count(),
+                    "expired leases recovered"
+                )
             }
             Err(e) => warn!(error = %e, "lease sweep failed"),
         }

@@ -1,6 +1,6 @@
 //! The outbox relay: publishes due outbox rows to RabbitMQ with publisher confirms and
-//! deletes each row only after its confirm. Wakes on `LISTEN notify_outbox`, polls as a
-//! fallback, and runs safely in any number of ingest replicas (claims use SKIP LOCKED).
+//! deletes each row only after its confirm. Wakes on `LISTEN notify_outbox`, at the due
+//! time of the next row written for later (retries, deferrals), and polls as a fallback, and runs safely in any number of ingest replicas (claims use SKIP LOCKED).
 
 use notify_broker::{DeliveryMessage, PublishOutcome, Publisher, Topology};
 use notify_core::Channel;
@@ -92,10 +92,15 @@ async fn run_connected(
         }
         let rows = outbox::claim_due(pool, cfg.batch, cfg.hold).await?;
         if rows.is_empty() {
+            // Sleep until the next row is due (a retry written by a worker is announced
+            // when written, but due later), a new row is announced, or the poll interval.
+            let wait = outbox::next_due_in(pool)
+                .await?
+                .map_or(cfg.poll, |d| d.min(cfg.poll));
             tokio::select! {
                 _ = shutdown.cancelled() => {}
                 n = listener.recv() => { n?; }
-                _ = tokio::time::sleep(cfg.poll) => {}
+                _ = tokio::time::sleep(wait) => {}
             }
             continue;
         }

@@ -103,16 +103,19 @@ async fn a_worker_whose_lease_was_taken_writes_nothing_and_the_retry_key_prevent
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(done.deliveries[0].status, "sent");
     tokio::time::sleep(Duration::from_millis(2500)).await; // the frozen call has returned by now
-    let recorded: Vec<i32> =
-        sqlx::query_scalar("SELECT attempt FROM delivery_attempts WHERE delivery_id = $1::uuid")
-            .bind(&id)
-            .fetch_all(&p.pool)
-            .await
-            .unwrap();
+    let recorded: Vec<(i32, String)> = sqlx::query_as(
+        "SELECT attempt, coalesce(error_code, outcome) FROM delivery_attempts
+         WHERE delivery_id = $1::uuid ORDER BY attempt",
+    )
+    .bind(&id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
     assert_eq!(
         recorded,
-        [2],
-        "the frozen worker (attempt 1) recorded nothing once its lease was gone"
+        [(1, "worker_lost".to_string()), (2, "sent".to_string())],
+        "the frozen worker (attempt 1) recorded nothing once its lease was gone; the sweeper \
+         recorded that attempt as lost"
     );
     assert_eq!(
         status_of(&p, &id).await,

@@ -111,10 +111,17 @@ impl AttemptOutcome {
     }
 }
 
-/// Parses an HTTP `Retry-After` value given in delay-seconds (RFC 9110 §10.2.3).
-/// HTTP-dates and garbage give `None`.
-pub fn parse_retry_after_seconds(value: &str) -> Option<Duration> {
-    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+/// Parses an HTTP `Retry-After` value (RFC 9110 §10.2.3) in either form: delay-seconds
+/// (`120`), or an HTTP-date (`Wed, 21 Oct 2015 07:28:00 GMT`, and the obsolete RFC 850
+/// and asctime forms, §5.6.7), which is turned into the wait from `now`; a date in the
+/// past means no wait. Garbage gives `None`.
+pub fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 #[cfg(test)]
@@ -122,16 +129,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn retry_after_seconds_only() {
+    fn retry_after_in_seconds_or_as_an_http_date() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_000); // 07:20:00 GMT
         assert_eq!(
-            parse_retry_after_seconds(" 120 "),
+            parse_retry_after(" 120 ", now),
             Some(Duration::from_secs(120))
         );
         assert_eq!(
-            parse_retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT"),
-            None
+            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now),
+            Some(Duration::from_secs(480))
         );
-        assert_eq!(parse_retry_after_seconds("-1"), None);
+        assert_eq!(
+            parse_retry_after("Wednesday, 21-Oct-15 07:28:00 GMT", now),
+            Some(Duration::from_secs(480))
+        );
+        assert_eq!(
+            parse_retry_after("Wed Oct 21 07:28:00 2015", now),
+            Some(Duration::from_secs(480))
+        );
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-1", now), None);
     }
 
     #[test]

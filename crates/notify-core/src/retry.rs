@@ -1,5 +1,6 @@
-//! Retry schedule: per-attempt base delays with full jitter, a clamped `Retry-After`,
-//! and a floor for rate limiting. Pure arithmetic: randomness is passed in.
+//! Retry schedule: per-attempt base delays with jitter bounded around each base (so the
+//! spacing grows with every attempt), a clamped `Retry-After`, and a floor for rate
+//! limiting. Pure arithmetic: randomness is passed in.
 
 use std::time::Duration;
 
@@ -32,12 +33,36 @@ impl Default for RetryPolicy {
     }
 }
 
+/// Jitter band around each base delay: a retry waits between `base * (1 - JITTER)` and
+/// `base * (1 + JITTER)`. With bases that at least double (the default schedule and any
+/// `NOTIFY_RETRY_DELAYS` whose steps grow by 1.5x or more) the gaps grow monotonically,
+/// and failures at the same instant still spread over 40 % of the base (Svix uses the
+/// same +-20 %).
+pub const JITTER: f64 = 0.2;
+
+/// Longest duration any setting accepts, and the longest delay the schedule ever
+/// returns: 366 days. Postgres stores it (`interval` reaches 178,000,000 years; the
+/// millisecond count fits `bigint`), and tokio's timers act on it.
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 86_400);
+
 /// A bad `NOTIFY_RETRY_DELAYS`-style schedule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid duration {0:?}: expected a number followed by ms, s, m or h (e.g. 30s,2m,1h)")]
+#[error(
+    "invalid duration {0:?}: expected a number followed by ms, s, m or h (e.g. 30s,2m,1h), at most 366 days"
+)]
 pub struct BadDuration(pub String);
 
-/// Parses `"250ms"`, `"30s"`, `"2m"`, `"6h"` (a bare number means seconds).
+/// Whole milliseconds of `d` for SQL (`$n * interval '1 millisecond'`), saturating at
+/// [`MAX_DURATION`] so no setting or provider answer can overflow the database.
+pub fn millis(d: Duration) -> i64 {
+    d.min(MAX_DURATION).as_millis() as i64
+}
+
+/// Parses `"250ms"`, `"30s"`, `"2m"`, `"6h"` (a bare number means seconds), at most
+/// [`MAX_DURATION`].
+///
+/// # Errors
+/// [`BadDuration`] for another unit, a missing number or more than 366 days.
 pub fn parse_duration(s: &str) -> Result<Duration, BadDuration> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
@@ -51,6 +76,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, BadDuration> {
         "h" => secs(3600),
         _ => None,
     }
+    .filter(|d| *d <= MAX_DURATION)
     .ok_or_else(|| BadDuration(s.to_string()))
 }
 
@@ -63,9 +89,11 @@ impl RetryPolicy {
     /// Delay before the next attempt after attempt number `attempts_made` (1-based) failed,
     /// or `None` when no attempt is left.
     ///
-    /// `jitter` in `[0, 1)` scales the base delay (full jitter). A `retry_after` from the
-    /// provider is clamped to `max_retry_after` and used when longer; a rate-limited answer
-    /// waits at least `rate_limit_floor`. Never panics or overflows, for any input.
+    /// `jitter` in `[0, 1)` places the delay in the band `base * (1 +- JITTER)` (0 gives
+    /// the shortest, towards 1 the longest). A `retry_after` from the provider is clamped
+    /// to `max_retry_after` and used when longer; a rate-limited answer waits at least
+    /// `rate_limit_floor`. The result is at most [`MAX_DURATION`]. Never panics or
+    /// overflows, for any input.
     pub fn next_delay(
         &self,
         attempts_made: u32,
@@ -85,14 +113,15 @@ impl RetryPolicy {
         } else {
             0.0
         };
-        let mut delay = Duration::try_from_secs_f64(base.as_secs_f64() * jitter).unwrap_or(base);
+        let factor = 1.0 - JITTER + 2.0 * JITTER * jitter;
+        let mut delay = Duration::try_from_secs_f64(base.as_secs_f64() * factor).unwrap_or(base);
         if let Some(after) = retry_after {
             delay = delay.max(after.min(self.max_retry_after));
         }
         if rate_limited {
             delay = delay.max(self.rate_limit_floor);
         }
-        Some(delay)
+        Some(delay.min(MAX_DURATION))
     }
 }
 
@@ -105,13 +134,16 @@ mod tests {
     }
 
     #[test]
-    fn default_schedule_with_full_jitter_and_give_up_after_five() {
+    fn default_schedule_with_bounded_jitter_and_give_up_after_five() {
         let p = RetryPolicy::default();
         let top: Vec<_> = (1..=4)
             .map(|a| p.next_delay(a, None, false, 0.999_999).unwrap().as_secs())
             .collect();
-        assert_eq!(top, [29, 119, 599, 3599]);
-        assert_eq!(p.next_delay(1, None, false, 0.0), Some(Duration::ZERO));
+        assert_eq!(top, [35, 143, 719, 4319]);
+        let low: Vec<_> = (1..=4)
+            .map(|a| p.next_delay(a, None, false, 0.0).unwrap().as_secs())
+            .collect();
+        assert_eq!(low, [24, 96, 480, 2880]);
         assert_eq!(p.next_delay(5, None, false, 0.5), None);
         assert_eq!(p.next_delay(u32::MAX, None, false, 0.5), None);
     }
@@ -125,6 +157,7 @@ mod tests {
             Some(secs(6 * 3600))
         );
         assert_eq!(p.next_delay(1, None, true, 0.0), Some(secs(60)));
+        assert_eq!(p.next_delay(1, Some(secs(10)), false, 0.0), Some(secs(24)));
         assert_eq!(p.next_delay(1, Some(secs(5)), true, 0.0), Some(secs(60)));
     }
 
@@ -144,7 +177,71 @@ mod tests {
             delays: vec![Duration::MAX],
             ..Default::default()
         };
-        assert!(q.next_delay(3, Some(Duration::MAX), true, 1.0).is_some());
+        assert_eq!(
+            q.next_delay(3, Some(Duration::MAX), true, 1.0),
+            Some(MAX_DURATION)
+        );
+        assert_eq!(millis(Duration::MAX), millis(MAX_DURATION));
+    }
+
+    /// The acceptance schedule: bases 2, 4, 8 ... 128 s. Whatever the random draws, eight
+    /// calls (seven gaps) have gaps that grow, each within +-20 % of its base.
+    #[test]
+    fn gaps_grow_monotonically_within_the_jitter_band_for_any_draws() {
+        let p = RetryPolicy {
+            delays: [2, 4, 8, 16, 32, 64, 128].into_iter().map(secs).collect(),
+            max_attempts: 8,
+            ..Default::default()
+        };
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        for _ in 0..10_000 {
+            let mut last = Duration::ZERO;
+            for attempt in 1..8 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let draw = (seed >> 11) as f64 / (1u64 << 53) as f64;
+                let gap = p.next_delay(attempt, None, false, draw).unwrap();
+                let base = p.delays[attempt as usize - 1].as_secs_f64();
+                assert!(gap > last, "gap {gap:?} after {last:?}");
+                assert!(gap.as_secs_f64() >= base * 0.8 && gap.as_secs_f64() <= base * 1.2);
+                last = gap;
+            }
+            assert_eq!(p.next_delay(8, None, false, 0.5), None);
+        }
+    }
+
+    /// 500 deliveries that fail at the same instant: their first retries spread over the
+    /// band, so no 100 ms window holds more than 20 % of them (2 s base, the smallest in
+    /// the acceptance schedule).
+    #[test]
+    fn simultaneous_failures_do_not_retry_in_lockstep() {
+        let p = RetryPolicy {
+            delays: vec![secs(2)],
+            ..Default::default()
+        };
+        let mut seed = 42_u64;
+        let mut at: Vec<Duration> = (0..500)
+            .map(|_| {
+                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                let draw = (seed >> 11) as f64 / (1u64 << 53) as f64;
+                p.next_delay(1, None, false, draw).unwrap()
+            })
+            .collect();
+        at.sort();
+        let busiest = (0..at.len())
+            .map(|i| {
+                at[i..]
+                    .iter()
+                    .take_while(|t| **t < at[i] + Duration::from_millis(100))
+                    .count()
+            })
+            .max()
+            .unwrap();
+        assert!(
+            busiest <= 100,
+            "{busiest} of 500 retries in one 100 ms window"
+        );
     }
 
     #[test]
@@ -157,5 +254,10 @@ mod tests {
         assert_eq!(parse_duration("5").unwrap(), secs(5));
         assert!(parse_duration("5d").is_err());
         assert!(parse_duration("99999999999999999999h").is_err());
+        // What Postgres could not store, or a timer could not act on, is refused.
+        assert!(parse_duration("18446744073709551615s").is_err());
+        assert!(parse_duration("367d").is_err());
+        assert!(parse_duration("8785h").is_err());
+        assert_eq!(parse_duration("8784h").unwrap(), MAX_DURATION);
     }
 }

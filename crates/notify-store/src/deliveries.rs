@@ -73,6 +73,11 @@ pub struct DeliveryJob {
     pub endpoint_subscription: Option<serde_json::Value>,
     /// `active` or `revoked`.
     pub endpoint_status: Option<String>,
+    /// The type is critical (security alert, OTP): quiet hours do not hold it.
+    pub critical: bool,
+    /// The recipient's quiet hours as they are now (read at the claim, so a window set
+    /// after planning still holds the delivery).
+    pub quiet_hours: Vec<notify_core::quiet::QuietWindow>,
 }
 
 /// Why a message did not lead to a claim.
@@ -87,6 +92,15 @@ pub enum ClaimOutcome {
     /// Already being sent under a live lease, already final, or not due yet: a duplicate
     /// or early message, to be acked without a provider call. Carries the status.
     NotClaimable(String),
+    /// Its attempt budget was spent (every attempt was claimed, the last ones by workers
+    /// that died or froze during the call): the claim made it `failed` instead, without a
+    /// call. Carries the attempts made and the error now on the delivery.
+    Exhausted {
+        /// Attempts made (each a claim that may have reached the provider).
+        attempts: i32,
+        /// `last_error` as written.
+        error: String,
+    },
 }
 
 impl PartialEq for DeliveryJob {
@@ -155,11 +169,11 @@ pub async fn claim_many(
         // channel, for each claim made claims cost O(backlog).
         "WITH c AS (
              UPDATE notification_deliveries d
-             SET status = 'sending', attempts = attempts + 1,
+             SET status = 'sending', attempts = attempts + 1, republish_count = 0,
                  lease_token = ($3::uuid[])[array_position($1::uuid[], d.id)],
                  lease_expires_at = now() + $4 * interval '1 millisecond', updated_at = now()
              WHERE d.id = ANY($1) AND d.channel || '' = $2 AND d.status || '' = 'pending'
-               AND d.next_attempt_at <= now()
+               AND d.next_attempt_at <= now() AND d.attempts < d.max_attempts
              RETURNING d.*)
          SELECT c.id, c.event_id, c.user_id, c.channel, c.provider, c.attempts, c.max_attempts,
                 c.idempotency_key, c.retry_key, c.lease_token, c.address, c.endpoint_id, now() AS started_at,
@@ -169,7 +183,8 @@ pub async fn claim_many(
                 coalesce(r.timezone, 'Asia/Bangkok') AS timezone,
                 ep.platform, ep.token, ep.subscription_json, ep.status AS endpoint_status,
                 coalesce(t.priority, 'normal') AS priority,
-                coalesce(t.category, 'transactional') AS category, c.digest_key
+                coalesce(t.category, 'transactional') AS category, c.digest_key,
+                coalesce(t.critical, false) AS critical, r.quiet_hours_json
          FROM c JOIN notification_events e ON e.id = c.event_id
               LEFT JOIN notification_types t ON t.key = e.type
               LEFT JOIN recipients r ON r.user_id = c.user_id
@@ -178,7 +193,7 @@ pub async fn claim_many(
     .bind(ids)
     .bind(channel)
     .bind(&tokens)
-    .bind(lease.as_millis() as i64)
+    .bind(notify_core::retry::millis(lease))
     .fetch_all(db)
     .await?;
     let mut claimed: std::collections::HashMap<Uuid, ClaimOutcome> = rows
@@ -213,6 +228,11 @@ pub async fn claim_many(
                 endpoint_token: r.get("token"),
                 endpoint_subscription: r.get("subscription_json"),
                 endpoint_status: r.get("endpoint_status"),
+                critical: r.get("critical"),
+                quiet_hours: r
+                    .get::<Option<serde_json::Value>, _>("quiet_hours_json")
+                    .and_then(|v| serde_json::from_value(v).ok())
+                    .unwrap_or_default(),
             };
             (job.id, ClaimOutcome::Claimed(Box::new(job)))
         })
@@ -222,6 +242,12 @@ pub async fn claim_many(
         .copied()
         .filter(|id| !claimed.contains_key(id))
         .collect();
+    let exhausted = fail_exhausted(db, &rest, channel).await?;
+    let rest: Vec<Uuid> = rest
+        .into_iter()
+        .filter(|id| !exhausted.contains_key(id))
+        .collect();
+    claimed.extend(exhausted);
     claimed.extend(claim_unclaimable(db, &rest, channel).await?);
     // The same id twice in one batch: the first got the claim, the second sees it taken.
     let mut seen = std::collections::HashSet::new();
@@ -233,6 +259,37 @@ pub async fn claim_many(
             }
             claimed.remove(id).unwrap_or(ClaimOutcome::Missing)
         })
+        .collect())
+}
+
+/// The attempt cap on the claim, the one door to a provider call: a due `pending`
+/// delivery of `channel` whose attempts are all spent (the sweeper returned it after its
+/// worker died during the last one) becomes `failed` here, with a reason that says so,
+/// instead of being claimed again.
+async fn fail_exhausted(
+    db: &PgPool,
+    ids: &[Uuid],
+    channel: &str,
+) -> Result<std::collections::HashMap<Uuid, ClaimOutcome>> {
+    if ids.is_empty() {
+        return Ok(Default::default());
+    }
+    let rows: Vec<(Uuid, i32, String)> = sqlx::query_as(
+        "UPDATE notification_deliveries d
+         SET status = 'failed', lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
+             last_error = format('%s; gave up after %s attempts (attempt budget spent)',
+                                 coalesce(d.last_error, 'attempt_budget_spent'), d.attempts)
+         WHERE d.id = ANY($1) AND d.channel || '' = $2 AND d.status || '' = 'pending'
+           AND d.next_attempt_at <= now() AND d.attempts >= d.max_attempts
+         RETURNING d.id, d.attempts, d.last_error",
+    )
+    .bind(ids)
+    .bind(channel)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, attempts, error)| (id, ClaimOutcome::Exhausted { attempts, error }))
         .collect())
 }
 
@@ -288,7 +345,7 @@ pub async fn pause_channel(
              reason = EXCLUDED.reason, paused_at = now()",
     )
     .bind(channel)
-    .bind(after.as_millis() as i64)
+    .bind(notify_core::retry::millis(after))
     .bind(reason)
     .execute(db)
     .await?;
@@ -309,7 +366,37 @@ pub async fn extend_lease(
     )
     .bind(id)
     .bind(lease_token)
-    .bind(lease.as_millis() as i64)
+    .bind(notify_core::retry::millis(lease))
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Gives a claimed delivery back without a provider call because a rule checked at due
+/// time holds it ([`notify_core::due`]): `pending` again, the claim's attempt returned,
+/// due at `until` with an outbox row due then, and `why` appended to its decision trail.
+/// Fenced by the lease token: false (nothing written) when the lease was lost.
+pub async fn defer_claimed(
+    db: &PgPool,
+    job: &DeliveryJob,
+    until: DateTime<Utc>,
+    why: &str,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "WITH d AS (
+             UPDATE notification_deliveries
+             SET status = 'pending', attempts = attempts - 1, lease_token = NULL,
+                 lease_expires_at = NULL, next_attempt_at = $3, deferred_until = $3,
+                 decision = CASE WHEN decision = '' THEN $4 ELSE decision || E'\n' || $4 END,
+                 updated_at = now()
+             WHERE id = $1 AND lease_token = $2 AND status = 'sending'
+             RETURNING id, channel)
+         INSERT INTO outbox (delivery_id, channel, available_at) SELECT id, channel, $3 FROM d",
+    )
+    .bind(job.id)
+    .bind(job.lease_token)
+    .bind(until)
+    .bind(why)
     .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)
@@ -325,7 +412,9 @@ pub enum NextState {
     },
     /// Try again after the delay (an outbox row is written, due then).
     Retry {
-        /// Delay from now.
+        /// Delay from the provider's answer (the claim's database time plus
+        /// [`AttemptRecord::call_took`]), not from when the record commits; a due time
+        /// already past when the record commits is due at once.
         after: Duration,
         /// Error code and text for `last_error`.
         error: String,
@@ -368,6 +457,9 @@ pub struct AttemptRecord {
     pub endpoint_invalid_since: Option<DateTime<Utc>>,
     /// The worker instance that made the call.
     pub worker_id: String,
+    /// From the claim to the provider's answer (monotonic clock of the worker): a retry is
+    /// due at the claim's database time plus this plus its delay.
+    pub call_took: Duration,
 }
 
 /// Records attempts and their deliveries' new states in one transaction, each fenced by
@@ -386,11 +478,19 @@ pub async fn record_attempts(
     let mut statuses = Vec::with_capacity(batch.len());
     let mut pmids: Vec<Option<String>> = Vec::with_capacity(batch.len());
     let mut retry_ms: Vec<Option<i64>> = Vec::with_capacity(batch.len());
+    // A retry counts from the provider's answer; a pause from now.
+    let mut retry_base: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(batch.len());
     let mut errors: Vec<Option<String>> = Vec::with_capacity(batch.len());
     let mut refunds: Vec<bool> = Vec::with_capacity(batch.len());
-    for (job, next, _) in batch {
+    for (job, next, record) in batch {
         ids.push(job.id);
         tokens.push(job.lease_token);
+        retry_base.push(match next {
+            NextState::Retry { .. } => chrono::Duration::from_std(record.call_took)
+                .ok()
+                .and_then(|took| job.started_at.checked_add_signed(took)),
+            _ => None,
+        });
         let (status, pmid, retry, error) = match next {
             NextState::Sent {
                 provider_message_id,
@@ -398,13 +498,13 @@ pub async fn record_attempts(
             NextState::Retry { after, error } => (
                 "pending",
                 None,
-                Some(after.as_millis() as i64),
+                Some(notify_core::retry::millis(*after)),
                 Some(error.clone()),
             ),
             NextState::Paused { after, error } => (
                 "pending",
                 None,
-                Some(after.as_millis() as i64),
+                Some(notify_core::retry::millis(*after)),
                 Some(error.clone()),
             ),
             NextState::Failed { error } => ("failed", None, None, Some(error.clone())),
@@ -421,13 +521,14 @@ pub async fn record_attempts(
         "UPDATE notification_deliveries d
          SET status = t.status, provider_message_id = coalesce(t.pmid, d.provider_message_id),
              next_attempt_at = CASE WHEN t.retry_ms IS NULL THEN d.next_attempt_at
-                                    ELSE now() + t.retry_ms * interval '1 millisecond' END,
+                                    ELSE greatest(now(), coalesce(t.base, now())
+                                                         + t.retry_ms * interval '1 millisecond') END,
              last_error = t.error, sent_at = CASE WHEN t.status = 'sent' THEN now() ELSE d.sent_at END,
              max_attempts = CASE WHEN t.refund THEN d.max_attempts + 1 ELSE d.max_attempts END,
              lease_token = NULL, lease_expires_at = NULL, updated_at = now()
          FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[],
-                     $7::bool[])
-              AS t(id, token, status, pmid, retry_ms, error, refund)
+                     $7::bool[], $8::timestamptz[])
+              AS t(id, token, status, pmid, retry_ms, error, refund, base)
          WHERE d.id = ANY($1) AND d.id = t.id AND d.lease_token = t.token
            AND d.status || '' = 'sending'
          RETURNING d.id, t.token",
@@ -439,6 +540,7 @@ pub async fn record_attempts(
     .bind(&retry_ms)
     .bind(&errors)
     .bind(&refunds)
+    .bind(&retry_base)
     .fetch_all(&mut *tx)
     .await?;
     let updated: std::collections::HashSet<(Uuid, Uuid)> = updated.into_iter().collect();
@@ -497,19 +599,14 @@ pub async fn record_attempts(
         .filter(|&i| retry_ms[i].is_some())
         .collect();
     if !retries.is_empty() {
+        // Due when the delivery is, as just written (and announced, so a relay waiting
+        // for the next due row wakes up: the outbox trigger notifies `notify_outbox`).
         sqlx::query(
             "INSERT INTO outbox (delivery_id, channel, available_at)
-             SELECT id, channel, now() + ms * interval '1 millisecond'
-             FROM UNNEST($1::uuid[], $2::text[], $3::bigint[]) AS t(id, channel, ms)",
+             SELECT id, channel, next_attempt_at FROM notification_deliveries
+             WHERE id = ANY($1)",
         )
         .bind(retries.iter().map(|&i| ids[i]).collect::<Vec<_>>())
-        .bind(
-            retries
-                .iter()
-                .map(|&i| batch[i].0.channel.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(retries.iter().map(|&i| retry_ms[i]).collect::<Vec<_>>())
         .execute(&mut *tx)
         .await?;
     }
@@ -545,6 +642,49 @@ pub async fn record_attempts(
     Ok(recorded)
 }
 
+/// The last resort when an attempt's full record fails for a reason other than the
+/// database being unreachable (a value it refuses, a constraint): the delivery still ends,
+/// visibly, instead of looping through lease expiry and calling the provider again. Fenced
+/// by the lease token: `sent` when the provider accepted (with its message id), else
+/// `failed`; `why` goes to `last_error`, and a bare attempt row (`record_failed`) keeps the
+/// call counted. Returns false when the lease was lost.
+pub async fn record_fallback(
+    db: &PgPool,
+    job: &DeliveryJob,
+    sent: Option<Option<String>>,
+    why: &str,
+) -> Result<bool> {
+    let (status, pmid) = match &sent {
+        Some(pmid) => ("sent", pmid.clone()),
+        None => ("failed", None),
+    };
+    let updated: i64 = sqlx::query_scalar(
+        "WITH d AS (
+             UPDATE notification_deliveries
+             SET status = $3, provider_message_id = coalesce($4, provider_message_id),
+                 sent_at = CASE WHEN $3 = 'sent' THEN now() ELSE sent_at END, last_error = $5,
+                 lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+             WHERE id = $1 AND lease_token = $2 AND status = 'sending'
+             RETURNING id, attempts),
+         a AS (
+             INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, error_code,
+                                            provider_response, content_json, worker_id)
+             SELECT id, attempts, $6, CASE WHEN $3 = 'sent' THEN 'sent' ELSE 'failed' END,
+                    'record_failed', $5, 'null'::jsonb, '' FROM d
+             ON CONFLICT (delivery_id, attempt) DO NOTHING)
+         SELECT count(*) FROM d",
+    )
+    .bind(job.id)
+    .bind(job.lease_token)
+    .bind(status)
+    .bind(pmid)
+    .bind(why)
+    .bind(job.started_at)
+    .fetch_one(db)
+    .await?;
+    Ok(updated == 1)
+}
+
 /// Marks a delivery `failed` with `error` outside the claim protocol: for a message that
 /// reached the wrong queue or cannot be sent at all. Only a `pending` delivery changes.
 pub async fn fail_unclaimed(db: &PgPool, id: Uuid, error: &str) -> Result<bool> {
@@ -559,48 +699,100 @@ pub async fn fail_unclaimed(db: &PgPool, id: Uuid, error: &str) -> Result<bool> 
     Ok(done.rows_affected() == 1)
 }
 
-/// Returns up to `limit` deliveries whose lease expired (their worker died or froze) to
-/// `pending`, due now, with a fresh outbox row each. Safe to run from several replicas.
-/// Returns how many were recovered.
-pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<u64> {
-    let done = sqlx::query(
+/// A delivery whose worker lost its lease during a call, as the sweeper left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiredLease {
+    /// Delivery id.
+    pub id: Uuid,
+    /// Channel name.
+    pub channel: String,
+    /// Provider name.
+    pub provider: String,
+    /// The attempt whose worker went away.
+    pub attempt: i32,
+    /// `true`: that was the last attempt allowed, and the delivery is now `failed`;
+    /// `false`: it is `pending` again, due now, with a new outbox row.
+    pub failed: bool,
+}
+
+/// Why an expired lease is recorded as an attempt: the worker died or froze during the
+/// provider call, so whether the provider got it is unknown.
+pub const WORKER_LOST: &str = "worker_lost";
+
+/// Takes up to `limit` deliveries whose lease expired (their worker died or froze during
+/// the call): each gets an attempt row (`worker_lost`, since the call may have reached the
+/// provider), and then either goes back to `pending`, due now, with a fresh outbox row, or,
+/// when that was its last attempt, becomes `failed` with a reason that says the worker
+/// died during the call. The attempt cap therefore holds on the recovery path too. Safe to
+/// run from several replicas (`SKIP LOCKED`).
+pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<ExpiredLease>> {
+    let rows = sqlx::query(
         "WITH expired AS (
-             SELECT id FROM notification_deliveries
+             -- updated_at is the claim's time: nothing else writes it while sending
+             SELECT id, updated_at AS claimed_at FROM notification_deliveries
              WHERE status = 'sending' AND lease_expires_at < now()
              ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED),
          upd AS (
              UPDATE notification_deliveries d
-             SET status = 'pending', lease_token = NULL, lease_expires_at = NULL,
-                 next_attempt_at = now(), last_error = 'lease_expired', updated_at = now()
+             SET status = CASE WHEN d.attempts >= d.max_attempts THEN 'failed' ELSE 'pending' END,
+                 lease_token = NULL, lease_expires_at = NULL, next_attempt_at = now(),
+                 last_error = CASE WHEN d.attempts >= d.max_attempts
+                     THEN format('worker_lost: the worker died or froze during attempt %s, the provider call''s outcome is unknown; gave up after %s attempts (attempt budget spent)', d.attempts, d.attempts)
+                     ELSE 'worker_lost: lease expired during the provider call (worker died or froze)' END,
+                 updated_at = now()
              FROM expired WHERE d.id = expired.id
-             RETURNING d.id, d.channel)
-         INSERT INTO outbox (delivery_id, channel) SELECT id, channel FROM upd",
+             RETURNING d.id, d.channel, d.provider, d.attempts, d.status, expired.claimed_at),
+         attempts AS (
+             INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, error_code,
+                                            provider_response, content_json, worker_id)
+             SELECT id, attempts, claimed_at, CASE WHEN status = 'failed' THEN 'failed' ELSE 'retry' END,
+                    'worker_lost', 'no answer recorded: the lease expired during the call', 'null'::jsonb, ''
+             FROM upd
+             ON CONFLICT (delivery_id, attempt) DO NOTHING),
+         queued AS (
+             INSERT INTO outbox (delivery_id, channel)
+             SELECT id, channel FROM upd WHERE status = 'pending')
+         SELECT id, channel, provider, attempts, status = 'failed' AS failed FROM upd",
     )
     .bind(limit)
-    .execute(db)
+    .fetch_all(db)
     .await?;
-    Ok(done.rows_affected())
+    Ok(rows
+        .into_iter()
+        .map(|r| ExpiredLease {
+            id: r.get("id"),
+            channel: r.get("channel"),
+            provider: r.get("provider"),
+            attempt: r.get("attempts"),
+            failed: r.get("failed"),
+        })
+        .collect())
 }
 
 /// Republishes up to `limit` deliveries that have been due for longer than `stale` with
 /// no outbox row: their message was lost after the broker confirmed it (a purged or
-/// deleted queue, a lost node) or sits unconsumed. Each gets a new outbox row and its
-/// `next_attempt_at` moves to now, so it is republished at most once per `stale` period.
-/// A duplicate message is harmless: the claim lets only one through. Returns how many.
+/// deleted queue, a lost node) or sits unconsumed in a long queue. Each gets a new outbox
+/// row. The wait grows with every republish of the same delivery (`stale`, `2 x stale`,
+/// `4 x stale` ... at most a day; a claim starts it again), so a backlog that merely sits
+/// in the queue gains a few duplicate messages, not one per sweep. A duplicate message is
+/// harmless: the claim lets only one through. Returns how many.
 pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result<u64> {
     let done = sqlx::query(
         "WITH stale AS (
              SELECT id FROM notification_deliveries d
-             WHERE status = 'pending' AND next_attempt_at < now() - $1 * interval '1 millisecond'
+             WHERE status = 'pending'
+               AND next_attempt_at < now() - least($1 * interval '1 millisecond' * power(2, least(d.republish_count, 16)),
+                                                   greatest($1 * interval '1 millisecond', interval '1 day'))
                AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = d.id)
              ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED),
          upd AS (
-             UPDATE notification_deliveries d SET next_attempt_at = now(), updated_at = now()
+             UPDATE notification_deliveries d
+             SET next_attempt_at = now(), republish_count = d.republish_count + 1, updated_at = now()
              FROM stale WHERE d.id = stale.id
              RETURNING d.id, d.channel)
          INSERT INTO outbox (delivery_id, channel) SELECT id, channel FROM upd",
     )
-    .bind(stale.as_millis() as i64)
+    .bind(notify_core::retry::millis(stale))
     .bind(limit)
     .execute(db)
     .await?;

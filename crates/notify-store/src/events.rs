@@ -633,7 +633,7 @@ pub async fn claim_fanout(
          WHERE e.id = due.id
          RETURNING e.id, e.type, e.topic, e.channels, e.fanout_cursor, e.line_multicast",
     )
-    .bind(hold.as_millis() as i64)
+    .bind(notify_core::retry::millis(hold))
     .fetch_optional(db)
     .await?;
     Ok(row.map(|r| FanoutJob {
@@ -687,7 +687,7 @@ pub async fn advance_fanout(
     .bind(to)
     .bind(planned)
     .bind(done)
-    .bind(hold.as_millis() as i64)
+    .bind(notify_core::retry::millis(hold))
     .execute(db)
     .await?;
     Ok(r.rows_affected() == 1)
@@ -696,6 +696,12 @@ pub async fn advance_fanout(
 /// What already counts toward fatigue caps for `users`: the scheduled times of their
 /// capped deliveries from the last hour on (future ones included), once per event and
 /// channel.
+///
+/// Call it inside the transaction that writes the new deliveries: it first takes a
+/// transaction-scoped advisory lock per user (in one order, so concurrent writers cannot
+/// deadlock on them), held until that transaction ends. A concurrent group commit, fan-out
+/// page or replica planning for the same user waits, then reads what this one committed,
+/// so "at most N per user per channel per rolling hour" is exact with several writers.
 pub async fn counted_toward_caps(
     db: &mut sqlx::PgConnection,
     users: &[&str],
@@ -704,6 +710,14 @@ pub async fn counted_toward_caps(
     if users.is_empty() {
         return Ok(counted);
     }
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(k) FROM (
+             SELECT DISTINCT hashtextextended('notify.fatigue:' || u, 0) AS k
+             FROM unnest($1::text[]) AS u ORDER BY k) locks",
+    )
+    .bind(users)
+    .execute(&mut *db)
+    .await?;
     let rows: Vec<(String, String, DateTime<Utc>)> = sqlx::query_as(
         "SELECT DISTINCT ON (user_id, channel, event_id) user_id, channel, throttle_at
          FROM notification_deliveries

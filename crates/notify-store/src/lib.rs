@@ -31,6 +31,47 @@ pub enum StoreError {
     /// A referenced row does not exist (the string names it).
     #[error("not found: {0}")]
     NotFound(String),
+    /// A call that ran in a batch with others failed (see `notify-worker`'s batcher);
+    /// `transient` carries [`StoreError::is_transient`] of the batch's error.
+    #[error("database error: {message}")]
+    Batch {
+        /// The error as text.
+        message: String,
+        /// Whether trying again may help.
+        transient: bool,
+    },
+}
+
+impl StoreError {
+    /// Whether trying the same call again may help: the database could not be reached
+    /// (I/O, TLS, pool timeout, a closed pool, SQLSTATE class 08), is shutting down or out
+    /// of resources (57P01-57P03, class 53), cancelled the statement (57014, statement
+    /// timeout), or lost a serialization or deadlock race (40001, 40P01, 55P03). Anything
+    /// else (a value Postgres cannot store, a constraint, a decode error) fails the same
+    /// way every time: retrying would loop.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Db(e) => match e {
+                sqlx::Error::Io(_)
+                | sqlx::Error::Tls(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed
+                | sqlx::Error::Protocol(_) => true,
+                sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+                    c.starts_with("08")
+                        || c.starts_with("53")
+                        || matches!(
+                            &*c,
+                            "57P01" | "57P02" | "57P03" | "57014" | "40001" | "40P01" | "55P03"
+                        )
+                }),
+                _ => false,
+            },
+            StoreError::Batch { transient, .. } => *transient,
+            StoreError::Migrate(_) | StoreError::NotFound(_) => false,
+        }
+    }
 }
 
 /// Result alias of this crate.

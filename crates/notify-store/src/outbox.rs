@@ -39,7 +39,7 @@ pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<Ou
                      WHERE d.id = o.delivery_id) AS trace_context",
     )
     .bind(limit)
-    .bind(hold.as_millis() as i64)
+    .bind(notify_core::retry::millis(hold))
     .fetch_all(db)
     .await?;
     let mut out: Vec<OutboxRow> = rows
@@ -54,6 +54,19 @@ pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<Ou
         .collect();
     out.sort_by_key(|r| r.id);
     Ok(out)
+}
+
+/// How long until the earliest outbox row not due yet becomes due (a retry, a quiet-hours
+/// deferral, a fatigue slot, a digest's close), by the database clock; `None` when the
+/// outbox holds nothing for later. One probe of the `(available_at, id)` index.
+pub async fn next_due_in(db: &PgPool) -> Result<Option<Duration>> {
+    let ms: Option<f64> = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM min(available_at) - now()) * 1000)::float8 FROM outbox
+         WHERE available_at > now()",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(ms.map(|ms| Duration::from_millis(ms.max(0.0) as u64)))
 }
 
 /// Deletes rows whose messages the broker confirmed.
@@ -86,7 +99,7 @@ pub async fn publish_failed(
     )
     .bind(ids)
     .bind(error)
-    .bind(retry_in.as_millis() as i64)
+    .bind(notify_core::retry::millis(retry_in))
     .execute(db)
     .await?;
     Ok(())

@@ -3,13 +3,15 @@
 //! The runtime handles each message in its own task; claims and records from concurrent
 //! tasks meet here. A loop takes every call waiting (up to a limit), runs them as one
 //! batch and answers each caller. Under light load a batch is one call and adds no wait.
+//! A batch that fails for a reason other than the database being unreachable is run again
+//! one call at a time, so one bad call fails alone and does not take the others with it.
 
 use notify_store::{Result, StoreError};
 use std::future::Future;
 use std::sync::Arc;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-type Call<I, O> = (I, oneshot::Sender<Result<O, String>>);
+type Call<I, O> = (I, oneshot::Sender<Result<O, (String, bool)>>);
 
 /// Handle to the batching loops; cheap to clone. The loops stop when every handle is gone.
 pub struct Batcher<I, O> {
@@ -24,7 +26,7 @@ impl<I, O> Clone for Batcher<I, O> {
     }
 }
 
-impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
+impl<I: Clone + Send + 'static, O: Send + 'static> Batcher<I, O> {
     /// Starts `loops` loops (batches in flight at once), each running `f` on up to `max`
     /// calls. `f` returns one output per input, in order.
     pub fn start<F, Fut>(loops: usize, max: usize, f: F) -> Self
@@ -54,7 +56,8 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                         }
                     }
                     let (inputs, replies): (Vec<I>, Vec<_>) = calls.into_iter().unzip();
-                    match f(inputs).await {
+                    let alone = inputs.len() > 1;
+                    match f(inputs.clone()).await {
                         Ok(outputs) if outputs.len() == replies.len() => {
                             for (reply, out) in replies.into_iter().zip(outputs) {
                                 let _ = reply.send(Ok(out));
@@ -62,13 +65,25 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                         }
                         Ok(_) => {
                             for reply in replies {
-                                let _ = reply.send(Err("batch returned a wrong count".into()));
+                                let _ =
+                                    reply.send(Err(("batch returned a wrong count".into(), false)));
+                            }
+                        }
+                        Err(e) if alone && !e.is_transient() => {
+                            // One call refused by the database fails alone.
+                            for (input, reply) in inputs.into_iter().zip(replies) {
+                                let out = match f(vec![input]).await {
+                                    Ok(mut out) if out.len() == 1 => Ok(out.remove(0)),
+                                    Ok(_) => Err(("batch returned a wrong count".into(), false)),
+                                    Err(e) => Err((e.to_string(), e.is_transient())),
+                                };
+                                let _ = reply.send(out);
                             }
                         }
                         Err(e) => {
-                            let msg = e.to_string();
+                            let (msg, transient) = (e.to_string(), e.is_transient());
                             for reply in replies {
-                                let _ = reply.send(Err(msg.clone()));
+                                let _ = reply.send(Err((msg.clone(), transient)));
                             }
                         }
                     }
@@ -81,7 +96,9 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     /// Runs `item` in the next batch and returns its output.
     ///
     /// # Errors
-    /// The batch's database error (as text), or `PoolClosed` once the loops stopped.
+    /// [`StoreError::Batch`] with the batch's (or, after a refused batch, this call's own)
+    /// database error as text and whether it is transient, or `PoolClosed` once the loops
+    /// stopped.
     pub async fn call(&self, item: I) -> Result<O> {
         let (reply, answer) = oneshot::channel();
         self.tx
@@ -90,7 +107,7 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
             .map_err(|_| StoreError::Db(sqlx_closed()))?;
         match answer.await {
             Ok(Ok(out)) => Ok(out),
-            Ok(Err(msg)) => Err(StoreError::Db(notify_store::sqlx::Error::Protocol(msg))),
+            Ok(Err((message, transient))) => Err(StoreError::Batch { message, transient }),
             Err(_) => Err(StoreError::Db(sqlx_closed())),
         }
     }

@@ -2,7 +2,7 @@
 //! failure becomes a transient outcome, an answer is read whole with its headers and its
 //! `Retry-After`.
 
-use notify_core::outcome::parse_retry_after_seconds;
+use notify_core::outcome::parse_retry_after;
 use notify_core::{AttemptOutcome, ErrorClass};
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ pub struct HttpAnswer {
     pub headers: reqwest::header::HeaderMap,
     /// Body as text (empty if unreadable).
     pub body: String,
-    /// `Retry-After` in delay-seconds form, if sent.
+    /// `Retry-After` (delay-seconds, or an HTTP-date turned into the wait from now), if sent.
     pub retry_after: Option<Duration>,
 }
 
@@ -68,7 +68,7 @@ pub async fn send(
     let retry_after = headers
         .get("retry-after")
         .and_then(|v| v.to_str().ok())
-        .and_then(parse_retry_after_seconds);
+        .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
     let body = resp.text().await.unwrap_or_default();
     Ok(HttpAnswer {
         status,

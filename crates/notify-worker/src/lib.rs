@@ -337,8 +337,20 @@ impl DbBatches {
     }
 }
 
-/// Retries a database operation with backoff while it fails, for up to about a minute.
-async fn with_db_retry<T, F, Fut>(what: &str, mut f: F) -> Option<T>
+/// How a database call of the worker ended after [`with_db_retry`].
+enum DbCall<T> {
+    /// It succeeded.
+    Done(T),
+    /// The database stayed unreachable through every retry: give the message back.
+    Unreachable,
+    /// The database refused the call for a reason retrying cannot change (see
+    /// [`notify_store::StoreError::is_transient`]).
+    Refused(notify_store::StoreError),
+}
+
+/// Retries a database operation with backoff while it fails for a transient reason, for
+/// up to about 100 s (10 tries); an error that retrying cannot change ends it at once.
+async fn with_db_retry<T, F, Fut>(what: &str, mut f: F) -> DbCall<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = notify_store::Result<T>>,
@@ -346,7 +358,11 @@ where
     let mut delay = Duration::from_millis(200);
     for attempt in 1..=10 {
         match f().await {
-            Ok(v) => return Some(v),
+            Ok(v) => return DbCall::Done(v),
+            Err(e) if !e.is_transient() => {
+                error!(error = %e, what, "the database refused the call; not retrying");
+                return DbCall::Refused(e);
+            }
             Err(e) => {
                 warn!(error = %e, attempt, what, "database call failed; retrying");
                 tokio::time::sleep(delay).await;
@@ -358,7 +374,7 @@ where
         what,
         "database unreachable; giving the message back to the broker"
     );
-    None
+    DbCall::Unreachable
 }
 
 impl<S: ChannelSender> Ctx<S> {
@@ -380,22 +396,60 @@ impl<S: ChannelSender> Ctx<S> {
             }
             let claimed = with_db_retry("claim", || self.db.claims.call(pointer.delivery_id)).await;
             let job = match claimed {
-                None => return nack_requeue(&msg).await,
-                Some(ClaimOutcome::Missing) => {
+                DbCall::Unreachable => return nack_requeue(&msg).await,
+                DbCall::Refused(_) => {
+                    // Nothing was claimed, so no call was made; the delivery stays as it is
+                    // and the sweeper republishes it later (with growing spacing).
+                    warn!("claim refused by the database: dead-lettered");
+                    return reject(&msg).await;
+                }
+                DbCall::Done(ClaimOutcome::Missing) => {
                     warn!("message names no delivery: dead-lettered");
                     return reject(&msg).await;
                 }
-                Some(ClaimOutcome::WrongChannel(actual)) => {
+                DbCall::Done(ClaimOutcome::WrongChannel(actual)) => {
                     warn!(%actual, "delivery belongs to another channel: dead-lettered");
                     let _ = deliveries::fail_unclaimed(&self.pool, pointer.delivery_id, "unsupported_channel").await;
                     return reject(&msg).await;
                 }
-                Some(ClaimOutcome::NotClaimable(status)) => {
+                DbCall::Done(ClaimOutcome::NotClaimable(status)) => {
                     info!(%status, "duplicate or early message: acked without sending");
                     return ack(&msg).await;
                 }
-                Some(ClaimOutcome::Claimed(job)) => job,
+                DbCall::Done(ClaimOutcome::Exhausted { attempts, .. }) => {
+                    // Every attempt was spent, the last ones by workers that died during the
+                    // call: the claim failed it instead of calling the provider again.
+                    let m = notify_telemetry::metrics();
+                    let [c, p] = notify_telemetry::metrics::channel_provider(channel.as_str(), "");
+                    m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", "attempts_spent")]);
+                    error!(attempts, reason = "attempts_spent", alert = "delivery_failed",
+                        "delivery failed: its attempt budget was spent (workers died during the calls); no further call");
+                    return ack(&msg).await;
+                }
+                DbCall::Done(ClaimOutcome::Claimed(job)) => job,
             };
+            // The rules that decide whether a delivery may go out now are checked here,
+            // when it is due, whatever made it due (first send, retry, fatigue slot,
+            // digest close, recovery), on the database clock of the claim.
+            if let Some(channel) = job.channel.parse::<Channel>().ok()
+                && let notify_core::due::Due::Defer { until, why } = notify_core::due::check(
+                    job.started_at,
+                    notify_core::due::DueFacts {
+                        channel,
+                        critical: job.critical,
+                        timezone: notify_core::validate::parse_timezone(&job.timezone),
+                        quiet_hours: &job.quiet_hours,
+                    },
+                )
+            {
+                match with_db_retry("defer", || deliveries::defer_claimed(&self.pool, &job, until, &why)).await {
+                    DbCall::Unreachable => return nack_requeue(&msg).await,
+                    DbCall::Done(true) => info!(until = %until.to_rfc3339(), "due inside the recipient's quiet hours: deferred without a call"),
+                    DbCall::Done(false) => warn!("lease lost before deferring; nothing written"),
+                    DbCall::Refused(_) => {}
+                }
+                return ack(&msg).await;
+            }
             let mut job = job;
             s.record("notify.event_id", tracing::field::display(job.event_id));
             s.record("notify.attempt", job.attempt);
@@ -408,6 +462,8 @@ impl<S: ChannelSender> Ctx<S> {
             let took = started.elapsed();
             let (next, mut record) = decide(&self.cfg.retry, self.sender.retry_horizon(), &job, outcome);
             record.worker_id = self.cfg.worker_id.clone();
+            // A retry's delay counts from the provider's answer.
+            record.call_took = took;
             // Logs name the failure's class and the provider status only: the full error
             // (which can quote payload values or provider text) goes to Postgres, where
             // the console shows it.
@@ -436,12 +492,40 @@ impl<S: ChannelSender> Ctx<S> {
             })
             .await;
             match recorded {
-                None => nack_requeue(&msg).await,
-                Some(false) => {
+                DbCall::Unreachable => nack_requeue(&msg).await,
+                DbCall::Refused(e) => {
+                    // The full record cannot be stored (and never will be): end the
+                    // delivery visibly rather than let its lease expire and call again.
+                    let sent = match &next {
+                        NextState::Sent { provider_message_id } => Some(provider_message_id.clone()),
+                        _ => None,
+                    };
+                    let why = format!(
+                        "record_failed: the attempt's record was refused by the database ({}); the delivery was ended instead of being sent again",
+                        notify_store::truncate_utf8(&e.to_string(), 300)
+                    );
+                    let ended = with_db_retry("record fallback", || {
+                        deliveries::record_fallback(&self.pool, &job, sent.clone(), &why)
+                    })
+                    .await;
+                    if matches!(ended, DbCall::Unreachable) {
+                        return nack_requeue(&msg).await;
+                    }
+                    if sent.is_none() {
+                        let m = notify_telemetry::metrics();
+                        let labels = notify_telemetry::metrics::channel_provider(&job.channel, &job.provider);
+                        let [c, p] = labels;
+                        m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", "record_failed")]);
+                        error!(attempt = job.attempt, reason = "record_failed", alert = "delivery_failed",
+                            "delivery failed: its attempt could not be recorded; ended without another call");
+                    }
+                    ack(&msg).await
+                }
+                DbCall::Done(false) => {
                     warn!("lease lost before recording: another worker owns this delivery now; nothing written");
                     ack(&msg).await
                 }
-                Some(true) => {
+                DbCall::Done(true) => {
                     count_recorded(&job, &next, &record, took);
                     ack(&msg).await
                 }
@@ -560,6 +644,7 @@ pub fn decide(
         address_undeliverable: None,
         endpoint_invalid_since: outcome.invalid_since,
         worker_id: String::new(),
+        call_took: Duration::ZERO,
     };
     let next = match outcome.result {
         AttemptResult::Sent {
@@ -828,6 +913,8 @@ mod tests {
             endpoint_token: Some("tok".into()),
             endpoint_subscription: None,
             endpoint_status: Some("active".into()),
+            critical: false,
+            quiet_hours: Vec::new(),
         }
     }
 

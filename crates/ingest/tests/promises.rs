@@ -1,0 +1,488 @@
+//! Documented promises taken along the paths that used to skip them: the attempt cap on
+//! the recovery path, a record the database refuses, retry spacing that grows, quiet hours
+//! at due time whatever made a delivery due, exact fatigue caps with several writers, and
+//! a bounded number of republished messages.
+
+mod support;
+
+use notify_core::Channel;
+use notify_proto::v1 as pb;
+use serde_json::{Value, json};
+use std::time::Duration;
+use support::{Options, Platform, line_id, uniq};
+
+async fn wait_for<F, Fut>(what: &str, secs: u64, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !f().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn delivery_row(p: &Platform, id: &str) -> (String, i32, Option<String>) {
+    sqlx::query_as(
+        "SELECT status, attempts, last_error FROM notification_deliveries WHERE id = $1::uuid",
+    )
+    .bind(id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap()
+}
+
+async fn attempt_codes(p: &Platform, id: &str) -> Vec<(i32, String, Option<String>)> {
+    sqlx::query_as(
+        "SELECT attempt, outcome, error_code FROM delivery_attempts
+         WHERE delivery_id = $1::uuid ORDER BY attempt",
+    )
+    .bind(id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap()
+}
+
+/// Kill -9 the LINE worker during the provider call of the same delivery, more times
+/// than `max_attempts` (3 here): the delivery ends `failed` after exactly 3 calls, with a
+/// reason that says the worker died during the call and the `delivery_failed` alert in
+/// ingest's log; every call carried the same retry key; a fourth worker makes no call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_delivery_fails() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ingest_in_process: false,
+        ..Default::default()
+    })
+    .await;
+    let ingest = p.spawn(
+        "ingest",
+        &["serve"],
+        &[
+            ("NOTIFY_MAX_ATTEMPTS", "3".into()),
+            ("NOTIFY_SWEEP_INTERVAL", "1s".into()),
+        ],
+    );
+    wait_for("ingest", 30, || async {
+        tonic_health::pb::health_client::HealthClient::new(p.grpc.clone())
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await
+            .is_ok_and(|r| r.into_inner().status == 1)
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, lid) = (uniq("u"), line_id());
+    p.add_recipient(&u, "", "", &lid).await;
+    // Every LINE call to this user hangs (the worker is killed while it waits), and LINE
+    // never accepts it, so its retry key does not turn the next call into a 409.
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": lid, "status": 503,
+        "body": {"message": "unavailable"}, "delay_ms": 600000}),
+    )
+    .await;
+    let ev = p.send(&uniq("killed"), "order_paid", &[&u]).await;
+    let id = ev.deliveries[0].delivery_id.clone();
+    let lease = [("NOTIFY_LEASE", "3s".to_string())];
+    for kill in 1..=4 {
+        let mut worker = p.spawn("worker-line", &[], &lease);
+        let calls = || async { p.sim_requests("line").await.len() };
+        let before = calls().await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let mut called = false;
+        while tokio::time::Instant::now() < deadline {
+            if calls().await > before {
+                called = true;
+                break;
+            }
+            if delivery_row(&p, &id).await.0 == "failed" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        worker.child.start_kill().unwrap();
+        let _ = worker.child.wait().await;
+        if kill <= 3 {
+            assert!(
+                called,
+                "worker {kill} made no call: {:?} {:?}\n{}",
+                delivery_row(&p, &id).await,
+                attempt_codes(&p, &id).await,
+                worker.log()
+            );
+        } else {
+            assert!(!called, "no call after the attempt cap was spent");
+        }
+        // The lease (3 s) expires and the sweeper (every 1 s) takes the delivery back.
+        wait_for("the sweeper", 20, || async {
+            delivery_row(&p, &id).await.0 != "sending"
+        })
+        .await;
+    }
+    let (status, attempts, error) = delivery_row(&p, &id).await;
+    assert_eq!((status.as_str(), attempts), ("failed", 3));
+    let error = error.unwrap();
+    assert!(
+        error.starts_with("worker_lost: the worker died or froze during attempt 3"),
+        "{error}"
+    );
+    let line = p.sim_requests("line").await;
+    assert_eq!(line.len(), 3, "at most max_attempts calls");
+    let keys: Vec<&Value> = line
+        .iter()
+        .map(|r| &r["headers"]["x-line-retry-key"])
+        .collect();
+    assert!(
+        keys.iter().all(|k| *k == keys[0] && k.is_string()),
+        "{keys:?}"
+    );
+    assert_eq!(
+        attempt_codes(&p, &id).await,
+        [
+            (1, "retry".into(), Some("worker_lost".into())),
+            (2, "retry".into(), Some("worker_lost".into())),
+            (3, "failed".into(), Some("worker_lost".into())),
+        ]
+    );
+    let log = ingest.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("\"alert\":\"delivery_failed\"")
+                && l.contains("worker_lost")
+                && l.contains(&id)),
+        "the delivery_failed alert names the delivery"
+    );
+    p.stop().await;
+}
+
+/// The database refuses an attempt's record (here a trigger raising "interval out of
+/// range", SQLSTATE 22008, the error an unstorable retry delay used to give): the delivery
+/// ends `failed` at once with `record_failed`, the provider was called once, and no lease
+/// expiry sends it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_again() {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Line],
+        lease: Duration::from_secs(3),
+        ..Default::default()
+    })
+    .await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_attempts() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.error_code IS DISTINCT FROM 'record_failed' THEN
+                 RAISE EXCEPTION 'interval out of range' USING ERRCODE = '22008';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_attempts BEFORE INSERT ON delivery_attempts
+             FOR EACH ROW EXECUTE FUNCTION refuse_attempts();",
+    )
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    p.add_type("order_paid", &["line"]).await;
+    let (u, lid) = (uniq("u"), line_id());
+    p.add_recipient(&u, "", "", &lid).await;
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": lid, "status": 500,
+        "body": {"message": "internal"}}),
+    )
+    .await;
+    let ev = p.send(&uniq("refused"), "order_paid", &[&u]).await;
+    let done = p.wait_final(&ev.event_id, 30).await;
+    let d = &done.deliveries[0];
+    assert_eq!(d.status, "failed");
+    // Long enough for a lease expiry (3 s) and sweeps (1 s) to have sent it again.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (status, attempts, error) = delivery_row(&p, &d.delivery_id).await;
+    assert_eq!((status.as_str(), attempts), ("failed", 1));
+    assert!(error.unwrap().starts_with("record_failed:"));
+    assert_eq!(
+        p.sim_requests("line").await.len(),
+        1,
+        "one call, one attempt"
+    );
+    assert_eq!(
+        attempt_codes(&p, &d.delivery_id).await,
+        [(1, "failed".into(), Some("record_failed".into()))]
+    );
+    p.stop().await;
+}
+
+/// An always-503 provider with bases 300 ms, 600 ms, 1.2 s, 2.4 s: the gaps between
+/// calls grow, each within the +-20 % band around its base (plus the publish and claim
+/// path), measured from the provider's answers in the simulator's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_gaps_grow_within_the_jitter_band() {
+    let bases = [300u64, 600, 1200, 2400];
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Line],
+        retry_delays: bases.iter().map(|&ms| Duration::from_millis(ms)).collect(),
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, lid) = (uniq("u"), line_id());
+    p.add_recipient(&u, "", "", &lid).await;
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": lid, "status": 503,
+        "body": {"message": "unavailable"}}),
+    )
+    .await;
+    let ev = p.send(&uniq("spacing"), "order_paid", &[&u]).await;
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(done.deliveries[0].attempts, 5);
+    let started: Vec<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+        "SELECT started_at FROM delivery_attempts WHERE delivery_id = $1::uuid ORDER BY attempt",
+    )
+    .bind(&done.deliveries[0].delivery_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    let gaps: Vec<i64> = started
+        .windows(2)
+        .map(|w| (w[1] - w[0]).num_milliseconds())
+        .collect();
+    for (gap, base) in gaps.iter().zip(bases) {
+        let (low, high) = (base as i64 * 8 / 10, base as i64 * 12 / 10 + 150);
+        assert!(
+            (low..=high).contains(gap),
+            "gap {gap} ms outside [{low}, {high}] for base {base} ms: {gaps:?}"
+        );
+    }
+    assert!(gaps.windows(2).all(|w| w[1] > w[0]), "{gaps:?}");
+    p.stop().await;
+}
+
+/// A quiet window around now in Bangkok time, set directly on the recipient (as
+/// `SetQuietHours` does) after the delivery was planned.
+async fn quiet_now(p: &Platform, user: &str) -> chrono::DateTime<chrono::Utc> {
+    let now = chrono::Utc::now().with_timezone(&chrono_tz::Asia::Bangkok);
+    let (start, end) = (
+        now - chrono::Duration::hours(1),
+        now + chrono::Duration::hours(2),
+    );
+    let hhmm = |t: chrono::DateTime<chrono_tz::Tz>| t.format("%H:%M").to_string();
+    sqlx::query(
+        "UPDATE recipients SET quiet_hours_json = $2, timezone = 'Asia/Bangkok' WHERE user_id = $1",
+    )
+    .bind(user)
+    .bind(json!([{"start": hhmm(start), "end": hhmm(end)}]))
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    notify_core::quiet::first_instant(
+        chrono_tz::Asia::Bangkok,
+        end.date_naive(),
+        notify_core::quiet::parse_hhmm(&hhmm(end)).unwrap(),
+    )
+}
+
+async fn wait_deferred(
+    p: &Platform,
+    id: &str,
+) -> (String, i32, chrono::DateTime<chrono::Utc>, String) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r: (String, i32, chrono::DateTime<chrono::Utc>, String) = sqlx::query_as(
+            "SELECT status, attempts, next_attempt_at, decision FROM notification_deliveries
+             WHERE id = $1::uuid",
+        )
+        .bind(id)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+        if r.0 == "pending" && r.3.contains("quiet hours (Asia/Bangkok): due at") {
+            return r;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not deferred: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A retry that becomes due inside the recipient's quiet hours (set after the first
+/// attempt failed) is deferred to the window's end when it becomes due: no second call,
+/// the attempt given back, the trail says why, and an outbox row waits for the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_that_falls_in_quiet_hours_waits_for_their_end() {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Line],
+        retry_delays: vec![Duration::from_secs(2)],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, lid) = (uniq("u"), line_id());
+    p.add_recipient(&u, "", "", &lid).await;
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": lid, "status": 500,
+        "body": {"message": "internal"}, "times": 1}),
+    )
+    .await;
+    let ev = p.send(&uniq("night"), "order_paid", &[&u]).await;
+    let id = ev.deliveries[0].delivery_id.clone();
+    wait_for("the first attempt", 20, || async {
+        !attempt_codes(&p, &id).await.is_empty()
+    })
+    .await;
+    let end = quiet_now(&p, &u).await;
+    let (status, attempts, due, decision) = wait_deferred(&p, &id).await;
+    assert_eq!((status.as_str(), attempts), ("pending", 1), "{decision}");
+    assert_eq!(due, end, "due again at the window's end");
+    let outbox: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT available_at FROM outbox WHERE delivery_id = $1::uuid")
+            .bind(&id)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    assert_eq!(outbox, end);
+    assert_eq!(p.sim_requests("line").await.len(), 1, "no call at night");
+    p.stop().await;
+}
+
+/// A fatigue-cap slot (and equally a digest's close: any due time set at planning) that
+/// arrives inside quiet hours set after planning is held at due time. The slot is an hour
+/// away, so the test moves the delivery's due time to now instead of waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatigue_slot_that_arrives_in_quiet_hours_waits_for_their_end() {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Line],
+        fatigue_caps: [(Channel::Line, 1)].into(),
+        ..Default::default()
+    })
+    .await;
+    p.add_type("news", &["line"]).await;
+    let (u, lid) = (uniq("u"), line_id());
+    p.add_recipient(&u, "", "", &lid).await;
+    let first = p.send(&uniq("news"), "news", &[&u]).await;
+    let held = p.send(&uniq("news"), "news", &[&u]).await;
+    assert!(
+        held.deliveries[0].deferred_until.is_some(),
+        "over the cap: a slot in an hour"
+    );
+    p.wait_final(&first.event_id, 30).await;
+    let id = held.deliveries[0].delivery_id.clone();
+    let end = quiet_now(&p, &u).await;
+    // The slot arrives.
+    sqlx::query(
+        "WITH d AS (UPDATE notification_deliveries SET next_attempt_at = now() WHERE id = $1::uuid RETURNING id)
+         UPDATE outbox SET available_at = now() WHERE delivery_id IN (SELECT id FROM d)",
+    )
+    .bind(&id)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let (status, attempts, due, _) = wait_deferred(&p, &id).await;
+    assert_eq!((status.as_str(), attempts, due), ("pending", 0, end));
+    assert_eq!(
+        p.sim_requests("line").await.len(),
+        1,
+        "only the first event went out"
+    );
+    p.stop().await;
+}
+
+/// Twelve events for one user at once, through two ingest replicas with several group
+/// commits each, with a cap of 2 LINE messages per rolling hour: no hour holds more than
+/// 2 of the scheduled times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fatigue_caps_are_exact_with_concurrent_writers_and_replicas() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![],
+        fatigue_caps: [(Channel::Line, 2)].into(),
+        ..Default::default()
+    })
+    .await;
+    let replica = p.start_ingest_replica().await;
+    p.add_type("news", &["line"]).await;
+    let (u, lid) = (uniq("u"), line_id());
+    p.add_recipient(&u, "", "", &lid).await;
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..12 {
+        let channel = if i % 2 == 0 {
+            p.grpc.clone()
+        } else {
+            replica.clone()
+        };
+        let req = p.event(&uniq("burst"), "news", &[&u]);
+        calls.spawn(async move {
+            pb::ingest_service_client::IngestServiceClient::new(channel)
+                .create_event(req)
+                .await
+                .unwrap()
+        });
+    }
+    while let Some(r) = calls.join_next().await {
+        r.unwrap();
+    }
+    let mut times: Vec<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
+        "SELECT throttle_at FROM notification_deliveries WHERE user_id = $1 AND channel = 'line'",
+    )
+    .bind(&u)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(times.len(), 12);
+    times.sort();
+    for (i, t) in times.iter().enumerate() {
+        let in_hour = times[i..]
+            .iter()
+            .take_while(|x| **x < *t + chrono::Duration::hours(1))
+            .count();
+        assert!(in_hour <= 2, "{in_hour} in the hour from {t}: {times:?}");
+    }
+    p.stop().await;
+}
+
+/// A pending delivery whose message sits unconsumed in a long queue (no outbox row, due
+/// for longer than NOTIFY_REPUBLISH_AFTER) is republished with growing spacing, not once
+/// per sweep: over twelve simulated seconds with a 1 s setting, three republishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn republishing_a_waiting_backlog_adds_a_bounded_number_of_messages() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        // The platform's own sweeper stays out of the way; the test sweeps by hand.
+        republish_after: Duration::from_secs(3600),
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, lid) = (uniq("u"), line_id());
+    p.add_recipient(&u, "", "", &lid).await;
+    let ev = p.send(&uniq("backlog"), "order_paid", &[&u]).await;
+    let id = ev.deliveries[0].delivery_id.clone();
+    wait_for("the first publish", 20, || async {
+        p.count("outbox").await == 0
+    })
+    .await;
+    let mut republished = 0;
+    for _ in 0..8 {
+        // 1.5 s pass.
+        sqlx::query(
+            "UPDATE notification_deliveries SET next_attempt_at = next_attempt_at - interval '1.5 seconds'
+             WHERE id = $1::uuid",
+        )
+        .bind(&id)
+        .execute(&p.pool)
+        .await
+        .unwrap();
+        let n = notify_store::deliveries::republish_stale(&p.pool, Duration::from_secs(1), 100)
+            .await
+            .unwrap();
+        republished += n;
+        // The relay publishes it (the queue has no consumer: the backlog waits).
+        wait_for("the relay", 20, || async { p.count("outbox").await == 0 }).await;
+    }
+    assert_eq!(
+        republished, 3,
+        "after 1 s, 2 s and 4 s more, not every sweep"
+    );
+    p.stop().await;
+}
