@@ -158,6 +158,42 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
     p.stop().await;
 }
 
+/// The claim is the one door to a provider call: a due `pending` delivery whose attempts
+/// are all spent (left so by a sweeper of an older version, or by hand) is made `failed`
+/// by the claim, with no call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_refuses_a_delivery_whose_attempts_are_spent() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, lid) = (uniq("u"), line_id());
+    p.add_recipient(&u, "", "", &lid).await;
+    let ev = p.send(&uniq("spent"), "order_paid", &[&u]).await;
+    let id = ev.deliveries[0].delivery_id.clone();
+    sqlx::query(
+        "UPDATE notification_deliveries SET attempts = max_attempts, last_error = 'worker_lost'
+         WHERE id = $1::uuid",
+    )
+    .bind(&id)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    p.start_worker(Channel::Line);
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(done.deliveries[0].status, "failed");
+    let (_, attempts, error) = delivery_row(&p, &id).await;
+    assert_eq!(attempts, 5);
+    assert_eq!(
+        error.unwrap(),
+        "worker_lost; gave up after 5 attempts (attempt budget spent)"
+    );
+    assert!(p.sim_requests("line").await.is_empty(), "no sixth call");
+    p.stop().await;
+}
+
 /// The database refuses an attempt's record (here a trigger raising "interval out of
 /// range", SQLSTATE 22008, the error an unstorable retry delay used to give): the delivery
 /// ends `failed` at once with `record_failed`, the provider was called once, and no lease
@@ -385,6 +421,54 @@ async fn a_fatigue_slot_that_arrives_in_quiet_hours_waits_for_their_end() {
         p.sim_requests("line").await.len(),
         1,
         "only the first event went out"
+    );
+    p.stop().await;
+}
+
+/// A digest whose window closes while the recipient is inside quiet hours (set after the
+/// digest was planned) is held at its close. The window is an hour long, so the test
+/// moves the digest's due time to now instead of waiting for the close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_that_closes_in_quiet_hours_waits_for_their_end() {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Line],
+        ..Default::default()
+    })
+    .await;
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "comment_reply".into(),
+            default_channels: vec!["line".into()],
+            digest_window_seconds: 3600,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let (u, lid) = (uniq("u"), line_id());
+    p.add_recipient(&u, "", "", &lid).await;
+    let mut req = p.event(&uniq("reply"), "comment_reply", &[&u]);
+    req.aggregate_key = "thread:55".into();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let id = ev.deliveries[0].delivery_id.clone();
+    assert!(
+        ev.deliveries[0].deferred_until.is_some(),
+        "held until the window closes"
+    );
+    let end = quiet_now(&p, &u).await;
+    // The window closes.
+    sqlx::query(
+        "WITH d AS (UPDATE notification_deliveries SET next_attempt_at = now() WHERE id = $1::uuid RETURNING id)
+         UPDATE outbox SET available_at = now() WHERE delivery_id IN (SELECT id FROM d)",
+    )
+    .bind(&id)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let (status, attempts, due, _) = wait_deferred(&p, &id).await;
+    assert_eq!((status.as_str(), attempts, due), ("pending", 0, end));
+    assert!(
+        p.sim_requests("line").await.is_empty(),
+        "no digest at night"
     );
     p.stop().await;
 }

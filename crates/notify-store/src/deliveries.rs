@@ -96,6 +96,8 @@ pub enum ClaimOutcome {
     /// that died or froze during the call): the claim made it `failed` instead, without a
     /// call. Carries the attempts made and the error now on the delivery.
     Exhausted {
+        /// The delivery's provider.
+        provider: String,
         /// Attempts made (each a claim that may have reached the provider).
         attempts: i32,
         /// `last_error` as written.
@@ -274,14 +276,14 @@ async fn fail_exhausted(
     if ids.is_empty() {
         return Ok(Default::default());
     }
-    let rows: Vec<(Uuid, i32, String)> = sqlx::query_as(
+    let rows: Vec<(Uuid, String, i32, String)> = sqlx::query_as(
         "UPDATE notification_deliveries d
          SET status = 'failed', lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
              last_error = format('%s; gave up after %s attempts (attempt budget spent)',
                                  coalesce(d.last_error, 'attempt_budget_spent'), d.attempts)
          WHERE d.id = ANY($1) AND d.channel || '' = $2 AND d.status || '' = 'pending'
            AND d.next_attempt_at <= now() AND d.attempts >= d.max_attempts
-         RETURNING d.id, d.attempts, d.last_error",
+         RETURNING d.id, d.provider, d.attempts, d.last_error",
     )
     .bind(ids)
     .bind(channel)
@@ -289,7 +291,16 @@ async fn fail_exhausted(
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(id, attempts, error)| (id, ClaimOutcome::Exhausted { attempts, error }))
+        .map(|(id, provider, attempts, error)| {
+            (
+                id,
+                ClaimOutcome::Exhausted {
+                    provider,
+                    attempts,
+                    error,
+                },
+            )
+        })
         .collect())
 }
 

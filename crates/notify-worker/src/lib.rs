@@ -416,11 +416,11 @@ impl<S: ChannelSender> Ctx<S> {
                     info!(%status, "duplicate or early message: acked without sending");
                     return ack(&msg).await;
                 }
-                DbCall::Done(ClaimOutcome::Exhausted { attempts, .. }) => {
+                DbCall::Done(ClaimOutcome::Exhausted { provider, attempts, .. }) => {
                     // Every attempt was spent, the last ones by workers that died during the
                     // call: the claim failed it instead of calling the provider again.
                     let m = notify_telemetry::metrics();
-                    let [c, p] = notify_telemetry::metrics::channel_provider(channel.as_str(), "");
+                    let [c, p] = notify_telemetry::metrics::channel_provider(channel.as_str(), &provider);
                     m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", "attempts_spent")]);
                     error!(attempts, reason = "attempts_spent", alert = "delivery_failed",
                         "delivery failed: its attempt budget was spent (workers died during the calls); no further call");
