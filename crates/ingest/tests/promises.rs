@@ -249,6 +249,30 @@ async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_agai
     p.stop().await;
 }
 
+/// A retry delay Postgres could not store (`u64::MAX` seconds) used to start fine and make
+/// every record fail; now the worker refuses it at start, naming the variable (exit 64).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duration_the_system_cannot_store_is_refused_at_start() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ingest")).with_file_name("worker-line");
+    let out = tokio::process::Command::new(bin)
+        .env_clear()
+        .envs(p.process_env())
+        .env("NOTIFY_RETRY_DELAYS", "18446744073709551615s")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("NOTIFY_RETRY_DELAYS"), "{err}");
+    assert!(err.contains("at most 366 days"), "{err}");
+    p.stop().await;
+}
+
 /// An always-503 provider with bases 300 ms, 600 ms, 1.2 s, 2.4 s: the gaps between
 /// calls grow, each within the +-20 % band around its base (plus the publish and claim
 /// path), measured from the provider's answers in the simulator's record.
