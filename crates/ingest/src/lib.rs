@@ -362,6 +362,13 @@ async fn sweep(pool: PgPool, cfg: IngestConfig, shutdown: CancellationToken) {
             Ok(expired) => {
                 let m = notify_telemetry::metrics();
                 m.lease_recoveries.add(expired.len() as u64, &[]);
+                for lost in &expired {
+                    // A call whose worker died: whether the provider got it is unknown.
+                    m.deliveries_ambiguous.add(
+                        1,
+                        &notify_telemetry::metrics::channel_provider(&lost.channel, &lost.provider),
+                    );
+                }
                 for lost in expired.iter().filter(|l| l.failed) {
                     // The worker died or froze during the last attempt allowed: the
                     // attempt cap holds here as on the worker's own path.

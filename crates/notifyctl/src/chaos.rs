@@ -487,7 +487,10 @@ async fn check(cfg: &ChaosConfig, pool: &PgPool, event_id: Uuid) -> anyhow::Resu
     .fetch_all(pool)
     .await?;
     let recorded: HashMap<Uuid, i64> = sqlx::query_as::<_, (Uuid, i64)>(
-        "SELECT a.delivery_id, count(*) FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
+        // Attempts with an answer on record; a `worker_lost` row (written by the sweeper
+        // when a worker died during the call) stands for a call whose outcome is unknown.
+        "SELECT a.delivery_id, count(*) FILTER (WHERE a.error_code IS DISTINCT FROM 'worker_lost')
+         FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
          WHERE d.event_id = $1 GROUP BY a.delivery_id",
     )
     .bind(event_id)
