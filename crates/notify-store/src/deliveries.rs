@@ -545,6 +545,66 @@ pub async fn record_attempts(
     Ok(recorded)
 }
 
+/// Records a success that came back after the attempt's lease was lost (its heartbeats
+/// stopped, the sweeper put the delivery back to `pending`), so the delivery is not sent a
+/// second time. Fenced so that a newer claim still wins: only a delivery still `pending`,
+/// with no lease and no claim since this attempt's (`attempts` unchanged), becomes `sent`,
+/// with the attempt row, in one transaction. False (nothing written) otherwise; an outbox
+/// row the sweeper wrote stays, and its message is acked by the claim without a call.
+/// `next` must be [`NextState::Sent`] (anything else writes nothing).
+pub async fn record_late_success(
+    db: &PgPool,
+    job: &DeliveryJob,
+    next: &NextState,
+    record: &AttemptRecord,
+) -> Result<bool> {
+    let NextState::Sent {
+        provider_message_id,
+    } = next
+    else {
+        return Ok(false);
+    };
+    let mut tx = db.begin().await?;
+    let done = sqlx::query(
+        "UPDATE notification_deliveries
+         SET status = 'sent', provider_message_id = coalesce($3, provider_message_id),
+             last_error = NULL, sent_at = now(), updated_at = now()
+         WHERE id = $1 AND status = 'pending' AND lease_token IS NULL AND attempts = $2",
+    )
+    .bind(job.id)
+    .bind(job.attempt)
+    .bind(provider_message_id)
+    .execute(&mut *tx)
+    .await?;
+    if done.rows_affected() != 1 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    sqlx::query(
+        "INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, provider_status,
+             error_code, provider_response, content_json, worker_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    )
+    .bind(job.id)
+    .bind(job.attempt)
+    .bind(job.started_at)
+    .bind(record.outcome)
+    .bind(record.provider_status)
+    .bind(&record.error_code)
+    .bind(
+        record
+            .provider_response
+            .as_deref()
+            .map(|s| truncate_utf8(s, MAX_PROVIDER_RESPONSE_BYTES).to_string()),
+    )
+    .bind(&record.content)
+    .bind(&record.worker_id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
 /// Marks a delivery `failed` with `error` outside the claim protocol: for a message that
 /// reached the wrong queue or cannot be sent at all. Only a `pending` delivery changes.
 pub async fn fail_unclaimed(db: &PgPool, id: Uuid, error: &str) -> Result<bool> {

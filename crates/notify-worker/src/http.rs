@@ -47,11 +47,20 @@ impl TransportError {
     }
 }
 
-/// Sends `request` and reads the whole answer. `provider` prefixes the error codes.
+/// Confirms `lease` ([`crate::Lease::confirm`]: the point of no return is writing the
+/// request), then sends `request` and reads the whole answer. `provider` prefixes the
+/// error codes; a lease found lost is `lease_lost`, with no request sent.
 pub async fn send(
     request: reqwest::RequestBuilder,
     provider: &str,
+    lease: &crate::Lease,
 ) -> Result<HttpAnswer, TransportError> {
+    if let Err(lost) = lease.confirm().await {
+        return Err(TransportError {
+            code: "lease_lost".into(),
+            detail: lost.to_string(),
+        });
+    }
     let resp = request.send().await.map_err(|e| TransportError {
         code: format!(
             "{provider}_{}",
