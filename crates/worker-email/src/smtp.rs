@@ -251,3 +251,33 @@ impl SmtpClient {
         conn.message(message).await.map_err(SendError::Smtp)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smtp_urls_are_read_as_lettre_reads_them() {
+        let s = SmtpServer::parse("smtp://127.0.0.1:1025").unwrap();
+        assert_eq!((s.host.as_str(), s.port), ("127.0.0.1", 1025));
+        assert!(matches!(s.tls, Tls::None) && s.credentials.is_none());
+        let s = SmtpServer::parse("smtp://mail.example.test?tls=required").unwrap();
+        assert_eq!(s.port, 587);
+        assert!(matches!(s.tls, Tls::Required(_)));
+        let s = SmtpServer::parse("smtps://us%40er:p%3Ass@mail.example.test/relay.example.test")
+            .unwrap();
+        assert_eq!(s.port, 465);
+        assert!(matches!(s.tls, Tls::Wrapper(_)));
+        assert_eq!(
+            s.credentials,
+            Some(Credentials::new("us@er".into(), "p:ss".into()))
+        );
+        assert_eq!(s.hello, ClientId::Domain("relay.example.test".into()));
+        let err = SmtpServer::parse("http://user:secret@mail.example.test").unwrap_err();
+        assert!(!err.contains("secret"), "{err}");
+        assert!(
+            format!("{s:?}").find("p:ss").is_none(),
+            "Debug hides the password"
+        );
+    }
+}
