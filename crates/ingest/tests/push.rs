@@ -498,7 +498,8 @@ async fn thai_push_bodies_are_cut_to_each_providers_limit_byte_for_byte() {
 
 /// FCM and APNs answers sorted by class against the simulator: 5xx and an expired APNs
 /// provider token retry, a timeout after the provider accepted is an ambiguous retry (the
-/// provider sees the message twice), other 4xx fail at once and keep the endpoint.
+/// provider sees the message twice), FCM's "message is too big" is `payload_too_large`,
+/// other 4xx fail at once and keep the endpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fcm_and_apns_errors_are_sorted_by_class() {
     let p = push_platform().await;
@@ -532,6 +533,18 @@ async fn fcm_and_apns_errors_are_sorted_by_class() {
             "failed",
             1,
             "fcm_invalid_argument",
+        ),
+        (
+            // FCM's answer to a message over its size limit (FCM v1 ErrorCode,
+            // INVALID_ARGUMENT: "message too big"): permanent, named as such.
+            "fcmtoobig",
+            "fcm",
+            json!({"status": 400, "body": {"error": {"code": 400, "status": "INVALID_ARGUMENT",
+                "message": "Android message is too big",
+                "details": [{"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": "INVALID_ARGUMENT"}]}}}),
+            "failed",
+            1,
+            "payload_too_large",
         ),
         (
             "apns500",

@@ -608,3 +608,338 @@ async fn an_old_snapshot_held_open_does_not_stall_delivery() {
     );
     p.stop().await;
 }
+
+async fn wait_status(p: &Platform, delivery_id: &str, want: &str, secs: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while status_of(p, delivery_id).await.0 != want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "delivery not {want} within {secs} s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill {sig} failed");
+}
+
+/// Issue 14, item 10: fencing guards the record, and the lease check at the call's point
+/// of no return guards the call. A worker process stopped (SIGSTOP) right after its claim,
+/// while the SMTP server is still answering `RCPT TO`, is resumed after the sweeper and a
+/// second worker took the delivery over: it never sends `DATA`, and the message goes out
+/// once, from the second worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_frozen_after_its_claim_and_resumed_after_its_lease_was_taken_makes_no_provider_call()
+ {
+    let mut p = Platform::start_with(Options {
+        workers: vec![],
+        smtp_sim: true,
+        lease: Duration::from_secs(3),
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["email"]).await;
+    let u = uniq("u");
+    // `slow…`: the simulator answers RCPT TO after 3 s, so the claim is well ahead of DATA.
+    p.add_recipient(&u, "", &format!("slow-{u}@example.test"), "")
+        .await;
+    let frozen = p.spawn(
+        "worker-email",
+        &[],
+        &[
+            ("NOTIFY_SMTP_URL", p.smtp_sim_url.clone()),
+            ("NOTIFY_EMAIL_FROM", "noreply@example.test".into()),
+            (
+                "NOTIFY_UNSUBSCRIBE_URL",
+                format!("{}/unsubscribe", p.http_url),
+            ),
+            (
+                "NOTIFY_UNSUBSCRIBE_SECRET",
+                support::UNSUBSCRIBE_SECRET.into(),
+            ),
+            ("NOTIFY_LEASE", "3s".into()),
+            ("NOTIFY_WORKER_CONCURRENCY", "1".into()),
+            ("NOTIFY_WORKER_ID", "frozen".into()),
+            // Longer than the freeze: the lease check, not the deadline, must stop it.
+            ("NOTIFY_SMTP_TIMEOUT", "60s".into()),
+        ],
+    );
+    let ev = p.send("frozen-email", "order_paid", &[&u]).await;
+    let id = ev.deliveries[0].delivery_id.clone();
+    wait_status(&p, &id, "sending", 30).await;
+    signal(frozen.pid(), "-STOP");
+
+    // The lease runs out, the sweeper puts the delivery back, another worker sends it.
+    p.start_worker_named(Channel::Email, "second");
+    let done = p.wait_final(&ev.event_id, 60).await;
+    assert_eq!(done.deliveries[0].status, "sent");
+    assert_eq!(
+        p.smtp_sim.data_started(),
+        1,
+        "only the second worker sent DATA"
+    );
+
+    signal(frozen.pid(), "-CONT");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    // The resumed worker is done with its message once it logs that it wrote nothing.
+    while !frozen.log().contains("nothing written") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the resumed worker did not finish its message:\n{}",
+            frozen.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        p.smtp_sim.data_started(),
+        1,
+        "the resumed worker made no provider call"
+    );
+    assert!(
+        frozen.log().contains("call abandoned"),
+        "it abandoned the call at the lease check"
+    );
+    assert_eq!(p.smtp_sim.messages().len(), 1, "one message accepted");
+    let attempts: Vec<(i32, String, String)> = sqlx::query_as(
+        "SELECT attempt, coalesce(error_code, outcome), worker_id FROM delivery_attempts
+         WHERE delivery_id = $1::uuid ORDER BY attempt",
+    )
+    .bind(&id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    // Attempt 1 is the frozen worker's lost lease, recorded by the sweeper as a call
+    // without an answer; it never reached DATA.
+    assert_eq!(
+        attempts,
+        [
+            (1, "worker_lost".to_string(), String::new()),
+            (2, "sent".to_string(), "second".to_string())
+        ]
+    );
+    assert_eq!(status_of(&p, &id).await, ("sent".to_string(), 2));
+    frozen.terminate();
+    p.stop().await;
+}
+
+/// Issue 14, item 11: a call that the provider accepted after the worker's lease was taken
+/// (its heartbeats stopped, the sweeper put the delivery back) is recorded as sent when
+/// nobody claimed the delivery again, instead of being sent a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again() {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Line],
+        concurrency: 1,
+        lease: Duration::from_secs(3),
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let u = uniq("u");
+    let lid = line_id();
+    p.add_recipient(&u, "", "", &lid).await;
+    // LINE accepts, but answers only after 3 s.
+    p.sim_fault(json!({"provider": "line", "target_contains": lid, "status": 200, "body": {"sentMessages": [{"id": "late-1"}]}, "delay_ms": 3000, "times": 1})).await;
+    let ev = p.send("late", "order_paid", &[&u]).await;
+    let id = ev.deliveries[0].delivery_id.clone();
+    for _ in 0..100 {
+        if !p.sim_requests("line").await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Meanwhile the sweeper recovers it as if its heartbeats had stopped: pending, no
+    // lease, a new outbox row (published, but the only worker is busy with the call).
+    let swept = sqlx::query(
+        "WITH d AS (
+             UPDATE notification_deliveries SET status = 'pending', lease_token = NULL,
+                 lease_expires_at = NULL, next_attempt_at = now(), last_error = 'lease_expired'
+             WHERE id = $1::uuid AND status = 'sending' RETURNING id, channel)
+         INSERT INTO outbox (delivery_id, channel) SELECT id, channel FROM d",
+    )
+    .bind(&id)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(swept.rows_affected(), 1);
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(
+        (
+            done.deliveries[0].status.as_str(),
+            done.deliveries[0].attempts
+        ),
+        ("sent", 1),
+        "the late success was recorded"
+    );
+    wait_outbox_empty(&p).await;
+    for _ in 0..100 {
+        if p.queue_depth(&p.topology.queue("line")).await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        p.sim_requests("line").await.len(),
+        1,
+        "the recovered message was acked without a second push"
+    );
+    let recorded: Vec<(i32, String)> = sqlx::query_as(
+        "SELECT attempt, outcome FROM delivery_attempts WHERE delivery_id = $1::uuid",
+    )
+    .bind(&id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(recorded, [(1, "sent".to_string())]);
+    p.stop().await;
+}
+
+/// Issue 14, item 11, the fence: a late success never overrides a newer claim, whether that
+/// claim is still sending or has already scheduled its own retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_success_loses_to_a_newer_claim() {
+    use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome, NextState};
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let u = uniq("u");
+    p.add_recipient(&u, "", "", &line_id()).await;
+    let ev = p.send("late-fence", "order_paid", &[&u]).await;
+    let id: uuid::Uuid = ev.deliveries[0].delivery_id.parse().unwrap();
+    wait_outbox_empty(&p).await;
+    let claim = || async {
+        match deliveries::claim(&p.pool, id, "line", Duration::from_secs(1))
+            .await
+            .unwrap()
+        {
+            ClaimOutcome::Claimed(job) => job,
+            other => panic!("{other:?}"),
+        }
+    };
+    let sent = NextState::Sent {
+        provider_message_id: Some("late".into()),
+    };
+    let record = AttemptRecord {
+        outcome: "sent",
+        provider_status: Some(200),
+        error_code: None,
+        provider_response: None,
+        content: json!({}),
+        deactivate_endpoint: None,
+        address_undeliverable: None,
+        endpoint_invalid_since: None,
+        worker_id: "late".into(),
+        call_took: Duration::ZERO,
+    };
+    let first = claim().await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        deliveries::requeue_expired_leases(&p.pool, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let second = claim().await;
+    assert!(
+        !deliveries::record_late_success(&p.pool, &first, &sent, &record)
+            .await
+            .unwrap(),
+        "the newer claim is sending"
+    );
+    let retry = NextState::Retry {
+        after: Duration::from_secs(60),
+        error: "line_500".into(),
+    };
+    let failed_attempt = AttemptRecord {
+        outcome: "retry",
+        ..record.clone()
+    };
+    assert_eq!(
+        deliveries::record_attempts(&p.pool, &[(&second, &retry, &failed_attempt)])
+            .await
+            .unwrap(),
+        [true]
+    );
+    assert!(
+        !deliveries::record_late_success(&p.pool, &first, &sent, &record)
+            .await
+            .unwrap(),
+        "the newer claim already recorded its attempt"
+    );
+    assert_eq!(
+        status_of(&p, &id.to_string()).await,
+        ("pending".to_string(), 2)
+    );
+    p.stop().await;
+}
+
+/// Issue 14, item 12: every provider call has a total deadline, not only its connect. An
+/// SMTP server that takes DATA and never answers ends each attempt at the deadline as an
+/// ambiguous `smtp_timeout`, retried per policy until the budget is spent; nothing stays
+/// `sending`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_smtp_server_that_never_answers_after_data_ends_each_attempt_at_the_deadline() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        smtp_sim: true,
+        ..Default::default()
+    })
+    .await;
+    let sender = std::sync::Arc::new(
+        worker_email::EmailSender::new(worker_email::EmailConfig {
+            smtp_url: p.smtp_sim_url.clone(),
+            from: "noreply@example.test".parse().unwrap(),
+            message_id_domain: "example.test".into(),
+            timeout: Duration::from_secs(1),
+            unsubscribe_url: format!("{}/unsubscribe", p.http_url),
+            unsubscribe_secret: support::UNSUBSCRIBE_SECRET.into(),
+        })
+        .unwrap(),
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let worker = {
+        let (cfg, pool, stop) = (p.worker_config(), p.pool.clone(), stop.clone());
+        tokio::spawn(async move { notify_worker::run(cfg, pool, sender, stop).await.unwrap() })
+    };
+    p.add_type("order_paid", &["email"]).await;
+    let u = uniq("u");
+    p.add_recipient(&u, "", &format!("stall-{u}@example.test"), "")
+        .await;
+    let started = std::time::Instant::now();
+    let ev = p.send("stalled-smtp", "order_paid", &[&u]).await;
+    let done = p.wait_final(&ev.event_id, 60).await;
+    let took = started.elapsed();
+    let d = &done.deliveries[0];
+    assert_eq!((d.status.as_str(), d.attempts), ("failed", 5), "{d:?}");
+    let codes: Vec<Option<String>> = sqlx::query_scalar(
+        "SELECT error_code FROM delivery_attempts WHERE delivery_id = $1::uuid ORDER BY attempt",
+    )
+    .bind(&d.delivery_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(codes, vec![Some("smtp_timeout".to_string()); 5]);
+    assert_eq!(
+        p.smtp_sim.data_started(),
+        5,
+        "each attempt got as far as DATA"
+    );
+    assert!(
+        took < Duration::from_secs(20),
+        "five 1 s deadlines and short retries took {took:?}"
+    );
+    stop.cancel();
+    worker.await.unwrap();
+    p.stop().await;
+}

@@ -696,6 +696,76 @@ pub async fn record_fallback(
     Ok(updated == 1)
 }
 
+/// Records a success that came back after the attempt's lease was lost (its heartbeats
+/// stopped, the sweeper put the delivery back to `pending`), so the delivery is not sent a
+/// second time. Fenced so that a newer claim still wins: only a delivery still `pending`
+/// (or `failed` by the sweeper because this was its last attempt), with no lease and no
+/// claim since this attempt's (`attempts` unchanged), becomes `sent`, replacing the
+/// sweeper's `worker_lost` attempt row with the real answer, in one transaction. False (nothing written) otherwise; an outbox
+/// row the sweeper wrote stays, and its message is acked by the claim without a call.
+/// `next` must be [`NextState::Sent`] (anything else writes nothing).
+pub async fn record_late_success(
+    db: &PgPool,
+    job: &DeliveryJob,
+    next: &NextState,
+    record: &AttemptRecord,
+) -> Result<bool> {
+    let NextState::Sent {
+        provider_message_id,
+    } = next
+    else {
+        return Ok(false);
+    };
+    let mut tx = db.begin().await?;
+    let done = sqlx::query(
+        "UPDATE notification_deliveries
+         SET status = 'sent', provider_message_id = coalesce($3, provider_message_id),
+             last_error = NULL, sent_at = now(), updated_at = now()
+         WHERE id = $1 AND lease_token IS NULL AND attempts = $2
+           AND (status = 'pending'
+                -- the sweeper failed it because this very attempt was the last one allowed
+                OR (status = 'failed' AND last_error LIKE 'worker_lost:%'))",
+    )
+    .bind(job.id)
+    .bind(job.attempt)
+    .bind(provider_message_id)
+    .execute(&mut *tx)
+    .await?;
+    if done.rows_affected() != 1 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    sqlx::query(
+        "INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, provider_status,
+             error_code, provider_response, content_json, worker_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+         -- the sweeper's `worker_lost` row for this attempt gives way to the real answer
+         ON CONFLICT (delivery_id, attempt) DO UPDATE
+         SET outcome = EXCLUDED.outcome, provider_status = EXCLUDED.provider_status,
+             error_code = EXCLUDED.error_code, provider_response = EXCLUDED.provider_response,
+             content_json = EXCLUDED.content_json, worker_id = EXCLUDED.worker_id,
+             finished_at = now()",
+    )
+    .bind(job.id)
+    .bind(job.attempt)
+    .bind(job.started_at)
+    .bind(record.outcome)
+    .bind(record.provider_status)
+    .bind(&record.error_code)
+    .bind(
+        record
+            .provider_response
+            .as_deref()
+            .map(|s| truncate_utf8(s, MAX_PROVIDER_RESPONSE_BYTES).to_string()),
+    )
+    .bind(&record.content)
+    .bind(&record.worker_id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
 /// Marks a delivery `failed` with `error` outside the claim protocol: for a message that
 /// reached the wrong queue or cannot be sent at all. Only a `pending` delivery changes.
 pub async fn fail_unclaimed(db: &PgPool, id: Uuid, error: &str) -> Result<bool> {

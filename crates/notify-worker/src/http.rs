@@ -47,11 +47,20 @@ impl TransportError {
     }
 }
 
-/// Sends `request` and reads the whole answer. `provider` prefixes the error codes.
+/// Confirms `lease` ([`crate::Lease::confirm`]: the point of no return is writing the
+/// request), then sends `request` and reads the whole answer. `provider` prefixes the
+/// error codes; a lease found lost is `lease_lost`, with no request sent.
 pub async fn send(
     request: reqwest::RequestBuilder,
     provider: &str,
+    lease: &crate::Lease,
 ) -> Result<HttpAnswer, TransportError> {
+    if let Err(lost) = lease.confirm().await {
+        return Err(TransportError {
+            code: "lease_lost".into(),
+            detail: lost.to_string(),
+        });
+    }
     let resp = request.send().await.map_err(|e| TransportError {
         code: format!(
             "{provider}_{}",
@@ -76,4 +85,28 @@ pub async fn send(
         body,
         retry_after,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn no_request_is_sent_under_a_lease_that_cannot_be_confirmed() {
+        // Answers anything that connects; a request that got through would be answered.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "http://{}/v2/bot/message/push",
+            listener.local_addr().unwrap()
+        );
+        let lease = crate::Lease::held_for(Duration::from_secs(3));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        notify_telemetry::install_crypto_provider();
+        let request = reqwest::Client::new().post(url).body("{}");
+        let err = send(request, "line", &lease).await.unwrap_err();
+        assert_eq!(err.code, "lease_lost");
+        assert!(lease.abandoned());
+        let accepted = tokio::time::timeout(Duration::from_millis(10), listener.accept()).await;
+        assert!(accepted.is_err(), "nothing connected to the provider");
+    }
 }

@@ -4,13 +4,18 @@
 //! 1. consume the channel's queue with prefetch = concurrency and manual acks;
 //! 2. claim the delivery row with a lease (database clock); a message whose delivery is
 //!    already claimed, final or not due yet is acked without a provider call;
-//! 3. call the provider with no transaction open, extending the lease while it runs;
+//! 3. call the provider with no transaction open, extending the lease while it runs; the
+//!    adapter confirms the lease ([`Lease::confirm`]) at the call's point of no return and
+//!    abandons a call whose lease is gone (nothing is written, the message is acked); the
+//!    call has a total deadline ([`ChannelSender::call_deadline`]), after which it ends as
+//!    an ambiguous `<provider>_timeout`, retried per policy;
 //! 4. record the attempt and the new state in one transaction fenced by the lease token;
 //! 5. ack only after that commit. Unparseable messages and messages naming a delivery that
 //!    does not exist (or belongs to another channel) are rejected to the dead-letter queue.
 
 pub mod batch;
 pub mod http;
+pub mod lease;
 pub mod limit;
 pub mod templates;
 
@@ -33,7 +38,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, info, info_span, warn};
 
+pub use lease::{Lease, LeaseLost};
 pub use notify_store::deliveries::DeliveryJob as Job;
+
+/// [`ChannelSender::call_deadline`] of a channel that does not state its own.
+pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Whether this process's worker consumes from RabbitMQ now (for `/readyz`). One worker
 /// runtime per process in production; in-process tests do not read it.
@@ -51,9 +60,20 @@ pub trait ChannelSender: Send + Sync + 'static {
         None
     }
 
+    /// The total deadline of one [`ChannelSender::send`], from its start to the provider's
+    /// final answer. The runtime ends a call still running then, as an ambiguous
+    /// `<provider>_timeout` (the provider may have accepted it), retried per policy.
+    /// Adapters enforce their own timeouts within it, so they can say which step hung.
+    fn call_deadline(&self) -> Duration {
+        DEFAULT_CALL_DEADLINE
+    }
+
     /// Makes one provider call for `job` and reports what happened. Must not panic on
-    /// provider errors; timeouts are the adapter's to enforce.
-    fn send(&self, job: &DeliveryJob) -> impl Future<Output = AttemptOutcome> + Send;
+    /// provider errors. Right before its point of no return (SMTP `DATA`, writing the HTTP
+    /// request, the inbox insert) it must call [`Lease::confirm`] on `lease` and, when
+    /// that fails, make no call and return [`LeaseLost::outcome`].
+    fn send(&self, job: &DeliveryJob, lease: &Lease)
+    -> impl Future<Output = AttemptOutcome> + Send;
 }
 
 /// Settings of a worker process.
@@ -394,6 +414,8 @@ impl<S: ChannelSender> Ctx<S> {
                 reject(&msg).await;
                 return;
             }
+            // Asked before the claim: the lease is held at least until then + its length.
+            let asked = tokio::time::Instant::now();
             let claimed = with_db_retry("claim", || self.db.claims.call(pointer.delivery_id)).await;
             let job = match claimed {
                 DbCall::Unreachable => return nack_requeue(&msg).await,
@@ -454,12 +476,19 @@ impl<S: ChannelSender> Ctx<S> {
             s.record("notify.event_id", tracing::field::display(job.event_id));
             s.record("notify.attempt", job.attempt);
             s.record("notify.provider", job.provider.as_str());
+            let lease = lease::Lease::new(self.pool.clone(), job.id, job.lease_token, self.cfg.lease, asked);
             let started = std::time::Instant::now();
             let outcome = match self.templates.apply(&self.pool, &mut job).await {
-                Ok(()) => self.send_with_heartbeat(&job).await,
+                Ok(()) => self.send_with_heartbeat(&job, &lease).await,
                 Err(failed) => failed,
             };
             let took = started.elapsed();
+            if lease.abandoned() {
+                // No provider call was made after the lease was found gone; whoever holds
+                // the delivery now (or the sweeper) sends it. Any record would match nothing.
+                warn!(attempt = job.attempt, "lease lost before the provider call: call abandoned, nothing written");
+                return ack(&msg).await;
+            }
             let (next, mut record) = decide(&self.cfg.retry, self.sender.retry_horizon(), &job, outcome);
             record.worker_id = self.cfg.worker_id.clone();
             // A retry's delay counts from the provider's answer.
@@ -521,6 +550,24 @@ impl<S: ChannelSender> Ctx<S> {
                     }
                     ack(&msg).await
                 }
+                DbCall::Done(false) if matches!(next, NextState::Sent { .. }) => {
+                    // The provider accepted after the lease was taken. If the sweeper put the
+                    // delivery back and nobody claimed it again, this success is the truth:
+                    // record it rather than sending a second time.
+                    let late = with_db_retry("record late success", || {
+                        deliveries::record_late_success(&self.pool, &job, &next, &record)
+                    })
+                    .await;
+                    match late {
+                        DbCall::Done(true) => {
+                            warn!(attempt = job.attempt, "lease lost during the call, but the provider accepted and nobody claimed the delivery again: success recorded");
+                            count_recorded(&job, &next, &record, took);
+                        }
+                        DbCall::Done(false) => warn!("lease lost before recording: another worker owns this delivery now; nothing written"),
+                        DbCall::Unreachable | DbCall::Refused(_) => {}
+                    }
+                    ack(&msg).await
+                }
                 DbCall::Done(false) => {
                     warn!("lease lost before recording: another worker owns this delivery now; nothing written");
                     ack(&msg).await
@@ -570,9 +617,9 @@ impl<S: ChannelSender> Ctx<S> {
         span
     }
 
-    async fn send_with_heartbeat(&self, job: &DeliveryJob) -> AttemptOutcome {
+    async fn send_with_heartbeat(&self, job: &DeliveryJob, lease: &Lease) -> AttemptOutcome {
         // The wait for the provider's rate limit counts as part of the call, under the
-        // same lease heartbeat.
+        // same lease heartbeat; the call's deadline starts after it.
         let client = info_span!(
             "provider call",
             otel.name = %format!("{} send", job.provider),
@@ -589,7 +636,19 @@ impl<S: ChannelSender> Ctx<S> {
         );
         let send = async {
             self.limits.wait(&job.provider).await;
-            let out = self.sender.send(job).await;
+            let deadline = self.sender.call_deadline();
+            let out = match tokio::time::timeout(deadline, self.sender.send(job, lease)).await {
+                Ok(out) => out,
+                Err(_) => AttemptOutcome::failed(
+                    ErrorClass::Transient,
+                    format!("{}_timeout", job.provider),
+                    serde_json::json!({}),
+                )
+                .with_response(format!(
+                    "no final answer within the call deadline of {} ms",
+                    deadline.as_millis()
+                )),
+            };
             let span = tracing::Span::current();
             if let Some(status) = out.provider_status {
                 let key = if job.channel == "email" {
@@ -612,10 +671,14 @@ impl<S: ChannelSender> Ctx<S> {
         loop {
             tokio::select! {
                 out = &mut send => return out,
-                _ = beat.tick() => {
+                _ = beat.tick(), if !lease.is_lost() => {
+                    let asked = tokio::time::Instant::now();
                     match deliveries::extend_lease(&self.pool, job.id, job.lease_token, self.cfg.lease).await {
-                        Ok(true) => {}
-                        Ok(false) => warn!("lease lost while the provider call runs"),
+                        Ok(true) => lease.extended(asked),
+                        Ok(false) => {
+                            lease.lost();
+                            warn!("lease lost while the provider call runs");
+                        }
                         Err(e) => warn!(error = %e, "could not extend the lease"),
                     }
                 }
@@ -926,7 +989,9 @@ mod tests {
                 .with_status(503)
         };
         let (next, rec) = decide(&p, None, &job(1), out());
-        assert!(matches!(next, NextState::Retry { after, .. } if after <= Duration::from_secs(30)));
+        // 30 s +-20 %.
+        assert!(matches!(next, NextState::Retry { after, .. }
+            if after >= Duration::from_secs(24) && after <= Duration::from_secs(36)));
         assert_eq!(rec.outcome, "retry");
         let (next, rec) = decide(&p, None, &job(5), out());
         assert!(matches!(&next, NextState::Failed { error } if error.contains("gave up after 5")));

@@ -4,9 +4,13 @@
 //! - `nouser…` → `550 5.1.1 mailbox does not exist`;
 //! - `full…` → `452 4.2.2 mailbox full` (transient);
 //! - `blocked…` → `554 5.7.1 message refused` (permanent, policy);
+//! - `slow…` → `250 2.1.5 OK` after [`SLOW_RCPT`] (a server slow before the data);
+//! - `stall…` → `250 2.1.5 OK`, `354` to DATA, and then no answer ever to the end of the
+//!   data (a server that hangs after taking the message);
 //! - anything else → `250 2.1.5 OK`, and the message is accepted after DATA.
 //!
-//! Accepted messages are kept in memory ([`SmtpSim::messages`]). No TLS, no AUTH.
+//! Accepted messages are kept in memory ([`SmtpSim::messages`]), and every DATA command
+//! answered with 354 is counted ([`SmtpSim::data_started`]). No TLS, no AUTH.
 
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -22,16 +26,26 @@ pub struct Accepted {
     pub data: String,
 }
 
+/// How long a `slow…` recipient's `RCPT TO` waits for its answer.
+pub const SLOW_RCPT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The server's shared state.
 #[derive(Clone, Default)]
 pub struct SmtpSim {
     accepted: Arc<Mutex<Vec<Accepted>>>,
+    data_started: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl SmtpSim {
     /// Messages accepted so far, oldest first.
     pub fn messages(&self) -> Vec<Accepted> {
         self.accepted.lock().expect("smtp lock").clone()
+    }
+
+    /// How many DATA commands were answered with 354 (the client went past its point of
+    /// no return), including those whose message was never answered.
+    pub fn data_started(&self) -> usize {
+        self.data_started.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Serves SMTP on `listener` until `shutdown` is cancelled.
@@ -58,6 +72,7 @@ impl SmtpSim {
         let mut lines = BufReader::new(read).lines();
         write.write_all(b"220 smtp-sim ESMTP ready\r\n").await?;
         let (mut from, mut to) = (String::new(), Vec::<String>::new());
+        let mut stall = false;
         while let Some(line) = lines.next_line().await? {
             let upper = line.to_ascii_uppercase();
             let reply: String = if upper.starts_with("EHLO") {
@@ -67,6 +82,7 @@ impl SmtpSim {
             } else if upper.starts_with("MAIL FROM:") {
                 from = address(&line[10..]);
                 to.clear();
+                stall = false;
                 "250 2.1.0 OK".into()
             } else if upper.starts_with("RCPT TO:") {
                 let rcpt = address(&line[8..]);
@@ -77,7 +93,12 @@ impl SmtpSim {
                     format!("452 4.2.2 <{rcpt}>: mailbox full, try again later")
                 } else if local.starts_with("blocked") {
                     "554 5.7.1 message refused by policy".into()
+                } else if local.starts_with("slow") {
+                    tokio::time::sleep(SLOW_RCPT).await;
+                    to.push(rcpt);
+                    "250 2.1.5 OK".into()
                 } else {
+                    stall |= local.starts_with("stall");
                     to.push(rcpt);
                     "250 2.1.5 OK".into()
                 }
@@ -88,12 +109,19 @@ impl SmtpSim {
                     write
                         .write_all(b"354 end data with <CR><LF>.<CR><LF>\r\n")
                         .await?;
+                    self.data_started
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     let mut data = Vec::new();
                     while let Some(l) = lines.next_line().await? {
                         if l == "." {
                             break;
                         }
                         data.push(l.strip_prefix('.').map(str::to_string).unwrap_or(l));
+                    }
+                    if stall {
+                        // Never answer; hold the connection until the client drops it.
+                        while lines.next_line().await?.is_some() {}
+                        return Ok(());
                     }
                     self.accepted.lock().expect("smtp lock").push(Accepted {
                         from: from.clone(),
@@ -104,6 +132,7 @@ impl SmtpSim {
                 }
             } else if upper == "RSET" {
                 to.clear();
+                stall = false;
                 "250 2.0.0 OK".into()
             } else if upper == "NOOP" {
                 "250 2.0.0 OK".into()

@@ -13,20 +13,27 @@
 //! token ([`notify_core::signed::UnsubscribeToken`]) that the HTTP service honours with a
 //! POST. Transactional email (receipts, security alerts) has neither.
 //!
+//! The exchange runs step by step ([`smtp`]): `MAIL FROM`, `RCPT TO`, then the lease is
+//! confirmed, and only then `DATA` (the point of no return), all within one deadline
+//! (`NOTIFY_SMTP_TIMEOUT`, connect to the answer after the data); a server that stops
+//! answering ends the attempt as an ambiguous `smtp_timeout`, retried per policy.
+//!
 //! Classification (RFC 5321 §4.2.1): 4xx replies and connection errors before the end of
 //! DATA are transient; 5xx replies are permanent, and a 5xx whose enhanced status (RFC
 //! 3463) says the mailbox does not exist (5.1.1, 5.1.6, 5.1.10) is `address_undeliverable`:
 //! the recipient's address is marked and later email to it is skipped until it changes.
 
 use base64::Engine;
+use lettre::Message;
 use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart};
-use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
-use notify_worker::{ChannelSender, Job};
+use notify_worker::{ChannelSender, Job, Lease};
 use serde_json::json;
 use std::time::Duration;
 use unicode_segmentation::UnicodeSegmentation;
+
+pub mod smtp;
 
 /// Settings of the email channel.
 #[derive(Debug, Clone)]
@@ -39,7 +46,8 @@ pub struct EmailConfig {
     pub from: Mailbox,
     /// Right-hand side of generated Message-IDs; defaults to the sender's domain.
     pub message_id_domain: String,
-    /// Timeout of one SMTP exchange.
+    /// Total deadline of one SMTP exchange, from connecting to the server's answer after
+    /// the data (also the connect timeout).
     pub timeout: Duration,
     /// Public URL of the HTTP service's one-click unsubscribe endpoint, e.g.
     /// `https://notify.example.com/unsubscribe`.
@@ -97,19 +105,19 @@ impl EmailConfig {
     }
 }
 
-/// Sender for email over SMTP (pooled connections).
+/// Sender for email over SMTP (reused connections).
 pub struct EmailSender {
-    transport: AsyncSmtpTransport<Tokio1Executor>,
+    client: smtp::SmtpClient,
     cfg: EmailConfig,
 }
 
 impl EmailSender {
-    /// Builds the SMTP transport. Errors when the URL is malformed.
-    pub fn new(cfg: EmailConfig) -> Result<Self, lettre::transport::smtp::Error> {
-        let transport = AsyncSmtpTransport::<Tokio1Executor>::from_url(&cfg.smtp_url)?
-            .timeout(Some(cfg.timeout))
-            .build();
-        Ok(Self { transport, cfg })
+    /// Builds the SMTP client. Errors (naming what is wrong, never the password) when the
+    /// URL is malformed.
+    pub fn new(cfg: EmailConfig) -> Result<Self, String> {
+        let server = smtp::SmtpServer::parse(&cfg.smtp_url)?;
+        let client = smtp::SmtpClient::new(server, cfg.timeout);
+        Ok(Self { client, cfg })
     }
 
     /// Builds the message for `job`: From, To (with the recipient's display name),
@@ -185,7 +193,12 @@ impl ChannelSender for EmailSender {
         Channel::Email
     }
 
-    async fn send(&self, job: &Job) -> AttemptOutcome {
+    /// `NOTIFY_SMTP_TIMEOUT` (15 s) and a second for the adapter to say which step hung.
+    fn call_deadline(&self) -> Duration {
+        self.cfg.timeout + Duration::from_secs(1)
+    }
+
+    async fn send(&self, job: &Job, lease: &Lease) -> AttemptOutcome {
         let content = json!({
             "to": job.address,
             "display_name": job.display_name,
@@ -203,7 +216,31 @@ impl ChannelSender for EmailSender {
                     .with_response(e);
             }
         };
-        match self.transport.send(message).await {
+        let envelope = message.envelope().clone();
+        let bytes = message.formatted();
+        let exchange = self
+            .client
+            .send(envelope.from().cloned(), envelope.to(), &bytes, lease);
+        let answer = match tokio::time::timeout(self.cfg.timeout, exchange).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                return AttemptOutcome::failed(ErrorClass::Transient, "smtp_timeout", content)
+                    .with_response(format!(
+                        "the server did not finish the exchange within {} ms",
+                        self.cfg.timeout.as_millis()
+                    ));
+            }
+        };
+        let answer = match answer {
+            Ok(resp) => Ok(resp),
+            Err(smtp::SendError::Smtp(e)) => Err(e),
+            Err(smtp::SendError::LeaseLost(lost)) => return lost.outcome(content),
+            Err(smtp::SendError::Unsupported(why)) => {
+                return AttemptOutcome::failed(ErrorClass::Permanent, "smtp_unsupported", content)
+                    .with_response(why);
+            }
+        };
+        match answer {
             Ok(resp) => {
                 let text = resp.message().collect::<Vec<_>>().join(" ");
                 AttemptOutcome::sent(Some(message_id(job, &self.cfg.message_id_domain)), content)

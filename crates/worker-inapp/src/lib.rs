@@ -5,9 +5,12 @@
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
 use notify_store::PgPool;
 use notify_worker::batch::Batcher;
-use notify_worker::{ChannelSender, Job};
+use notify_worker::{ChannelSender, Job, Lease};
 use serde_json::json;
 use std::sync::Arc;
+
+/// Total deadline of one inbox write: twice the database pool's 5 s acquire timeout.
+pub const INBOX_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Sender for the in-app inbox.
 pub struct InAppSender {
@@ -34,13 +37,21 @@ impl ChannelSender for InAppSender {
         Channel::InApp
     }
 
-    async fn send(&self, job: &Job) -> AttemptOutcome {
+    /// [`INBOX_DEADLINE`].
+    fn call_deadline(&self) -> std::time::Duration {
+        INBOX_DEADLINE
+    }
+
+    async fn send(&self, job: &Job, lease: &Lease) -> AttemptOutcome {
         let content = json!({
             "user_id": job.user_id,
             "title": job.content.title,
             "body": job.content.body,
             "url": job.content.url,
         });
+        if let Err(lost) = lease.confirm().await {
+            return lost.outcome(content);
+        }
         match self.inbox.call(Arc::new(job.clone())).await {
             Ok(created) => AttemptOutcome::sent(None, content).with_response(if created {
                 "inbox row written"

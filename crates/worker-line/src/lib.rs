@@ -16,7 +16,7 @@
 
 use notify_core::text::split_utf16;
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
-use notify_worker::{ChannelSender, Job};
+use notify_worker::{ChannelSender, Job, Lease};
 use serde_json::json;
 use std::time::Duration;
 
@@ -82,7 +82,12 @@ impl ChannelSender for LineSender {
         Some(RETRY_HORIZON)
     }
 
-    async fn send(&self, job: &Job) -> AttemptOutcome {
+    /// `NOTIFY_HTTP_TIMEOUT` (10 s): the whole request, answer body included.
+    fn call_deadline(&self) -> Duration {
+        self.cfg.timeout
+    }
+
+    async fn send(&self, job: &Job, lease: &Lease) -> AttemptOutcome {
         let text = job.content.chat_text();
         let retry_key = job.retry_key.unwrap_or(job.id);
         let pieces = match split_utf16(&text, MAX_TEXT_UTF16, MAX_MESSAGES) {
@@ -125,7 +130,7 @@ impl ChannelSender for LineSender {
             .bearer_auth(&self.cfg.channel_token)
             .header("X-Line-Retry-Key", retry_key.to_string())
             .json(&body);
-        let answer = match notify_worker::http::send(request, "line").await {
+        let answer = match notify_worker::http::send(request, "line", lease).await {
             Ok(a) => a,
             Err(e) => return e.into_outcome(content),
         };

@@ -14,7 +14,7 @@
 //! `ExpiredProviderToken` retries with a new token; other 4xx fail.
 
 use notify_core::{AttemptOutcome, ErrorClass};
-use notify_worker::Job;
+use notify_worker::{Job, Lease};
 use serde_json::{Value, json};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
@@ -112,7 +112,7 @@ impl Apns {
     }
 
     /// Sends `job` to the device `device_token`.
-    pub async fn send(&self, job: &Job, device_token: &str) -> AttemptOutcome {
+    pub async fn send(&self, job: &Job, device_token: &str, lease: &Lease) -> AttemptOutcome {
         let payload = |text: &str| {
             json!({
                 "aps": {
@@ -173,7 +173,7 @@ impl Apns {
             .header("apns-collapse-id", collapse_id)
             .header("apns-id", job.id.to_string())
             .json(&body);
-        let answer = match notify_worker::http::send(request, "apns").await {
+        let answer = match notify_worker::http::send(request, "apns", lease).await {
             Ok(a) => a,
             Err(e) => return e.into_outcome(content),
         };

@@ -7,7 +7,8 @@
 //! Answers are sorted per the FCM error-code table: UNREGISTERED (404), SENDER_ID_MISMATCH
 //! (403) and an invalid registration token (400 on `message.token`) deactivate the
 //! endpoint; QUOTA_EXCEEDED (429) waits for Retry-After; UNAVAILABLE / INTERNAL (5xx) retry;
-//! 401 UNAUTHENTICATED retries with a fresh access token; other 400s and 401
+//! 401 UNAUTHENTICATED retries with a fresh access token; a 400 INVALID_ARGUMENT saying
+//! the message is too big fails as `payload_too_large`; other 400s and 401
 //! THIRD_PARTY_AUTH_ERROR fail at once. APNs endpoints go through [`apns`] and Web Push
 //! subscriptions through [`webpush`] when those are configured; without their
 //! configuration they fail permanently with `provider_not_configured`.
@@ -27,7 +28,7 @@ pub mod webpush;
 use gcp_auth::{CustomServiceAccount, TokenProvider};
 use notify_core::text::shorten_to_fit;
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
-use notify_worker::{ChannelSender, Job};
+use notify_worker::{ChannelSender, Job, Lease};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -151,6 +152,8 @@ pub struct PushSender {
     fcm_send_url: String,
     apns: Option<apns::Apns>,
     webpush: Option<webpush::WebPush>,
+    /// Total deadline of one send (OAuth token included): `NOTIFY_HTTP_TIMEOUT`.
+    timeout: Duration,
 }
 
 impl PushSender {
@@ -175,6 +178,7 @@ impl PushSender {
         let apns = cfg.apns.clone().map(apns::Apns::new).transpose()?;
         let webpush = cfg.webpush.clone().map(webpush::WebPush::new).transpose()?;
         Ok(Self {
+            timeout: cfg.timeout,
             apns,
             webpush,
             http,
@@ -187,7 +191,7 @@ impl PushSender {
         })
     }
 
-    async fn send_fcm(&self, job: &Job, token: &str) -> AttemptOutcome {
+    async fn send_fcm(&self, job: &Job, token: &str, lease: &Lease) -> AttemptOutcome {
         let collapse = job.event_id.to_string();
         let (android_priority, apns_priority, urgency) = match job.priority.as_str() {
             "high" => ("high", "10", "high"),
@@ -246,7 +250,7 @@ impl PushSender {
             .post(&self.fcm_send_url)
             .bearer_auth(access.as_str())
             .json(&body);
-        let answer = match notify_worker::http::send(request, "fcm").await {
+        let answer = match notify_worker::http::send(request, "fcm", lease).await {
             Ok(a) => a,
             Err(e) => return e.into_outcome(content),
         };
@@ -319,6 +323,18 @@ pub fn classify_fcm_error(status: u16, body: &Value) -> (ErrorClass, String) {
                 .any(|f| f["field"].as_str() == Some("message.token"))
         })
     });
+    // FCM answers a message over its size limit with a plain INVALID_ARGUMENT whose text
+    // says so ("Message is too big", "Android message is too big"; FCM v1 ErrorCode
+    // reference, INVALID_ARGUMENT: "message too big"), in the status message or a
+    // BadRequest field violation.
+    let too_big = |text: &str| text.to_ascii_lowercase().contains("too big");
+    let message_too_big = body["error"]["message"].as_str().is_some_and(too_big)
+        || details.iter().any(|d| {
+            d["fieldViolations"].as_array().is_some_and(|v| {
+                v.iter()
+                    .any(|f| f["description"].as_str().is_some_and(too_big))
+            })
+        });
     let name = if fcm_code.is_empty() {
         format!("fcm_{status}")
     } else {
@@ -332,6 +348,10 @@ pub fn classify_fcm_error(status: u16, body: &Value) -> (ErrorClass, String) {
         }
         (400, "INVALID_ARGUMENT") if bad_token => {
             (ErrorClass::InvalidEndpoint, "invalid_token".into())
+        }
+        // The same code as when the adapter itself finds the payload too large.
+        (400, "INVALID_ARGUMENT") if message_too_big => {
+            (ErrorClass::Permanent, "payload_too_large".into())
         }
         (429, _) | (_, "QUOTA_EXCEEDED") => (ErrorClass::RateLimited, "fcm_quota_exceeded".into()),
         // A stale or revoked access token: retried with a fresh one.
@@ -348,16 +368,21 @@ impl ChannelSender for PushSender {
         Channel::Push
     }
 
-    async fn send(&self, job: &Job) -> AttemptOutcome {
+    /// `NOTIFY_HTTP_TIMEOUT` (10 s): the whole send, access token and request included.
+    fn call_deadline(&self) -> Duration {
+        self.timeout
+    }
+
+    async fn send(&self, job: &Job, lease: &Lease) -> AttemptOutcome {
         let platform = job.endpoint_platform.as_deref().unwrap_or("");
         let content = json!({"endpoint_id": job.endpoint_id, "platform": platform});
         if job.endpoint_status.as_deref() != Some("active") {
             return AttemptOutcome::failed(ErrorClass::Permanent, "endpoint_revoked", content);
         }
         match (platform, job.endpoint_token.as_deref()) {
-            ("fcm", Some(token)) => self.send_fcm(job, token).await,
+            ("fcm", Some(token)) => self.send_fcm(job, token, lease).await,
             ("apns", Some(token)) => match &self.apns {
-                Some(apns) => apns.send(job, token).await,
+                Some(apns) => apns.send(job, token, lease).await,
                 None => AttemptOutcome::failed(
                     ErrorClass::Permanent,
                     "provider_not_configured",
@@ -365,7 +390,7 @@ impl ChannelSender for PushSender {
                 ),
             },
             ("webpush", Some(endpoint)) => match &self.webpush {
-                Some(webpush) => webpush.send(job, endpoint).await,
+                Some(webpush) => webpush.send(job, endpoint, lease).await,
                 None => AttemptOutcome::failed(
                     ErrorClass::Permanent,
                     "provider_not_configured",
@@ -416,6 +441,22 @@ mod tests {
                 err(400, "INVALID_ARGUMENT", fcm("INVALID_ARGUMENT")),
                 ErrorClass::Permanent,
                 "fcm_invalid_argument",
+            ),
+            (
+                400,
+                json!({"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": "Android message is too big", "details": [fcm("INVALID_ARGUMENT")]}}),
+                ErrorClass::Permanent,
+                "payload_too_large",
+            ),
+            (
+                400,
+                err(
+                    400,
+                    "INVALID_ARGUMENT",
+                    json!({"@type": "type.googleapis.com/google.rpc.BadRequest", "fieldViolations": [{"field": "message", "description": "Message is too big. Limit is 4096 bytes."}]}),
+                ),
+                ErrorClass::Permanent,
+                "payload_too_large",
             ),
             (
                 429,

@@ -21,7 +21,7 @@
 use base64::Engine;
 use base64::engine::general_purpose::{URL_SAFE, URL_SAFE_NO_PAD};
 use notify_core::{AttemptOutcome, ErrorClass};
-use notify_worker::Job;
+use notify_worker::{Job, Lease};
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -177,7 +177,7 @@ impl WebPush {
     }
 
     /// Sends `job` to the subscription at `endpoint`.
-    pub async fn send(&self, job: &Job, endpoint: &str) -> AttemptOutcome {
+    pub async fn send(&self, job: &Job, endpoint: &str, lease: &Lease) -> AttemptOutcome {
         let message = |text: &str| {
             json!({
                 "title": job.content.title,
@@ -261,7 +261,7 @@ impl WebPush {
             .header("content-encoding", "aes128gcm")
             .header("content-type", "application/octet-stream")
             .body(body);
-        let answer = match notify_worker::http::send(request, "webpush").await {
+        let answer = match notify_worker::http::send(request, "webpush", lease).await {
             Ok(a) => a,
             Err(e) => return e.into_outcome(content),
         };
