@@ -1157,24 +1157,194 @@ async fn reflection_lists_the_api() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_service_reports_serving() {
+async fn reflection_answers_v1alpha_clients_too() {
+    use tonic_reflection::pb::v1alpha::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
     let p = Platform::start_with(support::Options {
         workers: vec![],
         ..Default::default()
     })
     .await;
-    let mut health = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone());
-    let resp = health
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "notify.v1.IngestService".into(),
-        })
+    let mut client = ServerReflectionClient::new(p.grpc.clone());
+    let reqs = [
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        },
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::FileContainingSymbol(
+                "notify.v1.IngestService".into(),
+            )),
+        },
+    ];
+    let mut stream = client
+        .server_reflection_info(futures_util::stream::iter(reqs))
+        .await
+        .expect("grpc.reflection.v1alpha is served")
+        .into_inner();
+    let resp = stream.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
+        panic!("unexpected reflection answer: {resp:?}");
+    };
+    let names: HashSet<String> = list.service.into_iter().map(|s| s.name).collect();
+    for s in [
+        "notify.v1.IngestService",
+        "notify.v1.TopicService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(names.contains(s), "{s} missing from {names:?}");
+    }
+    let resp = stream.message().await.unwrap().unwrap();
+    let Some(MessageResponse::FileDescriptorResponse(files)) = resp.message_response else {
+        panic!("unexpected reflection answer: {resp:?}");
+    };
+    assert!(!files.file_descriptor_proto.is_empty());
+    p.stop().await;
+}
+
+/// A codec that sends the given bytes as the request body, unchecked.
+#[derive(Clone, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use bytes::Buf;
+        let mut out = vec![0; src.remaining()];
+        src.copy_to_slice(&mut out);
+        Ok(Some(out))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_request_is_invalid_argument_naming_the_field() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let send = |body: Vec<u8>| {
+        let ch = p.grpc.clone();
+        async move {
+            let mut grpc = tonic::client::Grpc::new(ch);
+            grpc.ready().await.unwrap();
+            grpc.unary(
+                tonic::Request::new(body),
+                http::uri::PathAndQuery::from_static("/notify.v1.IngestService/CreateEvent"),
+                RawCodec,
+            )
+            .await
+        }
+    };
+    // recipients (field 4) with bytes that are not UTF-8.
+    let err = send(vec![0x22, 0x02, 0xff, 0xfe]).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    let fields: Vec<String> = err
+        .get_details_bad_request()
+        .expect("field violations")
+        .field_violations
+        .into_iter()
+        .map(|f| f.field)
+        .collect();
+    assert_eq!(fields, ["recipients"]);
+    // Not protobuf at all.
+    let err = send(vec![0xff; 16]).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    let fields: Vec<String> = err
+        .get_details_bad_request()
+        .expect("field violations")
+        .field_violations
+        .into_iter()
+        .map(|f| f.field)
+        .collect();
+    assert_eq!(fields, ["request"]);
+    assert_eq!(p.count("notification_events").await, 0);
+    p.stop().await;
+}
+
+/// Every service the server offers (as reflection lists them) answers SERVING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_service_reports_every_served_service_serving() {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let mut stream = ServerReflectionClient::new(p.grpc.clone())
+        .server_reflection_info(futures_util::stream::iter([ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        }]))
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(
-        resp.status(),
-        tonic_health::pb::health_check_response::ServingStatus::Serving
+    let resp = stream.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
+        panic!("unexpected reflection answer");
+    };
+    let served: Vec<String> = list
+        .service
+        .into_iter()
+        .map(|s| s.name)
+        .filter(|n| n.starts_with("notify."))
+        .collect();
+    assert!(
+        served.iter().any(|s| s == "notify.v1.TopicService"),
+        "{served:?}"
     );
+    let mut health = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone());
+    for service in served.iter().map(String::as_str).chain([""]) {
+        let resp = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{service:?}: {e:?}"))
+            .into_inner();
+        assert_eq!(
+            resp.status(),
+            tonic_health::pb::health_check_response::ServingStatus::Serving,
+            "{service:?}"
+        );
+    }
     p.stop().await;
 }
 
