@@ -133,15 +133,28 @@ async fn writer_loop(pool: PgPool, cfg: WriterConfig, rx: Arc<Mutex<mpsc::Receiv
                 }
             }
         }
-        // Keys must be distinct within a batch; a repeat waits for the next one, where it
-        // finds the first as existing.
+        // (key, caller) pairs must be distinct within a batch; a repeat waits for the next
+        // one, where it finds the first as existing.
         let mut seen = HashSet::new();
-        let (batch, repeats): (Vec<Job>, Vec<Job>) = jobs
-            .into_iter()
-            .partition(|j| seen.insert(j.event.event_key.clone()));
+        let (batch, repeats): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| {
+            seen.insert((
+                j.event.event_key.clone(),
+                events::caller_of(&j.event).to_string(),
+            ))
+        });
         carry = repeats;
         write_batch(&pool, &cfg, batch).await;
     }
+}
+
+/// Sorts by key, then caller: the unique index's order, so concurrent batches lock it in
+/// one order.
+fn sort_for_the_index<T>(items: &mut [T], event: impl Fn(&T) -> &NewEvent) {
+    items.sort_by(|a, b| {
+        let (a, b) = (event(a), event(b));
+        (a.event_key.as_str(), events::caller_of(a))
+            .cmp(&(b.event_key.as_str(), events::caller_of(b)))
+    });
 }
 
 /// A job that passed the catalogue checks.
@@ -264,7 +277,7 @@ async fn write_batch(pool: &PgPool, cfg: &WriterConfig, jobs: Vec<Job>) {
     if jobs.is_empty() {
         return;
     }
-    jobs.sort_by(|a, b| a.event.event_key.cmp(&b.event.event_key));
+    sort_for_the_index(&mut jobs, |j| &j.event);
     let size = jobs.len();
     let mut ready = match check_catalogue(pool, jobs).await {
         Ok(ready) => ready,
