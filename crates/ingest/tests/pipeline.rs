@@ -1552,3 +1552,167 @@ async fn a_line_push_accepted_then_timed_out_ends_sent_with_one_message() {
     assert_eq!(first.as_deref(), Some("line_timeout"));
     p.stop().await;
 }
+
+/// Planning decides on the database's clock, the one due times and leases use: with the
+/// database's clock ten hours ahead of this host's, a recipient inside quiet hours by the
+/// database's clock (and far outside them by the host's) is deferred to the window's end
+/// computed from the database's `now()`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ingest_in_process: false,
+        ..Default::default()
+    })
+    .await;
+    // The clock ingest's sessions read: `now()` resolves to this function first, ten
+    // hours ahead of the host (and of pg_catalog.now()).
+    sqlx::query("CREATE SCHEMA skewed_clock")
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE FUNCTION skewed_clock.now() RETURNS timestamptz LANGUAGE sql STABLE
+         AS $$ SELECT pg_catalog.now() + interval '10 hours' $$",
+    )
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let url = format!(
+        "{}?options[search_path]=skewed_clock%2Cpg_catalog%2Cpublic",
+        p.db_url
+    );
+    let ingest = p.spawn("ingest", &["serve"], &[("NOTIFY_DATABASE_URL", url)]);
+    let mut health = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "notify.v1.IngestService".into(),
+            })
+            .await
+            .map(|r| r.into_inner().status())
+            .ok();
+        if status == Some(tonic_health::pb::health_check_response::ServingStatus::Serving) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "ingest not serving: {}",
+            ingest.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    p.add_type("order_paid", &["email"]).await;
+    let u = uniq("u");
+    p.add_recipient(&u, "", &format!("{u}@example.test"), "")
+        .await;
+    p.recipients()
+        .upsert_recipient(pb::UpsertRecipientRequest {
+            user_id: u.clone(),
+            email: format!("{u}@example.test"),
+            timezone: "Asia/Bangkok".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    let db_now: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT pg_catalog.now() + interval '10 hours'")
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    let host_now = chrono::Utc::now();
+    let local = db_now.with_timezone(&chrono_tz::Asia::Bangkok);
+    let (start, end) = (
+        local - chrono::Duration::hours(1),
+        local + chrono::Duration::hours(1),
+    );
+    let hhmm = |t: chrono::DateTime<chrono_tz::Tz>| t.format("%H:%M").to_string();
+    p.recipients()
+        .set_quiet_hours(pb::SetQuietHoursRequest {
+            user_id: u.clone(),
+            windows: vec![pb::QuietWindow {
+                start: hhmm(start),
+                end: hhmm(end),
+                channels: vec![],
+            }],
+        })
+        .await
+        .unwrap();
+    // By the host's clock the recipient is nowhere near quiet hours.
+    assert!(host_now < db_now - chrono::Duration::hours(9));
+
+    let ev = p.send(&uniq("clock"), "order_paid", &[&u]).await;
+    let expected_end = notify_core::quiet::first_instant(
+        chrono_tz::Asia::Bangkok,
+        end.date_naive(),
+        notify_core::quiet::parse_hhmm(&hhmm(end)).unwrap(),
+    );
+    let email = ev
+        .deliveries
+        .iter()
+        .find(|d| d.channel == "email")
+        .expect("an email delivery");
+    assert_eq!(
+        email.deferred_until.as_ref().map(|t| t.seconds),
+        Some(expected_end.timestamp()),
+        "deferred to the window's end on the database's clock: {email:?}"
+    );
+    let due: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT available_at FROM outbox WHERE delivery_id = $1::uuid")
+            .bind(&email.delivery_id)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    assert_eq!(due.timestamp(), expected_end.timestamp());
+
+    // The topic fan-out plans on the same clock.
+    p.topics()
+        .create_topic(pb::CreateTopicRequest {
+            key: "shop.promotions".into(),
+        })
+        .await
+        .unwrap();
+    p.topics()
+        .subscribe(pb::SubscribeRequest {
+            topic: "shop.promotions".into(),
+            user_ids: vec![u.clone()],
+        })
+        .await
+        .unwrap();
+    let mut req = p.event(&uniq("clock-topic"), "order_paid", &[]);
+    req.topic = "shop.promotions".into();
+    let topic_event = p.ingest().create_event(req).await.unwrap().into_inner();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let fanned = loop {
+        let ev = p
+            .ingest()
+            .get_event(pb::GetEventRequest {
+                selector: Some(pb::get_event_request::Selector::EventId(
+                    topic_event.event_id.clone(),
+                )),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if ev.fanout_status == "done" {
+            break ev;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "fan-out not done");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let email = fanned
+        .deliveries
+        .iter()
+        .find(|d| d.channel == "email")
+        .expect("a fanned-out email delivery");
+    assert_eq!(
+        email.deferred_until.as_ref().map(|t| t.seconds),
+        Some(expected_end.timestamp()),
+        "fan-out deferred on the database's clock: {email:?}"
+    );
+    drop(ingest);
+    p.stop().await;
+}

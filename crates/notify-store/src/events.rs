@@ -15,6 +15,14 @@ pub fn caller_of(event: &NewEvent) -> &str {
     event.caller.as_deref().unwrap_or(SHARED_CALLER)
 }
 
+/// The database clock: `now()`, the start of the current transaction. Planning reads its
+/// instant here (quiet hours, dedup buckets, fatigue windows, digest windows) so that it
+/// decides on the same clock as due times, claims and leases, whatever the host's clock
+/// says. Run it in the transaction that writes the plan.
+pub async fn database_now(db: &mut sqlx::PgConnection) -> Result<DateTime<Utc>> {
+    Ok(sqlx::query_scalar("SELECT now()").fetch_one(db).await?)
+}
+
 /// The stored identity of an event: enough to answer a replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExistingEvent {
