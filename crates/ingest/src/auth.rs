@@ -60,7 +60,9 @@ impl std::str::FromStr for AuthMode {
 /// The authenticated caller of one call.
 #[derive(Debug, Clone)]
 pub struct Caller {
-    /// Its name, recorded on the events it sends (`anonymous` with [`AuthMode::Off`]).
+    /// Its name, recorded on the events it sends (`anonymous`,
+    /// [`notify_store::events::SHARED_CALLER`], with [`AuthMode::Off`]). Event keys are
+    /// unique per caller name: each caller has its own namespace of keys.
     pub name: String,
     /// Its key's row; `None` with [`AuthMode::Off`] (everything allowed).
     pub key: Option<Arc<ApiKey>>,
@@ -214,7 +216,7 @@ impl Auth {
     fn authenticate<T>(&self, req: &tonic::Request<T>) -> Result<Caller, ApiError> {
         if self.mode == AuthMode::Off {
             return Ok(Caller {
-                name: "anonymous".into(),
+                name: notify_store::events::SHARED_CALLER.into(),
                 key: None,
             });
         }
@@ -289,13 +291,16 @@ impl Auth {
     }
 
     /// Whether `caller` may read an event sent by `sender`: its own events, or any with the
-    /// manage scope (operators' tools). Others' events are "not found", so event keys
+    /// manage scope (operators' tools). Others' events are "not found", so event ids
     /// cannot be probed.
-    pub fn may_read(&self, caller: &Caller, sender: Option<&str>) -> bool {
-        match &caller.key {
-            None => true,
-            Some(k) => k.can_manage || sender == Some(caller.name.as_str()),
-        }
+    pub fn may_read(&self, caller: &Caller, sender: &str) -> bool {
+        self.reads_every_event(caller) || sender == caller.name
+    }
+
+    /// Whether `caller` may read every caller's events: with the manage scope, or with
+    /// [`AuthMode::Off`] (where every call is the one shared caller anyway).
+    pub fn reads_every_event(&self, caller: &Caller) -> bool {
+        caller.key.as_ref().is_none_or(|k| k.can_manage)
     }
 
     /// Checks that `caller` may send `type_key` to `recipients` listed recipients now,

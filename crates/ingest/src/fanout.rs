@@ -92,7 +92,8 @@ async fn fan_out(
         let done = (users.len() as i64) < BATCH;
         let next = users.last().cloned().unwrap_or_else(|| cursor.clone());
         let facts = notify_store::catalog::load_recipient_facts(&mut tx, &ty.key, &users).await?;
-        let now = chrono::Utc::now();
+        // The database clock, like due times and leases (never the host's).
+        let now = events::database_now(&mut tx).await?;
         let (mut planned, mut skipped) = plan(job.event_id, ty.critical, &channels, &facts, now);
         if !caps.is_empty() {
             let page: Vec<&str> = users.iter().map(String::as_str).collect();

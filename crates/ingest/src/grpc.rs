@@ -314,7 +314,7 @@ impl Services {
         let (event_id, channel) = (event_id.expect("checked"), channel.expect("checked"));
         let found = events::get_event(&self.pool, &EventSelector::Id(event_id))
             .await?
-            .filter(|e| self.auth.may_read(caller, e.caller.as_deref()));
+            .filter(|e| self.auth.may_read(caller, &e.caller));
         let Some(event) = found else {
             return Err(ApiError::NotFound {
                 kind: "event",
@@ -500,7 +500,13 @@ impl Services {
                 let mut v = Violations::default();
                 v.check_id("event_key", &key, notify_core::event::MAX_EVENT_KEY_BYTES);
                 v.into_result(()).map_err(ApiError::Invalid)?;
-                EventSelector::Key(key)
+                // Keys are the caller's own namespace: another caller's event with the
+                // same key is not found (unless this caller may read every event).
+                EventSelector::Key {
+                    key,
+                    caller: caller.name.clone(),
+                    any_caller: self.auth.reads_every_event(caller),
+                }
             }
             _ => return Err(ApiError::field("selector", "set event_id or event_key")),
         };
@@ -518,12 +524,12 @@ impl Services {
         };
         let name = match &sel {
             EventSelector::Id(id) => id.to_string(),
-            EventSelector::Key(k) => k.clone(),
+            EventSelector::Key { key, .. } => key.clone(),
         };
         let loaded = self
             .load_event(&sel, after, page_size)
             .await?
-            .filter(|l| self.auth.may_read(caller, l.event.caller.as_deref()))
+            .filter(|l| self.auth.may_read(caller, &l.event.caller))
             .ok_or(ApiError::NotFound {
                 kind: "notification event",
                 name,

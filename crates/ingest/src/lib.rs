@@ -8,6 +8,7 @@ pub mod fanout;
 pub mod grpc;
 pub mod relay;
 pub mod types_file;
+pub mod undecodable;
 pub mod writer;
 
 use notify_broker::Topology;
@@ -260,19 +261,22 @@ pub async fn run(
         cfg.links.clone(),
     );
     let (mut health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<pb::ingest_service_server::IngestServiceServer<grpc::Services>>()
-        .await;
-    health
-        .set_serving::<pb::recipient_service_server::RecipientServiceServer<grpc::Services>>()
-        .await;
-    health
-        .set_serving::<pb::type_service_server::TypeServiceServer<grpc::Services>>()
-        .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(notify_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
+    // Every served service, so a check naming any of them answers SERVING (and, during
+    // the drain, NOT_SERVING).
+    for name in SERVICE_NAMES {
+        health
+            .set_service_status(*name, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    // Both reflection versions: grpcurl and current grpcio-reflection clients still
+    // speak v1alpha only.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(notify_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
     info!(addr = %listener.local_addr()?, "gRPC listening");
     let drain_task = {
         let (health, readiness, stop, drain) =
@@ -314,8 +318,10 @@ pub async fn run(
     builder
         .timeout(cfg.request_timeout)
         .trace_fn(server_span)
+        .layer(undecodable::UndecodableLayer)
         .add_service(health_service)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(
             pb::ingest_service_server::IngestServiceServer::new(services.clone())
                 .max_decoding_message_size(max),

@@ -133,15 +133,28 @@ async fn writer_loop(pool: PgPool, cfg: WriterConfig, rx: Arc<Mutex<mpsc::Receiv
                 }
             }
         }
-        // Keys must be distinct within a batch; a repeat waits for the next one, where it
-        // finds the first as existing.
+        // (key, caller) pairs must be distinct within a batch; a repeat waits for the next
+        // one, where it finds the first as existing.
         let mut seen = HashSet::new();
-        let (batch, repeats): (Vec<Job>, Vec<Job>) = jobs
-            .into_iter()
-            .partition(|j| seen.insert(j.event.event_key.clone()));
+        let (batch, repeats): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|j| {
+            seen.insert((
+                j.event.event_key.clone(),
+                events::caller_of(&j.event).to_string(),
+            ))
+        });
         carry = repeats;
         write_batch(&pool, &cfg, batch).await;
     }
+}
+
+/// Sorts by key, then caller: the unique index's order, so concurrent batches lock it in
+/// one order.
+fn sort_for_the_index<T>(items: &mut [T], event: impl Fn(&T) -> &NewEvent) {
+    items.sort_by(|a, b| {
+        let (a, b) = (event(a), event(b));
+        (a.event_key.as_str(), events::caller_of(a))
+            .cmp(&(b.event_key.as_str(), events::caller_of(b)))
+    });
 }
 
 /// A job that passed the catalogue checks.
@@ -152,6 +165,7 @@ struct Ready {
     critical: bool,
     over_cap: notify_core::fatigue::OverCap,
     digest_window_s: i32,
+    dedup_window_s: i64,
 }
 
 /// Joins the batch's digest deliveries to their digests. An event whose digest an earlier
@@ -260,11 +274,10 @@ async fn attach_digests(
 }
 
 async fn write_batch(pool: &PgPool, cfg: &WriterConfig, jobs: Vec<Job>) {
-    let mut jobs: Vec<Job> = jobs.into_iter().filter(|j| !j.reply.is_closed()).collect();
+    let jobs: Vec<Job> = jobs.into_iter().filter(|j| !j.reply.is_closed()).collect();
     if jobs.is_empty() {
         return;
     }
-    jobs.sort_by(|a, b| a.event.event_key.cmp(&b.event.event_key));
     let size = jobs.len();
     let mut ready = match check_catalogue(pool, jobs).await {
         Ok(ready) => ready,
@@ -278,7 +291,7 @@ async fn write_batch(pool: &PgPool, cfg: &WriterConfig, jobs: Vec<Job>) {
     };
     loop {
         let started = std::time::Instant::now();
-        match try_write(pool, cfg, &ready).await {
+        match try_write(pool, cfg, &mut ready).await {
             Ok((results, committed)) if committed => {
                 debug!(
                     events = ready.len(),
@@ -317,12 +330,12 @@ async fn write_batch(pool: &PgPool, cfg: &WriterConfig, jobs: Vec<Job>) {
     }
 }
 
-async fn write_alone(pool: &PgPool, cfg: &WriterConfig, r: Ready) {
+async fn write_alone(pool: &PgPool, cfg: &WriterConfig, mut r: Ready) {
     loop {
         if r.job.reply.is_closed() {
             return;
         }
-        let one = std::slice::from_ref(&r);
+        let one = std::slice::from_mut(&mut r);
         match try_write(pool, cfg, one).await {
             Ok((mut results, true)) => {
                 let _ = r.job.reply.send(Ok(results.remove(0)));
@@ -377,8 +390,7 @@ async fn check_catalogue(
         }
     };
     let mut ready = Vec::with_capacity(jobs.len());
-    let now = chrono::Utc::now();
-    for mut job in jobs {
+    for job in jobs {
         let Some(ty) = types.get(&job.event.type_key) else {
             let name = job.event.type_key.clone();
             let _ = job.reply.send(Err(ApiError::NotFound {
@@ -409,7 +421,6 @@ async fn check_catalogue(
             }));
             continue;
         }
-        job.event.bucket_key(now, i64::from(ty.dedup_window_s));
         ready.push(Ready {
             // Time-ordered (RFC 9562 version 7), like delivery ids.
             id: Uuid::now_v7(),
@@ -417,6 +428,7 @@ async fn check_catalogue(
             over_cap: notify_core::fatigue::OverCap::parse(&ty.over_cap)
                 .unwrap_or(notify_core::fatigue::OverCap::Defer),
             digest_window_s: ty.digest_window_s,
+            dedup_window_s: i64::from(ty.dedup_window_s),
             channels,
             job,
         });
@@ -426,12 +438,23 @@ async fn check_catalogue(
 
 /// Writes the batch in one transaction. Returns the results in order and whether it
 /// committed: it rolls back instead when a caller left before the commit.
+///
+/// Every planning decision (dedup bucket, quiet hours, fatigue window, digest window) is
+/// taken at the database's `now()` for this transaction, the clock that due times and
+/// leases use, never the host's. The dedup bucket is fixed the first time: a batch written
+/// again keeps its keys. `ready` is sorted by (stored key, caller) on the way.
 async fn try_write(
     pool: &PgPool,
     cfg: &WriterConfig,
-    ready: &[Ready],
+    ready: &mut [Ready],
 ) -> Result<(Vec<Written>, bool), StoreError> {
     let mut tx = pool.begin().await?;
+    let now = events::database_now(&mut tx).await?;
+    for r in ready.iter_mut() {
+        r.job.event.bucket_key(now, r.dedup_window_s);
+    }
+    sort_for_the_index(ready, |r| &r.job.event);
+    let ready: &[Ready] = ready;
     let inserts: Vec<EventInsert<'_>> = ready
         .iter()
         .map(|r| EventInsert {
@@ -467,7 +490,6 @@ async fn try_write(
         users.dedup();
         events::counted_toward_caps(&mut tx, &users).await?
     };
-    let now = chrono::Utc::now();
     for (&i, facts) in direct.iter().zip(facts) {
         let r = &ready[i];
         let (deliveries, mut skipped) = plan(r.id, r.critical, &r.channels, &facts, now);

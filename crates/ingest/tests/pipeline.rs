@@ -1157,24 +1157,194 @@ async fn reflection_lists_the_api() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_service_reports_serving() {
+async fn reflection_answers_v1alpha_clients_too() {
+    use tonic_reflection::pb::v1alpha::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
     let p = Platform::start_with(support::Options {
         workers: vec![],
         ..Default::default()
     })
     .await;
-    let mut health = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone());
-    let resp = health
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "notify.v1.IngestService".into(),
-        })
+    let mut client = ServerReflectionClient::new(p.grpc.clone());
+    let reqs = [
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        },
+        ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::FileContainingSymbol(
+                "notify.v1.IngestService".into(),
+            )),
+        },
+    ];
+    let mut stream = client
+        .server_reflection_info(futures_util::stream::iter(reqs))
+        .await
+        .expect("grpc.reflection.v1alpha is served")
+        .into_inner();
+    let resp = stream.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
+        panic!("unexpected reflection answer: {resp:?}");
+    };
+    let names: HashSet<String> = list.service.into_iter().map(|s| s.name).collect();
+    for s in [
+        "notify.v1.IngestService",
+        "notify.v1.TopicService",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(names.contains(s), "{s} missing from {names:?}");
+    }
+    let resp = stream.message().await.unwrap().unwrap();
+    let Some(MessageResponse::FileDescriptorResponse(files)) = resp.message_response else {
+        panic!("unexpected reflection answer: {resp:?}");
+    };
+    assert!(!files.file_descriptor_proto.is_empty());
+    p.stop().await;
+}
+
+/// A codec that sends the given bytes as the request body, unchecked.
+#[derive(Clone, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use bytes::Buf;
+        let mut out = vec![0; src.remaining()];
+        src.copy_to_slice(&mut out);
+        Ok(Some(out))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_request_is_invalid_argument_naming_the_field() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let send = |body: Vec<u8>| {
+        let ch = p.grpc.clone();
+        async move {
+            let mut grpc = tonic::client::Grpc::new(ch);
+            grpc.ready().await.unwrap();
+            grpc.unary(
+                tonic::Request::new(body),
+                http::uri::PathAndQuery::from_static("/notify.v1.IngestService/CreateEvent"),
+                RawCodec,
+            )
+            .await
+        }
+    };
+    // recipients (field 4) with bytes that are not UTF-8.
+    let err = send(vec![0x22, 0x02, 0xff, 0xfe]).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    let fields: Vec<String> = err
+        .get_details_bad_request()
+        .expect("field violations")
+        .field_violations
+        .into_iter()
+        .map(|f| f.field)
+        .collect();
+    assert_eq!(fields, ["recipients"]);
+    // Not protobuf at all.
+    let err = send(vec![0xff; 16]).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    let fields: Vec<String> = err
+        .get_details_bad_request()
+        .expect("field violations")
+        .field_violations
+        .into_iter()
+        .map(|f| f.field)
+        .collect();
+    assert_eq!(fields, ["request"]);
+    assert_eq!(p.count("notification_events").await, 0);
+    p.stop().await;
+}
+
+/// Every service the server offers (as reflection lists them) answers SERVING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_service_reports_every_served_service_serving() {
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let mut stream = ServerReflectionClient::new(p.grpc.clone())
+        .server_reflection_info(futures_util::stream::iter([ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        }]))
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(
-        resp.status(),
-        tonic_health::pb::health_check_response::ServingStatus::Serving
+    let resp = stream.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
+        panic!("unexpected reflection answer");
+    };
+    let served: Vec<String> = list
+        .service
+        .into_iter()
+        .map(|s| s.name)
+        .filter(|n| n.starts_with("notify."))
+        .collect();
+    assert!(
+        served.iter().any(|s| s == "notify.v1.TopicService"),
+        "{served:?}"
     );
+    let mut health = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone());
+    for service in served.iter().map(String::as_str).chain([""]) {
+        let resp = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{service:?}: {e:?}"))
+            .into_inner();
+        assert_eq!(
+            resp.status(),
+            tonic_health::pb::health_check_response::ServingStatus::Serving,
+            "{service:?}"
+        );
+    }
     p.stop().await;
 }
 
@@ -1380,5 +1550,169 @@ async fn a_line_push_accepted_then_timed_out_ends_sent_with_one_message() {
     .await
     .unwrap();
     assert_eq!(first.as_deref(), Some("line_timeout"));
+    p.stop().await;
+}
+
+/// Planning decides on the database's clock, the one due times and leases use: with the
+/// database's clock ten hours ahead of this host's, a recipient inside quiet hours by the
+/// database's clock (and far outside them by the host's) is deferred to the window's end
+/// computed from the database's `now()`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        ingest_in_process: false,
+        ..Default::default()
+    })
+    .await;
+    // The clock ingest's sessions read: `now()` resolves to this function first, ten
+    // hours ahead of the host (and of pg_catalog.now()).
+    sqlx::query("CREATE SCHEMA skewed_clock")
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE FUNCTION skewed_clock.now() RETURNS timestamptz LANGUAGE sql STABLE
+         AS $$ SELECT pg_catalog.now() + interval '10 hours' $$",
+    )
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let url = format!(
+        "{}?options[search_path]=skewed_clock%2Cpg_catalog%2Cpublic",
+        p.db_url
+    );
+    let ingest = p.spawn("ingest", &["serve"], &[("NOTIFY_DATABASE_URL", url)]);
+    let mut health = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "notify.v1.IngestService".into(),
+            })
+            .await
+            .map(|r| r.into_inner().status())
+            .ok();
+        if status == Some(tonic_health::pb::health_check_response::ServingStatus::Serving) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "ingest not serving: {}",
+            ingest.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    p.add_type("order_paid", &["email"]).await;
+    let u = uniq("u");
+    p.add_recipient(&u, "", &format!("{u}@example.test"), "")
+        .await;
+    p.recipients()
+        .upsert_recipient(pb::UpsertRecipientRequest {
+            user_id: u.clone(),
+            email: format!("{u}@example.test"),
+            timezone: "Asia/Bangkok".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+
+    let db_now: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT pg_catalog.now() + interval '10 hours'")
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    let host_now = chrono::Utc::now();
+    let local = db_now.with_timezone(&chrono_tz::Asia::Bangkok);
+    let (start, end) = (
+        local - chrono::Duration::hours(1),
+        local + chrono::Duration::hours(1),
+    );
+    let hhmm = |t: chrono::DateTime<chrono_tz::Tz>| t.format("%H:%M").to_string();
+    p.recipients()
+        .set_quiet_hours(pb::SetQuietHoursRequest {
+            user_id: u.clone(),
+            windows: vec![pb::QuietWindow {
+                start: hhmm(start),
+                end: hhmm(end),
+                channels: vec![],
+            }],
+        })
+        .await
+        .unwrap();
+    // By the host's clock the recipient is nowhere near quiet hours.
+    assert!(host_now < db_now - chrono::Duration::hours(9));
+
+    let ev = p.send(&uniq("clock"), "order_paid", &[&u]).await;
+    let expected_end = notify_core::quiet::first_instant(
+        chrono_tz::Asia::Bangkok,
+        end.date_naive(),
+        notify_core::quiet::parse_hhmm(&hhmm(end)).unwrap(),
+    );
+    let email = ev
+        .deliveries
+        .iter()
+        .find(|d| d.channel == "email")
+        .expect("an email delivery");
+    assert_eq!(
+        email.deferred_until.as_ref().map(|t| t.seconds),
+        Some(expected_end.timestamp()),
+        "deferred to the window's end on the database's clock: {email:?}"
+    );
+    let due: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT available_at FROM outbox WHERE delivery_id = $1::uuid")
+            .bind(&email.delivery_id)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    assert_eq!(due.timestamp(), expected_end.timestamp());
+
+    // The topic fan-out plans on the same clock.
+    p.topics()
+        .create_topic(pb::CreateTopicRequest {
+            key: "shop.promotions".into(),
+        })
+        .await
+        .unwrap();
+    p.topics()
+        .subscribe(pb::SubscribeRequest {
+            topic: "shop.promotions".into(),
+            user_ids: vec![u.clone()],
+        })
+        .await
+        .unwrap();
+    let mut req = p.event(&uniq("clock-topic"), "order_paid", &[]);
+    req.topic = "shop.promotions".into();
+    let topic_event = p.ingest().create_event(req).await.unwrap().into_inner();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let fanned = loop {
+        let ev = p
+            .ingest()
+            .get_event(pb::GetEventRequest {
+                selector: Some(pb::get_event_request::Selector::EventId(
+                    topic_event.event_id.clone(),
+                )),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        if ev.fanout_status == "done" {
+            break ev;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "fan-out not done");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let email = fanned
+        .deliveries
+        .iter()
+        .find(|d| d.channel == "email")
+        .expect("a fanned-out email delivery");
+    assert_eq!(
+        email.deferred_until.as_ref().map(|t| t.seconds),
+        Some(expected_end.timestamp()),
+        "fan-out deferred on the database's clock: {email:?}"
+    );
+    drop(ingest);
     p.stop().await;
 }

@@ -606,6 +606,25 @@ async fn on_sigterm_ingest_reports_not_serving_before_it_stops_accepting() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // ... for every served service, not only the one polled above.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone());
+    for service in [
+        "",
+        "notify.v1.IngestService",
+        "notify.v1.RecipientService",
+        "notify.v1.TypeService",
+        "notify.v1.TopicService",
+    ] {
+        let status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{service:?}: {e:?}"))
+            .into_inner()
+            .status;
+        assert_eq!(status, NOT_SERVING, "{service:?} during the drain");
+    }
     let (status, body) = get(&format!("http://{admin}/readyz")).await;
     assert_eq!(status, 503);
     assert!(body.contains("draining"), "{body}");

@@ -6,6 +6,23 @@ use notify_core::{Channel, Content, NewEvent, PlannedDelivery, SkippedDelivery};
 use sqlx::{PgExecutor, Row};
 use uuid::Uuid;
 
+/// The caller every event belongs to when callers are not authenticated
+/// (`NOTIFY_GRPC_AUTH=off`), and the owner of events from before callers were recorded.
+pub const SHARED_CALLER: &str = "anonymous";
+
+/// The caller an event is recorded for: its authenticated caller, or [`SHARED_CALLER`].
+pub fn caller_of(event: &NewEvent) -> &str {
+    event.caller.as_deref().unwrap_or(SHARED_CALLER)
+}
+
+/// The database clock: `now()`, the start of the current transaction. Planning reads its
+/// instant here (quiet hours, dedup buckets, fatigue windows, digest windows) so that it
+/// decides on the same clock as due times, claims and leases, whatever the host's clock
+/// says. Run it in the transaction that writes the plan.
+pub async fn database_now(db: &mut sqlx::PgConnection) -> Result<DateTime<Utc>> {
+    Ok(sqlx::query_scalar("SELECT now()").fetch_one(db).await?)
+}
+
 /// The stored identity of an event: enough to answer a replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExistingEvent {
@@ -46,12 +63,15 @@ pub async fn insert_event_or_get_existing(
     Ok(out.pop().flatten())
 }
 
-/// Inserts a batch of events in one statement, each unless its key exists; keys must be
-/// distinct within the batch (callers sort them, so that concurrent batches lock the
-/// unique index in one order). Returns, per input in order, `None` when it was inserted or
-/// the existing event. Concurrent inserts of one key serialise on the unique index: the
-/// loser waits for the winner's commit and then sees its row, never an error. A topic
-/// event starts with fan-out `pending`. Two round trips at most, whatever the batch size.
+/// Inserts a batch of events in one statement, each unless its caller already has an
+/// event with its key (keys are scoped to the caller, [`caller_of`]: another caller's
+/// event with the same key is neither found nor touched). (key, caller) pairs must be
+/// distinct within the batch (callers sort them by key then caller, the unique index's
+/// order, so that concurrent batches lock it in one order). Returns, per input in order,
+/// `None` when it was inserted or the caller's existing event. Concurrent inserts of one
+/// pair serialise on the unique index: the loser waits for the winner's commit and then
+/// sees its row, never an error. A topic event starts with fan-out `pending`. Two round
+/// trips at most, whatever the batch size.
 pub async fn insert_events(
     db: &mut sqlx::PgConnection,
     batch: &[EventInsert<'_>],
@@ -95,8 +115,8 @@ pub async fn insert_events(
         .iter()
         .map(|b| b.event.trace_context.as_deref())
         .collect();
-    let callers: Vec<Option<&str>> = batch.iter().map(|b| b.event.caller.as_deref()).collect();
-    let inserted: Vec<String> = sqlx::query_scalar(
+    let callers: Vec<&str> = batch.iter().map(|b| caller_of(b.event)).collect();
+    let inserted: Vec<(String, String)> = sqlx::query_as(
         "INSERT INTO notification_events
              (id, event_key, type, actor_id, recipients, payload_json, content_json, channels,
               fingerprint, topic, fanout_status, line_multicast, caller_key, aggregate_key,
@@ -113,8 +133,8 @@ pub async fn insert_events(
               AS t(id, key, type, actor, recipients, payload, content, channels, fingerprint, topic,
                    multicast, caller_key, aggregate, trace, caller, n)
          ORDER BY t.n
-         ON CONFLICT (event_key) DO NOTHING
-         RETURNING event_key",
+         ON CONFLICT (event_key, caller) DO NOTHING
+         RETURNING event_key, caller",
     )
     .bind(&ids)
     .bind(&keys)
@@ -136,23 +156,28 @@ pub async fn insert_events(
     if inserted.len() == batch.len() {
         return Ok(vec![None; batch.len()]);
     }
-    let inserted: std::collections::HashSet<String> = inserted.into_iter().collect();
-    let existing_keys: Vec<&str> = keys
+    let inserted: std::collections::HashSet<(String, String)> = inserted.into_iter().collect();
+    let (existing_keys, existing_callers): (Vec<&str>, Vec<&str>) = keys
         .iter()
-        .copied()
-        .filter(|k| !inserted.contains(*k))
-        .collect();
+        .zip(&callers)
+        .filter(|(k, c)| !inserted.contains(&(k.to_string(), c.to_string())))
+        .map(|(k, c)| (*k, *c))
+        .unzip();
     let rows = sqlx::query(
-        "SELECT event_key, id, fingerprint FROM notification_events WHERE event_key = ANY($1)",
+        "SELECT e.event_key, e.caller, e.id, e.fingerprint
+         FROM notification_events e
+         JOIN UNNEST($1::text[], $2::text[]) AS t(key, caller)
+           ON e.event_key = t.key AND e.caller = t.caller",
     )
     .bind(&existing_keys)
+    .bind(&existing_callers)
     .fetch_all(&mut *db)
     .await?;
-    let mut existing: std::collections::HashMap<String, ExistingEvent> = rows
+    let mut existing: std::collections::HashMap<(String, String), ExistingEvent> = rows
         .into_iter()
         .map(|r| {
             (
-                r.get("event_key"),
+                (r.get("event_key"), r.get("caller")),
                 ExistingEvent {
                     id: r.get("id"),
                     fingerprint: r.get("fingerprint"),
@@ -160,7 +185,11 @@ pub async fn insert_events(
             )
         })
         .collect();
-    Ok(keys.iter().map(|k| existing.remove(*k)).collect())
+    Ok(keys
+        .iter()
+        .zip(&callers)
+        .map(|(k, c)| existing.remove(&(k.to_string(), c.to_string())))
+        .collect())
 }
 
 /// Records recipient x channel pairs that got no delivery (idempotent).
@@ -338,9 +367,9 @@ pub struct EventRecord {
     pub fanout_status: String,
     /// Topic subscribers planned so far.
     pub fanout_recipients: i32,
-    /// The authenticated caller that sent it (`None` for events from before callers were
-    /// recorded).
-    pub caller: Option<String>,
+    /// The caller that sent it (its key's name, or [`SHARED_CALLER`]); its event key is
+    /// unique within this caller's events.
+    pub caller: String,
     /// When it was recorded (database clock).
     pub created_at: DateTime<Utc>,
 }
@@ -394,27 +423,44 @@ pub struct SkipRecord {
 pub enum EventSelector {
     /// By id.
     Id(Uuid),
-    /// By (already NFC-normalised) key.
-    Key(String),
+    /// By (already NFC-normalised) key, as the caller gave it (for a type with a dedup
+    /// window, the newest bucket's event), within `caller`'s events.
+    Key {
+        /// The key.
+        key: String,
+        /// Whose namespace to look in.
+        caller: String,
+        /// Also look in every other caller's events (for callers that may manage); the
+        /// caller's own event still comes first.
+        any_caller: bool,
+    },
 }
 
-/// Loads an event; `None` if it does not exist.
+/// Loads an event; `None` if it does not exist (or, by key, is not in the namespaces the
+/// selector allows).
 pub async fn get_event(
     db: impl PgExecutor<'_>,
     sel: &EventSelector,
 ) -> Result<Option<EventRecord>> {
-    let (id, key) = match sel {
-        EventSelector::Id(id) => (Some(*id), None),
-        EventSelector::Key(k) => (None, Some(k.as_str())),
+    let (id, key, caller, any_caller) = match sel {
+        EventSelector::Id(id) => (Some(*id), None, None, false),
+        EventSelector::Key {
+            key,
+            caller,
+            any_caller,
+        } => (None, Some(key.as_str()), Some(caller.as_str()), *any_caller),
     };
     let row = sqlx::query(
         "SELECT id, event_key, type, actor_id, recipients, payload_json, content_json, topic,
                 fanout_status, fanout_recipients, created_at, caller
-         FROM notification_events WHERE id = $1 OR event_key = $2 OR caller_key = $2
-         ORDER BY created_at DESC LIMIT 1",
+         FROM notification_events
+         WHERE id = $1 OR ((event_key = $2 OR caller_key = $2) AND (caller = $3 OR $4))
+         ORDER BY (caller = $3) DESC NULLS LAST, created_at DESC LIMIT 1",
     )
     .bind(id)
     .bind(key)
+    .bind(caller)
+    .bind(any_caller)
     .fetch_optional(db)
     .await?;
     Ok(row.map(|r| EventRecord {
