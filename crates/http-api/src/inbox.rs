@@ -11,7 +11,9 @@
 //! Live updates: `GET /v1/inbox/stream` is a Server-Sent Events stream of `notification`
 //! events (the changed item, its `seq` as the event id) and `unread_count` events, within
 //! a second of the in-app worker's commit (Postgres `LISTEN inbox`, so any replica serves
-//! any user). Reconnecting with `Last-Event-ID` replays every change after that id.
+//! any user). Reconnecting with `Last-Event-ID` replays every change after that id. The
+//! id (`seq`) is a per-user position whose values commit in order, however many workers
+//! write, so a stream that moved past an id never misses a change below it.
 
 use crate::{AppState, error};
 use axum::extract::{FromRequestParts, Path, Query, State};

@@ -681,3 +681,139 @@ async fn a_second_replica_with_jwks_keys_streams_the_same_inbox() {
     stop.cancel();
     p.stop().await;
 }
+
+/// Reads SSE `notification` frames for `window`, or until the stream ends; returns their
+/// (event id, notification id) pairs.
+async fn notifications_for(
+    body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    window: Duration,
+) -> Vec<(String, String)> {
+    let (mut buf, mut out) = (String::new(), Vec::new());
+    let deadline = tokio::time::Instant::now() + window;
+    while let Ok(Some(Ok(chunk))) = tokio::time::timeout_at(deadline, body.next()).await {
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let frame: String = buf.drain(..end + 2).collect();
+            let (mut id, mut event, mut data) = (String::new(), String::new(), String::new());
+            for line in frame.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    id = v.trim().into();
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().into();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim());
+                }
+            }
+            if event == "notification" {
+                let item: Value = serde_json::from_str(&data).unwrap();
+                out.push((id, item["id"].as_str().unwrap().to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// Eight callers send 400 in-app notifications to one user at once, written by two in-app
+/// workers whose batches commit in any order (each commit is slowed by a random few
+/// milliseconds, as a busy disk or a synchronous replica would); a client that reconnects
+/// every 300 ms with `Last-Event-ID` sees every one of them, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reconnecting_every_300_ms_sees_each_of_400_concurrent_notifications_once() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![Channel::InApp],
+        concurrency: 16,
+        ..Default::default()
+    })
+    .await;
+    p.start_worker_named(Channel::InApp, "second-inapp-worker");
+    p.add_type("news", &["inapp"]).await;
+    let a = uniq("a");
+    p.add_recipient(&a, "", "", "").await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_sleep(random() * 0.004); RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON notifications
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+    )
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let t = token(&a, support::INBOX_SECRET, 600);
+
+    const WRITERS: usize = 8;
+    const EACH: usize = 50;
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (mut ingest, user) = (p.ingest(), a.clone());
+        let reqs: Vec<_> = (0..EACH)
+            .map(|n| p.event(&format!("burst:{w}:{n}"), "news", &[&user]))
+            .collect();
+        writers.push(tokio::spawn(async move {
+            for req in reqs {
+                ingest.create_event(req).await.unwrap();
+            }
+        }));
+    }
+
+    // The client: connected for 300 ms at a time, resuming after the last id it saw.
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let mut last = "0".to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut settled_rounds = 0;
+    while tokio::time::Instant::now() < deadline {
+        let resp = p
+            .http
+            .get(format!("{}/v1/inbox/stream", p.http_url))
+            .bearer_auth(&t)
+            .header("last-event-id", &last)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.bytes_stream();
+        let got = notifications_for(&mut body, Duration::from_millis(300)).await;
+        if let Some((id, _)) = got.last() {
+            last = id.clone();
+        }
+        seen.extend(got);
+        // Done once every row is committed and two more rounds found nothing new.
+        let written: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM notifications WHERE user_id = $1")
+                .bind(&a)
+                .fetch_one(&p.pool)
+                .await
+                .unwrap();
+        if written == (WRITERS * EACH) as i64 {
+            settled_rounds += 1;
+            if settled_rounds > 2 {
+                break;
+            }
+        }
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let mut ids: Vec<&str> = seen.iter().map(|(_, id)| id.as_str()).collect();
+    ids.sort_unstable();
+    let before = ids.len();
+    ids.dedup();
+    assert_eq!(before, ids.len(), "a notification was sent twice");
+    let stored: Vec<String> =
+        sqlx::query_scalar("SELECT id::text FROM notifications WHERE user_id = $1 ORDER BY id")
+            .bind(&a)
+            .fetch_all(&p.pool)
+            .await
+            .unwrap();
+    let missing: Vec<&String> = stored
+        .iter()
+        .filter(|s| ids.binary_search(&s.as_str()).is_err())
+        .collect();
+    assert_eq!(stored.len(), WRITERS * EACH);
+    assert!(
+        missing.is_empty(),
+        "{} of {} never reached the client",
+        missing.len(),
+        stored.len()
+    );
+    p.stop().await;
+}
