@@ -689,6 +689,19 @@ async fn notifications_for(
     body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
     window: Duration,
 ) -> Vec<(String, String)> {
+    items_for(body, window)
+        .await
+        .into_iter()
+        .map(|(id, item)| (id, item["id"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// Reads SSE `notification` frames for `window`, or until the stream ends; returns their
+/// (event id, item) pairs.
+async fn items_for(
+    body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    window: Duration,
+) -> Vec<(String, Value)> {
     let (mut buf, mut out) = (String::new(), Vec::new());
     let deadline = tokio::time::Instant::now() + window;
     while let Ok(Some(Ok(chunk))) = tokio::time::timeout_at(deadline, body.next()).await {
@@ -706,8 +719,7 @@ async fn notifications_for(
                 }
             }
             if event == "notification" {
-                let item: Value = serde_json::from_str(&data).unwrap();
-                out.push((id, item["id"].as_str().unwrap().to_string()));
+                out.push((id, serde_json::from_str(&data).unwrap()));
             }
         }
     }
@@ -1158,5 +1170,134 @@ async fn a_wrong_typed_missing_or_unknown_json_field_is_reported_by_its_name() {
         assert_eq!(e["error"]["field"], field, "{method} {path} {body}: {e}");
         assert!(!e["error"]["message"].as_str().unwrap().is_empty(), "{e}");
     }
+    p.stop().await;
+}
+
+/// Read changes take a feed position the same way: while two in-app workers write 200
+/// notifications (slow commits again, on inserts and updates), a client that reconnects
+/// every 300 ms while it marks read, every 100 ms, everything it has seen (`read-all` up
+/// to its last id) receives the read version of every notification, with ids that only
+/// grow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_changes_made_during_a_burst_reach_a_resuming_client_in_order() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![Channel::InApp],
+        concurrency: 16,
+        ..Default::default()
+    })
+    .await;
+    p.start_worker_named(Channel::InApp, "second-inapp-worker");
+    p.add_type("news", &["inapp"]).await;
+    let a = uniq("a");
+    p.add_recipient(&a, "", "", "").await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_sleep(random() * 0.004); RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT OR UPDATE ON notifications
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+    )
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let c = Client {
+        p: &p,
+        token: token(&a, support::INBOX_SECRET, 600),
+    };
+    const WRITERS: usize = 8;
+    const EACH: usize = 25;
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (mut ingest, user) = (p.ingest(), a.clone());
+        let reqs: Vec<_> = (0..EACH)
+            .map(|n| p.event(&format!("read-burst:{w}:{n}"), "news", &[&user]))
+            .collect();
+        writers.push(tokio::spawn(async move {
+            for req in reqs {
+                ingest.create_event(req).await.unwrap();
+            }
+        }));
+    }
+
+    let mut status: std::collections::HashMap<String, String> = Default::default();
+    let mut last: i64 = 0;
+    // Marks read up to the last id seen, concurrently with the stream.
+    let seen_up_to = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let stop_marking = tokio_util::sync::CancellationToken::new();
+    let marker = {
+        let (http, url, t) = (p.http.clone(), p.http_url.clone(), c.token.clone());
+        let (up_to, stop) = (seen_up_to.clone(), stop_marking.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let up_to = up_to.load(std::sync::atomic::Ordering::SeqCst);
+                let r = http
+                    .post(format!("{url}/v1/inbox/read-all"))
+                    .bearer_auth(&t)
+                    .json(&json!({"up_to_seq": up_to}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut settled_rounds = 0;
+    while tokio::time::Instant::now() < deadline {
+        let resp = p
+            .http
+            .get(format!("{}/v1/inbox/stream", p.http_url))
+            .bearer_auth(&c.token)
+            .header("last-event-id", last.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.bytes_stream();
+        for (id, item) in items_for(&mut body, Duration::from_millis(300)).await {
+            let seq: i64 = id.parse().unwrap();
+            assert!(seq > last, "id {seq} after {last}");
+            last = seq;
+            seen_up_to.store(seq, std::sync::atomic::Ordering::SeqCst);
+            status.insert(
+                item["id"].as_str().unwrap().to_string(),
+                item["status"].as_str().unwrap().to_string(),
+            );
+        }
+        drop(body);
+        let (_, r) = c.get("/v1/inbox/unread-count").await;
+        let written: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM notifications WHERE user_id = $1")
+                .bind(&a)
+                .fetch_one(&p.pool)
+                .await
+                .unwrap();
+        if written == (WRITERS * EACH) as i64 && r["unread"] == 0 {
+            settled_rounds += 1;
+            if settled_rounds > 2 {
+                break;
+            }
+        }
+    }
+    stop_marking.cancel();
+    marker.await.unwrap();
+    for w in writers {
+        w.await.unwrap();
+    }
+    assert_eq!(
+        status.len(),
+        WRITERS * EACH,
+        "every notification reached the client"
+    );
+    let unread: Vec<&String> = status
+        .iter()
+        .filter(|(_, s)| s.as_str() != "read")
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        unread.is_empty(),
+        "{} read changes never reached the client",
+        unread.len()
+    );
     p.stop().await;
 }
