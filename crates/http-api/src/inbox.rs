@@ -3,17 +3,25 @@
 //! Every route needs `Authorization: Bearer <JWT>` whose `sub` is the user id: HS256 with
 //! `NOTIFY_INBOX_JWT_SECRET`, or RS256/ES256 with a key from `NOTIFY_INBOX_JWKS_FILE` or
 //! `NOTIFY_INBOX_JWKS_URL` (fetched every 10 minutes; picked by `kid`); `exp` is
-//! required. A missing, expired, unsigned or wrongly signed
-//! token gets 401. Each request acts for that user only: another user's notification is
-//! 404, never shown. Each user may make `NOTIFY_INBOX_RATE` requests a second (429 with
+//! required, `nbf` is checked when present (RFC 7519 §4.1.5; 30 s leeway for clock skew),
+//! and `aud` and `iss` are required and checked when `NOTIFY_INBOX_JWT_AUDIENCE` /
+//! `NOTIFY_INBOX_JWT_ISSUER` are set. `sub` is NFC-normalised and checked as ingest
+//! checks a user id (not blank, at most 255 bytes, no control, invisible or bidi control
+//! characters). A token over [`MAX_TOKEN_BYTES`] is refused before it is parsed. A
+//! missing, expired, not yet valid, unsigned, wrongly signed or misaddressed token, or
+//! one with such a `sub`, gets 401 with a JSON error. Each request acts for that user
+//! only: another user's notification is 404, never shown. Each user may make `NOTIFY_INBOX_RATE` requests a second (429 with
 //! `Retry-After` beyond that).
 //!
 //! Live updates: `GET /v1/inbox/stream` is a Server-Sent Events stream of `notification`
 //! events (the changed item, its `seq` as the event id) and `unread_count` events, within
 //! a second of the in-app worker's commit (Postgres `LISTEN inbox`, so any replica serves
-//! any user). Reconnecting with `Last-Event-ID` replays every change after that id.
+//! any user). Reconnecting with `Last-Event-ID` replays every change after that id. The
+//! id (`seq`) is a per-user position whose values commit in order, however many workers
+//! write, so a stream that moved past an id never misses a change below it.
 
 use crate::{AppState, error};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
@@ -28,6 +36,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use notify_store::inbox::{self, Filter, InboxItem};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +44,14 @@ use uuid::Uuid;
 
 /// Most items per page.
 pub const MAX_PAGE: i64 = 100;
+
+/// Largest bearer token accepted, in bytes. A JWT with the claims this service reads is
+/// well under 1 KiB; the bound keeps a client from making every request parse and hash
+/// a large header.
+pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
+
+/// Clock skew allowed on `exp` and `nbf`, in seconds.
+pub const TOKEN_LEEWAY_SECS: u64 = 30;
 
 /// Inbox settings.
 #[derive(Debug, Clone, Default)]
@@ -47,11 +64,16 @@ pub struct InboxConfig {
     pub jwks_url: Option<String>,
     /// Requests per second per user.
     pub rate_per_user: u32,
+    /// Required `aud` of end-user tokens (`None`: `aud` is not checked).
+    pub jwt_audience: Option<String>,
+    /// Required `iss` of end-user tokens (`None`: `iss` is not checked).
+    pub jwt_issuer: Option<String>,
 }
 
 impl InboxConfig {
     /// Reads `NOTIFY_INBOX_JWT_SECRET`, `NOTIFY_INBOX_JWKS_FILE`, `NOTIFY_INBOX_JWKS_URL`
-    /// (at least one required) and `NOTIFY_INBOX_RATE` (20).
+    /// (at least one required), `NOTIFY_INBOX_RATE` (20), and `NOTIFY_INBOX_JWT_AUDIENCE`
+    /// and `NOTIFY_INBOX_JWT_ISSUER` (empty: that claim is not checked).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let secret = env.string("NOTIFY_INBOX_JWT_SECRET", "");
         let jwks_url = Some(env.string("NOTIFY_INBOX_JWKS_URL", "")).filter(|u| !u.is_empty());
@@ -80,6 +102,9 @@ impl InboxConfig {
             jwks_json,
             jwks_url,
             rate_per_user: env.number("NOTIFY_INBOX_RATE", 20, 1, 10_000),
+            jwt_audience: Some(env.string("NOTIFY_INBOX_JWT_AUDIENCE", ""))
+                .filter(|a| !a.is_empty()),
+            jwt_issuer: Some(env.string("NOTIFY_INBOX_JWT_ISSUER", "")).filter(|i| !i.is_empty()),
         }
     }
 }
@@ -90,6 +115,10 @@ pub struct Verifier {
     /// Keys from the JWKS file, then those last fetched from the JWKS URL.
     jwks: std::sync::RwLock<Vec<(Option<String>, DecodingKey, Algorithm)>>,
     file_keys: usize,
+    /// Required `aud`, if configured.
+    audience: Option<String>,
+    /// Required `iss`, if configured.
+    issuer: Option<String>,
 }
 
 /// The RS256/ES256 keys of a JWKS document.
@@ -161,16 +190,26 @@ impl Verifier {
             hs256,
             file_keys: jwks.len(),
             jwks: std::sync::RwLock::new(jwks),
+            audience: cfg.jwt_audience.clone(),
+            issuer: cfg.jwt_issuer.clone(),
         })
     }
 
-    /// The user id (`sub`) of a valid token.
-    pub fn verify(&self, token: &str) -> Result<String, &'static str> {
+    /// The user id (`sub`, NFC-normalised) of a valid token.
+    ///
+    /// # Errors
+    /// Why the token is refused, for the 401 answer: too large, not a JWT, an algorithm or
+    /// key not accepted, wrongly signed, expired, not valid yet (`nbf`), wrong `aud` or
+    /// `iss`, a required claim missing, or a `sub` that is not a valid user id.
+    pub fn verify(&self, token: &str) -> Result<String, String> {
         #[derive(Deserialize)]
         struct Claims {
             sub: String,
         }
-        let header = jsonwebtoken::decode_header(token).map_err(|_| "not a JWT")?;
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(format!("must be at most {MAX_TOKEN_BYTES} bytes"));
+        }
+        let header = jsonwebtoken::decode_header(token).map_err(|_| "not a JWT".to_string())?;
         let jwks = self.jwks.read().unwrap_or_else(|e| e.into_inner());
         let key = match header.alg {
             Algorithm::HS256 => self.hs256.as_ref().map(|k| (k, Algorithm::HS256)),
@@ -181,19 +220,43 @@ impl Verifier {
         }
         .ok_or("signed with an algorithm or key this service does not accept")?;
         let mut v = Validation::new(key.1);
-        v.leeway = 30;
-        v.set_required_spec_claims(&["exp", "sub"]);
-        v.validate_aud = false;
-        let data =
-            jsonwebtoken::decode::<Claims>(token, key.0, &v).map_err(|e| match e.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => "expired",
-                jsonwebtoken::errors::ErrorKind::InvalidSignature => "wrongly signed",
-                _ => "invalid",
-            })?;
-        if data.claims.sub.is_empty() || data.claims.sub.len() > 255 {
-            return Err("sub must name a user");
+        v.leeway = TOKEN_LEEWAY_SECS;
+        v.validate_nbf = true;
+        let mut required = vec!["exp", "sub"];
+        match &self.audience {
+            Some(aud) => {
+                v.set_audience(&[aud]);
+                required.push("aud");
+            }
+            None => v.validate_aud = false,
         }
-        Ok(data.claims.sub)
+        if let Some(iss) = &self.issuer {
+            v.set_issuer(&[iss]);
+            required.push("iss");
+        }
+        v.set_required_spec_claims(&required);
+        let data = jsonwebtoken::decode::<Claims>(token, key.0, &v).map_err(|e| {
+            use jsonwebtoken::errors::ErrorKind;
+            match e.kind() {
+                ErrorKind::ExpiredSignature => "expired".to_string(),
+                ErrorKind::ImmatureSignature => "not valid yet (nbf)".to_string(),
+                ErrorKind::InvalidSignature => "wrongly signed".to_string(),
+                ErrorKind::InvalidAudience => "issued for another audience (aud)".to_string(),
+                ErrorKind::InvalidIssuer => "from another issuer (iss)".to_string(),
+                ErrorKind::MissingRequiredClaim(c) => format!("the {c} claim is required"),
+                _ => "invalid".to_string(),
+            }
+        })?;
+        let sub: String =
+            unicode_normalization::UnicodeNormalization::nfc(data.claims.sub.as_str()).collect();
+        // The same rule ingest applies to a recipient's user id, so a token can name only
+        // a user id that can exist (and a NUL never reaches Postgres).
+        let mut violations = notify_core::validate::Violations::default();
+        if !violations.check_id("sub", &sub, notify_core::event::MAX_USER_ID_BYTES) {
+            let why = violations.0.first().map_or("", |f| f.description.as_str());
+            return Err(format!("sub {why}"));
+        }
+        Ok(sub)
     }
 }
 
@@ -218,7 +281,7 @@ impl FromRequestParts<AppState> for User {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Self, Response> {
-        let unauthorized = |why: &str| {
+        let unauthorized = |why: String| {
             let mut r = error(
                 StatusCode::UNAUTHORIZED,
                 "unauthenticated",
@@ -236,7 +299,7 @@ impl FromRequestParts<AppState> for User {
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| unauthorized("missing"))?;
+            .ok_or_else(|| unauthorized("missing".to_string()))?;
         let user = app
             .inbox
             .verifier
@@ -294,6 +357,92 @@ pub(crate) fn routes() -> Router<AppState> {
             "/v1/inbox/devices/{id}",
             axum::routing::delete(unregister_device),
         )
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+/// A known inbox path asked with a method it does not serve: 405 naming the methods it
+/// does (axum adds the `Allow` header to every 405).
+async fn method_not_allowed(
+    method: axum::http::Method,
+    path: Option<axum::extract::MatchedPath>,
+) -> Response {
+    let path = path.as_ref().map_or("", |p| p.as_str());
+    let allowed: Vec<String> = ROUTES
+        .iter()
+        .filter(|(_, p)| *p == path)
+        .map(|(m, _)| m.to_uppercase())
+        .collect();
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method",
+        &format!(
+            "{method} is not served here; use {}",
+            if allowed.is_empty() {
+                "another method".to_string()
+            } else {
+                allowed.join(" or ")
+            }
+        ),
+    )
+}
+
+/// The query parameters of a request, each given at most once. Unknown parameters are
+/// ignored; a repeated one, or a query that is not `application/x-www-form-urlencoded`
+/// UTF-8, is a JSON 400 naming it.
+pub(crate) struct Params(HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for Params {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Response> {
+        let Query(pairs) = Query::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| {
+                error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_argument",
+                    "query",
+                    &format!(
+                        "must be a URL-encoded UTF-8 query string: {}",
+                        e.body_text()
+                    ),
+                )
+            })?;
+        let mut params = HashMap::with_capacity(pairs.len());
+        for (name, value) in pairs {
+            if params.contains_key(&name) {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_argument",
+                    &name,
+                    "must be given at most once",
+                ));
+            }
+            params.insert(name, value);
+        }
+        Ok(Params(params))
+    }
+}
+
+impl Params {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+}
+
+/// The `{id}` path segment as a UUID, or the JSON 400 naming `id`.
+fn path_id(id: Result<Path<String>, PathRejection>, what: &str) -> Result<Uuid, Box<Response>> {
+    id.ok()
+        .and_then(|Path(id)| Uuid::parse_str(&id).ok())
+        .ok_or_else(|| {
+            Box::new(error(
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+                "id",
+                &format!("must be {what} id (UUID)"),
+            ))
+        })
 }
 
 /// Every inbox route as (method, path), as `docs/openapi.json` must list them.
@@ -318,12 +467,48 @@ fn json_body<T: serde::de::DeserializeOwned>(
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
 ) -> Result<T, Box<Response>> {
     let body = body.map_err(|e| Box::new(crate::body_error(e)))?;
-    serde_json::from_slice(&body).map_err(|e| {
+    parse_json(&body)
+}
+
+/// Parses `body` into `T`. Text that is not JSON is reported as `body`; a value of the
+/// wrong type, a missing field or an unknown one by its path (`enabled`,
+/// `windows[0].start`, `web_push.keys.auth`).
+fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Box<Response>> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed = serde_path_to_error::deserialize::<_, T>(&mut de)
+        .map_err(|e| (e.path().to_string(), e.into_inner()))
+        .and_then(|v| de.end().map(|()| v).map_err(|e| (".".to_string(), e)));
+    parsed.map_err(|(path, e)| {
+        if !e.is_data() {
+            return Box::new(error(
+                StatusCode::BAD_REQUEST,
+                "invalid_body",
+                "body",
+                &format!("must be JSON of the documented shape: {e}"),
+            ));
+        }
+        let message = e.to_string();
+        // serde names a missing or unknown field in the message, at its parent's path.
+        let named = ["missing field `", "unknown field `"].iter().find_map(|p| {
+            message
+                .strip_prefix(p)
+                .and_then(|rest| rest.split_once('`'))
+                .map(|(name, _)| name.to_string())
+        });
+        let field = match (path.as_str(), named) {
+            (".", Some(name)) => name,
+            (parent, Some(name)) if !parent.ends_with(&name) => format!("{parent}.{name}"),
+            (".", None) => "body".to_string(),
+            (path, _) => path.to_string(),
+        };
+        let rule = message
+            .rsplit_once(" at line ")
+            .map_or(message.as_str(), |(m, _)| m);
         Box::new(error(
             StatusCode::BAD_REQUEST,
-            "invalid_body",
-            "body",
-            &format!("must be JSON of the documented shape: {e}"),
+            "invalid_argument",
+            &field,
+            rule,
         ))
     })
 }
@@ -512,15 +697,11 @@ async fn register_device(
 async fn unregister_device(
     State(app): State<AppState>,
     User(user): User,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Response {
-    let Ok(id) = Uuid::parse_str(&id) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_argument",
-            "id",
-            "must be an endpoint id (UUID)",
-        );
+    let id = match path_id(id, "an endpoint") {
+        Ok(id) => id,
+        Err(r) => return *r,
     };
     match inbox::revoke_own_endpoint(&app.pool, &user, id).await {
         Ok(Some(_)) => StatusCode::NO_CONTENT.into_response(),
@@ -559,16 +740,6 @@ fn item_json(i: &InboxItem, now: DateTime<Utc>, tz: chrono_tz::Tz) -> Value {
     v
 }
 
-#[derive(Deserialize)]
-struct ListQuery {
-    #[serde(default)]
-    status: Option<String>,
-    #[serde(default)]
-    limit: Option<String>,
-    #[serde(default)]
-    cursor: Option<String>,
-}
-
 fn encode_cursor(i: &InboxItem) -> String {
     URL_SAFE_NO_PAD.encode(format!("{}:{}", i.created_at.timestamp_micros(), i.id))
 }
@@ -591,12 +762,8 @@ async fn tz_of(app: &AppState, user: &str) -> chrono_tz::Tz {
 }
 
 /// `GET /v1/inbox/notifications?status=unread|read|archived&limit=1..100&cursor=`.
-async fn list(
-    State(app): State<AppState>,
-    User(user): User,
-    Query(q): Query<ListQuery>,
-) -> Response {
-    let filter = match q.status.as_deref() {
+async fn list(State(app): State<AppState>, User(user): User, q: Params) -> Response {
+    let filter = match q.get("status") {
         None | Some("") => Filter::Inbox,
         Some("unread") => Filter::Unread,
         Some("read") => Filter::Read,
@@ -610,7 +777,7 @@ async fn list(
             );
         }
     };
-    let limit = match q.limit.as_deref().map(str::parse::<i64>) {
+    let limit = match q.get("limit").map(str::parse::<i64>) {
         None => 20,
         Some(Ok(n)) if (1..=MAX_PAGE).contains(&n) => n,
         Some(_) => {
@@ -622,7 +789,7 @@ async fn list(
             );
         }
     };
-    let after = match q.cursor.as_deref() {
+    let after = match q.get("cursor") {
         None | Some("") => None,
         Some(c) => match decode_cursor(c) {
             Some(k) => Some(k),
@@ -661,16 +828,12 @@ async fn unread_count(State(app): State<AppState>, User(user): User) -> Response
 async fn change(
     State(app): State<AppState>,
     User(user): User,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     status: &str,
 ) -> Response {
-    let Ok(id) = Uuid::parse_str(&id) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_argument",
-            "id",
-            "must be a notification id (UUID)",
-        );
+    let id = match path_id(id, "a notification") {
+        Ok(id) => id,
+        Err(r) => return *r,
     };
     match inbox::set_status(&app.pool, &user, id, status).await {
         Ok(Some(item)) => {
@@ -709,16 +872,9 @@ async fn read_all(
     let req: ReadAll = if body.iter().all(u8::is_ascii_whitespace) {
         ReadAll::default()
     } else {
-        match serde_json::from_slice(&body) {
+        match parse_json(&body) {
             Ok(r) => r,
-            Err(e) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_body",
-                    "body",
-                    &format!("must be JSON like {{\"up_to_seq\": 42}}: {e}"),
-                );
-            }
+            Err(r) => return *r,
         }
     };
     let marked = match inbox::read_all(&app.pool, &user, req.up_to_seq).await {
@@ -768,24 +924,18 @@ pub async fn listen(pool: notify_store::PgPool, hub: tokio::sync::broadcast::Sen
     }
 }
 
-#[derive(Deserialize)]
-struct StreamQuery {
-    #[serde(default)]
-    last_event_id: Option<String>,
-}
-
 /// `GET /v1/inbox/stream`: Server-Sent Events (see the module docs).
 async fn stream(
     State(app): State<AppState>,
     User(user): User,
     headers: HeaderMap,
-    Query(q): Query<StreamQuery>,
+    q: Params,
 ) -> Response {
     let resume = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or(q.last_event_id);
+        .or(q.get("last_event_id"))
+        .map(str::to_string);
     let mut last = match resume.as_deref().map(str::parse::<i64>) {
         Some(Ok(n)) if n >= 0 => n,
         Some(_) => {
@@ -893,6 +1043,54 @@ mod tests {
             group_label(at("2026-11-30T16:30:00Z"), now, chrono_tz::UTC),
             "Today"
         );
+    }
+
+    fn bad_field(body: &str) -> String {
+        #[derive(Deserialize, Debug)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Outer {
+            enabled: bool,
+            #[serde(default)]
+            windows: Vec<Inner>,
+        }
+        #[derive(Deserialize, Debug)]
+        #[serde(deny_unknown_fields)]
+        #[allow(dead_code)]
+        struct Inner {
+            start: String,
+        }
+        let r = *parse_json::<Outer>(body.as_bytes()).unwrap_err();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let bytes = rt
+            .block_on(axum::body::to_bytes(r.into_body(), 1 << 16))
+            .unwrap();
+        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        v["error"]["field"].as_str().unwrap().to_string()
+    }
+
+    #[test]
+    fn json_errors_name_the_field_by_its_path() {
+        assert_eq!(bad_field("{not json"), "body");
+        assert_eq!(bad_field(r#"{"enabled": true} x"#), "body");
+        assert_eq!(bad_field(r#"{"enabled": "yes"}"#), "enabled");
+        assert_eq!(bad_field(r#"{}"#), "enabled");
+        assert_eq!(bad_field(r#"{"enabled": true, "colour": 1}"#), "colour");
+        assert_eq!(
+            bad_field(r#"{"enabled": true, "windows": [{"start": "x"}, {"start": 1}]}"#),
+            "windows[1].start"
+        );
+        assert_eq!(
+            bad_field(r#"{"enabled": true, "windows": [{}]}"#),
+            "windows[0].start"
+        );
+        assert_eq!(
+            bad_field(r#"{"enabled": true, "windows": [{"start": "x", "end": 1}]}"#),
+            "windows[0].end"
+        );
+        assert_eq!(bad_field("[]"), "body");
     }
 
     #[test]

@@ -615,6 +615,7 @@ async fn a_second_replica_with_jwks_keys_streams_the_same_inbox() {
             jwks_json: None,
             jwks_url: Some(jwks_url),
             rate_per_user: 20,
+            ..Default::default()
         },
         cors_origins: vec![],
         console: Default::default(),
@@ -679,5 +680,624 @@ async fn a_second_replica_with_jwks_keys_streams_the_same_inbox() {
     assert_eq!(got[0].1["title"], "ผ่านอีกเครื่อง");
     drop(body);
     stop.cancel();
+    p.stop().await;
+}
+
+/// Reads SSE `notification` frames for `window`, or until the stream ends; returns their
+/// (event id, notification id) pairs.
+async fn notifications_for(
+    body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    window: Duration,
+) -> Vec<(String, String)> {
+    items_for(body, window)
+        .await
+        .into_iter()
+        .map(|(id, item)| (id, item["id"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// Reads SSE `notification` frames for `window`, or until the stream ends; returns their
+/// (event id, item) pairs.
+async fn items_for(
+    body: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    window: Duration,
+) -> Vec<(String, Value)> {
+    let (mut buf, mut out) = (String::new(), Vec::new());
+    let deadline = tokio::time::Instant::now() + window;
+    while let Ok(Some(Ok(chunk))) = tokio::time::timeout_at(deadline, body.next()).await {
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let frame: String = buf.drain(..end + 2).collect();
+            let (mut id, mut event, mut data) = (String::new(), String::new(), String::new());
+            for line in frame.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    id = v.trim().into();
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    event = v.trim().into();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim());
+                }
+            }
+            if event == "notification" {
+                out.push((id, serde_json::from_str(&data).unwrap()));
+            }
+        }
+    }
+    out
+}
+
+/// Eight callers send 400 in-app notifications to one user at once, written by two in-app
+/// workers whose batches commit in any order (each commit is slowed by a random few
+/// milliseconds, as a busy disk or a synchronous replica would); a client that reconnects
+/// every 300 ms with `Last-Event-ID` sees every one of them, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reconnecting_every_300_ms_sees_each_of_400_concurrent_notifications_once() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![Channel::InApp],
+        concurrency: 16,
+        ..Default::default()
+    })
+    .await;
+    p.start_worker_named(Channel::InApp, "second-inapp-worker");
+    p.add_type("news", &["inapp"]).await;
+    let a = uniq("a");
+    p.add_recipient(&a, "", "", "").await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_sleep(random() * 0.004); RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON notifications
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+    )
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let t = token(&a, support::INBOX_SECRET, 600);
+
+    const WRITERS: usize = 8;
+    const EACH: usize = 50;
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (mut ingest, user) = (p.ingest(), a.clone());
+        let reqs: Vec<_> = (0..EACH)
+            .map(|n| p.event(&format!("burst:{w}:{n}"), "news", &[&user]))
+            .collect();
+        writers.push(tokio::spawn(async move {
+            for req in reqs {
+                ingest.create_event(req).await.unwrap();
+            }
+        }));
+    }
+
+    // The client: connected for 300 ms at a time, resuming after the last id it saw.
+    let mut seen: Vec<(String, String)> = Vec::new();
+    let mut last = "0".to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut settled_rounds = 0;
+    while tokio::time::Instant::now() < deadline {
+        let resp = p
+            .http
+            .get(format!("{}/v1/inbox/stream", p.http_url))
+            .bearer_auth(&t)
+            .header("last-event-id", &last)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.bytes_stream();
+        let got = notifications_for(&mut body, Duration::from_millis(300)).await;
+        if let Some((id, _)) = got.last() {
+            last = id.clone();
+        }
+        seen.extend(got);
+        // Done once every row is committed and two more rounds found nothing new.
+        let written: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM notifications WHERE user_id = $1")
+                .bind(&a)
+                .fetch_one(&p.pool)
+                .await
+                .unwrap();
+        if written == (WRITERS * EACH) as i64 {
+            settled_rounds += 1;
+            if settled_rounds > 2 {
+                break;
+            }
+        }
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let mut ids: Vec<&str> = seen.iter().map(|(_, id)| id.as_str()).collect();
+    ids.sort_unstable();
+    let before = ids.len();
+    ids.dedup();
+    assert_eq!(before, ids.len(), "a notification was sent twice");
+    let stored: Vec<String> =
+        sqlx::query_scalar("SELECT id::text FROM notifications WHERE user_id = $1 ORDER BY id")
+            .bind(&a)
+            .fetch_all(&p.pool)
+            .await
+            .unwrap();
+    let missing: Vec<&String> = stored
+        .iter()
+        .filter(|s| ids.binary_search(&s.as_str()).is_err())
+        .collect();
+    assert_eq!(stored.len(), WRITERS * EACH);
+    assert!(
+        missing.is_empty(),
+        "{} of {} never reached the client",
+        missing.len(),
+        stored.len()
+    );
+    p.stop().await;
+}
+
+/// An HS256 token with these claims, signed with the platform's secret.
+fn signed(claims: Value) -> String {
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(support::INBOX_SECRET.as_bytes()).unwrap(),
+    )
+    .unwrap()
+}
+
+/// `GET {base}/v1/inbox/unread-count` with `token`: the status and the JSON body (Null
+/// when the body is not JSON).
+async fn unread_with(p: &Platform, base: &str, token: &str) -> (u16, Value) {
+    let r = p
+        .http
+        .get(format!("{base}/v1/inbox/unread-count"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_used_before_its_nbf_gets_401_with_json() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let a = uniq("a");
+    let early = signed(json!({"sub": a, "exp": now() + 7200, "nbf": now() + 3600}));
+    let (s, e) = unread_with(&p, &p.http_url, &early).await;
+    assert_eq!(s, 401, "{e}");
+    assert_eq!(e["error"]["field"], "Authorization");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("nbf"),
+        "{e}"
+    );
+    let ready = signed(json!({"sub": a, "exp": now() + 7200, "nbf": now() - 5}));
+    assert_eq!(unread_with(&p, &p.http_url, &ready).await.0, 200);
+    p.stop().await;
+}
+
+/// With `NOTIFY_INBOX_JWT_AUDIENCE` and `NOTIFY_INBOX_JWT_ISSUER` set (here on a second
+/// replica), a token must carry both, with those values; without them, neither is looked at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_audience_and_issuer_configured_only_tokens_for_them_are_accepted() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let strict = format!("http://{}", listener.local_addr().unwrap());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let cfg = http_api::HttpConfig {
+        line_channel_secret: "x".into(),
+        unsubscribe_secret: "y".into(),
+        inbox: http_api::inbox::InboxConfig {
+            jwt_secret: Some(support::INBOX_SECRET.into()),
+            rate_per_user: 100,
+            jwt_audience: Some("notify-inbox".into()),
+            jwt_issuer: Some("https://login.example.test".into()),
+            ..Default::default()
+        },
+        cors_origins: vec![],
+        console: Default::default(),
+    };
+    let (pool, s) = (p.pool.clone(), stop.clone());
+    tokio::spawn(async move { http_api::serve(listener, pool, cfg, s).await.unwrap() });
+
+    let a = uniq("a");
+    let (aud, iss) = ("notify-inbox", "https://login.example.test");
+    let exp = now() + 300;
+    let good = signed(json!({"sub": a, "exp": exp, "aud": aud, "iss": iss}));
+    let mut up = false;
+    for _ in 0..50 {
+        if p.http.get(format!("{strict}/healthz")).send().await.is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(up, "the second replica answers");
+    assert_eq!(unread_with(&p, &strict, &good).await.0, 200);
+    assert_eq!(
+        unread_with(
+            &p,
+            &strict,
+            &signed(json!({"sub": a, "exp": exp, "aud": [aud, "other"], "iss": iss}))
+        )
+        .await
+        .0,
+        200,
+        "aud may be a list holding ours"
+    );
+    for (claims, why) in [
+        (
+            json!({"sub": a, "exp": exp, "aud": "another-app", "iss": iss}),
+            "aud",
+        ),
+        (json!({"sub": a, "exp": exp, "iss": iss}), "aud"),
+        (
+            json!({"sub": a, "exp": exp, "aud": aud, "iss": "https://evil.example.test"}),
+            "iss",
+        ),
+        (json!({"sub": a, "exp": exp, "aud": aud}), "iss"),
+    ] {
+        let (s, e) = unread_with(&p, &strict, &signed(claims.clone())).await;
+        assert_eq!(s, 401, "{claims}: {e}");
+        assert_eq!(e["error"]["field"], "Authorization");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(why),
+            "{claims}: {e}"
+        );
+    }
+    // The platform's own replica has neither configured: any aud and iss pass.
+    let elsewhere = signed(json!({"sub": a, "exp": exp, "aud": "another-app", "iss": "x"}));
+    assert_eq!(unread_with(&p, &p.http_url, &elsewhere).await.0, 200);
+    stop.cancel();
+    p.stop().await;
+}
+
+/// The same rule as ingest's for a user id: a `sub` with a NUL (which Postgres cannot
+/// hold: 503 before), another control character, an invisible or a bidi control
+/// character, surrounding whitespace or nothing visible is refused with 401 and JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_with_a_control_invisible_or_bidi_character_gets_401_with_json() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    for sub in [
+        "user\u{0}1",
+        "user\n1",
+        "u\u{200b}1",
+        "order\u{202e}1",
+        " user-1",
+        "\u{feff}",
+        "",
+        &"x".repeat(256),
+    ] {
+        let (s, e) = unread_with(
+            &p,
+            &p.http_url,
+            &signed(json!({"sub": sub, "exp": now() + 300})),
+        )
+        .await;
+        assert_eq!(s, 401, "{sub:?}: {e}");
+        assert_eq!(e["error"]["field"], "Authorization", "{sub:?}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains("sub"),
+            "{sub:?}: {e}"
+        );
+    }
+    p.stop().await;
+}
+
+/// Ingest stores user ids NFC-normalised; a token naming the same user in decomposed form
+/// reads the same inbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decomposed_sub_reads_the_inbox_of_the_same_composed_user_id() {
+    let p = inapp_platform().await;
+    p.add_type("news", &["inapp"]).await;
+    let composed = format!("{}-\u{e9}", uniq("u"));
+    p.add_recipient(&composed, "", "", "").await;
+    notify(&p, "nfc", &composed, "hello").await;
+    let decomposed = composed.replace('\u{e9}', "e\u{301}");
+    let (s, n) = unread_with(
+        &p,
+        &p.http_url,
+        &signed(json!({"sub": decomposed, "exp": now() + 300})),
+    )
+    .await;
+    assert_eq!((s, n["unread"].as_i64()), (200, Some(1)), "{n}");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_over_8_kib_gets_401_with_json_before_it_is_parsed() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let a = uniq("a");
+    let sized = |pad: usize| signed(json!({"sub": a, "exp": now() + 300, "pad": "x".repeat(pad)}));
+    let small = sized(5000);
+    assert!(small.len() < 8 * 1024);
+    assert_eq!(unread_with(&p, &p.http_url, &small).await.0, 200);
+    let large = sized(7000);
+    assert!(large.len() > 8 * 1024, "{}", large.len());
+    let (s, e) = unread_with(&p, &p.http_url, &large).await;
+    assert_eq!(s, 401, "{e}");
+    assert_eq!(e["error"]["field"], "Authorization");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("8192 bytes"),
+        "{e}"
+    );
+    p.stop().await;
+}
+
+/// A repeated query parameter, an id that is not UTF-8 and a method a route does not serve
+/// are answered in the API's JSON error shape, naming the parameter or the methods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_json_errors_naming_the_parameter_or_the_allowed_methods() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let t = token(&uniq("a"), support::INBOX_SECRET, 300);
+    let call = |method: reqwest::Method, path: &str| {
+        let req = p
+            .http
+            .request(method, format!("{}{path}", p.http_url))
+            .bearer_auth(&t);
+        async move {
+            let r = req.send().await.unwrap();
+            let (status, headers) = (r.status().as_u16(), r.headers().clone());
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            (status, headers, body)
+        }
+    };
+    for (path, field) in [
+        (
+            "/v1/inbox/notifications?status=read&status=unread",
+            "status",
+        ),
+        ("/v1/inbox/notifications?limit=5&limit=6", "limit"),
+        (
+            "/v1/inbox/stream?last_event_id=1&last_event_id=2",
+            "last_event_id",
+        ),
+        ("/v1/inbox/notifications?status=%FF", "status"),
+    ] {
+        let (s, h, e) = call(reqwest::Method::GET, path).await;
+        assert_eq!(s, 400, "{path}: {e}");
+        assert_eq!(h["content-type"], "application/json", "{path}");
+        assert_eq!(e["error"]["field"], field, "{path}: {e}");
+    }
+    let (s, _, e) = call(reqwest::Method::POST, "/v1/inbox/notifications/%FF/read").await;
+    assert_eq!((s, e["error"]["field"].as_str()), (400, Some("id")), "{e}");
+    for (method, path, allowed) in [
+        (reqwest::Method::DELETE, "/v1/inbox/notifications", "GET"),
+        (reqwest::Method::POST, "/v1/inbox/unread-count", "GET"),
+        (reqwest::Method::GET, "/v1/inbox/read-all", "POST"),
+        (reqwest::Method::POST, "/v1/inbox/preferences", "GET"),
+    ] {
+        let (s, h, e) = call(method.clone(), path).await;
+        assert_eq!(s, 405, "{method} {path}: {e}");
+        assert_eq!(h["content-type"], "application/json", "{method} {path}");
+        assert_eq!(e["error"]["code"], "method_not_allowed", "{e}");
+        assert_eq!(e["error"]["field"], "method", "{e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(allowed),
+            "{method} {path}: {e}"
+        );
+        assert!(
+            h["allow"].to_str().unwrap().contains(allowed),
+            "{method} {path}: {h:?}"
+        );
+    }
+    p.stop().await;
+}
+
+/// A JSON body of the right shape but a wrong-typed, missing or unknown field is reported
+/// by that field's name (its path for nested values), not as `body`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_typed_missing_or_unknown_json_field_is_reported_by_its_name() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let a = uniq("a");
+    p.add_recipient(&a, "", "", "").await;
+    let t = token(&a, support::INBOX_SECRET, 300);
+    for (method, path, body, field) in [
+        (
+            reqwest::Method::PUT,
+            "/v1/inbox/preferences",
+            json!({"type": "news", "channel": "push", "enabled": "no"}),
+            "enabled",
+        ),
+        (
+            reqwest::Method::PUT,
+            "/v1/inbox/preferences",
+            json!({"type": "news", "channel": "push"}),
+            "enabled",
+        ),
+        (
+            reqwest::Method::PUT,
+            "/v1/inbox/preferences",
+            json!({"type": "news", "channel": "push", "enabled": true, "colour": 1}),
+            "colour",
+        ),
+        (
+            reqwest::Method::PUT,
+            "/v1/inbox/quiet-hours",
+            json!({"windows": [{"start": "22:00", "end": "07:00"}, {"start": 22, "end": "07:00"}]}),
+            "windows[1].start",
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/inbox/read-all",
+            json!({"up_to_seq": "42"}),
+            "up_to_seq",
+        ),
+        (
+            reqwest::Method::POST,
+            "/v1/inbox/devices",
+            json!({"platform": "webpush", "web_push": {"endpoint": "https://push.example.test/x", "keys": {"p256dh": "x", "auth": 7}}}),
+            "web_push.keys.auth",
+        ),
+    ] {
+        let r = p
+            .http
+            .request(method.clone(), format!("{}{path}", p.http_url))
+            .bearer_auth(&t)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let s = r.status().as_u16();
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(s, 400, "{method} {path} {body}: {e}");
+        assert_eq!(e["error"]["field"], field, "{method} {path} {body}: {e}");
+        assert!(!e["error"]["message"].as_str().unwrap().is_empty(), "{e}");
+    }
+    p.stop().await;
+}
+
+/// Read changes take a feed position the same way: while two in-app workers write 200
+/// notifications (slow commits again, on inserts and updates), a client that reconnects
+/// every 300 ms while it marks read, every 100 ms, everything it has seen (`read-all` up
+/// to its last id) receives the read version of every notification, with ids that only
+/// grow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_changes_made_during_a_burst_reach_a_resuming_client_in_order() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![Channel::InApp],
+        concurrency: 16,
+        ..Default::default()
+    })
+    .await;
+    p.start_worker_named(Channel::InApp, "second-inapp-worker");
+    p.add_type("news", &["inapp"]).await;
+    let a = uniq("a");
+    p.add_recipient(&a, "", "", "").await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_sleep(random() * 0.004); RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT OR UPDATE ON notifications
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
+    )
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let c = Client {
+        p: &p,
+        token: token(&a, support::INBOX_SECRET, 600),
+    };
+    const WRITERS: usize = 8;
+    const EACH: usize = 25;
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let (mut ingest, user) = (p.ingest(), a.clone());
+        let reqs: Vec<_> = (0..EACH)
+            .map(|n| p.event(&format!("read-burst:{w}:{n}"), "news", &[&user]))
+            .collect();
+        writers.push(tokio::spawn(async move {
+            for req in reqs {
+                ingest.create_event(req).await.unwrap();
+            }
+        }));
+    }
+
+    let mut status: std::collections::HashMap<String, String> = Default::default();
+    let mut last: i64 = 0;
+    // Marks read up to the last id seen, concurrently with the stream.
+    let seen_up_to = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let stop_marking = tokio_util::sync::CancellationToken::new();
+    let marker = {
+        let (http, url, t) = (p.http.clone(), p.http_url.clone(), c.token.clone());
+        let (up_to, stop) = (seen_up_to.clone(), stop_marking.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let up_to = up_to.load(std::sync::atomic::Ordering::SeqCst);
+                let r = http
+                    .post(format!("{url}/v1/inbox/read-all"))
+                    .bearer_auth(&t)
+                    .json(&json!({"up_to_seq": up_to}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut settled_rounds = 0;
+    while tokio::time::Instant::now() < deadline {
+        let resp = p
+            .http
+            .get(format!("{}/v1/inbox/stream", p.http_url))
+            .bearer_auth(&c.token)
+            .header("last-event-id", last.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.bytes_stream();
+        for (id, item) in items_for(&mut body, Duration::from_millis(300)).await {
+            let seq: i64 = id.parse().unwrap();
+            assert!(seq > last, "id {seq} after {last}");
+            last = seq;
+            seen_up_to.store(seq, std::sync::atomic::Ordering::SeqCst);
+            status.insert(
+                item["id"].as_str().unwrap().to_string(),
+                item["status"].as_str().unwrap().to_string(),
+            );
+        }
+        drop(body);
+        let (_, r) = c.get("/v1/inbox/unread-count").await;
+        let written: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM notifications WHERE user_id = $1")
+                .bind(&a)
+                .fetch_one(&p.pool)
+                .await
+                .unwrap();
+        if written == (WRITERS * EACH) as i64 && r["unread"] == 0 {
+            settled_rounds += 1;
+            if settled_rounds > 2 {
+                break;
+            }
+        }
+    }
+    stop_marking.cancel();
+    marker.await.unwrap();
+    for w in writers {
+        w.await.unwrap();
+    }
+    assert_eq!(
+        status.len(),
+        WRITERS * EACH,
+        "every notification reached the client"
+    );
+    let unread: Vec<&String> = status
+        .iter()
+        .filter(|(_, s)| s.as_str() != "read")
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        unread.is_empty(),
+        "{} read changes never reached the client",
+        unread.len()
+    );
     p.stop().await;
 }

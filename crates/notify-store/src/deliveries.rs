@@ -883,6 +883,12 @@ pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result
 /// Writes the in-app notifications of several deliveries in one statement, each
 /// idempotent on its delivery id: per input, in order, true when its row was written now
 /// and false when it already existed.
+///
+/// Each row takes its user's next feed position (`seq`) from the user's counter row,
+/// which stays locked until the statement commits, so concurrent batches for one user
+/// commit in seq order (see `migrations/20261201000019_inbox_stream_order.sql`). Rows are
+/// inserted in `user_id` order, so two batches lock their users' counters in one order
+/// and cannot deadlock.
 pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> Result<Vec<bool>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
@@ -913,6 +919,7 @@ pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> R
          FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[],
                      $7::text[], $8::text[], $9::jsonb[])
               AS t(id, delivery_id, event_id, user_id, type, title, body, url, data)
+         ORDER BY t.user_id
          ON CONFLICT (delivery_id) DO NOTHING
          RETURNING delivery_id",
     )
@@ -934,7 +941,8 @@ pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> R
 /// Writes a digest group's one inbox row: created by its first delivery, then updated in
 /// place by each later one (latest title and body, one more item, unread again). A
 /// delivery already counted changes nothing, so a redelivered message is harmless.
-/// Returns whether this delivery changed the row.
+/// Returns whether this delivery changed the row. Like every inbox write it takes the
+/// user's next `seq` under the user's counter lock (taken before the row's lock).
 pub async fn upsert_grouped_inbox_row(db: &PgPool, job: &DeliveryJob, group: &str) -> Result<bool> {
     let changed: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO notifications (id, delivery_id, event_id, user_id, type, title, body, url,

@@ -1,6 +1,7 @@
 //! The in-app inbox as end users see it: list with keyset pagination, unread count, read,
 //! archive, and the change feed (`seq`) behind live updates. Every query is scoped to one
-//! user: another user's notification is "not found", never shown.
+//! user: another user's notification is "not found", never shown. `seq` is a per-user
+//! position that commits in order (see [`changes_since`]).
 
 use crate::Result;
 use chrono::{DateTime, Utc};
@@ -109,14 +110,32 @@ pub async fn unread_count(db: impl PgExecutor<'_>, user_id: &str) -> Result<i64>
     .await?)
 }
 
+/// Locks `user_id`'s feed counter (`inbox_user_seq`) for the rest of the transaction.
+///
+/// Every write of a notification takes the user's next `seq` from that row in a trigger,
+/// which holds its lock until commit; an `UPDATE` locks its notification rows before the
+/// trigger runs, so an update that did not lock the counter first could deadlock with a
+/// digest upsert (counter, then row). A user without a counter row has no notifications,
+/// so there is nothing to lock.
+async fn lock_feed(tx: &mut sqlx::PgConnection, user_id: &str) -> Result<()> {
+    sqlx::query("SELECT 1 FROM inbox_user_seq WHERE user_id = $1 FOR UPDATE")
+        .bind(user_id)
+        .fetch_optional(tx)
+        .await?;
+    Ok(())
+}
+
 /// Sets one item's status (`read`, `unread`, `archived`; unarchiving sets `read`).
-/// Idempotent. `None` when the user has no such item.
+/// Idempotent. `None` when the user has no such item. A change takes the user's next
+/// `seq` (so it reaches live streams, in commit order).
 pub async fn set_status(
     db: &PgPool,
     user_id: &str,
     id: Uuid,
     status: &str,
 ) -> Result<Option<InboxItem>> {
+    let mut tx = db.begin().await?;
+    lock_feed(&mut tx, user_id).await?;
     let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "WITH changed AS (
              UPDATE notifications SET status = $3,
@@ -131,27 +150,36 @@ pub async fn set_status(
     .bind(user_id)
     .bind(id)
     .bind(status)
-    .fetch_optional(db)
+    .fetch_optional(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(row.map(item))
 }
 
 /// Marks every unread item of `user_id` read, up to and including the newest one the
 /// client has seen (`up_to`, by `seq`; `None` = all at this moment). Items that arrive
-/// later stay unread. Returns how many changed.
+/// later stay unread. Returns how many changed; each takes the user's next `seq`.
 pub async fn read_all(db: &PgPool, user_id: &str, up_to: Option<i64>) -> Result<u64> {
+    let mut tx = db.begin().await?;
+    lock_feed(&mut tx, user_id).await?;
     let done = sqlx::query(
         "UPDATE notifications SET status = 'read', read_at = now(), updated_at = now()
          WHERE user_id = $1 AND status = 'unread' AND ($2::bigint IS NULL OR seq <= $2)",
     )
     .bind(user_id)
     .bind(up_to)
-    .execute(db)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(done.rows_affected())
 }
 
 /// Items of `user_id` changed after feed position `after`, oldest change first.
+///
+/// Exact under concurrent writers: a user's `seq` values commit in order (each writer
+/// holds the user's counter row until it commits), so once a change with seq N is
+/// visible, every committed change below N is too, and a reader that moves its position
+/// to N skips nothing.
 pub async fn changes_since(
     db: &PgPool,
     user_id: &str,

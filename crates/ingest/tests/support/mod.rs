@@ -306,6 +306,7 @@ impl Platform {
                 jwks_json: None,
                 jwks_url: None,
                 rate_per_user: 20,
+                ..Default::default()
             },
             cors_origins: vec!["https://app.example.test".into()],
             console: http_api::console::ConsoleConfig {
