@@ -371,3 +371,93 @@ async fn a_nonexistent_mailbox_is_marked_and_skipped_until_the_address_changes()
     );
     p.stop().await;
 }
+
+/// An unsubscribe link older than `NOTIFY_UNSUBSCRIBE_TTL` (60 days), or from before links
+/// carried their date, shows a page saying it expired (410) and its POST answers 410:
+/// the user stays subscribed. A link of today works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_unsubscribe_link_changes_nothing() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "promo_weekly".into(),
+            priority: "low".into(),
+            default_channels: vec!["email".into()],
+            critical: false,
+            category: "marketing".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let u = uniq("u");
+    p.add_recipient(&u, "", &format!("{u}@example.test"), "")
+        .await;
+    let now = chrono::Utc::now().timestamp();
+    let token = |issued_at: i64| {
+        notify_core::signed::UnsubscribeToken {
+            user_id: u.clone(),
+            type_key: "promo_weekly".into(),
+            channel: "email".into(),
+            issued_at,
+        }
+        .sign(support::UNSUBSCRIBE_SECRET)
+    };
+    // A token without a date, as links were signed before they expired.
+    let legacy = {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let payload = b64.encode(json!({"u": u, "t": "promo_weekly", "c": "email"}).to_string());
+        format!(
+            "{payload}.{}",
+            notify_core::signed::sign(support::UNSUBSCRIBE_SECRET, &payload)
+        )
+    };
+    for old in [token(now - 61 * 86_400), legacy] {
+        let url = format!("{}/unsubscribe?token={old}", p.http_url);
+        let page = p.http.get(&url).send().await.unwrap();
+        assert_eq!(page.status(), 410);
+        let text = page.text().await.unwrap();
+        assert!(
+            text.contains("expired") && text.contains("nothing was changed"),
+            "{text}"
+        );
+        let post = p
+            .http
+            .post(&url)
+            .body("List-Unsubscribe=One-Click")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(post.status(), 410);
+        let err: Value = post.json().await.unwrap();
+        assert_eq!(
+            (
+                err["error"]["code"].as_str(),
+                err["error"]["field"].as_str()
+            ),
+            (Some("expired_token"), Some("token"))
+        );
+    }
+    let ev = p.send("promo:expired", "promo_weekly", &[&u]).await;
+    assert_eq!(ev.deliveries.len(), 1, "still subscribed");
+    let fresh = format!(
+        "{}/unsubscribe?token={}",
+        p.http_url,
+        token(now - 59 * 86_400)
+    );
+    let ok = p
+        .http
+        .post(&fresh)
+        .body("List-Unsubscribe=One-Click")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let ev = p.send("promo:fresh", "promo_weekly", &[&u]).await;
+    assert!(ev.deliveries.is_empty());
+    p.stop().await;
+}
