@@ -233,6 +233,29 @@ mod tests {
     }
 
     #[test]
+    fn the_local_stack_and_dev_overlay_hashes_are_ops_notify_local() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        for file in [
+            "deploy/local-stack.sh",
+            "deploy/kubernetes/overlays/dev/kustomization.yaml",
+        ] {
+            let text = std::fs::read_to_string(root.join(file)).unwrap();
+            let line = text
+                .lines()
+                .find(|l| l.contains("NOTIFY_CONSOLE_USERS=") && !l.trim_start().starts_with('#'))
+                .unwrap();
+            let hash = line
+                .split_once("ops:")
+                .unwrap()
+                .1
+                .trim_end_matches('\'')
+                .replace("\\$", "$");
+            assert!(check_hash(&hash).is_ok(), "{file}: {hash}");
+            assert!(password_matches(&hash, "notify-local"), "{file}");
+        }
+    }
+
+    #[test]
     fn origins_are_compared_with_the_host_or_the_configured_origin() {
         let mut cfg = cfg();
         let h = |pairs: &[(&'static str, &'static str)]| {
