@@ -301,7 +301,10 @@ export NOTIFY_HTTP_URL=http://127.0.0.1:$HTTP_PORT
 export NOTIFY_UNSUBSCRIBE_URL=http://127.0.0.1:$HTTP_PORT/unsubscribe
 export NOTIFY_UNSUBSCRIBE_SECRET=local-unsubscribe-signing-secret
 export NOTIFY_INBOX_JWT_SECRET=local-inbox-jwt-secret-of-at-least-32-characters
-export NOTIFY_CONSOLE_USERS=ops:$(printf %s notify-local | sha256sum | cut -d' ' -f1)
+# ops / notify-local (argon2id, made with \`http-api hash-password\`); plain http here, so the
+# console's session cookie goes without Secure (local development only).
+export NOTIFY_CONSOLE_USERS='ops:\$argon2id\$v=19\$m=19456,t=2,p=1\$MLO1DajZXLmVnrYks5P/TQ\$X1Os3RK4CCu721SWZlrD3hLsT2yzwGx75bz+2uwUoZs'
+export NOTIFY_CONSOLE_INSECURE_COOKIES=true
 export NOTIFY_CONSOLE_SECRET=local-console-session-secret-of-32-characters
 export NOTIFY_BROWSER_MODULES=$STACK/browser/node_modules
 export NOTIFY_CHROMIUM=/usr/bin/chromium

@@ -1,11 +1,11 @@
 //! The operations console: server-rendered HTML under `/console`, no build step.
 //!
 //! Staff sign in either with configured credentials (`NOTIFY_CONSOLE_USERS` =
-//! `name:<SHA-256 hex of the password>,...`, a session cookie signed with
-//! `NOTIFY_CONSOLE_SECRET`, HttpOnly, SameSite=Strict, 8 hours) or through an
-//! authenticating proxy that sets `NOTIFY_CONSOLE_AUTH_HEADER` (e.g. `X-Forwarded-User`;
-//! only safe when the proxy is the sole way in). End-user inbox tokens are never accepted
-//! here. Without either setting the console answers 404.
+//! `name:<argon2id PHC string>,...`, throttled, a server-side session whose cookie is
+//! HttpOnly, SameSite=Strict and Secure, 8 hours) or through an authenticating proxy that
+//! sets `NOTIFY_CONSOLE_AUTH_HEADER` (e.g. `X-Forwarded-User`; only safe when the proxy is
+//! the sole way in). See [`crate::staff`] for the details. End-user inbox tokens are never
+//! accepted here. Without either setting the console answers 404.
 //!
 //! Pages: the overview (per channel: deliveries by status in the last hour and day, the
 //! oldest due pending delivery, retry rate, outbox lag), search (event id, event key, user
@@ -13,9 +13,12 @@
 //! attempt, deferred until, the decision trail, and per delivery the attempts with the
 //! provider's status, raw answer and the content sent), and the audit log. Actions (retry
 //! a failed delivery, cancel an event's pending deliveries) go through a confirmation page
-//! and a CSRF token, and are recorded in `console_audit`. Every value is HTML-escaped.
+//! and a CSRF token bound to the session, every POST has its `Origin` checked, and actions
+//! are recorded in `console_audit`. Every value is HTML-escaped; every page carries a
+//! Content-Security-Policy with `frame-ancestors 'none'`.
 
 use crate::AppState;
+use crate::staff;
 // The one HTML escaper, shared with the email HTML part.
 use axum::Router;
 use axum::extract::{Form, Path, Query, State};
@@ -25,44 +28,136 @@ use axum::routing::{get, post};
 use notify_core::event::escape_html as esc;
 use notify_store::events::{self, EventSelector};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
+use std::time::Duration;
 use uuid::Uuid;
 
+pub use crate::staff::password_hash;
+
 /// Console settings.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ConsoleConfig {
-    /// (name, SHA-256 hex of the password).
+    /// (name, argon2id PHC string of the password).
     pub users: Vec<(String, String)>,
-    /// Signs session cookies and CSRF tokens.
+    /// Signs CSRF tokens (HMAC-SHA256 key).
     pub secret: String,
     /// Header an authenticating proxy sets to the staff member's name.
     pub auth_header: Option<String>,
     /// RabbitMQ URL and names, for the dead-letter queue's depth and the requeue action;
     /// `None` shows neither.
     pub amqp: Option<(String, notify_broker::Topology)>,
+    /// Local development only: leave `Secure` off the session cookie so that a browser
+    /// keeps it over plain `http://` (`NOTIFY_CONSOLE_INSECURE_COOKIES`, default false).
+    pub insecure_cookies: bool,
+    /// The console's own origin (`https://ops.example.com`) that a POST's `Origin` must
+    /// be; `None`: its host and port must be the request's `Host`.
+    pub origin: Option<String>,
+    /// Failed sign-ins per typed name, and per client address, within
+    /// [`Self::sign_in_window`] after which sign-in answers 429 (default 5).
+    pub sign_in_limit: u32,
+    /// The window failed sign-ins are counted in (default 15 minutes).
+    pub sign_in_window: Duration,
+    /// How long a session lasts from sign-in (default 8 hours).
+    pub session_ttl: Duration,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        Self {
+            users: Vec::new(),
+            secret: String::new(),
+            auth_header: None,
+            amqp: None,
+            insecure_cookies: false,
+            origin: None,
+            sign_in_limit: 5,
+            sign_in_window: Duration::from_secs(15 * 60),
+            session_ttl: Duration::from_secs(8 * 3600),
+        }
+    }
+}
+
+/// Splits `NOTIFY_CONSOLE_USERS` into (name, hash) pairs. Entries are separated by commas;
+/// a piece without a `:` continues the previous entry (the commas inside a PHC string's
+/// parameters, `m=19456,t=2,p=1`).
+fn parse_users(value: &str) -> Vec<(String, String)> {
+    let mut entries: Vec<String> = Vec::new();
+    for piece in value.split(',').filter(|p| !p.trim().is_empty()) {
+        match entries.last_mut() {
+            Some(last) if !piece.contains(':') => {
+                last.push(',');
+                last.push_str(piece);
+            }
+            _ => entries.push(piece.to_string()),
+        }
+    }
+    entries
+        .iter()
+        .filter(|s| !s.trim().is_empty())
+        .filter_map(|pair| {
+            let (u, h) = pair.trim().split_once(':')?;
+            Some((u.trim().to_string(), h.trim().to_string()))
+        })
+        .collect()
 }
 
 impl ConsoleConfig {
-    /// Reads `NOTIFY_CONSOLE_USERS`, `NOTIFY_CONSOLE_SECRET` (32+ characters, required with
-    /// users), `NOTIFY_CONSOLE_AUTH_HEADER`, and `NOTIFY_AMQP_URL` / `NOTIFY_AMQP_PREFIX`
+    /// Reads `NOTIFY_CONSOLE_USERS` (argon2id PHC strings; a SHA-256 hash from an older
+    /// release is an error naming the user), `NOTIFY_CONSOLE_SECRET` (32+ characters,
+    /// required with users or the proxy header), `NOTIFY_CONSOLE_AUTH_HEADER`,
+    /// `NOTIFY_CONSOLE_INSECURE_COOKIES` (false), `NOTIFY_CONSOLE_ORIGIN` (empty),
+    /// `NOTIFY_CONSOLE_SIGN_IN_LIMIT` (5), `NOTIFY_CONSOLE_SIGN_IN_WINDOW` (15m),
+    /// `NOTIFY_CONSOLE_SESSION_TTL` (8h), and `NOTIFY_AMQP_URL` / `NOTIFY_AMQP_PREFIX`
     /// (optional: the dead-letter queue).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
-        let users: Vec<(String, String)> = env
-            .string("NOTIFY_CONSOLE_USERS", "")
-            .split(',')
-            .filter(|s| !s.trim().is_empty())
-            .filter_map(|pair| {
-                let (u, h) = pair.trim().split_once(':')?;
-                Some((u.to_string(), h.to_ascii_lowercase()))
-            })
-            .collect();
-        let secret = env.string("NOTIFY_CONSOLE_SECRET", "");
-        if !users.is_empty() && secret.len() < 32 {
-            env.error("NOTIFY_CONSOLE_SECRET must be at least 32 characters when NOTIFY_CONSOLE_USERS is set".to_string());
+        let defaults = Self::default();
+        let users = parse_users(&env.string("NOTIFY_CONSOLE_USERS", ""));
+        for (user, hash) in &users {
+            if let Err(e) = staff::check_hash(hash) {
+                env.error(format!(
+                    "NOTIFY_CONSOLE_USERS: the password hash of {user:?} {e}"
+                ));
+            }
         }
+        let secret = env.string("NOTIFY_CONSOLE_SECRET", "");
         let auth_header = Some(env.string("NOTIFY_CONSOLE_AUTH_HEADER", ""))
             .filter(|h| !h.is_empty())
             .map(|h| h.to_ascii_lowercase());
+        if (!users.is_empty() || auth_header.is_some()) && secret.len() < 32 {
+            env.error("NOTIFY_CONSOLE_SECRET must be at least 32 characters when NOTIFY_CONSOLE_USERS or NOTIFY_CONSOLE_AUTH_HEADER is set".to_string());
+        }
+        let insecure_cookies = env.parse("NOTIFY_CONSOLE_INSECURE_COOKIES", false);
+        let origin = Some(env.string("NOTIFY_CONSOLE_ORIGIN", ""))
+            .map(|o| o.trim().trim_end_matches('/').to_ascii_lowercase())
+            .filter(|o| !o.is_empty());
+        if let Some(o) = &origin
+            && !(o.starts_with("https://") || o.starts_with("http://"))
+        {
+            env.error(format!(
+                "NOTIFY_CONSOLE_ORIGIN={o:?} is invalid: must be scheme://host[:port]"
+            ));
+        }
+        let sign_in_limit = env.number("NOTIFY_CONSOLE_SIGN_IN_LIMIT", 5, 1, 1000);
+        let duration = |env: &mut notify_telemetry::Env, name: &str, default: Duration| {
+            env.parse_with(
+                name,
+                default,
+                |s| match notify_core::retry::parse_duration(s) {
+                    Ok(d)
+                        if d >= Duration::from_secs(1) && d <= Duration::from_secs(30 * 86400) =>
+                    {
+                        Ok(d)
+                    }
+                    Ok(_) => Err("must be from 1s to 720h".to_string()),
+                    Err(e) => Err(e.to_string()),
+                },
+            )
+        };
+        let sign_in_window = duration(
+            env,
+            "NOTIFY_CONSOLE_SIGN_IN_WINDOW",
+            defaults.sign_in_window,
+        );
+        let session_ttl = duration(env, "NOTIFY_CONSOLE_SESSION_TTL", defaults.session_ttl);
         let amqp_url = env.string("NOTIFY_AMQP_URL", "");
         let amqp = (!amqp_url.is_empty()).then(|| {
             (
@@ -75,6 +170,11 @@ impl ConsoleConfig {
             secret,
             auth_header,
             amqp,
+            insecure_cookies,
+            origin,
+            sign_in_limit,
+            sign_in_window,
+            session_ttl,
         }
     }
 
@@ -83,57 +183,50 @@ impl ConsoleConfig {
     }
 }
 
-/// SHA-256 hex of `password`, the form `NOTIFY_CONSOLE_USERS` takes.
-pub fn password_hash(password: &str) -> String {
-    hex::encode(Sha256::digest(password.as_bytes()))
+/// A signed-in staff member.
+#[derive(Debug, Clone)]
+struct Staff {
+    /// Their name.
+    name: String,
+    /// What their CSRF token is bound to: the session id's hash in hex, or `proxy|name`
+    /// behind an authenticating proxy.
+    binding: String,
+    /// The session id's hash (`None` behind the proxy).
+    session: Option<Vec<u8>>,
 }
 
-const SESSION_HOURS: i64 = 8;
-
-fn session_cookie(cfg: &ConsoleConfig, user: &str) -> String {
-    let data = format!(
-        "{user}|{}",
-        chrono::Utc::now().timestamp() + SESSION_HOURS * 3600
-    );
-    let value = format!(
-        "{}.{}",
-        hex::encode(&data),
-        notify_core::signed::sign(&cfg.secret, &data)
-    );
-    format!(
-        "console_session={value}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}",
-        SESSION_HOURS * 3600
-    )
-}
-
-/// The signed-in staff member, if any.
-fn staff(cfg: &ConsoleConfig, headers: &HeaderMap) -> Option<String> {
+/// The signed-in staff member, if any: the proxy's header, or an unexpired session in
+/// `console_sessions` whose user is still configured.
+async fn staff(app: &AppState, headers: &HeaderMap) -> Result<Option<Staff>, Response> {
+    let cfg = &app.console;
     if let Some(h) = &cfg.auth_header
         && let Some(user) = headers.get(h.as_str()).and_then(|v| v.to_str().ok())
         && !user.trim().is_empty()
     {
-        return Some(user.trim().to_string());
+        let name = user.trim().to_string();
+        return Ok(Some(Staff {
+            binding: format!("proxy|{name}"),
+            name,
+            session: None,
+        }));
     }
     if cfg.users.is_empty() {
-        return None;
+        return Ok(None);
     }
-    let cookies = headers.get(header::COOKIE)?.to_str().ok()?;
-    let value = cookies
-        .split(';')
-        .find_map(|c| c.trim().strip_prefix("console_session="))?;
-    let (data_hex, sig) = value.split_once('.')?;
-    let data = String::from_utf8(hex::decode(data_hex).ok()?).ok()?;
-    if !notify_core::signed::verify(&cfg.secret, &data, sig) {
-        return None;
-    }
-    let (user, exp) = data.rsplit_once('|')?;
-    (exp.parse::<i64>().ok()? > chrono::Utc::now().timestamp()
-        && cfg.users.iter().any(|(u, _)| u == user))
-    .then(|| user.to_string())
-}
-
-fn csrf(cfg: &ConsoleConfig, user: &str) -> String {
-    notify_core::signed::sign(&cfg.secret, &format!("csrf|{user}"))
+    let Some(hash) = staff::session_id_hash(headers) else {
+        return Ok(None);
+    };
+    let name = match notify_store::console::session_staff(&app.pool, &hash).await {
+        Ok(n) => n,
+        Err(e) => return Err(db_error(e)),
+    };
+    Ok(name
+        .filter(|n| cfg.users.iter().any(|(u, _)| u == n))
+        .map(|name| Staff {
+            name,
+            binding: hex::encode(&hash),
+            session: Some(hash),
+        }))
 }
 
 fn page(title: &str, user: Option<&str>, body: &str) -> Response {
@@ -141,7 +234,7 @@ fn page(title: &str, user: Option<&str>, body: &str) -> Response {
         Some(u) => format!(
             "<nav><a href=\"/console\">Overview</a> · <a href=\"/console/audit\">Audit</a> · \
              <form method=\"get\" action=\"/console/search\" style=\"display:inline\"><input name=\"q\" placeholder=\"event key, event id, user id or type\" size=\"40\"> <button>Search</button></form> \
-             <span style=\"float:right\">{} · <a href=\"/console/logout\">Sign out</a></span></nav>",
+             <span style=\"float:right\">{} · <a href=\"/console/logout\">Sign out…</a></span></nav>",
             esc(u)
         ),
         None => String::new(),
@@ -178,12 +271,43 @@ fn db_error(e: notify_store::StoreError) -> Response {
 
 /// The signed-in staff member, or the answer to send instead (login redirect, or 404 when
 /// the console is not configured).
-fn require(app: &AppState, headers: &HeaderMap) -> Result<String, Box<Response>> {
+async fn require_staff(app: &AppState, headers: &HeaderMap) -> Result<Staff, Box<Response>> {
     if !app.console.enabled() {
         return Err(Box::new(not_found()));
     }
-    staff(&app.console, headers)
-        .ok_or_else(|| Box::new(Redirect::to("/console/login").into_response()))
+    match staff(app, headers).await {
+        Ok(Some(s)) => Ok(s),
+        Ok(None) => Err(Box::new(Redirect::to("/console/login").into_response())),
+        Err(r) => Err(Box::new(r)),
+    }
+}
+
+/// The signed-in staff member's name, or the answer to send instead.
+async fn require(app: &AppState, headers: &HeaderMap) -> Result<String, Box<Response>> {
+    require_staff(app, headers).await.map(|s| s.name)
+}
+
+fn forbidden(message: &str) -> Response {
+    (
+        StatusCode::FORBIDDEN,
+        Html(format!(
+            "<!doctype html><title>Refused</title><p>{}</p>",
+            esc(message)
+        )),
+    )
+        .into_response()
+}
+
+/// 403 unless the request comes from the console's own origin ([`staff::same_origin`]).
+fn check_origin(app: &AppState, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    if staff::same_origin(&app.console, headers) {
+        Ok(())
+    } else {
+        tracing::warn!("console POST from a foreign origin refused");
+        Err(Box::new(forbidden(
+            "This form was sent from another site; open the console and try again.",
+        )))
+    }
 }
 
 /// The console routes.
@@ -191,7 +315,7 @@ pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/console", get(overview))
         .route("/console/login", get(login_page).post(login))
-        .route("/console/logout", get(logout))
+        .route("/console/logout", get(logout_page).post(logout))
         .route("/console/search", get(search))
         .route("/console/events/{id}", get(event_page))
         .route("/console/confirm", get(confirm_page))
@@ -199,6 +323,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/console/actions/cancel/{id}", post(cancel))
         .route("/console/actions/requeue-dead", post(requeue_dead))
         .route("/console/audit", get(audit))
+        .layer(axum::middleware::map_response(staff::security_headers))
 }
 
 async fn login_page(State(app): State<AppState>) -> Response {
@@ -219,20 +344,73 @@ struct LoginForm {
     password: String,
 }
 
-async fn login(State(app): State<AppState>, Form(f): Form<LoginForm>) -> Response {
+async fn login(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    extensions: axum::http::Extensions,
+    Form(f): Form<LoginForm>,
+) -> Response {
     let cfg = &app.console;
-    let hash = password_hash(&f.password);
-    // Compare the hashes in constant time: equal HMACs of both mean equal hashes.
-    let ok = cfg.users.iter().any(|(u, h)| {
-        u == &f.user
-            && notify_core::signed::verify(
-                &cfg.secret,
-                h,
-                &notify_core::signed::sign(&cfg.secret, &hash),
-            )
-    });
+    if cfg.users.is_empty() {
+        return not_found();
+    }
+    if let Err(r) = check_origin(&app, &headers) {
+        return *r;
+    }
+    let addr = extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    let keys = staff::throttle_keys(&f.user, addr);
+    match notify_store::console::sign_in_blocked_for(
+        &app.pool,
+        &keys,
+        cfg.sign_in_limit,
+        cfg.sign_in_window,
+    )
+    .await
+    {
+        Ok(None) => {}
+        Ok(Some(wait)) => {
+            tracing::warn!("console sign-in throttled");
+            let mut r = page(
+                "Sign in",
+                None,
+                &format!(
+                    "<p class=\"failed\">Too many failed sign-ins. Try again in {} minute(s).</p>",
+                    wait.div_ceil(60)
+                ),
+            );
+            *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                wait.to_string().parse().expect("digits"),
+            );
+            return r;
+        }
+        Err(e) => return db_error(e),
+    }
+    // Unknown names are checked against a dummy hash, so they take as long as known ones.
+    let hash = cfg
+        .users
+        .iter()
+        .find(|(u, _)| u == &f.user)
+        .map(|(_, h)| h.clone());
+    let known = hash.is_some();
+    let hash = hash.unwrap_or_else(|| staff::dummy_hash().to_string());
+    let password = f.password.clone();
+    let ok = tokio::task::spawn_blocking(move || staff::password_matches(&hash, &password))
+        .await
+        .unwrap_or(false)
+        && known;
     if !ok {
-        tracing::warn!(user = %f.user, "console sign-in refused");
+        if let Err(e) =
+            notify_store::console::record_sign_in_failure(&app.pool, &keys, cfg.sign_in_window)
+                .await
+        {
+            return db_error(e);
+        }
+        // The typed name is never logged.
+        tracing::warn!("console sign-in refused");
         let mut r = page(
             "Sign in",
             None,
@@ -241,21 +419,58 @@ async fn login(State(app): State<AppState>, Form(f): Form<LoginForm>) -> Respons
         *r.status_mut() = StatusCode::UNAUTHORIZED;
         return r;
     }
+    if let Err(e) = notify_store::console::clear_sign_in_failures(&app.pool, &keys[0]).await {
+        return db_error(e);
+    }
+    let (id, id_hash) = staff::new_session_id();
+    if let Err(e) =
+        notify_store::console::create_session(&app.pool, &id_hash, &f.user, cfg.session_ttl).await
+    {
+        return db_error(e);
+    }
     let mut r = Redirect::to("/console").into_response();
-    if let Ok(v) = session_cookie(cfg, &f.user).parse() {
+    if let Ok(v) = staff::session_cookie(cfg, &id).parse() {
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
     r
 }
 
-async fn logout() -> Response {
+/// `GET /console/logout`: a page with the sign-out button (a GET changes nothing).
+async fn logout_page(State(app): State<AppState>, headers: HeaderMap) -> Response {
+    let s = match require_staff(&app, &headers).await {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    page(
+        "Sign out",
+        Some(&s.name),
+        &format!(
+            "<form method=\"post\" action=\"/console/logout\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+             <button>Sign out</button> <a href=\"/console\">Back</a></form>",
+            esc(&staff::csrf(&app.console, &s.binding))
+        ),
+    )
+}
+
+/// `POST /console/logout`: deletes the session, so its cookie is refused from now on.
+async fn logout(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Form(f): Form<ActionForm>,
+) -> Response {
+    let s = match action_staff(&app, &headers, &f).await {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    if let Some(hash) = &s.session
+        && let Err(e) = notify_store::console::delete_session(&app.pool, hash).await
+    {
+        return db_error(e);
+    }
     let mut r = Redirect::to("/console/login").into_response();
-    r.headers_mut().insert(
-        header::SET_COOKIE,
-        "console_session=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0"
-            .parse()
-            .expect("static cookie"),
-    );
+    if let Ok(v) = staff::clear_cookie(&app.console).parse() {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
     r
 }
 
@@ -264,7 +479,7 @@ fn secs(s: Option<i64>) -> String {
 }
 
 async fn overview(State(app): State<AppState>, headers: HeaderMap) -> Response {
-    let user = match require(&app, &headers) {
+    let user = match require(&app, &headers).await {
         Ok(u) => u,
         Err(r) => return *r,
     };
@@ -321,7 +536,7 @@ async fn search(
     headers: HeaderMap,
     Query(q): Query<SearchQuery>,
 ) -> Response {
-    let user = match require(&app, &headers) {
+    let user = match require(&app, &headers).await {
         Ok(u) => u,
         Err(r) => return *r,
     };
@@ -360,7 +575,7 @@ async fn event_page(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let user = match require(&app, &headers) {
+    let user = match require(&app, &headers).await {
         Ok(u) => u,
         Err(r) => return *r,
     };
@@ -456,10 +671,11 @@ async fn confirm_page(
     headers: HeaderMap,
     Query(q): Query<ConfirmQuery>,
 ) -> Response {
-    let user = match require(&app, &headers) {
-        Ok(u) => u,
+    let s = match require_staff(&app, &headers).await {
+        Ok(s) => s,
         Err(r) => return *r,
     };
+    let user = s.name.clone();
     let Ok(target) = Uuid::parse_str(&q.target) else {
         return not_found();
     };
@@ -476,14 +692,14 @@ async fn confirm_page(
         Some(&user),
         &format!(
             "<p>{}</p><form method=\"post\" action=\"{}\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-             <button>Confirm</button> <a href=\"javascript:history.back()\">Back</a></form>",
+             <button>Confirm</button> <a href=\"/console\">Back</a></form>",
             esc(&what),
             esc(&if q.action == "requeue-dead" {
                 "/console/actions/requeue-dead".to_string()
             } else {
                 format!("/console/actions/{}/{target}", q.action)
             }),
-            esc(&csrf(&app.console, &user))
+            esc(&staff::csrf(&app.console, &s.binding))
         ),
     )
 }
@@ -493,24 +709,31 @@ struct ActionForm {
     csrf: String,
 }
 
-/// The staff member behind an action form: signed in, and the form's CSRF token theirs.
-fn action_user(
+/// The staff member behind an action form: sent from the console's origin, signed in,
+/// and the form's CSRF token that of their session.
+async fn action_staff(
+    app: &AppState,
+    headers: &HeaderMap,
+    f: &ActionForm,
+) -> Result<Staff, Box<Response>> {
+    check_origin(app, headers)?;
+    let s = require_staff(app, headers).await?;
+    if staff::csrf_valid(&app.console, &s.binding, &f.csrf) {
+        Ok(s)
+    } else {
+        Err(Box::new(forbidden(
+            "The form expired; go back and try again.",
+        )))
+    }
+}
+
+/// The name of the staff member behind an action form ([`action_staff`]).
+async fn action_user(
     app: &AppState,
     headers: &HeaderMap,
     f: &ActionForm,
 ) -> Result<String, Box<Response>> {
-    let user = require(app, headers)?;
-    if notify_core::signed::verify(&app.console.secret, &format!("csrf|{user}"), &f.csrf) {
-        Ok(user)
-    } else {
-        Err(Box::new(
-            (
-                StatusCode::FORBIDDEN,
-                Html("<!doctype html><p>The form expired; go back and try again.</p>"),
-            )
-                .into_response(),
-        ))
-    }
+    action_staff(app, headers, f).await.map(|s| s.name)
 }
 
 async fn retry(
@@ -519,7 +742,7 @@ async fn retry(
     Path(id): Path<String>,
     Form(f): Form<ActionForm>,
 ) -> Response {
-    let user = match action_user(&app, &headers, &f) {
+    let user = match action_user(&app, &headers, &f).await {
         Ok(u) => u,
         Err(r) => return *r,
     };
@@ -554,7 +777,7 @@ async fn cancel(
     Path(id): Path<String>,
     Form(f): Form<ActionForm>,
 ) -> Response {
-    let user = match action_user(&app, &headers, &f) {
+    let user = match action_user(&app, &headers, &f).await {
         Ok(u) => u,
         Err(r) => return *r,
     };
@@ -586,7 +809,7 @@ async fn requeue_dead(
     headers: HeaderMap,
     Form(f): Form<ActionForm>,
 ) -> Response {
-    let user = match action_user(&app, &headers, &f) {
+    let user = match action_user(&app, &headers, &f).await {
         Ok(u) => u,
         Err(r) => return *r,
     };
@@ -633,7 +856,7 @@ async fn requeue_dead(
 }
 
 async fn audit(State(app): State<AppState>, headers: HeaderMap) -> Response {
-    let user = match require(&app, &headers) {
+    let user = match require(&app, &headers).await {
         Ok(u) => u,
         Err(r) => return *r,
     };
@@ -656,4 +879,20 @@ async fn audit(State(app): State<AppState>, headers: HeaderMap) -> Response {
     }
     body.push_str("</table>");
     page("Audit log", Some(&user), &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn users_split_on_commas_outside_phc_parameters() {
+        let a = "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHQ$aGFzaA";
+        let b = "$argon2id$v=19$m=65536,t=3,p=4$b3RoZXI$aGFzaDI";
+        assert_eq!(
+            parse_users(&format!("ops:{a}, lead:{b},")),
+            vec![("ops".into(), a.into()), ("lead".into(), b.into())]
+        );
+        assert!(parse_users("").is_empty());
+    }
 }

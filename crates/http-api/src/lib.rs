@@ -11,7 +11,9 @@
 //! - `GET /unsubscribe?token=…`: a confirmation page (a GET never changes anything, since
 //!   mail scanners fetch links); `POST /unsubscribe?token=…` with the body
 //!   `List-Unsubscribe=One-Click` (RFC 8058) or from that page turns the token's type off
-//!   on email for its user and answers 200 JSON.
+//!   on email for its user and answers 200 JSON. A token signed more than
+//!   `NOTIFY_UNSUBSCRIBE_TTL` ago (60 days) gets 410 and changes nothing: a page saying
+//!   the link expired for the GET, `expired_token` JSON for the POST.
 //! - `/v1/inbox/...`: the end users' inbox API ([`inbox`], `docs/openapi.json`).
 //! - `/console/...`: the operations console ([`console`]).
 //! - `GET /inbox-example/`: an example inbox page for integrators (`static/inbox.html`).
@@ -27,7 +29,7 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use notify_core::Channel;
-use notify_core::signed::{UnsubscribeToken, line_signature_valid};
+use notify_core::signed::{TokenError, UnsubscribeToken, line_signature_valid};
 use notify_store::PgPool;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -35,8 +37,17 @@ use serde_json::{Value, json};
 /// Largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
+/// How long an unsubscribe link works by default: 60 days.
+pub const DEFAULT_UNSUBSCRIBE_TTL: std::time::Duration =
+    std::time::Duration::from_secs(60 * 86_400);
+
+/// The shortest `NOTIFY_UNSUBSCRIBE_TTL` accepted: 30 days, since CAN-SPAM (15 U.S.C.
+/// 7704(a)(3)(A)(ii)) asks that an opt-out link keep working for 30 days after sending.
+pub const MIN_UNSUBSCRIBE_TTL: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
+
 pub mod console;
 pub mod inbox;
+pub mod staff;
 
 /// Settings of the HTTP service.
 #[derive(Debug, Clone)]
@@ -45,6 +56,9 @@ pub struct HttpConfig {
     pub line_channel_secret: String,
     /// Secret that signs unsubscribe tokens (shared with `worker-email`).
     pub unsubscribe_secret: String,
+    /// How long an unsubscribe link works after the email was rendered
+    /// (`NOTIFY_UNSUBSCRIBE_TTL`, default [`DEFAULT_UNSUBSCRIBE_TTL`], at least 30 days).
+    pub unsubscribe_ttl: std::time::Duration,
     /// End-user inbox API settings.
     pub inbox: inbox::InboxConfig,
     /// Origins allowed to call the API from a browser (CORS); empty = none.
@@ -55,12 +69,27 @@ pub struct HttpConfig {
 
 impl HttpConfig {
     /// Reads `NOTIFY_LINE_CHANNEL_SECRET` and `NOTIFY_UNSUBSCRIBE_SECRET` (both required),
-    /// the inbox settings ([`inbox::InboxConfig::from_env`]) and `NOTIFY_CORS_ORIGINS`
+    /// `NOTIFY_UNSUBSCRIBE_TTL` (1440h = 60 days; 720h to 87600h), the inbox settings ([`inbox::InboxConfig::from_env`]) and `NOTIFY_CORS_ORIGINS`
     /// (comma-separated origins, empty = no cross-origin calls).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         Self {
             line_channel_secret: env.required("NOTIFY_LINE_CHANNEL_SECRET"),
             unsubscribe_secret: env.required("NOTIFY_UNSUBSCRIBE_SECRET"),
+            unsubscribe_ttl: env.parse_with(
+                "NOTIFY_UNSUBSCRIBE_TTL",
+                DEFAULT_UNSUBSCRIBE_TTL,
+                |s| match notify_core::retry::parse_duration(s) {
+                    Ok(d)
+                        if (MIN_UNSUBSCRIBE_TTL
+                            ..=std::time::Duration::from_secs(3650 * 86_400))
+                            .contains(&d) =>
+                    {
+                        Ok(d)
+                    }
+                    Ok(_) => Err("must be from 720h (30 days) to 87600h (10 years)".to_string()),
+                    Err(e) => Err(e.to_string()),
+                },
+            ),
             inbox: inbox::InboxConfig::from_env(env),
             console: console::ConsoleConfig::from_env(env),
             cors_origins: env
@@ -173,7 +202,12 @@ fn router_parts(
     let router = Router::new()
         .route("/inbox-example/", get(inbox_example))
         .route("/webhooks/line", post(line_webhook))
-        .route("/unsubscribe", get(unsubscribe_page).post(unsubscribe))
+        .route(
+            "/unsubscribe",
+            get(unsubscribe_page)
+                .post(unsubscribe)
+                .layer(axum::middleware::map_response(staff::security_headers)),
+        )
         .merge(inbox::routes())
         .merge(console::routes())
         .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "path", "no such route") })
@@ -214,9 +248,13 @@ pub async fn serve(
     let listen = tokio::spawn(inbox::listen(pool, hub));
     // JWKS by URL: the keys are fetched in the background (first fetch at once).
     let jwks = router_jwks.map(|(state, url)| tokio::spawn(inbox::refresh_jwks(state, url)));
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
+    // The peer address reaches the console's sign-in throttle.
+    let served = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { shutdown.cancelled().await })
+    .await;
     listen.abort();
     if let Some(j) = jwks {
         j.abort();
@@ -308,8 +346,8 @@ async fn line_webhook(
         match notify_store::catalog::record_line_follow(&app.pool, user, following, at, event_id)
             .await
         {
+            // The LINE user id is not logged (logs hold no addresses).
             Ok(changed) => tracing::info!(
-                line_user_id = user,
                 following,
                 changed,
                 webhook_event_id = event_id,
@@ -327,7 +365,9 @@ struct TokenQuery {
     token: String,
 }
 
-fn check_token(app: &AppState, token: &str) -> Result<UnsubscribeToken, Box<Response>> {
+/// The token, verified and unexpired; else the answer: 400 JSON for a missing, malformed
+/// or forged token, 410 for an expired one (a page when `page`, else JSON).
+fn check_token(app: &AppState, token: &str, page: bool) -> Result<UnsubscribeToken, Box<Response>> {
     if token.is_empty() {
         return Err(Box::new(error(
             StatusCode::BAD_REQUEST,
@@ -336,19 +376,40 @@ fn check_token(app: &AppState, token: &str) -> Result<UnsubscribeToken, Box<Resp
             "is required",
         )));
     }
-    UnsubscribeToken::verify(token, &app.cfg.unsubscribe_secret).map_err(|e| {
-        Box::new(error(
-            StatusCode::BAD_REQUEST,
-            "invalid_token",
-            "token",
-            &e.to_string(),
-        ))
-    })
+    let now = chrono::Utc::now().timestamp();
+    UnsubscribeToken::verify_fresh(token, &app.cfg.unsubscribe_secret, now, app.cfg.unsubscribe_ttl)
+        .map_err(|e| {
+            Box::new(match e {
+                TokenError::Expired if page => (
+                    StatusCode::GONE,
+                    Html(
+                        "<!doctype html><html lang=\"th\"><meta charset=\"utf-8\"><title>ลิงก์หมดอายุ / Link expired</title>\
+                         <p>ลิงก์ยกเลิกการรับอีเมลนี้หมดอายุแล้ว ไม่มีการเปลี่ยนแปลงใด ๆ \
+                         ใช้ลิงก์ในอีเมลฉบับล่าสุดแทน</p>\
+                         <p>This unsubscribe link has expired; nothing was changed. \
+                         Use the link in a more recent email instead.</p></html>",
+                    ),
+                )
+                    .into_response(),
+                TokenError::Expired => error(
+                    StatusCode::GONE,
+                    "expired_token",
+                    "token",
+                    "has expired; nothing was changed: use the link in a more recent email",
+                ),
+                e => error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_token",
+                    "token",
+                    &e.to_string(),
+                ),
+            })
+        })
 }
 
 /// `GET /unsubscribe?token=…`: asks for confirmation; changes nothing.
 async fn unsubscribe_page(State(app): State<AppState>, Query(q): Query<TokenQuery>) -> Response {
-    let t = match check_token(&app, &q.token) {
+    let t = match check_token(&app, &q.token, true) {
         Ok(t) => t,
         Err(resp) => return *resp,
     };
@@ -375,7 +436,7 @@ async fn unsubscribe(
         Ok(b) => String::from_utf8_lossy(&b).into_owned(),
         Err(e) => return body_error(e),
     };
-    let t = match check_token(&app, &q.token) {
+    let t = match check_token(&app, &q.token, false) {
         Ok(t) => t,
         Err(resp) => return *resp,
     };

@@ -5,13 +5,26 @@
 //! `NOTIFY_DB_POOL_SIZE` (10), `NOTIFY_LINE_CHANNEL_SECRET` (required),
 //! `NOTIFY_UNSUBSCRIBE_SECRET` (required), `NOTIFY_INBOX_JWT_SECRET` or
 //! `NOTIFY_INBOX_JWKS_FILE` (one required), `NOTIFY_INBOX_RATE` (20),
-//! `NOTIFY_CORS_ORIGINS` (empty).
+//! `NOTIFY_CORS_ORIGINS` (empty), the console's `NOTIFY_CONSOLE_*` (README).
+//!
+//! `http-api hash-password` reads a password from standard input (one line) and prints
+//! its argon2id PHC string, for `NOTIFY_CONSOLE_USERS`.
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     notify_telemetry::exit_if_help(
-        "usage: http-api\n  serves the LINE webhook, one-click unsubscribe, the inbox API, the operations\n  console, /healthz, /readyz and /metrics on NOTIFY_HTTP_ADDR until SIGTERM.\nConfiguration: environment variables, see README.",
+        "usage: http-api [hash-password]\n  serves the LINE webhook, one-click unsubscribe, the inbox API, the operations\n  console, /healthz, /readyz and /metrics on NOTIFY_HTTP_ADDR until SIGTERM.\n\n  hash-password: reads a password on standard input and prints its argon2id hash\n  for NOTIFY_CONSOLE_USERS.\nConfiguration: environment variables, see README.",
     );
+    if std::env::args().nth(1).as_deref() == Some("hash-password") {
+        let mut password = String::new();
+        std::io::stdin().read_line(&mut password)?;
+        let password = password.trim_end_matches(['\r', '\n']);
+        if password.is_empty() {
+            anyhow::bail!("hash-password: type the password on standard input");
+        }
+        println!("{}", http_api::console::password_hash(password));
+        return Ok(());
+    }
     notify_telemetry::init("http-api");
     let mut env = notify_telemetry::Env::new();
     let addr = env.parse::<std::net::SocketAddr>("NOTIFY_HTTP_ADDR", ([127, 0, 0, 1], 8080).into());

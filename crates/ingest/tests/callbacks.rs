@@ -371,3 +371,194 @@ async fn a_nonexistent_mailbox_is_marked_and_skipped_until_the_address_changes()
     );
     p.stop().await;
 }
+
+/// An unsubscribe link older than `NOTIFY_UNSUBSCRIBE_TTL` (60 days), or from before links
+/// carried their date, shows a page saying it expired (410) and its POST answers 410:
+/// the user stays subscribed. A link of today works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_unsubscribe_link_changes_nothing() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "promo_weekly".into(),
+            priority: "low".into(),
+            default_channels: vec!["email".into()],
+            critical: false,
+            category: "marketing".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let u = uniq("u");
+    p.add_recipient(&u, "", &format!("{u}@example.test"), "")
+        .await;
+    let now = chrono::Utc::now().timestamp();
+    let token = |issued_at: i64| {
+        notify_core::signed::UnsubscribeToken {
+            user_id: u.clone(),
+            type_key: "promo_weekly".into(),
+            channel: "email".into(),
+            issued_at,
+        }
+        .sign(support::UNSUBSCRIBE_SECRET)
+    };
+    // A token without a date, as links were signed before they expired.
+    let legacy = {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let payload = b64.encode(json!({"u": u, "t": "promo_weekly", "c": "email"}).to_string());
+        format!(
+            "{payload}.{}",
+            notify_core::signed::sign(support::UNSUBSCRIBE_SECRET, &payload)
+        )
+    };
+    for old in [token(now - 61 * 86_400), legacy] {
+        let url = format!("{}/unsubscribe?token={old}", p.http_url);
+        let page = p.http.get(&url).send().await.unwrap();
+        assert_eq!(page.status(), 410);
+        let text = page.text().await.unwrap();
+        assert!(
+            text.contains("expired") && text.contains("nothing was changed"),
+            "{text}"
+        );
+        let post = p
+            .http
+            .post(&url)
+            .body("List-Unsubscribe=One-Click")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(post.status(), 410);
+        let err: Value = post.json().await.unwrap();
+        assert_eq!(
+            (
+                err["error"]["code"].as_str(),
+                err["error"]["field"].as_str()
+            ),
+            (Some("expired_token"), Some("token"))
+        );
+    }
+    let ev = p.send("promo:expired", "promo_weekly", &[&u]).await;
+    assert_eq!(ev.deliveries.len(), 1, "still subscribed");
+    let fresh = format!(
+        "{}/unsubscribe?token={}",
+        p.http_url,
+        token(now - 59 * 86_400)
+    );
+    let ok = p
+        .http
+        .post(&fresh)
+        .body("List-Unsubscribe=One-Click")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let ev = p.send("promo:fresh", "promo_weekly", &[&u]).await;
+    assert!(ev.deliveries.is_empty());
+    p.stop().await;
+}
+
+/// `http-api` as a process, its log lines read: a LINE follow event and a refused console
+/// sign-in leave neither the LINE user id nor the typed name in them. A console user
+/// configured with an unsalted SHA-256 hash (older releases) stops it at start (exit 64).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_line_webhook_and_a_refused_sign_in_log_no_line_id_or_typed_name() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let addr = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let base = format!("http://{addr}");
+    let env = |users: String| {
+        vec![
+            ("NOTIFY_HTTP_ADDR", addr.to_string()),
+            (
+                "NOTIFY_LINE_CHANNEL_SECRET",
+                support::LINE_SECRET.to_string(),
+            ),
+            (
+                "NOTIFY_UNSUBSCRIBE_SECRET",
+                support::UNSUBSCRIBE_SECRET.to_string(),
+            ),
+            ("NOTIFY_INBOX_JWT_SECRET", support::INBOX_SECRET.to_string()),
+            ("NOTIFY_CONSOLE_USERS", users),
+            (
+                "NOTIFY_CONSOLE_SECRET",
+                "test-console-session-secret-32-chars-min".to_string(),
+            ),
+            ("NOTIFY_CONSOLE_INSECURE_COOKIES", "true".to_string()),
+        ]
+    };
+    let sha256 = "19e94e330a8df66087d84e82781253b923fe45a54d67c2179312d9f2dc6df066";
+    let mut old = p.spawn("http-api", &[], &env(format!("ops:{sha256}")));
+    let status = tokio::time::timeout(std::time::Duration::from_secs(10), old.child.wait())
+        .await
+        .expect("http-api exits")
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(64),
+        "a SHA-256 hash is refused at start"
+    );
+
+    let users = format!(
+        "ops:{}",
+        http_api::console::password_hash(support::CONSOLE_PASSWORD)
+    );
+    let proc = p.spawn("http-api", &[], &env(users));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while reqwest::get(format!("{base}/healthz")).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "http-api did not start"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let lid = line_id();
+    let body =
+        json!({"destination": "Uxxx", "events": [follow_event("follow", &lid, 1_700_000_000_000)]})
+            .to_string();
+    let r = p
+        .http
+        .post(format!("{base}/webhooks/line"))
+        .header(
+            "x-line-signature",
+            notify_core::signed::line_signature(support::LINE_SECRET, body.as_bytes()),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let typed = uniq("typed-name");
+    let r = p
+        .http
+        .post(format!("{base}/console/login"))
+        .form(&[("user", typed.as_str()), ("password", "wrong")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let log = loop {
+        let log = proc.log();
+        if log.contains("LINE follow state") && log.contains("console sign-in refused") {
+            break log;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "log lines missing: {log}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(!log.contains(&lid), "the LINE user id is logged: {log}");
+    assert!(!log.contains(&typed), "the typed name is logged: {log}");
+    p.stop().await;
+}

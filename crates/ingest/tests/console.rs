@@ -1,5 +1,7 @@
 //! The operations console over HTTP: staff sign-in, search, the event page with the
-//! provider's answer, a confirmed and audited retry, CSRF, escaping.
+//! provider's answer, a confirmed and audited retry, CSRF, escaping; and the staff
+//! authentication promises: throttled sign-in, server-side sessions that sign-out revokes,
+//! CSRF tokens bound to a session, the Origin check, security headers, Secure cookies.
 
 mod support;
 
@@ -289,5 +291,427 @@ async fn dead_letters_are_moved_back_to_their_queue() {
     .await
     .unwrap();
     assert_eq!(audit, "1 moved back, 1 left (not delivery pointers)");
+    p.stop().await;
+}
+
+/// Signs in from `from` (a loopback address: the throttle counts per client address);
+/// returns the status, the `Retry-After` header and the session cookie (`name=value`).
+async fn sign_in(
+    base: &str,
+    from: [u8; 4],
+    user: &str,
+    password: &str,
+) -> (u16, Option<String>, Option<String>) {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .local_address(std::net::IpAddr::from(from))
+        .build()
+        .unwrap();
+    let r = http
+        .post(format!("{base}/console/login"))
+        .form(&[("user", user), ("password", password)])
+        .send()
+        .await
+        .unwrap();
+    let header = |name: &str| {
+        r.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let cookie = header("set-cookie").map(|c| c.split(';').next().unwrap().to_string());
+    (r.status().as_u16(), header("retry-after"), cookie)
+}
+
+/// The status of `GET path` with `cookie` (303 to the sign-in page when it is refused).
+async fn get_with(base: &str, path: &str, cookie: &str) -> (u16, String) {
+    let r = no_redirects()
+        .get(format!("{base}{path}"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// The CSRF token on a confirmation page seen with `cookie`.
+async fn csrf_of(base: &str, cookie: &str) -> String {
+    let (_, confirm) = get_with(
+        base,
+        "/console/confirm?action=cancel&target=00000000-0000-0000-0000-000000000001",
+        cookie,
+    )
+    .await;
+    confirm
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+const LOCAL: [u8; 4] = [127, 0, 0, 1];
+
+/// Five wrong passwords for one name, each from another address: the sixth try for that
+/// name is answered 429 with Retry-After, even with the right password, until the window
+/// has passed (moved in the database, whose clock the throttle reads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sixth_wrong_password_is_throttled() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let base = p.http_url.as_str();
+    for i in 0..5u8 {
+        let (status, _, _) =
+            sign_in(base, [127, 0, 1, 10 + i], support::CONSOLE_USER, "wrong").await;
+        assert_eq!(status, 401, "failure {}", i + 1);
+    }
+    let (status, retry_after, cookie) =
+        sign_in(base, [127, 0, 1, 20], support::CONSOLE_USER, "wrong").await;
+    assert_eq!(status, 429);
+    let wait: u64 = retry_after.expect("Retry-After").parse().unwrap();
+    assert!((1..=900).contains(&wait), "{wait} s");
+    assert!(cookie.is_none());
+    let (status, _, cookie) = sign_in(
+        base,
+        [127, 0, 1, 21],
+        support::CONSOLE_USER,
+        support::CONSOLE_PASSWORD,
+    )
+    .await;
+    assert_eq!(
+        (status, cookie),
+        (429, None),
+        "the right password waits too"
+    );
+    // Another name is not held up.
+    let (status, _, _) = sign_in(base, [127, 0, 1, 22], "someone-else", "wrong").await;
+    assert_eq!(status, 401);
+    // Fifteen minutes later (the failures moved back in time), the right password works.
+    sqlx::query("UPDATE console_sign_in_failures SET at = at - interval '16 minutes'")
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    let (status, _, cookie) = sign_in(
+        base,
+        [127, 0, 1, 23],
+        support::CONSOLE_USER,
+        support::CONSOLE_PASSWORD,
+    )
+    .await;
+    assert_eq!(status, 303);
+    assert!(cookie.is_some());
+    // The typed names are kept only as hashes.
+    let kept: Vec<String> = sqlx::query_scalar("SELECT key FROM console_sign_in_failures")
+        .fetch_all(&p.pool)
+        .await
+        .unwrap();
+    assert!(
+        kept.iter()
+            .all(|k| !k.contains(support::CONSOLE_USER) && !k.contains("someone")),
+        "{kept:?}"
+    );
+    p.stop().await;
+}
+
+/// Five failures from one address under five names: that address is throttled, for the
+/// real name and password too; another address signs in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_sign_ins_from_one_address_are_throttled_whatever_the_name() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let base = p.http_url.as_str();
+    let from = [127, 0, 2, 10];
+    for i in 0..5 {
+        let (status, _, _) = sign_in(base, from, &format!("guess-{i}"), "wrong").await;
+        assert_eq!(status, 401);
+    }
+    let (status, retry_after, _) =
+        sign_in(base, from, support::CONSOLE_USER, support::CONSOLE_PASSWORD).await;
+    assert_eq!(status, 429);
+    assert!(retry_after.is_some());
+    let (status, _, cookie) = sign_in(
+        base,
+        [127, 0, 2, 11],
+        support::CONSOLE_USER,
+        support::CONSOLE_PASSWORD,
+    )
+    .await;
+    assert_eq!(status, 303);
+    assert!(cookie.is_some());
+    p.stop().await;
+}
+
+/// Signing out deletes the session: the old cookie is refused by the same service, and by
+/// a freshly started one (a restart, or another replica) that accepted it before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cookie_from_before_sign_out_is_refused_even_after_a_restart() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let base = p.http_url.clone();
+    let (_, _, cookie) = sign_in(
+        &base,
+        LOCAL,
+        support::CONSOLE_USER,
+        support::CONSOLE_PASSWORD,
+    )
+    .await;
+    let cookie = cookie.unwrap();
+    let restarted = p
+        .start_http_api(support::http_config(&p.stack, &p.topology))
+        .await;
+    assert_eq!(get_with(&base, "/console", &cookie).await.0, 200);
+    assert_eq!(
+        get_with(&restarted, "/console", &cookie).await.0,
+        200,
+        "sessions are shared by every replica"
+    );
+    // Sign out, through the page and its form.
+    let (status, page) = get_with(&base, "/console/logout", &cookie).await;
+    assert_eq!(status, 200);
+    assert!(page.contains("action=\"/console/logout\""), "{page}");
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap();
+    let r = no_redirects()
+        .post(format!("{base}/console/logout"))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    assert!(
+        r.headers()["set-cookie"]
+            .to_str()
+            .unwrap()
+            .contains("Max-Age=0")
+    );
+    assert_eq!(get_with(&base, "/console", &cookie).await.0, 303);
+    assert_eq!(get_with(&restarted, "/console", &cookie).await.0, 303);
+    let after_restart = p
+        .start_http_api(support::http_config(&p.stack, &p.topology))
+        .await;
+    let (status, _) = get_with(&after_restart, "/console", &cookie).await;
+    assert_eq!(status, 303, "the old cookie is refused after a restart");
+    p.stop().await;
+}
+
+/// A session ends at its expiry, whatever the cookie's own Max-Age says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_session_is_refused() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let base = p.http_url.as_str();
+    let (_, _, cookie) = sign_in(
+        base,
+        LOCAL,
+        support::CONSOLE_USER,
+        support::CONSOLE_PASSWORD,
+    )
+    .await;
+    let cookie = cookie.unwrap();
+    assert_eq!(get_with(base, "/console", &cookie).await.0, 200);
+    let expires: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT expires_at FROM console_sessions")
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    let hours = (expires - chrono::Utc::now()).num_minutes() as f64 / 60.0;
+    assert!((7.9..=8.0).contains(&hours), "8 hours: {hours}");
+    sqlx::query("UPDATE console_sessions SET expires_at = now() - interval '1 second'")
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    assert_eq!(get_with(base, "/console", &cookie).await.0, 303);
+    p.stop().await;
+}
+
+/// The CSRF token belongs to the session it was shown in: the same staff member's token
+/// from their other session is refused; the session's own is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_csrf_token_from_another_session_is_refused() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let base = p.http_url.as_str();
+    let sign = || {
+        sign_in(
+            base,
+            LOCAL,
+            support::CONSOLE_USER,
+            support::CONSOLE_PASSWORD,
+        )
+    };
+    let (a, b) = (sign().await.2.unwrap(), sign().await.2.unwrap());
+    let (csrf_a, csrf_b) = (csrf_of(base, &a).await, csrf_of(base, &b).await);
+    assert_ne!(csrf_a, csrf_b);
+    let cancel = |cookie: &str, token: &str| {
+        no_redirects()
+            .post(format!(
+                "{base}/console/actions/cancel/00000000-0000-0000-0000-000000000001"
+            ))
+            .header("cookie", cookie)
+            .form(&[("csrf", token)])
+            .send()
+    };
+    assert_eq!(cancel(&a, &csrf_b).await.unwrap().status(), 403);
+    assert_eq!(cancel(&b, &csrf_a).await.unwrap().status(), 403);
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM console_audit")
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+    assert_eq!(audited, 0, "nothing was done");
+    assert_eq!(cancel(&a, &csrf_a).await.unwrap().status(), 303);
+    p.stop().await;
+}
+
+/// A POST whose Origin (or Referer) is another site is refused with 403 before anything
+/// happens, sign-in included; the console's own origin passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_action_from_a_foreign_origin_is_refused() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let base = p.http_url.as_str();
+    let http = no_redirects();
+    let login = |origin: Option<(&'static str, String)>| {
+        let mut req = http.post(format!("{base}/console/login")).form(&[
+            ("user", support::CONSOLE_USER),
+            ("password", support::CONSOLE_PASSWORD),
+        ]);
+        if let Some((name, value)) = origin {
+            req = req.header(name, value);
+        }
+        req.send()
+    };
+    let r = login(Some(("origin", "https://evil.example".into())))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.headers().get("set-cookie").is_none());
+    let r = login(Some(("referer", "https://evil.example/page".into())))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    let r = login(Some(("origin", "null".into()))).await.unwrap();
+    assert_eq!(r.status(), 403);
+    let r = login(Some(("origin", base.to_string()))).await.unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let csrf = csrf_of(base, &cookie).await;
+    let cancel = |origin: String| {
+        http.post(format!(
+            "{base}/console/actions/cancel/00000000-0000-0000-0000-000000000001"
+        ))
+        .header("cookie", &cookie)
+        .header("origin", origin)
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+    };
+    let r = cancel("https://evil.example".into()).await.unwrap();
+    assert_eq!(r.status(), 403);
+    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM console_audit")
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+    assert_eq!(audited, 0, "nothing was done");
+    assert_eq!(cancel(base.to_string()).await.unwrap().status(), 303);
+    p.stop().await;
+}
+
+/// Console pages and the unsubscribe page carry a CSP that forbids framing, plus
+/// X-Frame-Options and nosniff; the session cookie is Secure unless the local-development
+/// exception is set (the test platform sets it, a default configuration does not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_pages_cannot_be_framed_and_the_cookie_is_secure_by_default() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let base = p.http_url.clone();
+    let token = notify_core::signed::UnsubscribeToken {
+        user_id: "u".into(),
+        type_key: "promo".into(),
+        channel: "email".into(),
+        issued_at: chrono::Utc::now().timestamp(),
+    }
+    .sign(support::UNSUBSCRIBE_SECRET);
+    for path in [
+        "/console/login".to_string(),
+        "/console".to_string(),
+        format!("/unsubscribe?token={token}"),
+    ] {
+        let r = no_redirects()
+            .get(format!("{base}{path}"))
+            .send()
+            .await
+            .unwrap();
+        let h = r.headers();
+        let csp = h["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+        assert!(csp.contains("default-src 'none'"), "{path}: {csp}");
+        assert_eq!(h["x-frame-options"], "DENY", "{path}");
+        assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
+    }
+    let local = no_redirects()
+        .post(format!("{base}/console/login"))
+        .form(&[
+            ("user", support::CONSOLE_USER),
+            ("password", support::CONSOLE_PASSWORD),
+        ])
+        .send()
+        .await
+        .unwrap();
+    let local = local.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(!local.contains("Secure"), "{local}");
+    assert!(local.contains("HttpOnly") && local.contains("SameSite=Strict"));
+    let mut cfg = support::http_config(&p.stack, &p.topology);
+    cfg.console.insecure_cookies = false;
+    let secure = p.start_http_api(cfg).await;
+    let r = no_redirects()
+        .post(format!("{secure}/console/login"))
+        .form(&[
+            ("user", support::CONSOLE_USER),
+            ("password", support::CONSOLE_PASSWORD),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap();
+    assert!(
+        cookie.contains("; Secure")
+            && cookie.contains("HttpOnly")
+            && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
     p.stop().await;
 }

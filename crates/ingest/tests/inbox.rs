@@ -610,6 +610,7 @@ async fn a_second_replica_with_jwks_keys_streams_the_same_inbox() {
     let cfg = http_api::HttpConfig {
         line_channel_secret: "x".into(),
         unsubscribe_secret: "y".into(),
+        unsubscribe_ttl: http_api::DEFAULT_UNSUBSCRIBE_TTL,
         inbox: http_api::inbox::InboxConfig {
             jwt_secret: None,
             jwks_json: None,
@@ -894,6 +895,7 @@ async fn with_an_audience_and_issuer_configured_only_tokens_for_them_are_accepte
     let cfg = http_api::HttpConfig {
         line_channel_secret: "x".into(),
         unsubscribe_secret: "y".into(),
+        unsubscribe_ttl: http_api::DEFAULT_UNSUBSCRIBE_TTL,
         inbox: http_api::inbox::InboxConfig {
             jwt_secret: Some(support::INBOX_SECRET.into()),
             rate_per_user: 100,

@@ -51,7 +51,8 @@ pub fn verify(secret: &str, data: &str, signature: &str) -> bool {
     }
 }
 
-/// What a one-click unsubscribe link turns off: `type_key` on `channel` for `user_id`.
+/// What a one-click unsubscribe link turns off: `type_key` on `channel` for `user_id`, and
+/// when the link was made (signed with the rest, so the verifier can let it expire).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnsubscribeToken {
     /// Recipient.
@@ -63,6 +64,10 @@ pub struct UnsubscribeToken {
     /// Channel name (`email`).
     #[serde(rename = "c")]
     pub channel: String,
+    /// When the token was signed, in seconds since the Unix epoch. Tokens from before
+    /// this field existed have none and read as 0, so they count as expired.
+    #[serde(rename = "i", default)]
+    pub issued_at: i64,
 }
 
 /// Why a token was refused.
@@ -74,6 +79,9 @@ pub enum TokenError {
     /// The signature does not match (tampered, or signed with another secret).
     #[error("has an invalid signature")]
     BadSignature,
+    /// Signed and well-formed, but older than the time links stay valid.
+    #[error("has expired")]
+    Expired,
 }
 
 impl UnsubscribeToken {
@@ -100,6 +108,26 @@ impl UnsubscribeToken {
             .map_err(|_| TokenError::Malformed)?;
         serde_json::from_slice(&json).map_err(|_| TokenError::Malformed)
     }
+
+    /// [`Self::verify`], then refuses a token signed more than `ttl` before `now` (seconds
+    /// since the Unix epoch) with [`TokenError::Expired`]. A token dated in the future by
+    /// more than a minute (clock skew allowance) is refused as malformed.
+    pub fn verify_fresh(
+        token: &str,
+        secret: &str,
+        now: i64,
+        ttl: std::time::Duration,
+    ) -> Result<Self, TokenError> {
+        let t = Self::verify(token, secret)?;
+        let ttl = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
+        if t.issued_at > now.saturating_add(60) {
+            return Err(TokenError::Malformed);
+        }
+        if now.saturating_sub(t.issued_at) > ttl {
+            return Err(TokenError::Expired);
+        }
+        Ok(t)
+    }
 }
 
 #[cfg(test)]
@@ -123,6 +151,7 @@ mod tests {
             user_id: "สมชาย".into(),
             type_key: "promo_weekly".into(),
             channel: "email".into(),
+            issued_at: 1_700_000_000,
         };
         let s = t.sign("k1");
         assert!(!s.contains(['+', '/', '=']), "URL-safe: {s}");
@@ -148,6 +177,36 @@ mod tests {
         assert_eq!(
             UnsubscribeToken::verify("garbage", "k1"),
             Err(TokenError::Malformed)
+        );
+    }
+
+    #[test]
+    fn unsubscribe_tokens_expire_after_their_ttl() {
+        let day = 86_400;
+        let ttl = std::time::Duration::from_secs(60 * day as u64);
+        let t = UnsubscribeToken {
+            user_id: "u".into(),
+            type_key: "promo".into(),
+            channel: "email".into(),
+            issued_at: 1_700_000_000,
+        };
+        let s = t.sign("k");
+        let at = |days: i64| UnsubscribeToken::verify_fresh(&s, "k", t.issued_at + days * day, ttl);
+        assert_eq!(at(0), Ok(t.clone()));
+        assert_eq!(at(60), Ok(t.clone()), "valid through the last second");
+        assert_eq!(at(61), Err(TokenError::Expired));
+        assert_eq!(at(-1), Err(TokenError::Malformed), "dated in the future");
+        // A token from before issue times were signed in counts as expired.
+        let payload = URL_SAFE_NO_PAD.encode(br#"{"u":"u","t":"promo","c":"email"}"#);
+        let sig = URL_SAFE_NO_PAD.encode(mac(b"k", payload.as_bytes()).finalize().into_bytes());
+        assert_eq!(
+            UnsubscribeToken::verify_fresh(&format!("{payload}.{sig}"), "k", t.issued_at, ttl),
+            Err(TokenError::Expired)
+        );
+        // The signature is checked before the date.
+        assert_eq!(
+            UnsubscribeToken::verify_fresh(&s, "other", t.issued_at + 61 * day, ttl),
+            Err(TokenError::BadSignature)
         );
     }
 }

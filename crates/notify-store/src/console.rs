@@ -237,6 +237,110 @@ pub async fn audit_log(
     .await?)
 }
 
+/// Records a new staff session whose cookie id hashes to `id_hash` (SHA-256), valid for
+/// `ttl` from now (database clock); also deletes sessions that have expired.
+pub async fn create_session(
+    db: &PgPool,
+    id_hash: &[u8],
+    staff: &str,
+    ttl: std::time::Duration,
+) -> Result<()> {
+    let mut tx = db.begin().await?;
+    sqlx::query("DELETE FROM console_sessions WHERE expires_at < now()")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO console_sessions (id_hash, staff, expires_at) \
+         VALUES ($1, $2, now() + make_interval(secs => $3))",
+    )
+    .bind(id_hash)
+    .bind(staff)
+    .bind(ttl.as_secs_f64())
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The staff member of the unexpired session whose cookie id hashes to `id_hash`.
+pub async fn session_staff(db: &PgPool, id_hash: &[u8]) -> Result<Option<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT staff FROM console_sessions WHERE id_hash = $1 AND expires_at > now()",
+    )
+    .bind(id_hash)
+    .fetch_optional(db)
+    .await?)
+}
+
+/// Ends the session whose cookie id hashes to `id_hash` (sign-out); `false` when there
+/// was none.
+pub async fn delete_session(db: &PgPool, id_hash: &[u8]) -> Result<bool> {
+    let r = sqlx::query("DELETE FROM console_sessions WHERE id_hash = $1")
+        .bind(id_hash)
+        .execute(db)
+        .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// How long, in whole seconds (at least 1), until `keys` may try to sign in again: `None`
+/// when every key has had fewer than `limit` failures within the last `window`
+/// (database clock); else until the oldest failure of the fullest key leaves the window.
+pub async fn sign_in_blocked_for(
+    db: &PgPool,
+    keys: &[String],
+    limit: u32,
+    window: std::time::Duration,
+) -> Result<Option<u64>> {
+    let wait: Option<f64> = sqlx::query_scalar(
+        "SELECT max(wait) FROM ( \
+           SELECT key, extract(epoch FROM \
+                    (array_agg(at ORDER BY at DESC))[$2] + make_interval(secs => $3) - now() \
+                  )::float8 AS wait \
+           FROM console_sign_in_failures \
+           WHERE key = ANY($1) AND at > now() - make_interval(secs => $3) \
+           GROUP BY key HAVING count(*) >= $2 \
+         ) blocked",
+    )
+    .bind(keys)
+    .bind(i32::try_from(limit).unwrap_or(i32::MAX))
+    .bind(window.as_secs_f64())
+    .fetch_one(db)
+    .await?;
+    Ok(wait.map(|w| w.ceil().max(1.0) as u64))
+}
+
+/// Records one failed sign-in under each of `keys`, and deletes failures older than
+/// `window`.
+pub async fn record_sign_in_failure(
+    db: &PgPool,
+    keys: &[String],
+    window: std::time::Duration,
+) -> Result<()> {
+    let mut tx = db.begin().await?;
+    sqlx::query(
+        "DELETE FROM console_sign_in_failures WHERE at < now() - make_interval(secs => $1)",
+    )
+    .bind(window.as_secs_f64())
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("INSERT INTO console_sign_in_failures (key) SELECT unnest($1::text[])")
+        .bind(keys)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Forgets the failures recorded under `key` (a successful sign-in clears its name's
+/// count, not its address's).
+pub async fn clear_sign_in_failures(db: &PgPool, key: &str) -> Result<()> {
+    sqlx::query("DELETE FROM console_sign_in_failures WHERE key = $1")
+        .bind(key)
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -164,13 +164,17 @@ impl EmailSender {
 
 impl EmailSender {
     /// The one-click unsubscribe URL for a marketing delivery (`None` for transactional
-    /// types): `<NOTIFY_UNSUBSCRIBE_URL>?token=<signed user, type, channel>`.
+    /// types): `<NOTIFY_UNSUBSCRIBE_URL>?token=<signed user, type, channel, issue time>`
+    /// (http-api lets it expire after `NOTIFY_UNSUBSCRIBE_TTL`).
     pub fn unsubscribe_link(&self, job: &Job) -> Option<String> {
         (job.category == "marketing").then(|| {
             let token = notify_core::signed::UnsubscribeToken {
                 user_id: job.user_id.clone(),
                 type_key: job.type_key.clone(),
                 channel: "email".into(),
+                issued_at: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),
             }
             .sign(&self.cfg.unsubscribe_secret);
             let sep = if self.cfg.unsubscribe_url.contains('?') {

@@ -169,6 +169,35 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
     }
 }
 
+/// The in-process http-api's settings for a platform (the console's session cookie
+/// without `Secure`: tests and the browser speak plain http to 127.0.0.1).
+pub fn http_config(stack: &Stack, topology: &Topology) -> http_api::HttpConfig {
+    http_api::HttpConfig {
+        line_channel_secret: LINE_SECRET.into(),
+        unsubscribe_secret: UNSUBSCRIBE_SECRET.into(),
+        unsubscribe_ttl: http_api::DEFAULT_UNSUBSCRIBE_TTL,
+        inbox: http_api::inbox::InboxConfig {
+            jwt_secret: Some(INBOX_SECRET.into()),
+            jwks_json: None,
+            jwks_url: None,
+            rate_per_user: 20,
+            ..Default::default()
+        },
+        cors_origins: vec!["https://app.example.test".into()],
+        console: http_api::console::ConsoleConfig {
+            users: vec![(
+                CONSOLE_USER.into(),
+                http_api::console::password_hash(CONSOLE_PASSWORD),
+            )],
+            secret: "test-console-session-secret-32-chars-min".into(),
+            auth_header: None,
+            amqp: Some((stack.amqp_url.clone(), topology.clone())),
+            insecure_cookies: true,
+            ..Default::default()
+        },
+    }
+}
+
 /// A running platform.
 pub struct Platform {
     pub stack: Stack,
@@ -298,27 +327,7 @@ impl Platform {
         // The HTTP service (LINE webhook, unsubscribe).
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http_url = format!("http://{}", listener.local_addr().unwrap());
-        let http_cfg = http_api::HttpConfig {
-            line_channel_secret: LINE_SECRET.into(),
-            unsubscribe_secret: UNSUBSCRIBE_SECRET.into(),
-            inbox: http_api::inbox::InboxConfig {
-                jwt_secret: Some(INBOX_SECRET.into()),
-                jwks_json: None,
-                jwks_url: None,
-                rate_per_user: 20,
-                ..Default::default()
-            },
-            cors_origins: vec!["https://app.example.test".into()],
-            console: http_api::console::ConsoleConfig {
-                users: vec![(
-                    CONSOLE_USER.into(),
-                    http_api::console::password_hash(CONSOLE_PASSWORD),
-                )],
-                secret: "test-console-session-secret-32-chars-min".into(),
-                auth_header: None,
-                amqp: Some((stack.amqp_url.clone(), topology.clone())),
-            },
-        };
+        let http_cfg = http_config(&stack, &topology);
         let (p, s) = (pool.clone(), shutdown.clone());
         tasks.push(tokio::spawn(async move {
             http_api::serve(listener, p, http_cfg, s).await.unwrap();
@@ -350,6 +359,19 @@ impl Platform {
             platform.start_worker(ch);
         }
         platform
+    }
+
+    /// Starts another http-api on this platform's database with `cfg` (a replica, or the
+    /// service after a restart: nothing of the first one's memory) and returns its base
+    /// URL. It stops with the platform.
+    pub async fn start_http_api(&mut self, cfg: http_api::HttpConfig) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (p, s) = (self.pool.clone(), self.shutdown.clone());
+        self.tasks.push(tokio::spawn(async move {
+            http_api::serve(listener, p, cfg, s).await.unwrap();
+        }));
+        url
     }
 
     pub fn worker_config(&self) -> WorkerConfig {
