@@ -342,6 +342,18 @@ async fn quiet_now(p: &Platform, user: &str) -> chrono::DateTime<chrono::Utc> {
     )
 }
 
+/// Makes a delivery due now (its outbox row too): the time it waits for has come.
+async fn due_now(p: &Platform, id: &str) {
+    sqlx::query(
+        "WITH d AS (UPDATE notification_deliveries SET next_attempt_at = now() WHERE id = $1::uuid RETURNING id)
+         UPDATE outbox SET available_at = now() WHERE delivery_id IN (SELECT id FROM d)",
+    )
+    .bind(id)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+}
+
 async fn wait_deferred(
     p: &Platform,
     id: &str,
@@ -431,14 +443,7 @@ async fn a_fatigue_slot_that_arrives_in_quiet_hours_waits_for_their_end() {
     let id = held.deliveries[0].delivery_id.clone();
     let end = quiet_now(&p, &u).await;
     // The slot arrives.
-    sqlx::query(
-        "WITH d AS (UPDATE notification_deliveries SET next_attempt_at = now() WHERE id = $1::uuid RETURNING id)
-         UPDATE outbox SET available_at = now() WHERE delivery_id IN (SELECT id FROM d)",
-    )
-    .bind(&id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    due_now(&p, &id).await;
     let (status, attempts, due, _) = wait_deferred(&p, &id).await;
     assert_eq!((status.as_str(), attempts, due), ("pending", 0, end));
     assert_eq!(
@@ -480,14 +485,7 @@ async fn a_digest_that_closes_in_quiet_hours_waits_for_their_end() {
     );
     let end = quiet_now(&p, &u).await;
     // The window closes.
-    sqlx::query(
-        "WITH d AS (UPDATE notification_deliveries SET next_attempt_at = now() WHERE id = $1::uuid RETURNING id)
-         UPDATE outbox SET available_at = now() WHERE delivery_id IN (SELECT id FROM d)",
-    )
-    .bind(&id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    due_now(&p, &id).await;
     let (status, attempts, due, _) = wait_deferred(&p, &id).await;
     assert_eq!((status.as_str(), attempts, due), ("pending", 0, end));
     assert!(
