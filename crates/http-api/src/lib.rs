@@ -69,7 +69,7 @@ pub struct HttpConfig {
 
 impl HttpConfig {
     /// Reads `NOTIFY_LINE_CHANNEL_SECRET` and `NOTIFY_UNSUBSCRIBE_SECRET` (both required),
-    /// `NOTIFY_UNSUBSCRIBE_TTL` (1440h = 60 days; 720h to 87600h), the inbox settings ([`inbox::InboxConfig::from_env`]) and `NOTIFY_CORS_ORIGINS`
+    /// `NOTIFY_UNSUBSCRIBE_TTL` (1440h = 60 days; 720h to 366d), the inbox settings ([`inbox::InboxConfig::from_env`]) and `NOTIFY_CORS_ORIGINS`
     /// (comma-separated origins, empty = no cross-origin calls).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         Self {
@@ -80,13 +80,12 @@ impl HttpConfig {
                 DEFAULT_UNSUBSCRIBE_TTL,
                 |s| match notify_core::retry::parse_duration(s) {
                     Ok(d)
-                        if (MIN_UNSUBSCRIBE_TTL
-                            ..=std::time::Duration::from_secs(3650 * 86_400))
+                        if (MIN_UNSUBSCRIBE_TTL..=notify_core::retry::MAX_DURATION)
                             .contains(&d) =>
                     {
                         Ok(d)
                     }
-                    Ok(_) => Err("must be from 720h (30 days) to 87600h (10 years)".to_string()),
+                    Ok(_) => Err("must be from 720h (30 days) to 366d".to_string()),
                     Err(e) => Err(e.to_string()),
                 },
             ),

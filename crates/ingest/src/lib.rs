@@ -152,15 +152,32 @@ impl IngestConfig {
                 retry_in: Duration::from_secs(5),
             },
             max_attempts: env.number("NOTIFY_MAX_ATTEMPTS", 5, 1, 100),
-            request_timeout: env.parse_with("NOTIFY_REQUEST_TIMEOUT", Duration::from_secs(30), dur),
+            request_timeout: env.parse_with(
+                "NOTIFY_REQUEST_TIMEOUT",
+                Duration::from_secs(30),
+                |s| {
+                    notify_core::retry::parse_duration_in(
+                        s,
+                        Duration::from_millis(100),
+                        Duration::from_secs(600),
+                    )
+                },
+            ),
             sweep_interval: env
                 .parse_with("NOTIFY_SWEEP_INTERVAL", Duration::from_secs(10), dur)
                 .max(Duration::from_secs(1)),
             sweep_batch: 500,
+            // 0 would republish a waiting backlog on every sweep.
             republish_after: env.parse_with(
                 "NOTIFY_REPUBLISH_AFTER",
                 Duration::from_secs(300),
-                dur,
+                |s| {
+                    notify_core::retry::parse_duration_in(
+                        s,
+                        Duration::from_secs(1),
+                        Duration::from_secs(86_400),
+                    )
+                },
             ),
             writers: env.number("NOTIFY_INGEST_WRITERS", 4, 1, 64),
             write_batch: env.number("NOTIFY_INGEST_BATCH", 200, 1, 1000),

@@ -250,26 +250,47 @@ async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_agai
 }
 
 /// A retry delay Postgres could not store (`u64::MAX` seconds) used to start fine and make
-/// every record fail; now the worker refuses it at start, naming the variable (exit 64).
+/// every record fail; a zero timeout failed every call, a zero republish period
+/// republished on every sweep. Each is now refused at start, naming the variable (exit 64).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_duration_the_system_cannot_store_is_refused_at_start() {
+async fn a_duration_the_system_cannot_store_or_act_on_is_refused_at_start() {
     let p = Platform::start_with(Options {
         workers: vec![],
         ..Default::default()
     })
     .await;
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ingest")).with_file_name("worker-line");
-    let out = tokio::process::Command::new(bin)
-        .env_clear()
-        .envs(p.process_env())
-        .env("NOTIFY_RETRY_DELAYS", "18446744073709551615s")
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(out.status.code(), Some(64));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("NOTIFY_RETRY_DELAYS"), "{err}");
-    assert!(err.contains("at most 366 days"), "{err}");
+    for (bin, var, value, says) in [
+        (
+            "worker-line",
+            "NOTIFY_RETRY_DELAYS",
+            "18446744073709551615s",
+            "at most 366 days",
+        ),
+        (
+            "worker-line",
+            "NOTIFY_RETRY_DELAYS",
+            "367d",
+            "at most 366 days",
+        ),
+        ("worker-line", "NOTIFY_HTTP_TIMEOUT", "0s", "must be from"),
+        ("ingest", "NOTIFY_REQUEST_TIMEOUT", "0s", "must be from"),
+        ("ingest", "NOTIFY_REPUBLISH_AFTER", "0s", "must be from"),
+    ] {
+        let path = std::path::Path::new(env!("CARGO_BIN_EXE_ingest")).with_file_name(bin);
+        let out = tokio::process::Command::new(path)
+            .env_clear()
+            .envs(p.process_env())
+            .env(var, value)
+            .output()
+            .await
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{bin} {var}={value}: {err}");
+        assert!(
+            err.contains(var) && err.contains(says),
+            "{bin} {var}={value}: {err}"
+        );
+    }
     p.stop().await;
 }
 

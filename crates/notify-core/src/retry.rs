@@ -48,7 +48,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(366 * 86_400);
 /// A bad `NOTIFY_RETRY_DELAYS`-style schedule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "invalid duration {0:?}: expected a number followed by ms, s, m or h (e.g. 30s,2m,1h), at most 366 days"
+    "invalid duration {0:?}: expected a number followed by ms, s, m, h or d (e.g. 30s,2m,1h,1d), at most 366 days"
 )]
 pub struct BadDuration(pub String);
 
@@ -58,8 +58,8 @@ pub fn millis(d: Duration) -> i64 {
     d.min(MAX_DURATION).as_millis() as i64
 }
 
-/// Parses `"250ms"`, `"30s"`, `"2m"`, `"6h"` (a bare number means seconds), at most
-/// [`MAX_DURATION`].
+/// Parses `"250ms"`, `"30s"`, `"2m"`, `"6h"`, `"1d"` (a bare number means seconds), at
+/// most [`MAX_DURATION`].
 ///
 /// # Errors
 /// [`BadDuration`] for another unit, a missing number or more than 366 days.
@@ -74,10 +74,25 @@ pub fn parse_duration(s: &str) -> Result<Duration, BadDuration> {
         "" | "s" => secs(1),
         "m" => secs(60),
         "h" => secs(3600),
+        "d" => secs(86_400),
         _ => None,
     }
     .filter(|d| *d <= MAX_DURATION)
     .ok_or_else(|| BadDuration(s.to_string()))
+}
+
+/// [`parse_duration`] within `min..=max`, for a setting whose zero or huge value would
+/// break what it controls (a timeout of 0 fails every call, a republish period of 0
+/// republishes on every sweep).
+///
+/// # Errors
+/// The parse error, or `must be from <min> to <max>` (as text, for the config reader).
+pub fn parse_duration_in(s: &str, min: Duration, max: Duration) -> Result<Duration, String> {
+    let d = parse_duration(s).map_err(|e| e.to_string())?;
+    if d < min || d > max {
+        return Err(format!("must be from {min:?} to {max:?}"));
+    }
+    Ok(d)
 }
 
 /// Parses a comma-separated list of durations, e.g. `"30s,2m,10m,1h,6h"`.
@@ -252,7 +267,15 @@ mod tests {
         );
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("5").unwrap(), secs(5));
-        assert!(parse_duration("5d").is_err());
+        assert_eq!(parse_duration("1d").unwrap(), secs(86_400));
+        assert!(parse_duration("5w").is_err());
+        assert_eq!(parse_duration("366d").unwrap(), MAX_DURATION);
+        assert!(parse_duration_in("0s", secs(1), secs(60)).is_err());
+        assert!(parse_duration_in("2m", secs(1), secs(60)).is_err());
+        assert_eq!(
+            parse_duration_in("30s", secs(1), secs(60)).unwrap(),
+            secs(30)
+        );
         assert!(parse_duration("99999999999999999999h").is_err());
         // What Postgres could not store, or a timer could not act on, is refused.
         assert!(parse_duration("18446744073709551615s").is_err());

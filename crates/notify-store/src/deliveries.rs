@@ -873,7 +873,8 @@ pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result
              RETURNING d.id, d.channel)
          INSERT INTO outbox (delivery_id, channel) SELECT id, channel FROM upd",
     )
-    .bind(notify_core::retry::millis(stale))
+    // At least a second, whatever the caller passes: 0 would republish on every sweep.
+    .bind(notify_core::retry::millis(stale.max(Duration::from_secs(1))))
     .bind(limit)
     .execute(db)
     .await?;

@@ -79,8 +79,13 @@ impl EmailConfig {
             .map(|m| m.email.domain().to_string())
             .unwrap_or_default();
         let message_id_domain = env.string("NOTIFY_EMAIL_MESSAGE_ID_DOMAIN", &domain);
+        // A total deadline of 0 would fail every message after it reached the server.
         let timeout = env.parse_with("NOTIFY_SMTP_TIMEOUT", Duration::from_secs(15), |s| {
-            notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
+            notify_core::retry::parse_duration_in(
+                s,
+                Duration::from_secs(1),
+                Duration::from_secs(600),
+            )
         });
         let unsubscribe_url = env.required("NOTIFY_UNSUBSCRIBE_URL");
         let is_http =

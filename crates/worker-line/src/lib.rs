@@ -45,7 +45,11 @@ impl LineConfig {
             api_base: env.base_url("NOTIFY_LINE_API_BASE", "https://api.line.me"),
             channel_token: env.required("NOTIFY_LINE_CHANNEL_TOKEN"),
             timeout: env.parse_with("NOTIFY_HTTP_TIMEOUT", Duration::from_secs(10), |s| {
-                notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
+                notify_core::retry::parse_duration_in(
+                    s,
+                    Duration::from_secs(1),
+                    Duration::from_secs(600),
+                )
             }),
         }
     }

@@ -66,7 +66,11 @@ impl PushConfig {
     /// (1d) and `NOTIFY_WEBPUSH_BASE_OVERRIDE` (empty; a simulator's base URL).
     pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
         let timeout = env.parse_with("NOTIFY_HTTP_TIMEOUT", Duration::from_secs(10), |s| {
-            notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
+            notify_core::retry::parse_duration_in(
+                s,
+                Duration::from_secs(1),
+                Duration::from_secs(600),
+            )
         });
         let key_file = env.string("NOTIFY_APNS_KEY_FILE", "");
         let apns = if key_file.is_empty() {
