@@ -1,7 +1,7 @@
 //! End-to-end tests through the gRPC API on real PostgreSQL, RabbitMQ and MailDev, with
 //! the provider simulator standing in for LINE and FCM.
 
-mod support;
+use crate::support;
 
 use notify_proto::v1 as pb;
 use serde_json::json;

@@ -2,7 +2,7 @@
 //! dates, the English fallback, validation when the type is saved, and a template error at
 //! send time.
 
-mod support;
+use crate::support;
 
 use notify_proto::v1 as pb;
 use serde_json::Value;

@@ -1,7 +1,7 @@
 //! The ingest API as a trust boundary: API keys with scopes and quotas, revocation on
 //! every replica, mutual TLS, the sensitive-data guard, links and input limits.
 
-mod support;
+use crate::support;
 
 use notify_proto::v1 as pb;
 use notify_store::api_keys::{self, NewApiKey};

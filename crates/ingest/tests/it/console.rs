@@ -3,7 +3,7 @@
 //! authentication promises: throttled sign-in, server-side sessions that sign-out revokes,
 //! CSRF tokens bound to a session, the Origin check, security headers, Secure cookies.
 
-mod support;
+use crate::support;
 
 use notify_core::Channel;
 use serde_json::json;

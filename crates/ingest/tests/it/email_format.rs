@@ -2,7 +2,7 @@
 //! the raw message MailDev received (RFC 5322 line limits, RFC 2047 encoded-words,
 //! RFC 2045 transfer encodings).
 
-mod support;
+use crate::support;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;

@@ -1,6 +1,6 @@
 //! Recovery of deliveries when a worker dies, freezes or is stopped mid-work.
 
-mod support;
+use crate::support;
 
 use notify_core::Channel;
 use serde_json::json;

@@ -2,7 +2,7 @@
 //! local stack installs both): the example inbox page and the operations console, against
 //! an in-process platform. Screenshots are saved under `.stack/screenshots/`.
 
-mod support;
+use crate::support;
 
 use notify_core::Channel;
 use serde_json::json;

@@ -4,7 +4,7 @@
 //! lines carrying trace and delivery ids but no message text or secrets, and SIGTERM makes
 //! ingest report NOT_SERVING while it still accepts requests.
 
-mod support;
+use crate::support;
 
 use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
     MetricsService, MetricsServiceServer,

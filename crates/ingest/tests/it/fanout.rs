@@ -1,7 +1,7 @@
 //! Topic broadcasts: the reply comes at once, the fan-out runs in checkpointed batches and
 //! never duplicates, even when it runs again.
 
-mod support;
+use crate::support;
 
 use notify_proto::v1 as pb;
 use std::time::{Duration, Instant};

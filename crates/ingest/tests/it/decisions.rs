@@ -1,7 +1,7 @@
 //! Who gets what, when: preference levels, quiet hours in the recipient's time zone, and
 //! the decision trail that `GetEvent` and `ExplainDelivery` show.
 
-mod support;
+use crate::support;
 
 use notify_proto::v1 as pb;
 use std::time::Duration;

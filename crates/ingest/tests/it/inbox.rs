@@ -2,7 +2,7 @@
 //! with cursors and group labels, read/unread/archive, race-free read-all, live updates
 //! over Server-Sent Events with resume, bad input, rate limit, and the OpenAPI file.
 
-mod support;
+use crate::support;
 
 use futures_util::StreamExt;
 use notify_core::Channel;

@@ -3,7 +3,7 @@
 //! at due time whatever made a delivery due, exact fatigue caps with several writers, and
 //! a bounded number of republished messages.
 
-mod support;
+use crate::support;
 
 use notify_core::Channel;
 use notify_proto::v1 as pb;

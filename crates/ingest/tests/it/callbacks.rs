@@ -2,7 +2,7 @@
 //! webhook (signed follow/unfollow events) and the one-click unsubscribe link of marketing
 //! email (RFC 8058).
 
-mod support;
+use crate::support;
 
 use notify_core::Channel;
 use notify_proto::v1 as pb;

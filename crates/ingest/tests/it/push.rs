@@ -2,7 +2,7 @@
 //! targets (F05), Web Push encryption and VAPID, error classes, and Thai bodies cut to
 //! each provider's limit.
 
-mod support;
+use crate::support;
 
 use notify_core::Channel;
 use notify_proto::v1 as pb;

@@ -3,8 +3,6 @@
 //! Each test gets its own database, its own exchange/queue prefix and its own provider
 //! simulator, so tests never see each other's work.
 
-#![allow(dead_code)]
-
 use notify_broker::Topology;
 use notify_core::{Channel, RetryPolicy};
 use notify_proto::v1 as pb;

@@ -1,0 +1,21 @@
+//! The integration tests: one binary, so the platform's crates are linked once and the
+//! shared harness (`support`) is compiled once. Each module is one area of promises; each
+//! test starts a whole platform in-process on the local stack's real PostgreSQL, RabbitMQ
+//! and MailDev (`make test` starts them), with its own database and queue prefix.
+
+mod support;
+
+mod browser;
+mod callbacks;
+mod console;
+mod decisions;
+mod email_format;
+mod fanout;
+mod inbox;
+mod pipeline;
+mod promises;
+mod push;
+mod recovery;
+mod security;
+mod telemetry;
+mod templates;
