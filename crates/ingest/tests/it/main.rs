@@ -9,6 +9,7 @@ mod browser;
 mod callbacks;
 mod console;
 mod decisions;
+mod docs;
 mod email_format;
 mod fanout;
 mod inbox;
