@@ -2,6 +2,7 @@
 //! store, the broker, the gRPC edge and the workers are adapters around this crate.
 
 pub mod channel;
+pub mod config;
 pub mod due;
 pub mod event;
 pub mod fatigue;
