@@ -4,12 +4,15 @@
 pub mod channel;
 pub mod due;
 pub mod event;
+pub mod explain;
 pub mod fatigue;
 pub mod guard;
+pub mod links;
 pub mod outcome;
 pub mod plan;
 pub mod quiet;
 pub mod retry;
+pub mod sensitive;
 pub mod signed;
 pub mod template;
 pub mod text;
