@@ -2,7 +2,7 @@
 //! data checked, then handed to the group-commit writer), `GetEvent` and
 //! `ExplainDelivery`.
 
-use super::{PAGE_MAX, Services};
+use super::Services;
 use crate::auth::{Caller, Need};
 use crate::convert::{
     attempt_to_pb, channel_counts, content_from_pb, content_to_pb, delivery_to_pb,
@@ -20,6 +20,9 @@ use notify_store::catalog;
 use notify_store::events::{self, EventRecord, EventSelector};
 use tonic::{Request, Response, Status};
 use uuid::Uuid;
+
+/// Most deliveries (and skipped pairs) in one reply.
+const PAGE_MAX: u32 = 1_000;
 
 struct LoadedEvent {
     event: EventRecord,

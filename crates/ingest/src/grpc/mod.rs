@@ -34,9 +34,6 @@ pub struct Services {
     links: LinkPolicy,
 }
 
-/// Most deliveries (and skipped pairs) in one reply.
-const PAGE_MAX: u32 = 1_000;
-
 impl Services {
     /// Services over `pool`; `CreateEvent` writes through a group-commit writer started
     /// here with `writer` settings; callers are checked by `auth`; links in events must
