@@ -1,6 +1,6 @@
 //! The gRPC services, one per file: `IngestService` (`ingest.rs`), `RecipientService`
 //! (`recipients.rs`), `TypeService` (`types.rs`) and `TopicService` (`topics.rs`), all
-//! implemented on [`Services`]. Every method goes through [`Services::call`], which
+//! implemented on [`Services`]. Every method goes through `Services::call`, which
 //! authenticates the caller before anything else.
 //!
 //! Dependencies point one way: `grpc` -> `writer` -> `planning`; nothing outside this

@@ -60,7 +60,7 @@ fn mask_once(text: &str) -> String {
     out
 }
 
-/// `value` with every finding of [`scan_json`] masked: a secret field's whole value
+/// `value` with every finding of [`scan_json`](super::scan_json) masked: a secret field's whole value
 /// becomes `"[REDACTED]"`, strings and keys are masked with [`mask_text`], and a number
 /// that is an id or a card becomes its masked string.
 pub fn mask_json(value: &Value) -> Value {
