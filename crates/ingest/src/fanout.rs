@@ -5,7 +5,8 @@
 //! ingest replicas may run it: an event is held by one replica at a time, and the
 //! checkpoint update is fenced by the previous cursor.
 
-use crate::grpc::new_deliveries;
+use crate::clock::Clock;
+use crate::planning::new_deliveries;
 use notify_core::Channel;
 use notify_core::plan::{merge_line_multicast, plan};
 use notify_store::PgPool;
@@ -19,11 +20,13 @@ pub const BATCH: i64 = 1_000;
 /// How long a replica holds an event between checkpoints.
 const HOLD: Duration = Duration::from_secs(30);
 
-/// Runs until `shutdown`: wakes on `LISTEN notify_fanout` or every `poll`.
+/// Runs until `shutdown`: wakes on `LISTEN notify_fanout` or every `poll`. Plans at
+/// `clock`'s instant (the database's `now()` in production).
 pub async fn run(
     pool: PgPool,
     max_attempts: i32,
     caps: std::collections::BTreeMap<Channel, u32>,
+    clock: Clock,
     poll: Duration,
     shutdown: CancellationToken,
 ) {
@@ -46,7 +49,7 @@ pub async fn run(
         }
         match events::claim_fanout(&pool, HOLD).await {
             Ok(Some(job)) => {
-                if let Err(e) = fan_out(&pool, &job, max_attempts, &caps, &shutdown).await {
+                if let Err(e) = fan_out(&pool, &job, max_attempts, &caps, &clock, &shutdown).await {
                     warn!(event_id = %job.event_id, error = %e, "fan-out interrupted; it resumes from its checkpoint");
                 }
                 continue;
@@ -73,6 +76,7 @@ async fn fan_out(
     job: &FanoutJob,
     max_attempts: i32,
     caps: &std::collections::BTreeMap<Channel, u32>,
+    clock: &Clock,
     shutdown: &CancellationToken,
 ) -> notify_store::Result<()> {
     let Some(ty) = notify_store::catalog::get_type(pool, &job.type_key).await? else {
@@ -92,8 +96,8 @@ async fn fan_out(
         let done = (users.len() as i64) < BATCH;
         let next = users.last().cloned().unwrap_or_else(|| cursor.clone());
         let facts = notify_store::catalog::load_recipient_facts(&mut tx, &ty.key, &users).await?;
-        // The database clock, like due times and leases (never the host's).
-        let now = events::database_now(&mut tx).await?;
+        // The database clock in production, like due times and leases (never the host's).
+        let now = clock.now(&mut tx).await?;
         let (mut planned, mut skipped) = plan(job.event_id, ty.critical, &channels, &facts, now);
         if !caps.is_empty() {
             let page: Vec<&str> = users.iter().map(String::as_str).collect();

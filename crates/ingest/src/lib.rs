@@ -3,10 +3,14 @@
 //! `main.rs` only reads configuration and calls [`run`]; tests call [`run`] in-process.
 
 pub mod auth;
+pub mod clock;
+mod convert;
 pub mod error;
 pub mod fanout;
 pub mod grpc;
+pub mod planning;
 pub mod relay;
+pub mod type_validation;
 pub mod types_file;
 pub mod undecodable;
 pub mod writer;
@@ -50,9 +54,12 @@ pub struct IngestConfig {
     /// TLS for the gRPC listener (and mutual TLS with a client CA).
     pub tls: Option<TlsFiles>,
     /// Which `http://` link hosts are allowed.
-    pub links: grpc::LinkPolicy,
+    pub links: notify_core::links::LinkPolicy,
     /// Largest gRPC request accepted, in bytes.
     pub max_message_bytes: usize,
+    /// The instant planning decides by (writer and fan-out): the database's `now()` of
+    /// the writing transaction in production; tests set it.
+    pub clock: clock::Clock,
 }
 
 /// PEM files for the gRPC listener's TLS.
@@ -192,7 +199,7 @@ impl IngestConfig {
                 .max(Duration::from_secs(1)),
             auth: env.parse("NOTIFY_GRPC_AUTH", auth::AuthMode::ApiKey),
             tls: TlsFiles::from_env(env),
-            links: grpc::LinkPolicy {
+            links: notify_core::links::LinkPolicy {
                 http_hosts: env
                     .string("NOTIFY_DEV_HTTP_HOSTS", "")
                     .split(',')
@@ -206,6 +213,7 @@ impl IngestConfig {
                 64 << 10,
                 16 << 20,
             ),
+            clock: clock::Clock::Database,
         }
     }
 }
@@ -260,6 +268,7 @@ pub async fn run(
         pool.clone(),
         cfg.max_attempts,
         cfg.fatigue_caps.clone(),
+        cfg.clock.clone(),
         cfg.relay.poll,
         stop.clone(),
     ));
@@ -273,6 +282,7 @@ pub async fn run(
             max_batch: cfg.write_batch,
             max_attempts: cfg.max_attempts,
             fatigue_caps: cfg.fatigue_caps.clone(),
+            clock: cfg.clock.clone(),
         },
         auth,
         cfg.links.clone(),

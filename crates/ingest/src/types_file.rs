@@ -172,7 +172,7 @@ pub async fn load(pool: &PgPool, text: &str) -> Result<Loaded, LoadError> {
                 })
                 .collect(),
         };
-        match crate::grpc::validate_type(request) {
+        match crate::type_validation::validate_type(request) {
             Ok(t) => valid.push(t),
             Err(violations) => problems.extend(
                 violations

@@ -16,8 +16,9 @@
 //! whose caller has gone (deadline passed, cancelled) before the commit is left out: the
 //! batch is rolled back and written again without it, so a passed deadline writes nothing.
 
+use crate::clock::Clock;
 use crate::error::ApiError;
-use crate::grpc::new_deliveries;
+use crate::planning::new_deliveries;
 use notify_core::plan::{effective_channels, plan};
 use notify_core::{Channel, NewEvent, SkippedDelivery};
 use notify_store::events::{self, EventInsert, ExistingEvent, NewDelivery};
@@ -62,6 +63,8 @@ pub struct WriterConfig {
     /// Fatigue caps: most non-critical notifications per user per rolling hour, per
     /// channel (empty = no caps).
     pub fatigue_caps: std::collections::BTreeMap<Channel, u32>,
+    /// The planning instant's source: the database's `now()` in production.
+    pub clock: Clock,
 }
 
 /// Handle to the writer tasks; cheap to clone. The tasks stop when every handle is gone.
@@ -440,8 +443,8 @@ async fn check_catalogue(
 /// committed: it rolls back instead when a caller left before the commit.
 ///
 /// Every planning decision (dedup bucket, quiet hours, fatigue window, digest window) is
-/// taken at the database's `now()` for this transaction, the clock that due times and
-/// leases use, never the host's. The dedup bucket is fixed the first time: a batch written
+/// taken at `cfg.clock`'s instant: in production the database's `now()` for this
+/// transaction, the clock that due times and leases use, never the host's. The dedup bucket is fixed the first time: a batch written
 /// again keeps its keys. `ready` is sorted by (stored key, caller) on the way.
 async fn try_write(
     pool: &PgPool,
@@ -449,7 +452,7 @@ async fn try_write(
     ready: &mut [Ready],
 ) -> Result<(Vec<Written>, bool), StoreError> {
     let mut tx = pool.begin().await?;
-    let now = events::database_now(&mut tx).await?;
+    let now = cfg.clock.now(&mut tx).await?;
     for r in ready.iter_mut() {
         r.job.event.bucket_key(now, r.dedup_window_s);
     }

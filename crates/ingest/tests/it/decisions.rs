@@ -304,11 +304,17 @@ async fn the_deciding_preference_level_is_explained() {
 }
 
 /// A type with a dedup window: the same key within one bucket is a duplicate; in the next
-/// bucket it is a new event; `GetEvent` by the caller's key finds the latest.
+/// bucket it is a new event; `GetEvent` by the caller's key finds the latest. The planning
+/// clock is set, so the buckets are chosen by the test, not waited for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dedup_window_merges_repeats_within_a_bucket_only() {
+    // Buckets are [2k, 2k+2) seconds since the epoch: start 50 ms into one.
+    let now = chrono::Utc::now().timestamp_millis();
+    let start = chrono::DateTime::from_timestamp_millis(now - now.rem_euclid(2_000) + 50).unwrap();
+    let clock = ingest::clock::ManualClock::new(start);
     let p = Platform::start_with(support::Options {
         workers: vec![],
+        clock: ingest::clock::Clock::Manual(clock.clone()),
         ..Default::default()
     })
     .await;
@@ -322,16 +328,15 @@ async fn a_dedup_window_merges_repeats_within_a_bucket_only() {
         .await
         .unwrap();
     let u = uniq("u");
-    // Start just after a bucket boundary (buckets are [2k, 2k+2) seconds since the epoch).
-    let now = chrono::Utc::now();
-    let into = 2_000 - (now.timestamp_millis().rem_euclid(2_000)) + 50;
-    tokio::time::sleep(Duration::from_millis(into as u64)).await;
     let first = p.send("stock:sku-1", "stock_low", &[&u]).await;
+    // The last instant of the same bucket.
+    clock.advance(chrono::Duration::milliseconds(1_949));
     let again = p.send("stock:sku-1", "stock_low", &[&u]).await;
     assert!(!first.duplicate);
     assert!(again.duplicate, "same bucket");
     assert_eq!(again.event_id, first.event_id);
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    // The first instant of the next bucket.
+    clock.advance(chrono::Duration::milliseconds(1));
     let later = p.send("stock:sku-1", "stock_low", &[&u]).await;
     assert!(!later.duplicate, "next bucket: a new event");
     assert_ne!(later.event_id, first.event_id);

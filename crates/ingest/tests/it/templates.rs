@@ -263,10 +263,24 @@ async fn the_type_file_loads_once_per_version_and_all_or_nothing() {
 
 /// Digest: five replies in one thread within the window become one email and one LINE
 /// message listing all five, sent when the window closes; in-app shows one item updated
-/// in place.
+/// in place. The planning clock is set to the start of a window that closes two to six
+/// seconds from now on the database's clock (windows are [4k, 4k+4) seconds since the
+/// epoch), so every reply lands in that window however long the requests take.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_replies_in_one_window_become_one_digest_per_channel() {
-    let p = Platform::start().await;
+    let clock = ingest::clock::ManualClock::new(chrono::Utc::now());
+    let p = Platform::start_with(support::Options {
+        clock: ingest::clock::Clock::Manual(clock.clone()),
+        ..Default::default()
+    })
+    .await;
+    let db_now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+    let closes_after = db_now.timestamp_millis() + 2_000;
+    let opens = closes_after - closes_after.rem_euclid(4_000);
+    clock.set(chrono::DateTime::from_timestamp_millis(opens).unwrap());
     let digest = pb::Template {
         title: "{{ digest.count }} new replies in thread {{ payload.thread_id }}".into(),
         body: "{% for i in digest.items %}- {{ i.payload.author }}: {{ i.content.body }}\n{% endfor %}".into(),
@@ -287,9 +301,6 @@ async fn five_replies_in_one_window_become_one_digest_per_channel() {
     let u = uniq("u");
     let mail = format!("{u}@example.test");
     p.add_recipient(&u, "", &mail, &line_id()).await;
-    // Start just after a window opens ([4k, 4k+4) seconds since the epoch).
-    let into = 4_000 - chrono::Utc::now().timestamp_millis().rem_euclid(4_000) + 50;
-    tokio::time::sleep(std::time::Duration::from_millis(into as u64)).await;
     let mut events = Vec::new();
     for (n, author) in ["somying", "wichai", "napa", "somchai", "malee"]
         .iter()

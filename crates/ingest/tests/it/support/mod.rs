@@ -117,6 +117,8 @@ pub struct Options {
     pub auth: ingest::auth::AuthMode,
     /// TLS for the in-process ingest.
     pub tls: Option<ingest::TlsFiles>,
+    /// The instant the in-process ingest plans at (the database's clock by default).
+    pub clock: ingest::clock::Clock,
 }
 
 impl Default for Options {
@@ -134,6 +136,7 @@ impl Default for Options {
             ingest_in_process: true,
             auth: ingest::auth::AuthMode::Off,
             tls: None,
+            clock: ingest::clock::Clock::Database,
         }
     }
 }
@@ -164,6 +167,7 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
         tls: opts.tls.clone(),
         links: ingest::grpc::LinkPolicy::default(),
         max_message_bytes: 1 << 20,
+        clock: opts.clock.clone(),
     }
 }
 

@@ -1,0 +1,106 @@
+//! `TopicService`: topics and their subscribers. Needs a key that may manage.
+
+use super::Services;
+use crate::auth::Need;
+use crate::error::ApiError;
+use notify_core::validate::{self, Violations};
+use notify_proto::v1 as pb;
+use notify_store::topics;
+use tonic::{Request, Response, Status};
+
+impl Services {
+    fn check_topic_users(v: &mut Violations, topic: &str, user_ids: &[String]) {
+        if !validate::is_type_key(topic) {
+            v.add(
+                "topic",
+                "must be 1 to 64 characters of [a-z0-9_.-] starting with a letter",
+            );
+        }
+        if user_ids.is_empty() || user_ids.len() > 1_000 {
+            v.add(
+                "user_ids",
+                format!("must name 1 to 1000 users, got {}", user_ids.len()),
+            );
+        }
+        for (i, u) in user_ids.iter().enumerate().take(1_000) {
+            v.check_id(&format!("user_ids[{i}]"), u, 255);
+        }
+    }
+
+    async fn require_topic(&self, topic: &str) -> Result<(), ApiError> {
+        if topics::topic_exists(&self.pool, topic).await? {
+            Ok(())
+        } else {
+            Err(ApiError::NotFound {
+                kind: "topic",
+                name: topic.to_string(),
+            })
+        }
+    }
+
+    async fn create_topic(
+        &self,
+        r: pb::CreateTopicRequest,
+    ) -> Result<pb::CreateTopicResponse, ApiError> {
+        if !validate::is_type_key(&r.key) {
+            return Err(ApiError::field(
+                "key",
+                "must be 1 to 64 characters of [a-z0-9_.-] starting with a letter",
+            ));
+        }
+        let created = topics::create_topic(&self.pool, &r.key).await?;
+        Ok(pb::CreateTopicResponse { created })
+    }
+
+    async fn subscribe(&self, r: pb::SubscribeRequest) -> Result<pb::SubscribeResponse, ApiError> {
+        let mut v = Violations::default();
+        Self::check_topic_users(&mut v, &r.topic, &r.user_ids);
+        v.into_result(()).map_err(ApiError::Invalid)?;
+        self.require_topic(&r.topic).await?;
+        let added = topics::subscribe(&self.pool, &r.topic, &r.user_ids).await?;
+        Ok(pb::SubscribeResponse {
+            added: added as u32,
+        })
+    }
+
+    async fn unsubscribe(
+        &self,
+        r: pb::UnsubscribeRequest,
+    ) -> Result<pb::UnsubscribeResponse, ApiError> {
+        let mut v = Violations::default();
+        Self::check_topic_users(&mut v, &r.topic, &r.user_ids);
+        v.into_result(()).map_err(ApiError::Invalid)?;
+        self.require_topic(&r.topic).await?;
+        let removed = topics::unsubscribe(&self.pool, &r.topic, &r.user_ids).await?;
+        Ok(pb::UnsubscribeResponse {
+            removed: removed as u32,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl pb::topic_service_server::TopicService for Services {
+    async fn create_topic(
+        &self,
+        req: Request<pb::CreateTopicRequest>,
+    ) -> Result<Response<pb::CreateTopicResponse>, Status> {
+        self.call(req, Need::Manage, |_, r| Services::create_topic(self, r))
+            .await
+    }
+
+    async fn subscribe(
+        &self,
+        req: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<pb::SubscribeResponse>, Status> {
+        self.call(req, Need::Manage, |_, r| Services::subscribe(self, r))
+            .await
+    }
+
+    async fn unsubscribe(
+        &self,
+        req: Request<pb::UnsubscribeRequest>,
+    ) -> Result<Response<pb::UnsubscribeResponse>, Status> {
+        self.call(req, Need::Manage, |_, r| Services::unsubscribe(self, r))
+            .await
+    }
+}

@@ -1,0 +1,184 @@
+//! Validation of a notification type (`UpsertNotificationType` and `ingest load-types`):
+//! the request's fields, its templates rendered against the sample payload, and no
+//! sensitive data in either.
+
+use notify_core::Channel;
+use notify_core::validate::{self, FieldViolation, Violations};
+use notify_proto::v1 as pb;
+use notify_store::catalog::NotificationType;
+
+/// A type ready to store, with its templates.
+pub type ValidType = (NotificationType, Vec<notify_core::template::Template>);
+
+/// Validates an `UpsertNotificationType` request (also used by `ingest load-types`): the
+/// type to store and its templates, or every violation at once (templates are rendered
+/// against the sample payload).
+pub fn validate_type(
+    r: pb::UpsertNotificationTypeRequest,
+) -> Result<ValidType, Vec<FieldViolation>> {
+    let mut v = Violations::default();
+    if !validate::is_type_key(&r.key) {
+        v.add(
+            "key",
+            "must be 1 to 64 characters of [a-z0-9_.-] starting with a letter",
+        );
+    }
+    let priority = if r.priority.is_empty() {
+        "normal".to_string()
+    } else {
+        r.priority.to_ascii_lowercase()
+    };
+    if !matches!(priority.as_str(), "low" | "normal" | "high") {
+        v.add("priority", "must be low, normal or high");
+    }
+    let category = if r.category.is_empty() {
+        "transactional".to_string()
+    } else {
+        r.category.to_ascii_lowercase()
+    };
+    if !matches!(category.as_str(), "transactional" | "marketing") {
+        v.add("category", "must be transactional or marketing");
+    }
+    if r.default_channels.is_empty() {
+        v.add("default_channels", "must name at least one channel");
+    }
+    let mut channels = Vec::new();
+    for (i, c) in r.default_channels.iter().enumerate() {
+        match c.parse::<Channel>() {
+            Ok(ch) if !channels.contains(&ch) => channels.push(ch),
+            Ok(_) => {}
+            Err(e) => v.add(format!("default_channels[{i}]"), e.to_string()),
+        }
+    }
+    let default_locale = if r.default_locale.trim().is_empty() {
+        "th".to_string()
+    } else {
+        r.default_locale.trim().to_string()
+    };
+    if default_locale.len() > 35
+        || !default_locale
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        v.add("default_locale", "must be a BCP 47 tag such as th or en-US");
+    }
+    let sample_payload = if r.sample_payload.trim().is_empty() {
+        serde_json::json!({})
+    } else {
+        match serde_json::from_str::<serde_json::Value>(&r.sample_payload) {
+            Ok(p) if p.is_object() => p,
+            _ => {
+                v.add("sample_payload", "must be a JSON object");
+                serde_json::json!({})
+            }
+        }
+    };
+    let over_cap = if r.over_cap.is_empty() {
+        "defer".to_string()
+    } else {
+        r.over_cap.to_ascii_lowercase()
+    };
+    if notify_core::fatigue::OverCap::parse(&over_cap).is_none() {
+        v.add("over_cap", "must be defer or drop");
+    }
+    if r.digest_window_seconds > 86_400 {
+        v.add("digest_window_seconds", "must be at most 1 day (86400)");
+    }
+    let sensitive_data = if r.sensitive_data.is_empty() {
+        "reject".to_string()
+    } else {
+        r.sensitive_data.to_ascii_lowercase()
+    };
+    if sensitive_data != "reject" && sensitive_data != "mask" {
+        v.add("sensitive_data", "must be reject or mask");
+    }
+    let dedup_window_s = r.dedup_window_seconds;
+    if dedup_window_s > 31 * 86_400 {
+        v.add("dedup_window_seconds", "must be at most 31 days (2678400)");
+    }
+    if r.templates.len() > 100 {
+        v.add("templates", "at most 100 templates per type");
+    }
+    let templates: Vec<notify_core::template::Template> = r
+        .templates
+        .into_iter()
+        .map(|t| notify_core::template::Template {
+            channel: t.channel,
+            locale: t.locale,
+            title: t.title,
+            body: t.body,
+            email_subject: t.email_subject,
+            email_html: t.email_html,
+        })
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    for (i, t) in templates.iter().enumerate() {
+        if !seen.insert((t.channel.clone(), t.locale.to_ascii_lowercase())) {
+            v.add(
+                format!("templates[{i}]"),
+                format!(
+                    "a template for channel {:?} and locale {:?} is already given",
+                    t.channel, t.locale
+                ),
+            );
+        }
+        for (field, text) in [
+            ("title", &t.title),
+            ("body", &t.body),
+            ("email_subject", &t.email_subject),
+            ("email_html", &t.email_html),
+        ] {
+            if text.len() > notify_core::template::MAX_TEMPLATE_BYTES {
+                v.add(
+                    format!("templates[{i}].{field}"),
+                    format!(
+                        "must be at most {} bytes",
+                        notify_core::template::MAX_TEMPLATE_BYTES
+                    ),
+                );
+            }
+        }
+    }
+    // A type's sample payload and templates are stored and shown: no sensitive data.
+    for f in notify_core::guard::scan_json("sample_payload", &sample_payload) {
+        v.add(
+            f.path,
+            format!("{}; types may not carry it", f.kind.describe()),
+        );
+    }
+    for (i, t) in templates.iter().enumerate() {
+        for (field, text) in [
+            ("title", &t.title),
+            ("body", &t.body),
+            ("email_subject", &t.email_subject),
+            ("email_html", &t.email_html),
+        ] {
+            for kind in notify_core::guard::scan_text(text) {
+                v.add(
+                    format!("templates[{i}].{field}"),
+                    format!("{}; types may not carry it", kind.describe()),
+                );
+            }
+        }
+    }
+    if !v.0.is_empty() {
+        return Err(v.0);
+    }
+    for f in notify_core::template::validate(&r.key, &templates, &sample_payload) {
+        v.add(f.field, f.description);
+    }
+    let t = v.into_result(NotificationType {
+        key: r.key,
+        priority,
+        default_channels: channels,
+        critical: r.critical,
+        category,
+        default_locale,
+        sample_payload,
+        dedup_window_s: dedup_window_s as i32,
+        over_cap,
+        digest_window_s: r.digest_window_seconds as i32,
+        sensitive_data,
+    })?;
+    Ok((t, templates))
+}
