@@ -10,15 +10,37 @@ use axum::response::{IntoResponse, Redirect};
 use notify_core::event::escape_html as esc;
 use uuid::Uuid;
 
-/// `POST /console/actions/retry/{id}`: a failed delivery is due again now.
-pub(super) async fn retry(
+/// What a `POST /console/actions/<action>/{id}` does to its target.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Action {
+    /// `retry/{delivery id}`: a failed delivery is due again now.
+    Retry,
+    /// `cancel/{event id}`: cancels every pending delivery of the event.
+    Cancel,
+}
+
+/// `POST /console/actions/retry/{id}` and `POST /console/actions/cancel/{id}` ([`Action`]);
+/// both answer with the event's page.
+pub(super) async fn on_target(
     State(app): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<String>,
     Form(f): Form<ActionForm>,
+    action: Action,
 ) -> Page {
     let user = action_user(&app, &headers, &f).await?;
     let id = uuid(&id)?;
+    match action {
+        Action::Retry => retry(&app, &user, id).await,
+        Action::Cancel => {
+            let n = notify_store::console::cancel_event(&app.pool, &user, id).await?;
+            tracing::info!(staff = %user, event_id = %id, canceled = n, "console: cancel");
+            Ok(Redirect::to(&format!("/console/events/{id}")).into_response())
+        }
+    }
+}
+
+async fn retry(app: &AppState, user: &str, id: Uuid) -> Page {
     let event_id: Option<Uuid> = notify_store::sqlx::query_scalar(
         "SELECT event_id FROM notification_deliveries WHERE id = $1",
     )
@@ -27,7 +49,7 @@ pub(super) async fn retry(
     .await
     .ok()
     .flatten();
-    match notify_store::console::retry_delivery(&app.pool, &user, id).await {
+    match notify_store::console::retry_delivery(&app.pool, user, id).await {
         Ok(()) => {
             tracing::info!(staff = %user, delivery_id = %id, "console: retry");
             Ok(
@@ -37,25 +59,11 @@ pub(super) async fn retry(
         }
         Err(notify_store::StoreError::NotFound(_)) => Ok(page(
             "Not retried",
-            Some(&user),
+            Some(user),
             "<p>That delivery is not failed (any more).</p>",
         )),
         Err(e) => Err(e.into()),
     }
-}
-
-/// `POST /console/actions/cancel/{id}`: cancels every pending delivery of the event.
-pub(super) async fn cancel(
-    State(app): State<AppState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    Form(f): Form<ActionForm>,
-) -> Page {
-    let user = action_user(&app, &headers, &f).await?;
-    let id = uuid(&id)?;
-    let n = notify_store::console::cancel_event(&app.pool, &user, id).await?;
-    tracing::info!(staff = %user, event_id = %id, canceled = n, "console: cancel");
-    Ok(Redirect::to(&format!("/console/events/{id}")).into_response())
 }
 
 /// How many messages the dead-letter queue holds.

@@ -29,6 +29,8 @@ mod pages;
 mod render;
 mod session;
 
+use actions::Action;
+
 pub use crate::staff::password_hash;
 
 /// Console settings.
@@ -196,8 +198,14 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/console/search", get(pages::search))
         .route("/console/events/{id}", get(pages::event_page))
         .route("/console/confirm", get(pages::confirm_page))
-        .route("/console/actions/retry/{id}", post(actions::retry))
-        .route("/console/actions/cancel/{id}", post(actions::cancel))
+        .route(
+            "/console/actions/retry/{id}",
+            post(|s, h, p, f| actions::on_target(s, h, p, f, Action::Retry)),
+        )
+        .route(
+            "/console/actions/cancel/{id}",
+            post(|s, h, p, f| actions::on_target(s, h, p, f, Action::Cancel)),
+        )
         .route("/console/actions/requeue-dead", post(actions::requeue_dead))
         .route("/console/audit", get(pages::audit))
         .layer(axum::middleware::map_response(staff::security_headers))

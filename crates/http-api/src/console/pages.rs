@@ -3,9 +3,8 @@
 
 use super::access::{require, require_staff};
 use super::actions::dead_depth;
-use super::render::{HtmlError, Page, page, secs, uuid};
+use super::render::{HtmlError, Page, csrf_form, page, secs, uuid};
 use crate::AppState;
-use crate::staff;
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use notify_core::event::escape_html as esc;
@@ -219,19 +218,18 @@ pub(super) async fn confirm_page(
         }
         _ => return Err(HtmlError::not_found()),
     };
+    let action = if q.action == "requeue-dead" {
+        "/console/actions/requeue-dead".to_string()
+    } else {
+        format!("/console/actions/{}/{target}", q.action)
+    };
     Ok(page(
         "Confirm",
         Some(&user),
         &format!(
-            "<p>{}</p><form method=\"post\" action=\"{}\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-             <button>Confirm</button> <a href=\"/console\">Back</a></form>",
+            "<p>{}</p>{}",
             esc(&what),
-            esc(&if q.action == "requeue-dead" {
-                "/console/actions/requeue-dead".to_string()
-            } else {
-                format!("/console/actions/{}/{target}", q.action)
-            }),
-            esc(&staff::csrf(&app.console, &s.binding))
+            csrf_form(&app, &s.binding, &action, "Confirm")
         ),
     ))
 }

@@ -1,7 +1,9 @@
 //! How the console's pages look: the page frame, and errors ([`ApiError`]) answered as
 //! HTML pages rather than JSON.
 
+use crate::AppState;
 use crate::error::{ApiError, log_store_error, store_status};
+use crate::staff;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use notify_core::event::escape_html as esc;
@@ -114,4 +116,15 @@ pub(super) fn secs(s: Option<i64>) -> String {
 /// A UUID from a path or form, or the console's 404.
 pub(super) fn uuid(text: &str) -> Result<uuid::Uuid, HtmlError> {
     uuid::Uuid::parse_str(text).map_err(|_| HtmlError::not_found())
+}
+
+/// A form that POSTs to `action` with the CSRF token bound to `binding`
+/// ([`staff::csrf`]), a `button` and a link back to the overview.
+pub(super) fn csrf_form(app: &AppState, binding: &str, action: &str, button: &str) -> String {
+    format!(
+        "<form method=\"post\" action=\"{}\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+         <button>{button}</button> <a href=\"/console\">Back</a></form>",
+        esc(action),
+        esc(&staff::csrf(&app.console, binding))
+    )
 }

@@ -1,13 +1,12 @@
 //! Signing in and out of the console with configured credentials (see [`crate::staff`]).
 
 use super::access::{ActionForm, action_staff, check_origin, require_staff};
-use super::render::{HtmlError, Page, page};
+use super::render::{HtmlError, Page, csrf_form, page};
 use crate::AppState;
 use crate::staff;
 use axum::extract::{Form, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect};
-use notify_core::event::escape_html as esc;
 use serde::Deserialize;
 
 /// `GET /console/login`: the sign-in form (404 without configured users).
@@ -111,11 +110,7 @@ pub(super) async fn logout_page(State(app): State<AppState>, headers: HeaderMap)
     Ok(page(
         "Sign out",
         Some(&s.name),
-        &format!(
-            "<form method=\"post\" action=\"/console/logout\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
-             <button>Sign out</button> <a href=\"/console\">Back</a></form>",
-            esc(&staff::csrf(&app.console, &s.binding))
-        ),
+        &csrf_form(&app, &s.binding, "/console/logout", "Sign out"),
     ))
 }
 
