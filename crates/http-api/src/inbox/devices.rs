@@ -2,22 +2,22 @@
 //! removing one.
 
 use super::User;
-use super::extract::{json_body, path_id};
+use super::extract::{JsonBody, path_id};
 use super::settings::NO_RECIPIENT;
 use crate::AppState;
 use crate::error::ApiError;
 use axum::Json;
-use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use serde_json::json;
 
+/// The body of `POST /v1/inbox/devices`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct DeviceBody {
+pub(super) struct DeviceBody {
     platform: String,
     #[serde(default)]
     token: String,
@@ -45,9 +45,8 @@ struct WebPushKeys {
 pub(super) async fn register_device(
     State(app): State<AppState>,
     User(user): User,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(b): JsonBody<DeviceBody>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let b: DeviceBody = json_body(body)?;
     let mut v = notify_core::validate::Violations::default();
     let web_push = b.web_push.as_ref().map(|w| {
         (

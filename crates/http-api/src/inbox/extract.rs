@@ -4,7 +4,7 @@
 use crate::error::ApiError;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{FromRequestParts, Path, Query};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use std::collections::HashMap;
 use uuid::Uuid;
@@ -56,6 +56,19 @@ pub(crate) fn path_id(
     id.ok()
         .and_then(|Path(id)| Uuid::parse_str(&id).ok())
         .ok_or_else(|| ApiError::invalid("id", format!("must be {what} id (UUID)")))
+}
+
+/// A JSON body parsed into `T` ([`parse_json`]); the rejection is the JSON 400/413 naming
+/// the problem.
+pub(crate) struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let body = Bytes::from_request(req, state).await;
+        json_body(body).map(JsonBody)
+    }
 }
 
 /// Parses a JSON body into `T`, or the JSON 400/413 answer naming the problem.

@@ -1,13 +1,11 @@
 //! The user's own settings: preferences per type and channel, and quiet hours.
 
 use super::User;
-use super::extract::json_body;
+use super::extract::JsonBody;
 use crate::AppState;
 use crate::error::ApiError;
 use axum::Json;
-use axum::body::Bytes;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -32,9 +30,10 @@ pub(super) async fn get_preferences(
     })))
 }
 
+/// The body of `PUT /v1/inbox/preferences`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PreferenceBody {
+pub(super) struct PreferenceBody {
     #[serde(rename = "type")]
     type_key: String,
     channel: String,
@@ -46,9 +45,8 @@ struct PreferenceBody {
 pub(super) async fn put_preference(
     State(app): State<AppState>,
     User(user): User,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(b): JsonBody<PreferenceBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let b: PreferenceBody = json_body(body)?;
     let mut v = notify_core::validate::Violations::default();
     let channel = notify_core::validate::check_preference(&mut v, &b.type_key, &b.channel);
     v.into_result(()).map_err(ApiError::Violations)?;
@@ -62,9 +60,10 @@ pub(super) async fn put_preference(
     get_preferences(State(app), User(user)).await
 }
 
+/// The body of `PUT /v1/inbox/quiet-hours`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct QuietBody {
+pub(super) struct QuietBody {
     windows: Vec<notify_core::quiet::QuietWindow>,
 }
 
@@ -73,9 +72,8 @@ struct QuietBody {
 pub(super) async fn put_quiet_hours(
     State(app): State<AppState>,
     User(user): User,
-    body: Result<Bytes, BytesRejection>,
+    JsonBody(b): JsonBody<QuietBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let b: QuietBody = json_body(body)?;
     let mut v = notify_core::validate::Violations::default();
     notify_core::quiet::check_windows(&mut v, &b.windows);
     v.into_result(()).map_err(ApiError::Violations)?;
