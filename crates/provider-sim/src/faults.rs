@@ -146,6 +146,7 @@ pub(crate) struct ProviderFilter {
     provider: Option<String>,
 }
 
+/// `GET /_sim/requests?provider=`: the recorded requests, oldest first.
 pub(crate) async fn list_requests(
     State(sim): State<Sim>,
     Query(q): Query<ProviderFilter>,
@@ -161,6 +162,7 @@ pub(crate) async fn list_requests(
     )
 }
 
+/// `DELETE /_sim/requests`: forgets the recorded requests and the accepted LINE retry keys.
 pub(crate) async fn clear_requests(State(sim): State<Sim>) -> StatusCode {
     let mut inner = sim.inner.lock().expect("sim lock");
     inner.requests.clear();
@@ -168,11 +170,13 @@ pub(crate) async fn clear_requests(State(sim): State<Sim>) -> StatusCode {
     StatusCode::NO_CONTENT
 }
 
+/// `POST /_sim/faults`: adds a [`Fault`].
 pub(crate) async fn add_fault(State(sim): State<Sim>, Json(f): Json<Fault>) -> StatusCode {
     sim.inner.lock().expect("sim lock").faults.push(f);
     StatusCode::CREATED
 }
 
+/// `POST /_sim/latency`: random latency for one provider (400 when `max_ms < min_ms`).
 pub(crate) async fn set_latency(
     State(sim): State<Sim>,
     Json(l): Json<LatencyRequest>,
@@ -188,11 +192,13 @@ pub(crate) async fn set_latency(
     StatusCode::CREATED
 }
 
+/// `DELETE /_sim/latency`: no more added latency.
 pub(crate) async fn clear_latency(State(sim): State<Sim>) -> StatusCode {
     sim.inner.lock().expect("sim lock").latency.clear();
     StatusCode::NO_CONTENT
 }
 
+/// `DELETE /_sim/faults`: removes every fault.
 pub(crate) async fn clear_faults(State(sim): State<Sim>) -> StatusCode {
     sim.inner.lock().expect("sim lock").faults.clear();
     StatusCode::NO_CONTENT

@@ -19,6 +19,8 @@ struct GrantClaims {
     exp: i64,
 }
 
+/// `POST /token`: the JWT-bearer grant; an RS256 assertion by the configured service
+/// account gets a one-hour access token.
 pub(crate) async fn oauth_token(
     State(sim): State<Sim>,
     headers: HeaderMap,
@@ -170,6 +172,8 @@ fn fcm_error(status: u16, rpc_status: &str, message: &str, error_code: &str) -> 
     ]}})
 }
 
+/// `POST /v1/projects/{project}/messages:send`: one FCM message, with a token from
+/// `/token`.
 pub(crate) async fn fcm_send(
     State(sim): State<Sim>,
     Path(project): Path<String>,
