@@ -41,7 +41,10 @@ impl IntoResponse for HtmlError {
         let status = self.0.status();
         let text = match self.0 {
             ApiError::SignInRequired => return Redirect::to("/console/login").into_response(),
-            ApiError::NotFound { .. } => {
+            e if status == StatusCode::NOT_FOUND => {
+                if let ApiError::Store(e) = &e {
+                    log_store_error(e);
+                }
                 return (
                     StatusCode::NOT_FOUND,
                     Html("<!doctype html><title>Not found</title><p>Not found.</p>"),
@@ -127,4 +130,33 @@ pub(super) fn csrf_form(app: &AppState, binding: &str, action: &str, button: &st
         esc(action),
         esc(&staff::csrf(&app.console, binding))
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify_store::StoreError;
+
+    #[test]
+    fn console_errors_are_pages_with_the_status_of_the_api() {
+        let r = HtmlError::from(StoreError::Db(sqlx::Error::PoolTimedOut)).into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/html")
+        );
+        let r = HtmlError::from(StoreError::NotFound("x".into())).into_response();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        let r = HtmlError(ApiError::SignInRequired).into_response();
+        assert_eq!(r.headers()["location"], "/console/login");
+        let r = HtmlError(ApiError::Forbidden("no")).into_response();
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        let e = StoreError::Db(sqlx::Error::ColumnNotFound("c".into()));
+        assert_eq!(
+            HtmlError::from(e).into_response().status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
 }
