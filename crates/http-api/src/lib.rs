@@ -21,13 +21,15 @@
 //!   `GET /metrics` (Prometheus): see `notify_telemetry::admin`.
 //!
 //! Errors are JSON: `{"error": {"code", "message", "field"}}` with 400 for bad input, 401
-//! for a bad signature, 413 for a body over 1 MiB.
+//! for a bad signature, 413 for a body over 1 MiB; every failure goes through
+//! [`error::ApiError`].
 
 use axum::extract::{DefaultBodyLimit, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use error::ApiError;
 use notify_core::Channel;
 use notify_core::signed::{TokenError, UnsubscribeToken, line_signature_valid};
 use notify_store::PgPool;
@@ -46,6 +48,7 @@ pub const DEFAULT_UNSUBSCRIBE_TTL: std::time::Duration =
 pub const MIN_UNSUBSCRIBE_TTL: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 
 pub mod console;
+pub mod error;
 pub mod inbox;
 pub mod staff;
 
@@ -112,25 +115,6 @@ struct AppState {
     hub: tokio::sync::broadcast::Sender<String>,
     /// Ends live streams when the service stops, so a drain does not wait for clients.
     shutdown: tokio_util::sync::CancellationToken,
-}
-
-/// An error answer: `{"error": {"code", "message", "field"}}`.
-fn error(status: StatusCode, code: &str, field: &str, message: &str) -> Response {
-    (
-        status,
-        Json(json!({"error": {"code": code, "message": message, "field": field}})),
-    )
-        .into_response()
-}
-
-fn internal(e: notify_store::StoreError) -> Response {
-    tracing::error!(error = %e, "database error");
-    error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "unavailable",
-        "",
-        "the database is unavailable; try again",
-    )
 }
 
 /// The service's routes, and the sender that wakes inbox streams (fed by
@@ -209,7 +193,7 @@ fn router_parts(
         )
         .merge(inbox::routes())
         .merge(console::routes())
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "path", "no such route") })
+        .fallback(|| async { ApiError::not_found("path", "no such route") })
         .layer(cors)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -261,62 +245,25 @@ pub async fn serve(
     served
 }
 
-/// A body that could not be read (over [`MAX_BODY_BYTES`], or cut off) as the JSON error
-/// every other failure gets.
-fn body_error(e: axum::extract::rejection::BytesRejection) -> Response {
-    let status = e.status();
-    let (code, message) = if status == StatusCode::PAYLOAD_TOO_LARGE {
-        (
-            "body_too_large",
-            format!("must be at most {MAX_BODY_BYTES} bytes"),
-        )
-    } else {
-        ("invalid_body", e.body_text())
-    };
-    error(status, code, "body", &message)
-}
-
 /// `POST /webhooks/line`.
 async fn line_webhook(
     State(app): State<AppState>,
     headers: HeaderMap,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-) -> Response {
-    let body = match body {
-        Ok(b) => b,
-        Err(e) => return body_error(e),
-    };
+) -> Result<Json<Value>, ApiError> {
+    let body = body?;
     let signature = headers
         .get("x-line-signature")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
     if !line_signature_valid(&app.cfg.line_channel_secret, &body, signature) {
         tracing::warn!("LINE webhook with a missing or invalid signature");
-        return error(
-            StatusCode::UNAUTHORIZED,
-            "invalid_signature",
-            "X-Line-Signature",
-            "must be the base64 HMAC-SHA256 of the body keyed with the channel secret",
-        );
+        return Err(ApiError::InvalidSignature);
     }
-    let parsed: Value = match serde_json::from_slice(&body) {
-        Ok(v) => v,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_body",
-                "body",
-                &format!("must be JSON: {e}"),
-            );
-        }
-    };
+    let parsed: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid_body("body", format!("must be JSON: {e}")))?;
     let Some(events) = parsed["events"].as_array() else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_body",
-            "events",
-            "must be an array",
-        );
+        return Err(ApiError::invalid_body("events", "must be an array"));
     };
     for (i, ev) in events.iter().enumerate() {
         let following = match ev["type"].as_str() {
@@ -334,28 +281,24 @@ async fn line_webhook(
             .as_i64()
             .and_then(chrono::DateTime::from_timestamp_millis)
         else {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_body",
-                &format!("events[{i}].timestamp"),
+            return Err(ApiError::invalid_body(
+                format!("events[{i}].timestamp"),
                 "must be milliseconds since the epoch",
-            );
+            ));
         };
         let event_id = ev["webhookEventId"].as_str().unwrap_or("");
-        match notify_store::catalog::record_line_follow(&app.pool, user, following, at, event_id)
-            .await
-        {
-            // The LINE user id is not logged (logs hold no addresses).
-            Ok(changed) => tracing::info!(
-                following,
-                changed,
-                webhook_event_id = event_id,
-                "LINE follow state"
-            ),
-            Err(e) => return internal(e),
-        }
+        let changed =
+            notify_store::catalog::record_line_follow(&app.pool, user, following, at, event_id)
+                .await?;
+        // The LINE user id is not logged (logs hold no addresses).
+        tracing::info!(
+            following,
+            changed,
+            webhook_event_id = event_id,
+            "LINE follow state"
+        );
     }
-    Json(json!({})).into_response()
+    Ok(Json(json!({})))
 }
 
 #[derive(Deserialize)]
@@ -364,53 +307,45 @@ struct TokenQuery {
     token: String,
 }
 
-/// The token, verified and unexpired; else the answer: 400 JSON for a missing, malformed
-/// or forged token, 410 for an expired one (a page when `page`, else JSON).
-fn check_token(app: &AppState, token: &str, page: bool) -> Result<UnsubscribeToken, Box<Response>> {
+/// The token, verified and unexpired; else 400 `invalid_token` for a missing, malformed
+/// or forged token, or [`ApiError::ExpiredToken`] (410) for an expired one.
+fn check_token(app: &AppState, token: &str) -> Result<UnsubscribeToken, ApiError> {
+    let invalid = |message: String| ApiError::Invalid {
+        code: "invalid_token",
+        field: "token".to_string(),
+        message,
+    };
     if token.is_empty() {
-        return Err(Box::new(error(
-            StatusCode::BAD_REQUEST,
-            "invalid_token",
-            "token",
-            "is required",
-        )));
+        return Err(invalid("is required".to_string()));
     }
     let now = chrono::Utc::now().timestamp();
-    UnsubscribeToken::verify_fresh(token, &app.cfg.unsubscribe_secret, now, app.cfg.unsubscribe_ttl)
-        .map_err(|e| {
-            Box::new(match e {
-                TokenError::Expired if page => (
-                    StatusCode::GONE,
-                    Html(
-                        "<!doctype html><html lang=\"th\"><meta charset=\"utf-8\"><title>ลิงก์หมดอายุ / Link expired</title>\
-                         <p>ลิงก์ยกเลิกการรับอีเมลนี้หมดอายุแล้ว ไม่มีการเปลี่ยนแปลงใด ๆ \
-                         ใช้ลิงก์ในอีเมลฉบับล่าสุดแทน</p>\
-                         <p>This unsubscribe link has expired; nothing was changed. \
-                         Use the link in a more recent email instead.</p></html>",
-                    ),
-                )
-                    .into_response(),
-                TokenError::Expired => error(
-                    StatusCode::GONE,
-                    "expired_token",
-                    "token",
-                    "has expired; nothing was changed: use the link in a more recent email",
-                ),
-                e => error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_token",
-                    "token",
-                    &e.to_string(),
-                ),
-            })
-        })
+    UnsubscribeToken::verify_fresh(
+        token,
+        &app.cfg.unsubscribe_secret,
+        now,
+        app.cfg.unsubscribe_ttl,
+    )
+    .map_err(|e| match e {
+        TokenError::Expired => ApiError::ExpiredToken,
+        e => invalid(e.to_string()),
+    })
 }
+
+/// The page a GET of an expired unsubscribe link gets (410): nothing changed.
+const EXPIRED_PAGE: &str = "<!doctype html><html lang=\"th\"><meta charset=\"utf-8\"><title>ลิงก์หมดอายุ / Link expired</title>\
+     <p>ลิงก์ยกเลิกการรับอีเมลนี้หมดอายุแล้ว ไม่มีการเปลี่ยนแปลงใด ๆ \
+     ใช้ลิงก์ในอีเมลฉบับล่าสุดแทน</p>\
+     <p>This unsubscribe link has expired; nothing was changed. \
+     Use the link in a more recent email instead.</p></html>";
 
 /// `GET /unsubscribe?token=…`: asks for confirmation; changes nothing.
 async fn unsubscribe_page(State(app): State<AppState>, Query(q): Query<TokenQuery>) -> Response {
-    let t = match check_token(&app, &q.token, true) {
+    let t = match check_token(&app, &q.token) {
         Ok(t) => t,
-        Err(resp) => return *resp,
+        Err(ApiError::ExpiredToken) => {
+            return (StatusCode::GONE, Html(EXPIRED_PAGE)).into_response();
+        }
+        Err(e) => return e.into_response(),
     };
     Html(format!(
         "<!doctype html><html lang=\"th\"><meta charset=\"utf-8\"><title>ยกเลิกการรับอีเมล</title>\
@@ -430,51 +365,32 @@ async fn unsubscribe(
     State(app): State<AppState>,
     Query(q): Query<TokenQuery>,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
-) -> Response {
-    let body = match body {
-        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
-        Err(e) => return body_error(e),
-    };
-    let t = match check_token(&app, &q.token, false) {
-        Ok(t) => t,
-        Err(resp) => return *resp,
-    };
+) -> Result<Json<Value>, ApiError> {
+    let body = String::from_utf8_lossy(&body?).into_owned();
+    let t = check_token(&app, &q.token)?;
     if !body
         .split('&')
         .any(|kv| kv.trim() == "List-Unsubscribe=One-Click")
     {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_body",
+        return Err(ApiError::invalid_body(
             "body",
             "must be List-Unsubscribe=One-Click (RFC 8058)",
-        );
+        ));
     }
     let Ok(channel) = t.channel.parse::<Channel>() else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_token",
-            "token",
-            "names an unknown channel",
-        );
+        return Err(ApiError::Invalid {
+            code: "invalid_token",
+            field: "token".to_string(),
+            message: "names an unknown channel".to_string(),
+        });
     };
-    if let Err(e) = notify_store::catalog::set_preference(
-        &app.pool,
-        &t.user_id,
-        &t.type_key,
-        Some(channel),
-        false,
-    )
-    .await
-    {
-        return internal(e);
-    }
+    notify_store::catalog::set_preference(&app.pool, &t.user_id, &t.type_key, Some(channel), false)
+        .await?;
     tracing::info!(user_id = %t.user_id, r#type = %t.type_key, channel = %t.channel, "unsubscribed");
-    Json(json!({
+    Ok(Json(json!({
         "unsubscribed": true,
         "user_id": t.user_id,
         "type": t.type_key,
         "channel": t.channel,
-    }))
-    .into_response()
+    })))
 }

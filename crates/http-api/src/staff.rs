@@ -266,33 +266,46 @@ mod tests {
             m
         };
         let host = ("host", "127.0.0.1:8080");
-        assert!(same_origin(&cfg, &h(&[host])), "no browser headers");
-        assert!(same_origin(
-            &cfg,
-            &h(&[host, ("origin", "http://127.0.0.1:8080")])
-        ));
-        assert!(!same_origin(
-            &cfg,
-            &h(&[host, ("origin", "http://evil.test")])
-        ));
-        assert!(!same_origin(&cfg, &h(&[host, ("origin", "null")])));
-        assert!(same_origin(
-            &cfg,
-            &h(&[host, ("referer", "http://127.0.0.1:8080/console/confirm?x")])
-        ));
-        assert!(!same_origin(
-            &cfg,
-            &h(&[host, ("referer", "http://127.0.0.1:8081/console")])
-        ));
-        cfg.origin = Some("https://ops.example.test".into());
-        assert!(same_origin(
-            &cfg,
-            &h(&[host, ("origin", "https://ops.example.test")])
-        ));
-        assert!(!same_origin(
-            &cfg,
-            &h(&[host, ("origin", "http://127.0.0.1:8080")])
-        ));
+        // (configured origin, browser header, same origin?)
+        type Header = (&'static str, &'static str);
+        let cases: &[(Option<&str>, Option<Header>, bool)] = &[
+            (None, None, true),
+            (None, Some(("origin", "http://127.0.0.1:8080")), true),
+            (None, Some(("origin", "http://evil.test")), false),
+            (None, Some(("origin", "null")), false),
+            (
+                None,
+                Some(("referer", "http://127.0.0.1:8080/console/confirm?x")),
+                true,
+            ),
+            (
+                None,
+                Some(("referer", "http://127.0.0.1:8081/console")),
+                false,
+            ),
+            (
+                Some("https://ops.example.test"),
+                Some(("origin", "https://ops.example.test")),
+                true,
+            ),
+            (
+                Some("https://ops.example.test"),
+                Some(("origin", "http://127.0.0.1:8080")),
+                false,
+            ),
+        ];
+        for (origin, browser, same) in cases {
+            cfg.origin = origin.map(str::to_string);
+            let headers = h(&[Some(host), *browser]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>());
+            assert_eq!(
+                same_origin(&cfg, &headers),
+                *same,
+                "origin {origin:?}, header {browser:?}"
+            );
+        }
     }
 
     #[test]

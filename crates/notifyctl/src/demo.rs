@@ -201,15 +201,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
     println!("== 5. waiting until every delivery is final");
     let started = Instant::now();
     let event = loop {
-        let ev = ingest
-            .get_event(pb::GetEventRequest {
-                selector: Some(pb::get_event_request::Selector::EventId(
-                    first.event_id.clone(),
-                )),
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
+        let ev = event_by_id(&mut ingest, &first.event_id).await?;
         let open = ev
             .deliveries
             .iter()
@@ -460,15 +452,7 @@ async fn quiet_hours_part(
         .into_inner();
     let started = Instant::now();
     let event = loop {
-        let ev = ingest
-            .get_event(pb::GetEventRequest {
-                selector: Some(pb::get_event_request::Selector::EventId(
-                    reply.event_id.clone(),
-                )),
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
+        let ev = event_by_id(ingest, &reply.event_id).await?;
         if ev
             .deliveries
             .iter()
@@ -581,4 +565,20 @@ async fn inbox_part(cfg: &DemoConfig, failures: &mut Vec<String>) -> anyhow::Res
         failures,
     );
     Ok(format!("{}/inbox-example/#token={token}", cfg.http_url))
+}
+
+/// The event `event_id` with its deliveries, as ingest reports it now.
+async fn event_by_id(
+    ingest: &mut IngestServiceClient<crate::keys::Grpc>,
+    event_id: &str,
+) -> anyhow::Result<pb::GetEventResponse> {
+    Ok(ingest
+        .get_event(pb::GetEventRequest {
+            selector: Some(pb::get_event_request::Selector::EventId(
+                event_id.to_string(),
+            )),
+            ..Default::default()
+        })
+        .await?
+        .into_inner())
 }

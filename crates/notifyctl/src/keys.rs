@@ -106,18 +106,18 @@ pub async fn run(database_url: &str, args: &[String]) -> anyhow::Result<u8> {
                     }
                     "--manage" => new.can_manage = true,
                     "--rate" => {
-                        new.events_per_second = value("a number")?
-                            .parse()
-                            .ok()
-                            .filter(|n| (1..=1_000_000).contains(n))
-                            .context("--rate must be 1 to 1000000 events per second")?
+                        new.events_per_second = number_in(
+                            &value("a number")?,
+                            1..=1_000_000,
+                            "--rate must be 1 to 1000000 events per second",
+                        )?
                     }
                     "--max-recipients" => {
-                        new.max_recipients = value("a number")?
-                            .parse()
-                            .ok()
-                            .filter(|n| (1..=1000).contains(n))
-                            .context("--max-recipients must be 1 to 1000")?
+                        new.max_recipients = number_in(
+                            &value("a number")?,
+                            1..=1000,
+                            "--max-recipients must be 1 to 1000",
+                        )?
                     }
                     other => bail!("unknown option {other:?}"),
                 }
@@ -194,4 +194,16 @@ pub async fn run(database_url: &str, args: &[String]) -> anyhow::Result<u8> {
             Ok(64)
         }
     }
+}
+
+/// `text` as a number within `range`, else the error `message`.
+fn number_in<T: std::str::FromStr + PartialOrd>(
+    text: &str,
+    range: std::ops::RangeInclusive<T>,
+    message: &'static str,
+) -> anyhow::Result<T> {
+    text.parse()
+        .ok()
+        .filter(|n| range.contains(n))
+        .context(message)
 }

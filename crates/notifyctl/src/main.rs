@@ -24,17 +24,8 @@ async fn main() -> ExitCode {
                 http_url: env.required("NOTIFY_HTTP_URL"),
                 inbox_jwt_secret: env.required("NOTIFY_INBOX_JWT_SECRET"),
             };
-            if let Err(problems) = env.finish() {
-                notify_telemetry::exit_bad_config("notifyctl", &problems);
-            }
-            match notifyctl::demo::run(&cfg).await {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => ExitCode::FAILURE,
-                Err(e) => {
-                    eprintln!("demo failed: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            finish(env);
+            exit_code("demo", notifyctl::demo::run(&cfg).await)
         }
         Some("chaos") => {
             let mut env = notify_telemetry::Env::new();
@@ -54,20 +45,12 @@ async fn main() -> ExitCode {
                 amqp_url: env.required("NOTIFY_AMQP_URL"),
                 amqp_prefix: env.string("NOTIFY_AMQP_PREFIX", ""),
             };
-            if let Err(problems) = env.finish() {
-                notify_telemetry::exit_bad_config("notifyctl", &problems);
+            finish(env);
+            let outcome = notifyctl::chaos::run(&cfg).await;
+            if let Ok(false) = outcome {
+                eprintln!("chaos: a promise was broken (see the lines above)");
             }
-            match notifyctl::chaos::run(&cfg).await {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => {
-                    eprintln!("chaos: a promise was broken (see the lines above)");
-                    ExitCode::FAILURE
-                }
-                Err(e) => {
-                    eprintln!("chaos failed: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            exit_code("chaos", outcome)
         }
         Some("bench") => {
             let mut env = notify_telemetry::Env::new();
@@ -99,16 +82,8 @@ async fn main() -> ExitCode {
                         .collect()
                 }),
             };
-            if let Err(problems) = env.finish() {
-                notify_telemetry::exit_bad_config("notifyctl", &problems);
-            }
-            match notifyctl::bench::run(&cfg).await {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("bench failed: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+            finish(env);
+            exit_code("bench", notifyctl::bench::run(&cfg).await.map(|()| true))
         }
         Some("keys") => {
             if std::env::args()
@@ -123,9 +98,7 @@ async fn main() -> ExitCode {
             }
             let mut env = notify_telemetry::Env::new();
             let database_url = env.required("NOTIFY_DATABASE_URL");
-            if let Err(problems) = env.finish() {
-                notify_telemetry::exit_bad_config("notifyctl", &problems);
-            }
+            finish(env);
             let args: Vec<String> = std::env::args().skip(2).collect();
             match notifyctl::keys::run(&database_url, &args).await {
                 Ok(code) => ExitCode::from(code),
@@ -140,6 +113,26 @@ async fn main() -> ExitCode {
                 "usage: notifyctl demo | notifyctl chaos | notifyctl bench | notifyctl keys (create NAME --types PATTERNS [--manage] [--rate N] [--max-recipients N] | list | revoke NAME)"
             );
             ExitCode::from(64)
+        }
+    }
+}
+
+/// Ends reading the environment: exits 64 naming every bad variable.
+fn finish(env: notify_telemetry::Env) {
+    if let Err(problems) = env.finish() {
+        notify_telemetry::exit_bad_config("notifyctl", &problems);
+    }
+}
+
+/// The exit code of a run that checks promises: 0 when every one held, 1 when one broke
+/// or the run itself failed (said on stderr as `<command> failed: ...`).
+fn exit_code(command: &str, outcome: anyhow::Result<bool>) -> ExitCode {
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("{command} failed: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

@@ -402,9 +402,10 @@ async fn the_openapi_file_matches_the_routes() {
         }
     }
     documented.sort();
+    // The table the router is built from, so a route served is a route listed.
     let mut served: Vec<(String, String)> = http_api::inbox::ROUTES
         .iter()
-        .map(|(m, p)| (m.to_string(), p.to_string()))
+        .map(|r| (r.method.as_str().to_lowercase(), r.path.to_string()))
         .collect();
     served.sort();
     assert_eq!(documented, served);

@@ -6,23 +6,20 @@
 //! second, event-to-provider latency at a steady 500 events/s, the 100,000-recipient
 //! fan-out time, peak memory per process, and the ratios to the ceilings.
 
-use crate::procs::{
-    Procs, WORKERS, connect_grpc, cpu_jiffies, peak_rss_kib, process_jiffies, tree_jiffies,
-};
+use crate::procs::{Procs, WORKERS, connect_grpc, peak_rss_kib};
 use anyhow::Context;
-use futures_util::StreamExt;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
 use notify_proto::v1 as pb;
 use sqlx::PgPool;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use uuid::Uuid;
+
+mod ceilings;
+mod figures;
+
+use ceilings::{broker_ceiling, postgres_ceiling};
+use figures::{CpuSample, ms, pct};
 
 /// Where the benchmark finds its binaries and services.
 #[derive(Debug, Clone)]
@@ -53,194 +50,6 @@ impl BenchConfig {
     fn wants(&self, phase: &str) -> bool {
         self.only.is_empty() || self.only.iter().any(|p| p == phase)
     }
-}
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-/// CPU jiffies of the machine and of each part of the platform at one moment.
-struct CpuSample {
-    machine: Option<(u64, u64)>,
-    parts: Vec<(&'static str, Option<u64>)>,
-}
-
-impl CpuSample {
-    fn take(procs: &Procs, stack_dir: &std::path::Path) -> Self {
-        let pid_of = |name: &str| -> Option<u32> {
-            std::fs::read_to_string(stack_dir.join("pids").join(format!("{name}.pid")))
-                .ok()?
-                .trim()
-                .parse()
-                .ok()
-        };
-        let workers: Option<u64> = WORKERS
-            .iter()
-            .filter_map(|w| procs.pid(w))
-            .map(process_jiffies)
-            .sum();
-        Self {
-            machine: cpu_jiffies(),
-            parts: vec![
-                ("postgres", pid_of("postgres").and_then(tree_jiffies)),
-                ("rabbitmq", pid_of("rabbitmq").and_then(tree_jiffies)),
-                ("ingest", procs.pid("ingest").and_then(process_jiffies)),
-                ("workers", workers),
-                (
-                    "provider-sim",
-                    pid_of("provider-sim").and_then(process_jiffies),
-                ),
-                ("bench client", process_jiffies(std::process::id())),
-            ],
-        }
-    }
-
-    /// One line: how busy all cores were and each part's share of all cores.
-    fn report(&self, later: &CpuSample) -> String {
-        let (Some((b0, t0)), Some((b1, t1))) = (self.machine, later.machine) else {
-            return "  cpu: not measurable here".into();
-        };
-        let total = (t1 - t0).max(1) as f64;
-        let busy = (b1 - b0) as f64 / total;
-        let parts: Vec<String> = self
-            .parts
-            .iter()
-            .zip(&later.parts)
-            .filter_map(|((name, a), (_, b))| {
-                let share = b.zip(*a).map(|(b, a)| b.saturating_sub(a) as f64 / total)?;
-                (share >= 0.005).then(|| format!("{name} {:.0}%", 100.0 * share))
-            })
-            .collect();
-        format!(
-            "  cpu: {:.0}% of all cores busy ({}){}",
-            100.0 * busy,
-            parts.join(", "),
-            if busy > 0.9 {
-                " -> CPU is the resource that ran out"
-            } else {
-                ""
-            }
-        )
-    }
-}
-
-/// Persistent 256-byte messages, publisher confirms in windows of 500, consumer with
-/// prefetch 200 and manual acks, on one quorum queue: messages per second end to end.
-async fn broker_ceiling(amqp_url: &str, n: u64) -> anyhow::Result<f64> {
-    let conn = notify_broker::connect(amqp_url, "bench-ceiling").await?;
-    let ch = conn.create_channel().await?;
-    let queue = format!("bench.ceiling.{}", Uuid::new_v4().simple());
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    ch.queue_declare(
-        queue.clone().into(),
-        QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        },
-        args,
-    )
-    .await?;
-    let pub_ch = conn.create_channel().await?;
-    pub_ch.confirm_select(Default::default()).await?;
-    let cons_ch = notify_broker::consumer_channel(&conn, 200).await?;
-    let mut consumer = cons_ch
-        .basic_consume(
-            queue.clone().into(),
-            "bench".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    let started = Instant::now();
-    let consume = tokio::spawn(async move {
-        let mut got = 0u64;
-        while got < n {
-            let Some(Ok(d)) = consumer.next().await else {
-                break;
-            };
-            d.ack(BasicAckOptions::default()).await.ok();
-            got += 1;
-        }
-        got
-    });
-    let body = vec![b'x'; 256];
-    let mut sent = 0u64;
-    while sent < n {
-        let window = 500.min(n - sent);
-        let mut confirms = Vec::with_capacity(window as usize);
-        for _ in 0..window {
-            confirms.push(
-                pub_ch
-                    .basic_publish(
-                        "".into(),
-                        queue.clone().into(),
-                        BasicPublishOptions::default(),
-                        &body,
-                        lapin::BasicProperties::default().with_delivery_mode(2),
-                    )
-                    .await?,
-            );
-        }
-        for c in confirms {
-            c.await?;
-        }
-        sent += window;
-    }
-    let got = consume.await?;
-    let rate = got as f64 / started.elapsed().as_secs_f64();
-    // Close the consuming channel before deleting its queue, so the broker has no
-    // consumer to cancel under it.
-    let _ = cons_ch.close(200, "done".into()).await;
-    let _ = pub_ch.close(200, "done".into()).await;
-    ch.queue_delete(queue.into(), QueueDeleteOptions::default())
-        .await?;
-    Ok(rate)
-}
-
-/// The ingest transaction (one event, three deliveries, three outbox rows) from one
-/// client, for `secs`: transactions per second.
-async fn postgres_ceiling(pool: &PgPool, for_: Duration) -> anyhow::Result<f64> {
-    sqlx::query("INSERT INTO notification_types (key, default_channels) VALUES ('bench_pg', '{inapp}') ON CONFLICT DO NOTHING")
-        .execute(pool)
-        .await?;
-    let started = Instant::now();
-    let mut n = 0u64;
-    while started.elapsed() < for_ {
-        let mut tx = pool.begin().await?;
-        let event = Uuid::new_v4();
-        sqlx::query(
-            "INSERT INTO notification_events (id, event_key, type, recipients, payload_json, content_json, channels, fingerprint)
-             VALUES ($1, $2, 'bench_pg', '{u1}', '{}', '{}', '{inapp,email,line}', '\\x00')",
-        )
-        .bind(event)
-        .bind(event.to_string())
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "WITH d AS (INSERT INTO notification_deliveries (id, event_id, user_id, channel, provider, idempotency_key)
-                        SELECT gen_random_uuid(), $1, 'u1', c, 'x', $1 || '/' || c FROM UNNEST('{inapp,email,line}'::text[]) AS c
-                        RETURNING id, channel)
-             INSERT INTO outbox (delivery_id, channel, available_at) SELECT id, channel, now() + interval '1 day' FROM d",
-        )
-        .bind(event)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        n += 1;
-    }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
 /// `clients` concurrent callers sending one-recipient, three-channel events for `for_`.
