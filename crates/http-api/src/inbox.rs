@@ -33,6 +33,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use notify_core::InboxStatus;
 use notify_store::inbox::{self, Filter, InboxItem};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -331,19 +332,19 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/v1/inbox/unread-count", get(unread_count))
         .route(
             "/v1/inbox/notifications/{id}/read",
-            post(|s, u, p| change(s, u, p, "read")),
+            post(|s, u, p| change(s, u, p, InboxStatus::Read)),
         )
         .route(
             "/v1/inbox/notifications/{id}/unread",
-            post(|s, u, p| change(s, u, p, "unread")),
+            post(|s, u, p| change(s, u, p, InboxStatus::Unread)),
         )
         .route(
             "/v1/inbox/notifications/{id}/archive",
-            post(|s, u, p| change(s, u, p, "archived")),
+            post(|s, u, p| change(s, u, p, InboxStatus::Archived)),
         )
         .route(
             "/v1/inbox/notifications/{id}/unarchive",
-            post(|s, u, p| change(s, u, p, "read")),
+            post(|s, u, p| change(s, u, p, InboxStatus::Read)),
         )
         .route("/v1/inbox/read-all", post(read_all))
         .route("/v1/inbox/stream", get(stream))
@@ -829,7 +830,7 @@ async fn change(
     State(app): State<AppState>,
     User(user): User,
     id: Result<Path<String>, PathRejection>,
-    status: &str,
+    status: InboxStatus,
 ) -> Response {
     let id = match path_id(id, "a notification") {
         Ok(id) => id,
@@ -1102,7 +1103,7 @@ mod tests {
             body: String::new(),
             url: None,
             data: json!({}),
-            status: "unread".into(),
+            status: InboxStatus::Unread,
             created_at: "2026-11-30T18:00:00.123456Z".parse().unwrap(),
             updated_at: Utc::now(),
             item_count: 1,

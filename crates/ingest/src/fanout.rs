@@ -81,7 +81,7 @@ async fn fan_out(
             job.type_key
         )));
     };
-    let channels: Vec<Channel> = job.channels.iter().filter_map(|c| c.parse().ok()).collect();
+    let channels: Vec<Channel> = job.channels.clone();
     let mut cursor = job.cursor.clone();
     loop {
         if shutdown.is_cancelled() {

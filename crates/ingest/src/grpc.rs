@@ -6,7 +6,10 @@ use crate::writer::{EventWriter, WriterConfig, Written};
 use chrono::{DateTime, Utc};
 use notify_core::event::{CreateEventInput, normalize_event_key};
 use notify_core::validate::{self, FieldViolation, Violations};
-use notify_core::{Channel, Content, NewEvent, Provider};
+use notify_core::{
+    Category, Channel, Content, DeliveryStatus, FanoutStatus, NewEvent, Priority, Provider,
+    SensitiveData,
+};
 use notify_proto::v1 as pb;
 use notify_store::PgPool;
 use notify_store::catalog::{self, NotificationType, Recipient};
@@ -80,11 +83,11 @@ fn delivery_to_pb(d: DeliveryRecord) -> pb::Delivery {
     pb::Delivery {
         delivery_id: d.id.to_string(),
         user_id: d.user_id,
-        channel: d.channel,
-        provider: d.provider,
+        channel: d.channel.as_str().into(),
+        provider: d.provider.as_str().into(),
         endpoint_id: d.endpoint_id.map(|e| e.to_string()).unwrap_or_default(),
-        next_attempt_at: (d.status == "pending").then(|| ts(d.next_attempt_at)),
-        status: d.status,
+        next_attempt_at: (d.status == DeliveryStatus::Pending).then(|| ts(d.next_attempt_at)),
+        status: d.status.as_str().into(),
         attempts: d.attempts.max(0) as u32,
         last_error: d.last_error.unwrap_or_default(),
         provider_message_id: d.provider_message_id.unwrap_or_default(),
@@ -97,7 +100,7 @@ fn delivery_to_pb(d: DeliveryRecord) -> pb::Delivery {
 fn skip_to_pb(s: events::SkipRecord) -> pb::SkippedDelivery {
     pb::SkippedDelivery {
         user_id: s.user_id,
-        channel: s.channel,
+        channel: s.channel.as_str().into(),
         reason: s.reason,
         decision: s.decision,
     }
@@ -111,13 +114,13 @@ fn skipped_to_pb(rows: Vec<events::SkipRecord>) -> Vec<pb::SkippedDelivery> {
 const PAGE_MAX: u32 = 1_000;
 
 /// Deliveries per channel (any status), in channel order.
-fn channel_counts(counts: &[(String, String, i64)]) -> Vec<pb::ChannelCount> {
+fn channel_counts(counts: &[(Channel, DeliveryStatus, i64)]) -> Vec<pb::ChannelCount> {
     Channel::ALL
         .iter()
         .filter_map(|c| {
             let n: i64 = counts
                 .iter()
-                .filter(|(ch, _, _)| ch == c.as_str())
+                .filter(|(ch, _, _)| ch == c)
                 .map(|(_, _, n)| n)
                 .sum();
             (n > 0).then(|| pb::ChannelCount {
@@ -252,6 +255,10 @@ impl Services {
             }
         };
 
+        let counts: Vec<(Channel, DeliveryStatus, i64)> = new
+            .iter()
+            .map(|d| (d.plan.channel, DeliveryStatus::Pending, 1))
+            .collect();
         let deliveries: Vec<pb::Delivery> = new
             .into_iter()
             .map(|d| pb::Delivery {
@@ -264,7 +271,7 @@ impl Services {
                     .endpoint_id
                     .map(|e| e.to_string())
                     .unwrap_or_default(),
-                status: "pending".into(),
+                status: DeliveryStatus::Pending.as_str().into(),
                 next_attempt_at: d.plan.deferred_until.map(ts),
                 deferred_until: d.plan.deferred_until.map(ts),
                 decision: d.plan.decision,
@@ -274,10 +281,6 @@ impl Services {
         // Not the event key: callers choose it and it may carry anything.
         tracing::info!(%event_id, topic = topic.as_deref().unwrap_or(""),
             deliveries = deliveries.len(), skipped = skipped.len(), "event recorded");
-        let counts: Vec<(String, String, i64)> = deliveries
-            .iter()
-            .map(|d| (d.channel.clone(), d.status.clone(), 1))
-            .collect();
         Ok(pb::CreateEventResponse {
             event_id: event_id.to_string(),
             duplicate: false,
@@ -342,13 +345,13 @@ impl Services {
             None => format!("type {}: no longer defined", event.type_key),
         };
         trail.push(type_defaults.clone());
-        let skipped = events::skip_of(&self.pool, event_id, &r.user_id, channel.as_str()).await?;
+        let skipped = events::skip_of(&self.pool, event_id, &r.user_id, channel).await?;
         if let Some(s) = &skipped {
             trail.extend(s.decision.lines().map(str::to_string));
             trail.push(format!("skipped: {}", s.reason));
         }
         let mut deliveries = Vec::new();
-        for d in events::deliveries_of(&self.pool, event_id, &r.user_id, channel.as_str()).await? {
+        for d in events::deliveries_of(&self.pool, event_id, &r.user_id, channel).await? {
             trail.extend(d.decision.lines().map(str::to_string));
             let endpoint = match d.endpoint_id {
                 Some(ep) => events::endpoint_state(&self.pool, ep).await?,
@@ -393,7 +396,7 @@ impl Services {
             });
         }
         if skipped.is_none() && deliveries.is_empty() {
-            trail.push(if event.fanout_status == "pending" {
+            trail.push(if event.fanout_status == FanoutStatus::Pending {
                 "not planned yet: the topic fan-out has not reached this user".into()
             } else {
                 "no delivery and no skip: the user was not a recipient, or the channel was not used"
@@ -551,13 +554,13 @@ impl Services {
             counts: counts
                 .into_iter()
                 .map(|(channel, status, count)| pb::StatusCount {
-                    channel,
-                    status,
+                    channel: channel.as_str().into(),
+                    status: status.as_str().into(),
                     count: count as u32,
                 })
                 .collect(),
             topic: ev.topic.unwrap_or_default(),
-            fanout_status: ev.fanout_status,
+            fanout_status: ev.fanout_status.as_str().into(),
             fanout_recipients: ev.fanout_recipients.max(0) as u32,
         })
     }
@@ -733,21 +736,23 @@ pub fn validate_type(
         );
     }
     let priority = if r.priority.is_empty() {
-        "normal".to_string()
+        Ok(Priority::default())
     } else {
-        r.priority.to_ascii_lowercase()
-    };
-    if !matches!(priority.as_str(), "low" | "normal" | "high") {
+        r.priority.to_ascii_lowercase().parse::<Priority>()
+    }
+    .unwrap_or_else(|_| {
         v.add("priority", "must be low, normal or high");
-    }
+        Priority::default()
+    });
     let category = if r.category.is_empty() {
-        "transactional".to_string()
+        Ok(Category::default())
     } else {
-        r.category.to_ascii_lowercase()
-    };
-    if !matches!(category.as_str(), "transactional" | "marketing") {
-        v.add("category", "must be transactional or marketing");
+        r.category.to_ascii_lowercase().parse::<Category>()
     }
+    .unwrap_or_else(|_| {
+        v.add("category", "must be transactional or marketing");
+        Category::default()
+    });
     if r.default_channels.is_empty() {
         v.add("default_channels", "must name at least one channel");
     }
@@ -794,13 +799,16 @@ pub fn validate_type(
         v.add("digest_window_seconds", "must be at most 1 day (86400)");
     }
     let sensitive_data = if r.sensitive_data.is_empty() {
-        "reject".to_string()
+        Ok(SensitiveData::default())
     } else {
-        r.sensitive_data.to_ascii_lowercase()
-    };
-    if sensitive_data != "reject" && sensitive_data != "mask" {
-        v.add("sensitive_data", "must be reject or mask");
+        r.sensitive_data
+            .to_ascii_lowercase()
+            .parse::<SensitiveData>()
     }
+    .unwrap_or_else(|_| {
+        v.add("sensitive_data", "must be reject or mask");
+        SensitiveData::default()
+    });
     let dedup_window_s = r.dedup_window_seconds;
     if dedup_window_s > 31 * 86_400 {
         v.add("dedup_window_seconds", "must be at most 31 days (2678400)");
@@ -1183,7 +1191,7 @@ impl Services {
             return Ok(());
         }
         let policy = catalog::sensitive_data_policy(&self.pool, &event.type_key).await?;
-        if policy.as_deref() == Some("mask") {
+        if policy == Some(SensitiveData::Mask) {
             event.payload = guard::mask_json(&event.payload);
             let c = &mut event.content;
             for text in [

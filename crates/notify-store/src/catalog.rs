@@ -1,7 +1,8 @@
 //! Notification types, recipients, push endpoints and preferences.
 
+use crate::row::parse;
 use crate::{Result, StoreError};
-use notify_core::{Channel, RecipientFacts};
+use notify_core::{Category, Channel, Priority, RecipientFacts, SensitiveData};
 use sqlx::{PgExecutor, Row};
 use std::collections::HashMap;
 use uuid::Uuid;
@@ -11,14 +12,14 @@ use uuid::Uuid;
 pub struct NotificationType {
     /// Key, e.g. `order_paid`.
     pub key: String,
-    /// `low`, `normal` or `high`.
-    pub priority: String,
+    /// How urgent its notifications are.
+    pub priority: Priority,
     /// Channels used when an event does not narrow them.
     pub default_channels: Vec<Channel>,
     /// Bypasses opt-outs.
     pub critical: bool,
-    /// `transactional` or `marketing`.
-    pub category: String,
+    /// What its notifications are for.
+    pub category: Category,
     /// Last step of the template locale fallback.
     pub default_locale: String,
     /// What the templates are validated against.
@@ -27,8 +28,8 @@ pub struct NotificationType {
     pub dedup_window_s: i32,
     /// `defer` or `drop` a notification over a fatigue cap.
     pub over_cap: String,
-    /// `reject` (default) or `mask`: see [`notify_core::guard`].
-    pub sensitive_data: String,
+    /// What ingest does with sensitive data in its events: see [`notify_core::guard`].
+    pub sensitive_data: SensitiveData,
     /// Digest window in seconds (0 = no digests).
     pub digest_window_s: i32,
 }
@@ -142,16 +143,16 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
          RETURNING (xmax = 0) AS created",
     )
     .bind(&t.key)
-    .bind(&t.priority)
+    .bind(t.priority.as_str())
     .bind(&channels)
     .bind(t.critical)
-    .bind(&t.category)
+    .bind(t.category.as_str())
     .bind(&t.default_locale)
     .bind(&t.sample_payload)
     .bind(t.dedup_window_s)
     .bind(&t.over_cap)
     .bind(t.digest_window_s)
-    .bind(&t.sensitive_data)
+    .bind(t.sensitive_data.as_str())
     .fetch_one(db)
     .await?;
     Ok(row.get("created"))
@@ -172,26 +173,27 @@ pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<Not
     .bind(keys)
     .fetch_all(db)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| NotificationType {
-            key: r.get("key"),
-            priority: r.get("priority"),
-            default_channels: r
-                .get::<Vec<String>, _>("default_channels")
-                .iter()
-                .filter_map(|c| c.parse().ok())
-                .collect(),
-            critical: r.get("critical"),
-            category: r.get("category"),
-            default_locale: r.get("default_locale"),
-            sample_payload: r.get("sample_payload"),
-            dedup_window_s: r.get("dedup_window_s"),
-            over_cap: r.get("over_cap"),
-            sensitive_data: r.get("sensitive_data"),
-            digest_window_s: r.get("digest_window_s"),
+    rows.iter()
+        .map(|r| {
+            Ok(NotificationType {
+                key: r.get("key"),
+                priority: parse(r, "priority")?,
+                default_channels: r
+                    .get::<Vec<String>, _>("default_channels")
+                    .iter()
+                    .filter_map(|c| c.parse().ok())
+                    .collect(),
+                critical: r.get("critical"),
+                category: parse(r, "category")?,
+                default_locale: r.get("default_locale"),
+                sample_payload: r.get("sample_payload"),
+                dedup_window_s: r.get("dedup_window_s"),
+                over_cap: r.get("over_cap"),
+                sensitive_data: parse(r, "sensitive_data")?,
+                digest_window_s: r.get("digest_window_s"),
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// A recipient's contact data.
@@ -587,13 +589,12 @@ pub async fn get_preferences(db: &sqlx::PgPool, user_id: &str) -> Result<Option<
     }))
 }
 
-/// The `sensitive_data` policy of the type `key` (`reject` or `mask`); `None` when there
-/// is no such type.
-pub async fn sensitive_data_policy(db: &sqlx::PgPool, key: &str) -> Result<Option<String>> {
-    Ok(
-        sqlx::query_scalar("SELECT sensitive_data FROM notification_types WHERE key = $1")
-            .bind(key)
-            .fetch_optional(db)
-            .await?,
-    )
+/// The `sensitive_data` policy of the type `key`; `None` when there is no such type.
+pub async fn sensitive_data_policy(db: &sqlx::PgPool, key: &str) -> Result<Option<SensitiveData>> {
+    sqlx::query("SELECT sensitive_data FROM notification_types WHERE key = $1")
+        .bind(key)
+        .fetch_optional(db)
+        .await?
+        .map(|r| parse(&r, "sensitive_data"))
+        .transpose()
 }

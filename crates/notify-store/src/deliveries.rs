@@ -1,9 +1,10 @@
 //! The worker side of a delivery: claim with a lease, heartbeat, record the attempt
 //! fenced by the lease, and the sweeper that recovers expired leases.
 
+use crate::row::{parse, parse_text};
 use crate::{Result, truncate_utf8};
 use chrono::{DateTime, Utc};
-use notify_core::Content;
+use notify_core::{Category, Channel, Content, Priority, Provider};
 use sqlx::{PgPool, Row};
 use std::time::Duration;
 use uuid::Uuid;
@@ -22,21 +23,21 @@ pub struct DeliveryJob {
     pub event_key: String,
     /// Notification type key.
     pub type_key: String,
-    /// The type's priority: `low`, `normal` or `high` (drives APNs priority, FCM Android
-    /// priority and Web Push `Urgency`).
-    pub priority: String,
-    /// The type's category: `transactional` or `marketing` (marketing email gets
-    /// List-Unsubscribe).
-    pub category: String,
+    /// The type's priority (drives APNs priority, FCM Android priority and Web Push
+    /// `Urgency`); `normal` when the type is gone.
+    pub priority: Priority,
+    /// The type's category (marketing email gets List-Unsubscribe); `transactional` when
+    /// the type is gone.
+    pub category: Category,
     /// Digest group: the delivery lists the events in `digest_items` (in-app: the inbox
     /// group, updated in place).
     pub digest_key: Option<String>,
     /// Recipient.
     pub user_id: String,
-    /// Channel name.
-    pub channel: String,
-    /// Provider name.
-    pub provider: String,
+    /// Channel.
+    pub channel: Channel,
+    /// Provider.
+    pub provider: Provider,
     /// This attempt's number (1-based).
     pub attempt: i32,
     /// Attempts allowed.
@@ -88,7 +89,7 @@ pub enum ClaimOutcome {
     /// No such delivery: the message is poison.
     Missing,
     /// The delivery belongs to another channel than the queue it came from.
-    WrongChannel(String),
+    WrongChannel(Channel),
     /// Already being sent under a live lease, already final, or not due yet: a duplicate
     /// or early message, to be acked without a provider call. Carries the status.
     NotClaimable(String),
@@ -97,7 +98,7 @@ pub enum ClaimOutcome {
     /// call. Carries the attempts made and the error now on the delivery.
     Exhausted {
         /// The delivery's provider.
-        provider: String,
+        provider: Provider,
         /// Attempts made (each a claim that may have reached the provider).
         attempts: i32,
         /// `last_error` as written.
@@ -115,7 +116,12 @@ impl Eq for DeliveryJob {}
 /// Claims a due `pending` delivery of `channel` for `lease`: status becomes `sending`,
 /// `attempts` grows by one and a fresh lease token and expiry (database clock) are set.
 /// One round trip, no transaction left open. See [`claim_many`].
-pub async fn claim(db: &PgPool, id: Uuid, channel: &str, lease: Duration) -> Result<ClaimOutcome> {
+pub async fn claim(
+    db: &PgPool,
+    id: Uuid,
+    channel: Channel,
+    lease: Duration,
+) -> Result<ClaimOutcome> {
     let mut out = claim_many(db, &[id], channel, lease).await?;
     Ok(out.pop().unwrap_or(ClaimOutcome::Missing))
 }
@@ -126,7 +132,7 @@ pub async fn claim(db: &PgPool, id: Uuid, channel: &str, lease: Duration) -> Res
 pub async fn claim_many(
     db: &PgPool,
     ids: &[Uuid],
-    channel: &str,
+    channel: Channel,
     lease: Duration,
 ) -> Result<Vec<ClaimOutcome>> {
     if ids.is_empty() {
@@ -146,7 +152,7 @@ pub async fn claim_many(
              RETURNING delivery_id",
         )
         .bind(ids)
-        .bind(channel)
+        .bind(channel.as_str())
         .bind(until)
         .fetch_all(db)
         .await?;
@@ -193,7 +199,7 @@ pub async fn claim_many(
               LEFT JOIN notification_endpoints ep ON ep.id = c.endpoint_id",
     )
     .bind(ids)
-    .bind(channel)
+    .bind(channel.as_str())
     .bind(&tokens)
     .bind(notify_core::retry::millis(lease))
     .fetch_all(db)
@@ -206,12 +212,12 @@ pub async fn claim_many(
                 event_id: r.get("event_id"),
                 event_key: r.get("event_key"),
                 type_key: r.get("type"),
-                priority: r.get("priority"),
-                category: r.get("category"),
+                priority: parse(&r, "priority")?,
+                category: parse(&r, "category")?,
                 digest_key: r.get("digest_key"),
                 user_id: r.get("user_id"),
-                channel: r.get("channel"),
-                provider: r.get("provider"),
+                channel: parse(&r, "channel")?,
+                provider: parse(&r, "provider")?,
                 attempt: r.get("attempts"),
                 max_attempts: r.get("max_attempts"),
                 idempotency_key: r.get("idempotency_key"),
@@ -236,9 +242,9 @@ pub async fn claim_many(
                     .and_then(|v| serde_json::from_value(v).ok())
                     .unwrap_or_default(),
             };
-            (job.id, ClaimOutcome::Claimed(Box::new(job)))
+            Ok((job.id, ClaimOutcome::Claimed(Box::new(job))))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let rest: Vec<Uuid> = ids
         .iter()
         .copied()
@@ -271,7 +277,7 @@ pub async fn claim_many(
 async fn fail_exhausted(
     db: &PgPool,
     ids: &[Uuid],
-    channel: &str,
+    channel: Channel,
 ) -> Result<std::collections::HashMap<Uuid, ClaimOutcome>> {
     if ids.is_empty() {
         return Ok(Default::default());
@@ -286,22 +292,21 @@ async fn fail_exhausted(
          RETURNING d.id, d.provider, d.attempts, d.last_error",
     )
     .bind(ids)
-    .bind(channel)
+    .bind(channel.as_str())
     .fetch_all(db)
     .await?;
-    Ok(rows
-        .into_iter()
+    rows.into_iter()
         .map(|(id, provider, attempts, error)| {
-            (
+            Ok((
                 id,
                 ClaimOutcome::Exhausted {
-                    provider,
+                    provider: parse_text("provider", &provider)?,
                     attempts,
                     error,
                 },
-            )
+            ))
         })
-        .collect())
+        .collect()
 }
 
 /// Why each of `ids` could not be claimed: wrong channel, or its status. Ids with no
@@ -309,7 +314,7 @@ async fn fail_exhausted(
 async fn claim_unclaimable(
     db: &PgPool,
     ids: &[Uuid],
-    channel: &str,
+    channel: Channel,
 ) -> Result<std::collections::HashMap<Uuid, ClaimOutcome>> {
     let mut out = std::collections::HashMap::new();
     if ids.is_empty() {
@@ -321,8 +326,9 @@ async fn claim_unclaimable(
             .fetch_all(db)
             .await?;
     for r in rows {
-        let outcome = if r.get::<&str, _>("channel") != channel {
-            ClaimOutcome::WrongChannel(r.get("channel"))
+        let actual: Channel = parse(&r, "channel")?;
+        let outcome = if actual != channel {
+            ClaimOutcome::WrongChannel(actual)
         } else {
             ClaimOutcome::NotClaimable(r.get("status"))
         };
@@ -332,11 +338,11 @@ async fn claim_unclaimable(
 }
 
 /// When `channel` is paused, until when (database clock).
-pub async fn paused_until(db: &PgPool, channel: &str) -> Result<Option<DateTime<Utc>>> {
+pub async fn paused_until(db: &PgPool, channel: Channel) -> Result<Option<DateTime<Utc>>> {
     Ok(sqlx::query_scalar(
         "SELECT paused_until FROM channel_pauses WHERE channel = $1 AND paused_until > now()",
     )
-    .bind(channel)
+    .bind(channel.as_str())
     .fetch_optional(db)
     .await?)
 }
@@ -344,7 +350,7 @@ pub async fn paused_until(db: &PgPool, channel: &str) -> Result<Option<DateTime<
 /// Pauses `channel` for `after` from now (a longer pause already in place stays).
 pub async fn pause_channel(
     db: impl sqlx::PgExecutor<'_>,
-    channel: &str,
+    channel: Channel,
     after: Duration,
     reason: &str,
 ) -> Result<()> {
@@ -355,7 +361,7 @@ pub async fn pause_channel(
          SET paused_until = greatest(channel_pauses.paused_until, EXCLUDED.paused_until),
              reason = EXCLUDED.reason, paused_at = now()",
     )
-    .bind(channel)
+    .bind(channel.as_str())
     .bind(notify_core::retry::millis(after))
     .bind(reason)
     .execute(db)
@@ -623,7 +629,7 @@ pub async fn record_attempts(
     }
     for &i in &kept {
         if let NextState::Paused { after, error } = batch[i].1 {
-            pause_channel(&mut *tx, &batch[i].0.channel, *after, error).await?;
+            pause_channel(&mut *tx, batch[i].0.channel, *after, error).await?;
         }
         if let Some((endpoint, reason)) = &batch[i].2.deactivate_endpoint {
             let started = batch[i].0.started_at;
@@ -785,10 +791,10 @@ pub async fn fail_unclaimed(db: &PgPool, id: Uuid, error: &str) -> Result<bool> 
 pub struct ExpiredLease {
     /// Delivery id.
     pub id: Uuid,
-    /// Channel name.
-    pub channel: String,
-    /// Provider name.
-    pub provider: String,
+    /// Channel.
+    pub channel: Channel,
+    /// Provider.
+    pub provider: Provider,
     /// The attempt whose worker went away.
     pub attempt: i32,
     /// `true`: that was the last attempt allowed, and the delivery is now `failed`;
@@ -838,16 +844,17 @@ pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<Expir
     .bind(limit)
     .fetch_all(db)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| ExpiredLease {
-            id: r.get("id"),
-            channel: r.get("channel"),
-            provider: r.get("provider"),
-            attempt: r.get("attempts"),
-            failed: r.get("failed"),
+    rows.iter()
+        .map(|r| {
+            Ok(ExpiredLease {
+                id: r.get("id"),
+                channel: parse(r, "channel")?,
+                provider: parse(r, "provider")?,
+                attempt: r.get("attempts"),
+                failed: r.get("failed"),
+            })
         })
-        .collect())
+        .collect()
 }
 
 /// Republishes up to `limit` deliveries that have been due for longer than `stale` with
@@ -976,8 +983,8 @@ pub async fn upsert_grouped_inbox_row(db: &PgPool, job: &DeliveryJob, group: &st
 /// Queue gauges of one channel (see [`gauges`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChannelGauges {
-    /// `inapp`, `email`, `push` or `line`.
-    pub channel: String,
+    /// The channel.
+    pub channel: Channel,
     /// Deliveries in `pending`, due or not.
     pub pending: i64,
     /// Seconds since the oldest due pending delivery became due (0 if none).
@@ -1027,13 +1034,15 @@ pub async fn gauges(db: &PgPool) -> Result<Gauges> {
         .as_array()
         .into_iter()
         .flatten()
-        .map(|c| ChannelGauges {
-            channel: c["channel"].as_str().unwrap_or_default().to_string(),
-            pending: c["pending"].as_i64().unwrap_or(0),
-            oldest_due_s: c["oldest"].as_f64().unwrap_or(0.0).max(0.0),
-            paused: c["paused"].as_bool().unwrap_or(false),
+        .map(|c| {
+            Ok(ChannelGauges {
+                channel: parse_text("channel", c["channel"].as_str().unwrap_or_default())?,
+                pending: c["pending"].as_i64().unwrap_or(0),
+                oldest_due_s: c["oldest"].as_f64().unwrap_or(0.0).max(0.0),
+                paused: c["paused"].as_bool().unwrap_or(false),
+            })
         })
-        .collect();
+        .collect::<Result<_>>()?;
     Ok(Gauges {
         outbox_rows: row.get("outbox_rows"),
         outbox_oldest_s: row.get::<f64, _>("outbox_oldest_s").max(0.0),

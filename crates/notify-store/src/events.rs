@@ -1,8 +1,12 @@
 //! Events and their deliveries: the ingest transaction and the read side of `GetEvent`.
 
 use crate::Result;
+use crate::row::{parse, parse_all, parse_text};
 use chrono::{DateTime, Utc};
-use notify_core::{Channel, Content, NewEvent, PlannedDelivery, SkippedDelivery};
+use notify_core::{
+    Channel, Content, DeliveryStatus, FanoutStatus, NewEvent, PlannedDelivery, Provider,
+    SkippedDelivery,
+};
 use sqlx::{PgExecutor, Row};
 use uuid::Uuid;
 
@@ -363,8 +367,8 @@ pub struct EventRecord {
     pub content: Content,
     /// Topic broadcast to, if any.
     pub topic: Option<String>,
-    /// `none`, `pending` or `done`.
-    pub fanout_status: String,
+    /// Where its fan-out stands (`none` for an event without a topic).
+    pub fanout_status: FanoutStatus,
     /// Topic subscribers planned so far.
     pub fanout_recipients: i32,
     /// The caller that sent it (its key's name, or [`SHARED_CALLER`]); its event key is
@@ -381,14 +385,14 @@ pub struct DeliveryRecord {
     pub id: Uuid,
     /// Recipient.
     pub user_id: String,
-    /// Channel name.
-    pub channel: String,
-    /// Provider name.
-    pub provider: String,
+    /// Channel.
+    pub channel: Channel,
+    /// Provider.
+    pub provider: Provider,
     /// Push endpoint.
     pub endpoint_id: Option<Uuid>,
     /// State.
-    pub status: String,
+    pub status: DeliveryStatus,
     /// Provider calls made.
     pub attempts: i32,
     /// When the next attempt may start.
@@ -406,12 +410,12 @@ pub struct DeliveryRecord {
 }
 
 /// A skipped recipient x channel pair.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone)]
 pub struct SkipRecord {
     /// Recipient.
     pub user_id: String,
-    /// Channel name.
-    pub channel: String,
+    /// Channel.
+    pub channel: Channel,
     /// Skip reason code.
     pub reason: String,
     /// Planning decisions, one per line.
@@ -463,20 +467,23 @@ pub async fn get_event(
     .bind(any_caller)
     .fetch_optional(db)
     .await?;
-    Ok(row.map(|r| EventRecord {
-        id: r.get("id"),
-        event_key: r.get("event_key"),
-        type_key: r.get("type"),
-        actor_id: r.get("actor_id"),
-        recipients: r.get("recipients"),
-        payload: r.get("payload_json"),
-        content: serde_json::from_value(r.get("content_json")).unwrap_or_default(),
-        topic: r.get("topic"),
-        fanout_status: r.get("fanout_status"),
-        fanout_recipients: r.get("fanout_recipients"),
-        caller: r.get("caller"),
-        created_at: r.get("created_at"),
-    }))
+    row.map(|r| {
+        Ok(EventRecord {
+            id: r.get("id"),
+            event_key: r.get("event_key"),
+            type_key: r.get("type"),
+            actor_id: r.get("actor_id"),
+            recipients: r.get("recipients"),
+            payload: r.get("payload_json"),
+            content: serde_json::from_value(r.get("content_json")).unwrap_or_default(),
+            topic: r.get("topic"),
+            fanout_status: parse(&r, "fanout_status")?,
+            fanout_recipients: r.get("fanout_recipients"),
+            caller: r.get("caller"),
+            created_at: r.get("created_at"),
+        })
+    })
+    .transpose()
 }
 
 /// Up to `limit` deliveries of an event in id order, after `after` (for paging).
@@ -497,18 +504,18 @@ pub async fn list_deliveries(
     .bind(limit)
     .fetch_all(db)
     .await?;
-    Ok(rows.into_iter().map(delivery_record).collect())
+    rows.iter().map(delivery_record).collect()
 }
 
-fn delivery_record(r: sqlx::postgres::PgRow) -> DeliveryRecord {
+fn delivery_record(r: &sqlx::postgres::PgRow) -> Result<DeliveryRecord> {
     {
-        DeliveryRecord {
+        Ok(DeliveryRecord {
             id: r.get("id"),
             user_id: r.get("user_id"),
-            channel: r.get("channel"),
-            provider: r.get("provider"),
+            channel: parse(r, "channel")?,
+            provider: parse(r, "provider")?,
             endpoint_id: r.get("endpoint_id"),
-            status: r.get("status"),
+            status: parse(r, "status")?,
             attempts: r.get("attempts"),
             next_attempt_at: r.get("next_attempt_at"),
             last_error: r.get("last_error"),
@@ -516,8 +523,17 @@ fn delivery_record(r: sqlx::postgres::PgRow) -> DeliveryRecord {
             sent_at: r.get("sent_at"),
             deferred_until: r.get("deferred_until"),
             decision: r.get("decision"),
-        }
+        })
     }
+}
+
+fn skip_record(r: &sqlx::postgres::PgRow) -> Result<SkipRecord> {
+    Ok(SkipRecord {
+        user_id: r.get("user_id"),
+        channel: parse(r, "channel")?,
+        reason: r.get("reason"),
+        decision: r.get("decision"),
+    })
 }
 
 /// One user's deliveries of an event on one channel (several for push endpoints).
@@ -525,7 +541,7 @@ pub async fn deliveries_of(
     db: impl PgExecutor<'_>,
     event_id: Uuid,
     user_id: &str,
-    channel: &str,
+    channel: Channel,
 ) -> Result<Vec<DeliveryRecord>> {
     let rows = sqlx::query(
         "SELECT id, user_id, channel, provider, endpoint_id, status, attempts, next_attempt_at,
@@ -539,10 +555,10 @@ pub async fn deliveries_of(
     )
     .bind(event_id)
     .bind(user_id)
-    .bind(channel)
+    .bind(channel.as_str())
     .fetch_all(db)
     .await?;
-    Ok(rows.into_iter().map(delivery_record).collect())
+    rows.iter().map(delivery_record).collect()
 }
 
 /// The skip of one user on one channel for an event, if any.
@@ -550,17 +566,20 @@ pub async fn skip_of(
     db: impl PgExecutor<'_>,
     event_id: Uuid,
     user_id: &str,
-    channel: &str,
+    channel: Channel,
 ) -> Result<Option<SkipRecord>> {
-    Ok(sqlx::query_as(
+    sqlx::query(
         "SELECT user_id, channel, reason, decision FROM delivery_skips
          WHERE event_id = $1 AND user_id = $2 AND channel = $3",
     )
     .bind(event_id)
     .bind(user_id)
-    .bind(channel)
+    .bind(channel.as_str())
     .fetch_optional(db)
-    .await?)
+    .await?
+    .as_ref()
+    .map(skip_record)
+    .transpose()
 }
 
 /// One provider call as recorded.
@@ -618,18 +637,27 @@ pub async fn endpoint_state(db: impl PgExecutor<'_>, endpoint_id: Uuid) -> Resul
     })
 }
 
-/// Number of an event's deliveries per (channel, status).
+/// Number of an event's deliveries per (channel, status), ordered by their stored names.
 pub async fn delivery_counts(
     db: impl PgExecutor<'_>,
     event_id: Uuid,
-) -> Result<Vec<(String, String, i64)>> {
-    Ok(sqlx::query_as(
+) -> Result<Vec<(Channel, DeliveryStatus, i64)>> {
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(
         "SELECT channel, status, count(*) FROM notification_deliveries WHERE event_id = $1
          GROUP BY channel, status ORDER BY channel, status",
     )
     .bind(event_id)
     .fetch_all(db)
-    .await?)
+    .await?;
+    rows.into_iter()
+        .map(|(channel, status, n)| {
+            Ok((
+                parse_text("channel", &channel)?,
+                parse_text("status", &status)?,
+                n,
+            ))
+        })
+        .collect()
 }
 
 /// Up to `limit` skipped pairs of an event, by user then channel.
@@ -638,14 +666,17 @@ pub async fn list_skips(
     event_id: Uuid,
     limit: i64,
 ) -> Result<Vec<SkipRecord>> {
-    Ok(sqlx::query_as(
+    sqlx::query(
         "SELECT user_id, channel, reason, decision FROM delivery_skips WHERE event_id = $1
          ORDER BY user_id, channel LIMIT $2",
     )
     .bind(event_id)
     .bind(limit)
     .fetch_all(db)
-    .await?)
+    .await?
+    .iter()
+    .map(skip_record)
+    .collect()
 }
 
 /// A topic event whose fan-out this replica holds.
@@ -658,7 +689,7 @@ pub struct FanoutJob {
     /// Topic.
     pub topic: String,
     /// Channels to plan.
-    pub channels: Vec<String>,
+    pub channels: Vec<Channel>,
     /// Last subscriber planned.
     pub cursor: String,
     /// LINE by multicast batches.
@@ -682,14 +713,17 @@ pub async fn claim_fanout(
     .bind(notify_core::retry::millis(hold))
     .fetch_optional(db)
     .await?;
-    Ok(row.map(|r| FanoutJob {
-        event_id: r.get("id"),
-        type_key: r.get("type"),
-        topic: r.get("topic"),
-        channels: r.get("channels"),
-        cursor: r.get("fanout_cursor"),
-        line_multicast: r.get("line_multicast"),
-    }))
+    row.map(|r| {
+        Ok(FanoutJob {
+            event_id: r.get("id"),
+            type_key: r.get("type"),
+            topic: r.get("topic"),
+            channels: parse_all(&r, "channels")?,
+            cursor: r.get("fanout_cursor"),
+            line_multicast: r.get("line_multicast"),
+        })
+    })
+    .transpose()
 }
 
 /// Subscribers of `topic` after `after` in user_id order, at most `limit`.
