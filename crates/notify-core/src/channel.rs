@@ -27,7 +27,7 @@ impl Channel {
     pub const ALL: [Channel; 4] = [Channel::InApp, Channel::Email, Channel::Push, Channel::Line];
 
     /// Canonical lowercase name, used in the API, the database and routing keys.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Channel::InApp => "inapp",
             Channel::Email => "email",

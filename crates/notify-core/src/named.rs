@@ -39,7 +39,7 @@ macro_rules! named_enum {
             pub const NAMES: &'static [&'static str] = &[$($text),+];
 
             /// Canonical lowercase name, as stored in the database and shown in the API.
-            pub fn as_str(self) -> &'static str {
+            pub const fn as_str(self) -> &'static str {
                 match self {
                     $( $name::$variant => $text, )+
                 }

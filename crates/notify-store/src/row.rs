@@ -41,6 +41,12 @@ where
         .collect()
 }
 
+/// One column of a batch insert: `f` of every row, in order (bound as a Postgres array
+/// and taken apart again with `UNNEST`).
+pub(crate) fn column<'a, R, T>(rows: &'a [R], f: impl Fn(&'a R) -> T) -> Vec<T> {
+    rows.iter().map(f).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
