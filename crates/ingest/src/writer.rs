@@ -482,12 +482,7 @@ async fn try_write(
     let mut counted = if cfg.fatigue_caps.is_empty() {
         notify_core::fatigue::Counted::new()
     } else {
-        let mut users: Vec<&str> = requests
-            .iter()
-            .flat_map(|(_, u)| u.iter().map(String::as_str))
-            .collect();
-        users.sort_unstable();
-        users.dedup();
+        let users = catalog::distinct_users(&requests);
         events::counted_toward_caps(&mut tx, &users).await?
     };
     for (&i, facts) in direct.iter().zip(facts) {

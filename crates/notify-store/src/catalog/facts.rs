@@ -18,6 +18,18 @@ pub async fn load_recipient_facts(
     Ok(out.pop().unwrap_or_default())
 }
 
+/// The users named in `requests` (`(type key, user ids)`), each once, sorted: the order
+/// in which per-user rows and locks are read.
+pub fn distinct_users<'a>(requests: &[(&str, &'a [String])]) -> Vec<&'a str> {
+    let mut users: Vec<&str> = requests
+        .iter()
+        .flat_map(|(_, u)| u.iter().map(String::as_str))
+        .collect();
+    users.sort_unstable();
+    users.dedup();
+    users
+}
+
 /// [`load_recipient_facts`] for several `(type key, user ids)` requests at once: one
 /// result per request, in order, from the same three queries.
 pub async fn load_recipient_facts_many(
@@ -38,12 +50,7 @@ pub async fn load_recipient_facts_many(
         // channel None = '*' (the type on every channel)
         prefs: Vec<(String, Option<Channel>, bool)>,
     }
-    let mut users: Vec<&str> = requests
-        .iter()
-        .flat_map(|(_, u)| u.iter().map(String::as_str))
-        .collect();
-    users.sort_unstable();
-    users.dedup();
+    let users = distinct_users(requests);
     let mut types: Vec<&str> = requests.iter().map(|(t, _)| *t).collect();
     types.push("*");
     types.sort_unstable();

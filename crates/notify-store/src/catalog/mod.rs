@@ -10,7 +10,7 @@ use sqlx::{PgExecutor, Row};
 mod facts;
 mod recipients;
 
-pub use facts::{load_recipient_facts, load_recipient_facts_many};
+pub use facts::{distinct_users, load_recipient_facts, load_recipient_facts_many};
 pub use recipients::{
     Recipient, UserPreferences, deactivate_endpoint, get_preferences, mark_email_undeliverable,
     record_line_follow, register_endpoint, revoke_endpoint, set_preference, set_quiet_hours,
