@@ -788,13 +788,14 @@ pub fn validate_type(
         }
     };
     let over_cap = if r.over_cap.is_empty() {
-        "defer".to_string()
+        Ok(notify_core::fatigue::OverCap::default())
     } else {
-        r.over_cap.to_ascii_lowercase()
-    };
-    if notify_core::fatigue::OverCap::parse(&over_cap).is_none() {
-        v.add("over_cap", "must be defer or drop");
+        r.over_cap.to_ascii_lowercase().parse()
     }
+    .unwrap_or_else(|_| {
+        v.add("over_cap", "must be defer or drop");
+        notify_core::fatigue::OverCap::default()
+    });
     if r.digest_window_seconds > 86_400 {
         v.add("digest_window_seconds", "must be at most 1 day (86400)");
     }

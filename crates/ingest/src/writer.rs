@@ -425,8 +425,7 @@ async fn check_catalogue(
             // Time-ordered (RFC 9562 version 7), like delivery ids.
             id: Uuid::now_v7(),
             critical: ty.critical,
-            over_cap: notify_core::fatigue::OverCap::parse(&ty.over_cap)
-                .unwrap_or(notify_core::fatigue::OverCap::Defer),
+            over_cap: ty.over_cap,
             digest_window_s: ty.digest_window_s,
             dedup_window_s: i64::from(ty.dedup_window_s),
             channels,

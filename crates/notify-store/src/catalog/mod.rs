@@ -4,6 +4,7 @@
 
 use crate::Result;
 use crate::row::parse;
+use notify_core::fatigue::OverCap;
 use notify_core::{Category, Channel, Priority, SensitiveData};
 use sqlx::{PgExecutor, Row};
 
@@ -36,8 +37,8 @@ pub struct NotificationType {
     pub sample_payload: serde_json::Value,
     /// Dedup window in seconds (0 = an event_key is unique forever).
     pub dedup_window_s: i32,
-    /// `defer` or `drop` a notification over a fatigue cap.
-    pub over_cap: String,
+    /// What to do with a notification over a fatigue cap.
+    pub over_cap: OverCap,
     /// What ingest does with sensitive data in its events: see [`notify_core::guard`].
     pub sensitive_data: SensitiveData,
     /// Digest window in seconds (0 = no digests).
@@ -160,7 +161,7 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
     .bind(&t.default_locale)
     .bind(&t.sample_payload)
     .bind(t.dedup_window_s)
-    .bind(&t.over_cap)
+    .bind(t.over_cap.as_str())
     .bind(t.digest_window_s)
     .bind(t.sensitive_data.as_str())
     .fetch_one(db)
@@ -198,7 +199,7 @@ pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<Not
                 default_locale: r.get("default_locale"),
                 sample_payload: r.get("sample_payload"),
                 dedup_window_s: r.get("dedup_window_s"),
-                over_cap: r.get("over_cap"),
+                over_cap: parse(r, "over_cap")?,
                 sensitive_data: parse(r, "sensitive_data")?,
                 digest_window_s: r.get("digest_window_s"),
             })
