@@ -2,7 +2,7 @@
 //! the gRPC services.
 
 use chrono::{DateTime, Utc};
-use notify_core::{Channel, Content, SkippedDelivery};
+use notify_core::{Channel, Content, DeliveryStatus, SkippedDelivery};
 use notify_proto::v1 as pb;
 use notify_store::events::{self, DeliveryRecord, NewDelivery};
 
@@ -44,11 +44,11 @@ pub(crate) fn delivery_to_pb(d: DeliveryRecord) -> pb::Delivery {
     pb::Delivery {
         delivery_id: d.id.to_string(),
         user_id: d.user_id,
-        channel: d.channel,
-        provider: d.provider,
+        channel: d.channel.as_str().into(),
+        provider: d.provider.as_str().into(),
         endpoint_id: d.endpoint_id.map(|e| e.to_string()).unwrap_or_default(),
-        next_attempt_at: (d.status == "pending").then(|| ts(d.next_attempt_at)),
-        status: d.status,
+        next_attempt_at: (d.status == DeliveryStatus::Pending).then(|| ts(d.next_attempt_at)),
+        status: d.status.as_str().into(),
         attempts: d.attempts.max(0) as u32,
         last_error: d.last_error.unwrap_or_default(),
         provider_message_id: d.provider_message_id.unwrap_or_default(),
@@ -62,7 +62,7 @@ pub(crate) fn delivery_to_pb(d: DeliveryRecord) -> pb::Delivery {
 pub(crate) fn skip_to_pb(s: events::SkipRecord) -> pb::SkippedDelivery {
     pb::SkippedDelivery {
         user_id: s.user_id,
-        channel: s.channel,
+        channel: s.channel.as_str().into(),
         reason: s.reason,
         decision: s.decision,
     }
@@ -75,13 +75,13 @@ pub(crate) fn skipped_to_pb(rows: Vec<events::SkipRecord>) -> Vec<pb::SkippedDel
 
 /// Deliveries per channel (any status), in channel order, from `(channel, status, count)`
 /// rows; channels with none are left out.
-pub(crate) fn channel_counts(counts: &[(String, String, i64)]) -> Vec<pb::ChannelCount> {
+pub(crate) fn channel_counts(counts: &[(Channel, DeliveryStatus, i64)]) -> Vec<pb::ChannelCount> {
     Channel::ALL
         .iter()
         .filter_map(|c| {
             let n: i64 = counts
                 .iter()
-                .filter(|(ch, _, _)| ch == c.as_str())
+                .filter(|(ch, _, _)| ch == c)
                 .map(|(_, _, n)| n)
                 .sum();
             (n > 0).then(|| pb::ChannelCount {

@@ -85,7 +85,7 @@ async fn fan_out(
             job.type_key
         )));
     };
-    let channels: Vec<Channel> = job.channels.iter().filter_map(|c| c.parse().ok()).collect();
+    let channels: Vec<Channel> = job.channels.clone();
     let mut cursor = job.cursor.clone();
     loop {
         if shutdown.is_cancelled() {
@@ -102,8 +102,7 @@ async fn fan_out(
         if !caps.is_empty() {
             let page: Vec<&str> = users.iter().map(String::as_str).collect();
             let mut counted = events::counted_toward_caps(&mut tx, &page).await?;
-            let over = notify_core::fatigue::OverCap::parse(&ty.over_cap)
-                .unwrap_or(notify_core::fatigue::OverCap::Defer);
+            let over = ty.over_cap;
             planned = notify_core::fatigue::apply_caps(
                 planned,
                 &mut skipped,

@@ -399,14 +399,19 @@ async fn sweep(pool: PgPool, cfg: IngestConfig, shutdown: CancellationToken) {
                     // A call whose worker died: whether the provider got it is unknown.
                     m.deliveries_ambiguous.add(
                         1,
-                        &notify_telemetry::metrics::channel_provider(&lost.channel, &lost.provider),
+                        &notify_telemetry::metrics::channel_provider(
+                            lost.channel.as_str(),
+                            lost.provider.as_str(),
+                        ),
                     );
                 }
                 for lost in expired.iter().filter(|l| l.failed) {
                     // The worker died or froze during the last attempt allowed: the
                     // attempt cap holds here as on the worker's own path.
-                    let [c, p] =
-                        notify_telemetry::metrics::channel_provider(&lost.channel, &lost.provider);
+                    let [c, p] = notify_telemetry::metrics::channel_provider(
+                        lost.channel.as_str(),
+                        lost.provider.as_str(),
+                    );
                     m.deliveries_failed.add(
                         1,
                         &[c, p, opentelemetry::KeyValue::new("reason", "worker_lost")],
@@ -491,7 +496,7 @@ async fn sample_gauges(
                 m.outbox_oldest_age.record(g.outbox_oldest_s, &[]);
                 for c in Channel::ALL {
                     let label = [KeyValue::new("channel", c.as_str())];
-                    let row = g.channels.iter().find(|r| r.channel == c.as_str());
+                    let row = g.channels.iter().find(|r| r.channel == c);
                     m.deliveries_pending
                         .record(row.map_or(0, |r| r.pending as u64), &label);
                     m.oldest_pending_age

@@ -2,8 +2,9 @@
 //! the request's fields, its templates rendered against the sample payload, and no
 //! sensitive data in either.
 
-use notify_core::Channel;
+use notify_core::fatigue::OverCap;
 use notify_core::validate::{self, FieldViolation, Violations};
+use notify_core::{Category, Channel, Priority, SensitiveData};
 use notify_proto::v1 as pb;
 use notify_store::catalog::NotificationType;
 
@@ -23,22 +24,18 @@ pub fn validate_type(
             "must be 1 to 64 characters of [a-z0-9_.-] starting with a letter",
         );
     }
-    let priority = if r.priority.is_empty() {
-        "normal".to_string()
-    } else {
-        r.priority.to_ascii_lowercase()
-    };
-    if !matches!(priority.as_str(), "low" | "normal" | "high") {
-        v.add("priority", "must be low, normal or high");
-    }
-    let category = if r.category.is_empty() {
-        "transactional".to_string()
-    } else {
-        r.category.to_ascii_lowercase()
-    };
-    if !matches!(category.as_str(), "transactional" | "marketing") {
-        v.add("category", "must be transactional or marketing");
-    }
+    let priority: Priority = named_or_default(
+        &mut v,
+        "priority",
+        &r.priority,
+        "must be low, normal or high",
+    );
+    let category: Category = named_or_default(
+        &mut v,
+        "category",
+        &r.category,
+        "must be transactional or marketing",
+    );
     if r.default_channels.is_empty() {
         v.add("default_channels", "must name at least one channel");
     }
@@ -73,25 +70,17 @@ pub fn validate_type(
             }
         }
     };
-    let over_cap = if r.over_cap.is_empty() {
-        "defer".to_string()
-    } else {
-        r.over_cap.to_ascii_lowercase()
-    };
-    if notify_core::fatigue::OverCap::parse(&over_cap).is_none() {
-        v.add("over_cap", "must be defer or drop");
-    }
+    let over_cap: OverCap =
+        named_or_default(&mut v, "over_cap", &r.over_cap, "must be defer or drop");
     if r.digest_window_seconds > 86_400 {
         v.add("digest_window_seconds", "must be at most 1 day (86400)");
     }
-    let sensitive_data = if r.sensitive_data.is_empty() {
-        "reject".to_string()
-    } else {
-        r.sensitive_data.to_ascii_lowercase()
-    };
-    if sensitive_data != "reject" && sensitive_data != "mask" {
-        v.add("sensitive_data", "must be reject or mask");
-    }
+    let sensitive_data: SensitiveData = named_or_default(
+        &mut v,
+        "sensitive_data",
+        &r.sensitive_data,
+        "must be reject or mask",
+    );
     let dedup_window_s = r.dedup_window_seconds;
     if dedup_window_s > 31 * 86_400 {
         v.add("dedup_window_seconds", "must be at most 31 days (2678400)");
@@ -181,4 +170,22 @@ pub fn validate_type(
         sensitive_data,
     })?;
     Ok((t, templates))
+}
+
+/// A stored name of a type setting (`priority`, `category`, …), case-insensitive; the
+/// setting's default when `value` is empty; a violation of `rule` on `field` (and the
+/// default) when it names nothing.
+fn named_or_default<T: std::str::FromStr + Default>(
+    v: &mut Violations,
+    field: &str,
+    value: &str,
+    rule: &str,
+) -> T {
+    if value.is_empty() {
+        return T::default();
+    }
+    value.to_ascii_lowercase().parse().unwrap_or_else(|_| {
+        v.add(field, rule);
+        T::default()
+    })
 }

@@ -428,8 +428,7 @@ async fn check_catalogue(
             // Time-ordered (RFC 9562 version 7), like delivery ids.
             id: Uuid::now_v7(),
             critical: ty.critical,
-            over_cap: notify_core::fatigue::OverCap::parse(&ty.over_cap)
-                .unwrap_or(notify_core::fatigue::OverCap::Defer),
+            over_cap: ty.over_cap,
             digest_window_s: ty.digest_window_s,
             dedup_window_s: i64::from(ty.dedup_window_s),
             channels,
@@ -485,12 +484,7 @@ async fn try_write(
     let mut counted = if cfg.fatigue_caps.is_empty() {
         notify_core::fatigue::Counted::new()
     } else {
-        let mut users: Vec<&str> = requests
-            .iter()
-            .flat_map(|(_, u)| u.iter().map(String::as_str))
-            .collect();
-        users.sort_unstable();
-        users.dedup();
+        let users = catalog::distinct_users(&requests);
         events::counted_toward_caps(&mut tx, &users).await?
     };
     for (&i, facts) in direct.iter().zip(facts) {

@@ -1,5 +1,6 @@
 //! Channels, providers and the delivery state machine's states.
 
+use crate::named::named_enum;
 use std::fmt;
 use std::str::FromStr;
 
@@ -26,7 +27,7 @@ impl Channel {
     pub const ALL: [Channel; 4] = [Channel::InApp, Channel::Email, Channel::Push, Channel::Line];
 
     /// Canonical lowercase name, used in the API, the database and routing keys.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Channel::InApp => "inapp",
             Channel::Email => "email",
@@ -67,89 +68,55 @@ impl FromStr for Channel {
     }
 }
 
-/// Who carries a delivery on its channel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Provider {
-    /// Our own inbox table.
-    Inbox,
-    /// An SMTP relay.
-    Smtp,
-    /// LINE Messaging API.
-    Line,
-    /// Firebase Cloud Messaging HTTP v1.
-    Fcm,
-    /// Apple Push Notification service.
-    Apns,
-    /// A Web Push service (RFC 8030).
-    WebPush,
-    /// LINE Messaging API multicast: one call for up to 500 LINE users.
-    LineMulticast,
+named_enum! {
+    /// Who carries a delivery on its channel, as stored in
+    /// `notification_deliveries.provider`.
+    pub enum Provider("provider") {
+        /// Our own inbox table.
+        Inbox = "inbox",
+        /// An SMTP relay.
+        Smtp = "smtp",
+        /// LINE Messaging API.
+        Line = "line",
+        /// Firebase Cloud Messaging HTTP v1.
+        Fcm = "fcm",
+        /// Apple Push Notification service.
+        Apns = "apns",
+        /// A Web Push service (RFC 8030).
+        WebPush = "webpush",
+        /// LINE Messaging API multicast: one call for up to 500 LINE users.
+        LineMulticast = "line_multicast",
+    }
 }
 
 impl Provider {
-    /// Canonical lowercase name as stored in `notification_deliveries.provider`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Provider::Inbox => "inbox",
-            Provider::Smtp => "smtp",
-            Provider::Line => "line",
-            Provider::Fcm => "fcm",
-            Provider::Apns => "apns",
-            Provider::WebPush => "webpush",
-            Provider::LineMulticast => "line_multicast",
-        }
-    }
-
     /// The provider of a push endpoint platform (`fcm`, `apns`, `webpush`).
     pub fn for_push_platform(platform: &str) -> Option<Provider> {
-        match platform {
-            "fcm" => Some(Provider::Fcm),
-            "apns" => Some(Provider::Apns),
-            "webpush" => Some(Provider::WebPush),
+        match platform.parse() {
+            Ok(p @ (Provider::Fcm | Provider::Apns | Provider::WebPush)) => Some(p),
             _ => None,
         }
     }
 }
 
-/// States of a delivery (see the state machine in docs/ARCHITECTURE.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DeliveryStatus {
-    /// Waiting for its next attempt (`next_attempt_at`).
-    Pending,
-    /// Claimed by a worker holding a lease.
-    Sending,
-    /// The provider accepted it. Final.
-    Sent,
-    /// Permanently failed or out of attempts. Final.
-    Failed,
-    /// Canceled before it was sent. Final.
-    Canceled,
+named_enum! {
+    /// States of a delivery (see the state machine in docs/ARCHITECTURE.md), as stored in
+    /// `notification_deliveries.status`.
+    pub enum DeliveryStatus("delivery status") {
+        /// Waiting for its next attempt (`next_attempt_at`).
+        Pending = "pending",
+        /// Claimed by a worker holding a lease.
+        Sending = "sending",
+        /// The provider accepted it. Final.
+        Sent = "sent",
+        /// Permanently failed or out of attempts. Final.
+        Failed = "failed",
+        /// Canceled before it was sent. Final.
+        Canceled = "canceled",
+    }
 }
 
 impl DeliveryStatus {
-    /// Canonical lowercase name as stored in the database.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            DeliveryStatus::Pending => "pending",
-            DeliveryStatus::Sending => "sending",
-            DeliveryStatus::Sent => "sent",
-            DeliveryStatus::Failed => "failed",
-            DeliveryStatus::Canceled => "canceled",
-        }
-    }
-
-    /// Parses the stored name; `None` for anything else.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "pending" => DeliveryStatus::Pending,
-            "sending" => DeliveryStatus::Sending,
-            "sent" => DeliveryStatus::Sent,
-            "failed" => DeliveryStatus::Failed,
-            "canceled" => DeliveryStatus::Canceled,
-            _ => return None,
-        })
-    }
-
     /// True for sent, failed and canceled: nothing will change any more.
     pub fn is_final(self) -> bool {
         matches!(
@@ -178,11 +145,34 @@ mod tests {
     fn only_sent_failed_canceled_are_final() {
         let finals: Vec<_> = ["pending", "sending", "sent", "failed", "canceled"]
             .iter()
-            .map(|s| DeliveryStatus::parse(s).unwrap())
+            .map(|s| s.parse::<DeliveryStatus>().unwrap())
             .filter(|s| s.is_final())
             .map(|s| s.as_str())
             .collect();
         assert_eq!(finals, ["sent", "failed", "canceled"]);
-        assert_eq!(DeliveryStatus::parse("queued"), None);
+        let err = "queued".parse::<DeliveryStatus>().unwrap_err();
+        assert_eq!(err.value, "queued");
+        assert!(err.to_string().contains("\"queued\""), "{err}");
+    }
+
+    #[test]
+    fn provider_names_round_trip_and_push_platforms_map() {
+        for p in Provider::ALL {
+            assert_eq!(p.as_str().parse::<Provider>().unwrap(), *p);
+            assert_eq!(p.to_string(), p.as_str());
+        }
+        assert_eq!(
+            Provider::for_push_platform("webpush"),
+            Some(Provider::WebPush)
+        );
+        assert_eq!(Provider::for_push_platform("line"), None);
+        assert_eq!(
+            serde_json::to_string(&Provider::LineMulticast).unwrap(),
+            "\"line_multicast\""
+        );
+        assert!(
+            "LINE".parse::<Provider>().is_err(),
+            "stored names are exact"
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! through planning (the decision text stored with each delivery or skip) to the
 //! endpoint's state now, each attempt and the status. Pure: the caller reads the facts.
 
-use crate::Channel;
+use crate::{Category, Channel, DeliveryStatus, Priority};
 
 /// The type's settings that shaped planning.
 #[derive(Debug, Clone, Copy)]
@@ -10,11 +10,11 @@ pub struct TypeFacts<'a> {
     /// Type key.
     pub key: &'a str,
     /// `low`, `normal` or `high`.
-    pub priority: &'a str,
+    pub priority: Priority,
     /// Critical types ignore opt-outs and quiet hours.
     pub critical: bool,
     /// `transactional` or `marketing`.
-    pub category: &'a str,
+    pub category: Category,
     /// Channels used when the event names none.
     pub default_channels: &'a [Channel],
 }
@@ -42,7 +42,7 @@ pub struct DeliveryFacts<'a> {
     /// Its attempts, in order.
     pub attempts: Vec<AttemptFacts<'a>>,
     /// Its status now.
-    pub status: &'a str,
+    pub status: DeliveryStatus,
 }
 
 /// The pair's skip, if planning skipped it.
@@ -128,9 +128,9 @@ mod tests {
 
     const TYPE: TypeFacts<'static> = TypeFacts {
         key: "order_paid",
-        priority: "high",
+        priority: Priority::High,
         critical: false,
-        category: "transactional",
+        category: Category::Transactional,
         default_channels: &[Channel::Email, Channel::Line],
     };
 
@@ -184,13 +184,13 @@ mod tests {
                     error_code: None,
                 },
             ],
-            status: "sent",
+            status: DeliveryStatus::Sent,
         };
         let no_endpoint = DeliveryFacts {
             decision: "planned: inapp",
             endpoint: "",
             attempts: vec![],
-            status: "pending",
+            status: DeliveryStatus::Pending,
         };
         assert_eq!(
             trail("type t", None, &[d, no_endpoint], false),

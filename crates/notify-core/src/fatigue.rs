@@ -13,31 +13,23 @@ use std::collections::{BTreeMap, HashMap};
 /// The rolling window.
 pub const WINDOW: Duration = Duration::hours(1);
 
-/// What a type does with a notification over the cap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OverCap {
-    /// Send it at the next free slot.
-    Defer,
-    /// Do not send it (skip reason `throttled`).
-    Drop,
+crate::named::named_enum! {
+    /// What a type does with a notification over the cap (`notification_types.over_cap`).
+    #[derive(Default)]
+    pub enum OverCap("over_cap") {
+        /// Send it at the next free slot. The default (the column's).
+        #[default]
+        Defer = "defer",
+        /// Do not send it (skip reason `throttled`).
+        Drop = "drop",
+    }
 }
 
 impl OverCap {
-    /// `defer` or `drop`.
+    /// The stored name parsed, `None` for anything else (the same as `FromStr`, kept
+    /// for callers that want an `Option`).
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "defer" => Some(OverCap::Defer),
-            "drop" => Some(OverCap::Drop),
-            _ => None,
-        }
-    }
-
-    /// Stable name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OverCap::Defer => "defer",
-            OverCap::Drop => "drop",
-        }
+        s.parse().ok()
     }
 }
 

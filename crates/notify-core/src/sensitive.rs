@@ -17,28 +17,7 @@
 use crate::event::NewEvent;
 use crate::guard::{self, Finding, Kind};
 use crate::validate::FieldViolation;
-
-/// What a type does with an event whose content carries sensitive data (`sensitive_data`
-/// of the type).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SensitiveDataPolicy {
-    /// Refuse the event (the default).
-    #[default]
-    Reject,
-    /// Store a masked copy.
-    Mask,
-}
-
-impl SensitiveDataPolicy {
-    /// The policy stored for a type: `mask` masks; anything else, and no type at all (it
-    /// fails later anyway), rejects.
-    pub fn from_stored(stored: Option<&str>) -> Self {
-        match stored {
-            Some("mask") => Self::Mask,
-            _ => Self::Reject,
-        }
-    }
-}
+use crate::SensitiveData;
 
 /// Findings in one text field.
 fn text_findings(field: &str, text: &str) -> Vec<Finding> {
@@ -104,14 +83,14 @@ fn content_findings(event: &NewEvent) -> Vec<Finding> {
 pub fn apply(
     event: &mut NewEvent,
     findings: Vec<Finding>,
-    policy: SensitiveDataPolicy,
+    policy: SensitiveData,
 ) -> Result<(), Vec<FieldViolation>> {
     match policy {
-        SensitiveDataPolicy::Reject => Err(refusal(
+        SensitiveData::Reject => Err(refusal(
             findings,
             "this notification type does not accept sensitive data (sensitive_data = reject)",
         )),
-        SensitiveDataPolicy::Mask => {
+        SensitiveData::Mask => {
             event.payload = guard::mask_json(&event.payload);
             let c = &mut event.content;
             for text in [
@@ -180,20 +159,6 @@ mod tests {
     }
 
     #[test]
-    fn the_policy_is_reject_unless_the_type_says_mask() {
-        assert_eq!(
-            SensitiveDataPolicy::from_stored(Some("mask")),
-            SensitiveDataPolicy::Mask
-        );
-        for stored in [Some("reject"), Some("MASK"), Some(""), None] {
-            assert_eq!(
-                SensitiveDataPolicy::from_stored(stored),
-                SensitiveDataPolicy::Reject
-            );
-        }
-    }
-
-    #[test]
     fn a_clean_event_has_no_findings() {
         assert_eq!(screen(&event(json!({"order": 1}))), Ok(vec![]));
     }
@@ -236,7 +201,7 @@ mod tests {
         e.content.body = format!("card {CARD}");
         let before = e.clone();
         let found = screen(&e).unwrap();
-        let v = apply(&mut e, found, SensitiveDataPolicy::Reject).unwrap_err();
+        let v = apply(&mut e, found, SensitiveData::Reject).unwrap_err();
         assert_eq!(fields(&v), ["payload.id", "content.body"]);
         assert!(v[0].description.ends_with("(sensitive_data = reject)"));
         assert_eq!(e, before);
@@ -247,7 +212,7 @@ mod tests {
         let mut e = event(json!({"id": THAI_ID, "pin": "1234", "n": 1}));
         e.content.body = format!("card {CARD}");
         let found = screen(&e).unwrap();
-        apply(&mut e, found, SensitiveDataPolicy::Mask).unwrap();
+        apply(&mut e, found, SensitiveData::Mask).unwrap();
         assert_eq!(
             e.payload,
             json!({"id": "X-XXXX-XXXX3-45-8", "pin": "[REDACTED]", "n": 1})
@@ -264,7 +229,7 @@ mod tests {
         let mut e = event(json!({}));
         e.content.email_html = "<p>&#52;111 1111 1111 1111</p>".into();
         let found = screen(&e).unwrap();
-        let v = apply(&mut e, found, SensitiveDataPolicy::Mask).unwrap_err();
+        let v = apply(&mut e, found, SensitiveData::Mask).unwrap_err();
         assert_eq!(fields(&v), ["content.email_html"]);
         assert!(
             v[0].description

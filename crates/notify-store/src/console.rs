@@ -1,16 +1,18 @@
 //! What the operations console reads and the actions it takes, each action recorded in
 //! `console_audit` with who and when.
 
+use crate::row::parse;
 use crate::{Result, StoreError};
 use chrono::{DateTime, Utc};
+use notify_core::{Channel, DeliveryStatus};
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
 /// One channel's figures for the overview.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ChannelOverview {
-    /// Channel name.
-    pub channel: String,
+    /// The channel.
+    pub channel: Channel,
     /// Deliveries created in the last hour, by status: pending, sending, sent, failed.
     pub last_hour: [i64; 4],
     /// The same for the last day.
@@ -21,7 +23,13 @@ pub struct ChannelOverview {
     pub retry_rate: Option<f64>,
 }
 
-const STATUSES: [&str; 4] = ["pending", "sending", "sent", "failed"];
+/// The statuses counted in [`ChannelOverview::last_hour`] and `last_day`, in that order.
+pub const OVERVIEW_STATUSES: [DeliveryStatus; 4] = [
+    DeliveryStatus::Pending,
+    DeliveryStatus::Sending,
+    DeliveryStatus::Sent,
+    DeliveryStatus::Failed,
+];
 
 /// The smallest UUIDv7 (RFC 9562) of the millisecond `t`: delivery and event ids are
 /// time-ordered, so "created since t" is a range scan of the primary key.
@@ -36,11 +44,14 @@ pub fn uuid_v7_floor(t: DateTime<Utc>) -> Uuid {
 
 /// Per-channel figures and the outbox lag (age in seconds of the oldest due outbox row).
 pub async fn overview(db: &PgPool) -> Result<(Vec<ChannelOverview>, Option<i64>)> {
-    let mut out: Vec<ChannelOverview> = ["inapp", "email", "push", "line"]
+    let mut out: Vec<ChannelOverview> = Channel::ALL
         .iter()
-        .map(|c| ChannelOverview {
-            channel: c.to_string(),
-            ..Default::default()
+        .map(|&channel| ChannelOverview {
+            channel,
+            last_hour: [0; 4],
+            last_day: [0; 4],
+            oldest_pending_s: None,
+            retry_rate: None,
         })
         .collect();
     let now = Utc::now();
@@ -54,10 +65,11 @@ pub async fn overview(db: &PgPool) -> Result<(Vec<ChannelOverview>, Option<i64>)
     .fetch_all(db)
     .await?;
     for r in rows {
-        let (channel, status): (String, String) = (r.get("channel"), r.get("status"));
+        let (channel, status): (Channel, DeliveryStatus) =
+            (parse(&r, "channel")?, parse(&r, "status")?);
         if let (Some(o), Some(i)) = (
             out.iter_mut().find(|o| o.channel == channel),
-            STATUSES.iter().position(|s| *s == status),
+            OVERVIEW_STATUSES.iter().position(|s| *s == status),
         ) {
             o.last_hour[i] = r.get("hour");
             o.last_day[i] = r.get("day");
@@ -71,7 +83,7 @@ pub async fn overview(db: &PgPool) -> Result<(Vec<ChannelOverview>, Option<i64>)
     .fetch_all(db)
     .await?;
     for r in rows {
-        let channel: String = r.get("channel");
+        let channel: Channel = parse(&r, "channel")?;
         if let Some(o) = out.iter_mut().find(|o| o.channel == channel) {
             o.oldest_pending_s = r.get("age");
         }
@@ -86,7 +98,7 @@ pub async fn overview(db: &PgPool) -> Result<(Vec<ChannelOverview>, Option<i64>)
     .fetch_all(db)
     .await?;
     for r in rows {
-        let channel: String = r.get("channel");
+        let channel: Channel = parse(&r, "channel")?;
         if let Some(o) = out.iter_mut().find(|o| o.channel == channel) {
             o.retry_rate = r.get("rate");
         }

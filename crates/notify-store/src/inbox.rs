@@ -4,7 +4,9 @@
 //! position that commits in order (see [`changes_since`]).
 
 use crate::Result;
+use crate::row::parse;
 use chrono::{DateTime, Utc};
+use notify_core::InboxStatus;
 use sqlx::{PgExecutor, PgPool, Row};
 use uuid::Uuid;
 
@@ -24,8 +26,8 @@ pub struct InboxItem {
     pub url: Option<String>,
     /// The event's payload.
     pub data: serde_json::Value,
-    /// `unread`, `read` or `archived`.
-    pub status: String,
+    /// Where it stands (serialised as `unread`, `read` or `archived`).
+    pub status: InboxStatus,
     /// When it arrived.
     pub created_at: DateTime<Utc>,
     /// Last change (digest update, read, archive).
@@ -37,20 +39,20 @@ pub struct InboxItem {
     pub seq: i64,
 }
 
-fn item(r: sqlx::postgres::PgRow) -> InboxItem {
-    InboxItem {
+fn item(r: sqlx::postgres::PgRow) -> Result<InboxItem> {
+    Ok(InboxItem {
         id: r.get("id"),
         type_key: r.get("type"),
         title: r.get("title"),
         body: r.get("body"),
         url: r.get("url"),
         data: r.get("data_json"),
-        status: r.get("status"),
+        status: parse(&r, "status")?,
         created_at: r.get("created_at"),
         updated_at: r.get("updated_at"),
         item_count: r.get("item_count"),
         seq: r.get("seq"),
-    }
+    })
 }
 
 const COLUMNS: &str =
@@ -97,7 +99,7 @@ pub async fn list(
     .bind(limit)
     .fetch_all(db)
     .await?;
-    Ok(rows.into_iter().map(item).collect())
+    rows.into_iter().map(item).collect()
 }
 
 /// Unread items of `user_id`.
@@ -125,14 +127,14 @@ async fn lock_feed(tx: &mut sqlx::PgConnection, user_id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Sets one item's status (`read`, `unread`, `archived`; unarchiving sets `read`).
+/// Sets one item's status (unarchiving is setting it to [`InboxStatus::Read`]).
 /// Idempotent. `None` when the user has no such item. A change takes the user's next
 /// `seq` (so it reaches live streams, in commit order).
 pub async fn set_status(
     db: &PgPool,
     user_id: &str,
     id: Uuid,
-    status: &str,
+    status: InboxStatus,
 ) -> Result<Option<InboxItem>> {
     let mut tx = db.begin().await?;
     lock_feed(&mut tx, user_id).await?;
@@ -149,11 +151,11 @@ pub async fn set_status(
     )))
     .bind(user_id)
     .bind(id)
-    .bind(status)
+    .bind(status.as_str())
     .fetch_optional(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(row.map(item))
+    row.map(item).transpose()
 }
 
 /// Marks every unread item of `user_id` read, up to and including the newest one the
@@ -195,7 +197,7 @@ pub async fn changes_since(
     .bind(limit)
     .fetch_all(db)
     .await?;
-    Ok(rows.into_iter().map(item).collect())
+    rows.into_iter().map(item).collect()
 }
 
 /// The user's latest feed position (0 when none).

@@ -10,6 +10,7 @@ pub mod deliveries;
 pub mod events;
 pub mod inbox;
 pub mod outbox;
+mod row;
 pub mod topics;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -31,6 +32,15 @@ pub enum StoreError {
     /// A referenced row does not exist (the string names it).
     #[error("not found: {0}")]
     NotFound(String),
+    /// A column holds text that is not one of its domain's names (a channel, a status, a
+    /// priority ...): a row written by another version, or by hand. Never transient.
+    #[error("column {column} holds an unreadable value: {message}")]
+    BadValue {
+        /// The column read.
+        column: &'static str,
+        /// What is wrong with it (names the value).
+        message: String,
+    },
     /// A call that ran in a batch with others failed (see `notify-worker`'s batcher);
     /// `transient` carries [`StoreError::is_transient`] of the batch's error.
     #[error("database error: {message}")]
@@ -69,7 +79,7 @@ impl StoreError {
                 _ => false,
             },
             StoreError::Batch { transient, .. } => *transient,
-            StoreError::Migrate(_) | StoreError::NotFound(_) => false,
+            StoreError::Migrate(_) | StoreError::NotFound(_) | StoreError::BadValue { .. } => false,
         }
     }
 }

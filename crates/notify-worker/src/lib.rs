@@ -338,7 +338,7 @@ impl DbBatches {
         let p = pool.clone();
         let claims = Batcher::start(2, DB_BATCH, move |ids: Vec<uuid::Uuid>| {
             let p = p.clone();
-            async move { deliveries::claim_many(&p, &ids, channel.as_str(), lease).await }
+            async move { deliveries::claim_many(&p, &ids, channel, lease).await }
         });
         let p = pool.clone();
         let records = Batcher::start(
@@ -442,7 +442,7 @@ impl<S: ChannelSender> Ctx<S> {
                     // Every attempt was spent, the last ones by workers that died during the
                     // call: the claim failed it instead of calling the provider again.
                     let m = notify_telemetry::metrics();
-                    let [c, p] = notify_telemetry::metrics::channel_provider(channel.as_str(), &provider);
+                    let [c, p] = notify_telemetry::metrics::channel_provider(channel.as_str(), provider.as_str());
                     m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", "attempts_spent")]);
                     error!(attempts, reason = "attempts_spent", alert = "delivery_failed",
                         "delivery failed: its attempt budget was spent (workers died during the calls); no further call");
@@ -453,11 +453,10 @@ impl<S: ChannelSender> Ctx<S> {
             // The rules that decide whether a delivery may go out now are checked here,
             // when it is due, whatever made it due (first send, retry, fatigue slot,
             // digest close, recovery), on the database clock of the claim.
-            if let Some(channel) = job.channel.parse::<Channel>().ok()
-                && let notify_core::due::Due::Defer { until, why } = notify_core::due::check(
+            if let notify_core::due::Due::Defer { until, why } = notify_core::due::check(
                     job.started_at,
                     notify_core::due::DueFacts {
-                        channel,
+                        channel: job.channel,
                         critical: job.critical,
                         timezone: notify_core::validate::parse_timezone(&job.timezone),
                         quiet_hours: &job.quiet_hours,
@@ -542,7 +541,7 @@ impl<S: ChannelSender> Ctx<S> {
                     }
                     if sent.is_none() {
                         let m = notify_telemetry::metrics();
-                        let labels = notify_telemetry::metrics::channel_provider(&job.channel, &job.provider);
+                        let labels = notify_telemetry::metrics::channel_provider(job.channel.as_str(), job.provider.as_str());
                         let [c, p] = labels;
                         m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", "record_failed")]);
                         error!(attempt = job.attempt, reason = "record_failed", alert = "delivery_failed",
@@ -635,7 +634,7 @@ impl<S: ChannelSender> Ctx<S> {
             notify.error = tracing::field::Empty,
         );
         let send = async {
-            self.limits.wait(&job.provider).await;
+            self.limits.wait(job.provider.as_str()).await;
             let deadline = self.sender.call_deadline();
             let out = match tokio::time::timeout(deadline, self.sender.send(job, lease)).await {
                 Ok(out) => out,
@@ -651,7 +650,7 @@ impl<S: ChannelSender> Ctx<S> {
             };
             let span = tracing::Span::current();
             if let Some(status) = out.provider_status {
-                let key = if job.channel == "email" {
+                let key = if job.channel == Channel::Email {
                     "smtp.response.code"
                 } else {
                     "http.response.status_code"
@@ -739,7 +738,7 @@ pub fn decide(
                     record.outcome = "failed";
                     if let Some(ep) = job.endpoint_id {
                         record.deactivate_endpoint = Some((ep, code.clone()));
-                    } else if job.channel == "email"
+                    } else if job.channel == Channel::Email
                         && let Some(address) = &job.address
                     {
                         record.address_undeliverable = Some((address.clone(), code.clone()));
@@ -803,7 +802,8 @@ pub fn decide(
 fn count_recorded(job: &DeliveryJob, next: &NextState, record: &AttemptRecord, took: Duration) {
     use opentelemetry::KeyValue;
     let m = notify_telemetry::metrics();
-    let labels = notify_telemetry::metrics::channel_provider(&job.channel, &job.provider);
+    let labels =
+        notify_telemetry::metrics::channel_provider(job.channel.as_str(), job.provider.as_str());
     let outcome = match next {
         NextState::Sent { .. } => {
             m.deliveries_sent.add(1, &labels);
@@ -952,12 +952,12 @@ mod tests {
             event_id: uuid::Uuid::nil(),
             event_key: "k".into(),
             type_key: "t".into(),
-            priority: "normal".into(),
-            category: "transactional".into(),
+            priority: notify_core::Priority::Normal,
+            category: notify_core::Category::Transactional,
             digest_key: None,
             user_id: "u".into(),
-            channel: "push".into(),
-            provider: "fcm".into(),
+            channel: Channel::Push,
+            provider: notify_core::Provider::Fcm,
             attempt,
             max_attempts: 5,
             idempotency_key: "k".into(),

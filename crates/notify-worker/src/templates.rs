@@ -64,7 +64,7 @@ impl TemplateCache {
         })?;
         let (default_locale, templates) = (&entry.0, &entry.1);
         // A digest lists the events attached to it; any other delivery, its own event.
-        let is_digest = job.digest_key.is_some() && job.channel != "inapp";
+        let is_digest = job.digest_key.is_some() && job.channel != notify_core::Channel::InApp;
         let items = if is_digest {
             notify_store::events::digest_items_of(pool, job.id)
                 .await
@@ -83,7 +83,8 @@ impl TemplateCache {
                 content: job.content.clone(),
             }]
         };
-        let Some(t) = template::pick(templates, &job.channel, &job.locale, default_locale) else {
+        let Some(t) = template::pick(templates, job.channel.as_str(), &job.locale, default_locale)
+        else {
             if is_digest && !items.is_empty() {
                 job.content = template::default_digest_content(&items);
             }

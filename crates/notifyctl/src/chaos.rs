@@ -19,6 +19,7 @@
 
 use crate::procs::{Procs, connect_grpc};
 use anyhow::{Context, bail};
+use notify_core::{Channel, DeliveryStatus};
 use notify_proto::v1 as pb;
 use rand::Rng;
 use serde_json::{Value, json};
@@ -486,6 +487,14 @@ async fn check(cfg: &ChaosConfig, pool: &PgPool, event_id: Uuid) -> anyhow::Resu
     .bind(event_id)
     .fetch_all(pool)
     .await?;
+    let rows = rows
+        .into_iter()
+        .map(|(id, channel, status, attempts, retry_key)| {
+            let channel: Channel = channel.parse()?;
+            let status: DeliveryStatus = status.parse()?;
+            anyhow::Ok((id, channel, status, attempts, retry_key))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let recorded: HashMap<Uuid, i64> = sqlx::query_as::<_, (Uuid, i64)>(
         // Attempts with an answer on record; a `worker_lost` row (written by the sweeper
         // when a worker died during the call) stands for a call whose outcome is unknown.
@@ -546,24 +555,24 @@ async fn check(cfg: &ChaosConfig, pool: &PgPool, event_id: Uuid) -> anyhow::Resu
         if calls_unrecorded {
             r.ambiguous += 1;
         }
-        match status.as_str() {
-            "sent" => r.sent += 1,
-            "failed" => r.failed += 1,
+        match status {
+            DeliveryStatus::Sent => r.sent += 1,
+            DeliveryStatus::Failed => r.failed += 1,
             _ => {
                 r.stuck += 1;
                 r.lost += 1;
                 continue;
             }
         }
-        let (seen, copies) = match channel.as_str() {
-            "line" => {
+        let (seen, copies) = match channel {
+            Channel::Line => {
                 let k = retry_key.map(|k| k.to_string()).unwrap_or_default();
                 (
                     seen_line.contains(&k),
                     accepted.get(&k).copied().unwrap_or(0),
                 )
             }
-            "email" => {
+            Channel::Email => {
                 let n = per_message
                     .iter()
                     .filter(|(k, _)| k.starts_with(&id.to_string()))
@@ -573,11 +582,11 @@ async fn check(cfg: &ChaosConfig, pool: &PgPool, event_id: Uuid) -> anyhow::Resu
             }
             _ => (inbox.contains(id), i64::from(inbox.contains(id))),
         };
-        if status == "sent" && !seen {
+        if *status == DeliveryStatus::Sent && !seen {
             r.lost += 1;
         }
         if copies > 1 {
-            if channel == "line" {
+            if *channel == Channel::Line {
                 r.duplicates_line += copies - 1;
             } else {
                 r.duplicates_other += copies - 1;

@@ -3,6 +3,7 @@
 //! real SMTP server (MailDev), the provider simulator and Postgres received.
 
 use anyhow::{Context, bail};
+use notify_core::{Channel, DeliveryStatus};
 use notify_proto::v1 as pb;
 use pb::ingest_service_client::IngestServiceClient;
 use pb::recipient_service_client::RecipientServiceClient;
@@ -10,6 +11,11 @@ use pb::type_service_client::TypeServiceClient;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
+
+// The names `GetEvent` answers with (proto fields are text).
+const PENDING: &str = DeliveryStatus::Pending.as_str();
+const SENT: &str = DeliveryStatus::Sent.as_str();
+const INAPP: &str = Channel::InApp.as_str();
 
 /// Where the demo finds the platform and the places it checks.
 #[derive(Debug, Clone)]
@@ -205,7 +211,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         let open = ev
             .deliveries
             .iter()
-            .filter(|d| d.status == "pending" || d.status == "sending")
+            .filter(|d| d.status == PENDING || d.status == DeliveryStatus::Sending.as_str())
             .count();
         if open == 0 {
             break ev;
@@ -254,7 +260,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
             && event
                 .deliveries
                 .iter()
-                .all(|d| d.status == "sent" && d.attempts == 1),
+                .all(|d| d.status == SENT && d.attempts == 1),
         "12 deliveries, all sent on the first attempt",
         &mut failures,
     );
@@ -456,7 +462,7 @@ async fn quiet_hours_part(
         if ev
             .deliveries
             .iter()
-            .any(|d| d.channel == "inapp" && d.status == "sent")
+            .any(|d| d.channel == INAPP && d.status == SENT)
             || started.elapsed() > Duration::from_secs(30)
         {
             break ev;
@@ -493,11 +499,14 @@ async fn quiet_hours_part(
     for line in &why.trail {
         println!("    {line}");
     }
-    let line = event.deliveries.iter().find(|d| d.channel == "line");
-    let inapp = event.deliveries.iter().find(|d| d.channel == "inapp");
+    let line = event
+        .deliveries
+        .iter()
+        .find(|d| d.channel == Channel::Line.as_str());
+    let inapp = event.deliveries.iter().find(|d| d.channel == INAPP);
     check(
-        inapp.is_some_and(|d| d.status == "sent")
-            && line.is_some_and(|d| d.status == "pending" && d.deferred_until.is_some()),
+        inapp.is_some_and(|d| d.status == SENT)
+            && line.is_some_and(|d| d.status == PENDING && d.deferred_until.is_some()),
         "quiet hours: in-app sent at once, LINE deferred to the end of the window",
         failures,
     );

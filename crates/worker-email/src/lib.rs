@@ -172,11 +172,11 @@ impl EmailSender {
     /// types): `<NOTIFY_UNSUBSCRIBE_URL>?token=<signed user, type, channel, issue time>`
     /// (http-api lets it expire after `NOTIFY_UNSUBSCRIBE_TTL`).
     pub fn unsubscribe_link(&self, job: &Job) -> Option<String> {
-        (job.category == "marketing").then(|| {
+        (job.category == notify_core::Category::Marketing).then(|| {
             let token = notify_core::signed::UnsubscribeToken {
                 user_id: job.user_id.clone(),
                 type_key: job.type_key.clone(),
-                channel: "email".into(),
+                channel: notify_core::Channel::Email.as_str().into(),
                 issued_at: std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX)),

@@ -106,7 +106,7 @@ impl ChannelSender for LineSender {
             .iter()
             .map(|p| json!({"type": "text", "text": p}))
             .collect();
-        let multicast = job.provider == "line_multicast";
+        let multicast = matches!(job.provider, notify_core::Provider::LineMulticast);
         let body = if multicast {
             let to: Vec<&str> = job
                 .address

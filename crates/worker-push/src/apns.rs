@@ -139,7 +139,11 @@ impl Apns {
         let expiration = (job.created_at + chrono::Duration::days(1)).timestamp();
         let collapse_id = job.event_id.to_string();
         // 10 = deliver at once; 5 = at a time that saves the device's power.
-        let priority = if job.priority == "low" { "5" } else { "10" };
+        let priority = if job.priority == notify_core::Priority::Low {
+            "5"
+        } else {
+            "10"
+        };
         let content = json!({
             "headers": {
                 "apns-topic": self.cfg.topic,

@@ -27,7 +27,7 @@ pub mod webpush;
 
 use gcp_auth::{CustomServiceAccount, TokenProvider};
 use notify_core::text::shorten_to_fit;
-use notify_core::{AttemptOutcome, Channel, ErrorClass};
+use notify_core::{AttemptOutcome, Channel, ErrorClass, Priority};
 use notify_worker::{ChannelSender, Job, Lease};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -197,10 +197,10 @@ impl PushSender {
 
     async fn send_fcm(&self, job: &Job, token: &str, lease: &Lease) -> AttemptOutcome {
         let collapse = job.event_id.to_string();
-        let (android_priority, apns_priority, urgency) = match job.priority.as_str() {
-            "high" => ("high", "10", "high"),
-            "low" => ("normal", "5", "low"),
-            _ => ("normal", "10", "normal"),
+        let (android_priority, apns_priority, urgency) = match job.priority {
+            Priority::High => ("high", "10", "high"),
+            Priority::Low => ("normal", "5", "low"),
+            Priority::Normal => ("normal", "10", "normal"),
         };
         let mut webpush = json!({
             "headers": {"Topic": job.event_id.simple().to_string(), "Urgency": urgency},

@@ -201,10 +201,10 @@ impl WebPush {
             Err(too_large) => return *too_large,
         };
         let plaintext = payload.to_string();
-        let urgency = match job.priority.as_str() {
-            "high" => "high",
-            "low" => "low",
-            _ => "normal",
+        let urgency = match job.priority {
+            notify_core::Priority::High => "high",
+            notify_core::Priority::Low => "low",
+            notify_core::Priority::Normal => "normal",
         };
         // RFC 8030 §5.4: at most 32 characters of the base64url alphabet; a newer message
         // with the same topic replaces an undelivered one.

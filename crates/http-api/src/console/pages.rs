@@ -8,6 +8,7 @@ use crate::AppState;
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use notify_core::event::escape_html as esc;
+use notify_core::DeliveryStatus;
 use notify_store::events::{self, EventSelector};
 use serde::Deserialize;
 
@@ -28,7 +29,7 @@ pub(super) async fn overview(State(app): State<AppState>, headers: HeaderMap) ->
         };
         body.push_str(&format!(
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            esc(&c.channel),
+            esc(c.channel.as_str()),
             fmt(&c.last_hour),
             fmt(&c.last_day),
             secs(c.oldest_pending_s),
@@ -120,7 +121,7 @@ pub(super) async fn event_page(
     );
     body.push_str("<h2>Recipients x channels</h2><table><tr><th>user</th><th>channel</th><th>provider</th><th>status</th><th>attempts</th><th>next attempt</th><th>deferred until</th><th>last error</th><th>decision</th><th></th></tr>");
     for d in &deliveries {
-        let action = if d.status == "failed" {
+        let action = if d.status == DeliveryStatus::Failed {
             format!(
                 "<a href=\"/console/confirm?action=retry&amp;target={}\">retry now…</a>",
                 d.id
@@ -131,21 +132,21 @@ pub(super) async fn event_page(
         body.push_str(&format!(
             "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{st}\">{st}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><pre>{}</pre></td><td>{action}</td></tr>",
             esc(&d.user_id),
-            esc(&d.channel),
-            esc(&d.provider),
+            esc(d.channel.as_str()),
+            esc(d.provider.as_str()),
             d.attempts,
-            if d.status == "pending" { d.next_attempt_at.to_rfc3339() } else { "–".into() },
+            if d.status == DeliveryStatus::Pending { d.next_attempt_at.to_rfc3339() } else { "–".into() },
             d.deferred_until.map_or("–".into(), |t| t.to_rfc3339()),
             esc(d.last_error.as_deref().unwrap_or("")),
             esc(&d.decision),
-            st = esc(&d.status),
+            st = esc(d.status.as_str()),
         ));
     }
     for s in &skips {
         body.push_str(&format!(
             "<tr><td>{}</td><td>{}</td><td>–</td><td>skipped</td><td>–</td><td>–</td><td>–</td><td>{}</td><td><pre>{}</pre></td><td></td></tr>",
             esc(&s.user_id),
-            esc(&s.channel),
+            esc(s.channel.as_str()),
             esc(&s.reason),
             esc(&s.decision)
         ));
@@ -155,7 +156,7 @@ pub(super) async fn event_page(
         let attempts = events::attempts_of(&app.pool, d.id)
             .await
             .unwrap_or_default();
-        body.push_str(&format!("<h3>{} · {} · {}</h3><table><tr><th>#</th><th>outcome</th><th>provider status</th><th>error</th><th>provider's answer</th><th>content sent</th><th>started</th><th>worker</th></tr>", esc(&d.user_id), esc(&d.channel), d.id));
+        body.push_str(&format!("<h3>{} · {} · {}</h3><table><tr><th>#</th><th>outcome</th><th>provider status</th><th>error</th><th>provider's answer</th><th>content sent</th><th>started</th><th>worker</th></tr>", esc(&d.user_id), esc(d.channel.as_str()), d.id));
         for a in attempts {
             body.push_str(&format!(
                 "<tr><td>{}</td><td class=\"{o}\">{o}</td><td>{}</td><td>{}</td><td><pre>{}</pre></td><td><pre>{}</pre></td><td>{}</td><td>{}</td></tr>",

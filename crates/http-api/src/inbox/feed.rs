@@ -12,6 +12,7 @@ use axum::extract::{Path, State};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
+use notify_core::InboxStatus;
 use notify_store::inbox::{self, Filter, InboxItem};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -74,11 +75,11 @@ pub(super) enum Change {
 
 impl Change {
     /// The inbox status the item gets.
-    fn status(self) -> &'static str {
+    fn status(self) -> InboxStatus {
         match self {
-            Change::Read | Change::Unarchive => "read",
-            Change::Unread => "unread",
-            Change::Archive => "archived",
+            Change::Read | Change::Unarchive => InboxStatus::Read,
+            Change::Unread => InboxStatus::Unread,
+            Change::Archive => InboxStatus::Archived,
         }
     }
 }
@@ -87,13 +88,15 @@ impl Change {
 fn filter_of(status: Option<&str>) -> Result<Filter, ApiError> {
     match status {
         None | Some("") => Ok(Filter::Inbox),
-        Some("unread") => Ok(Filter::Unread),
-        Some("read") => Ok(Filter::Read),
-        Some("archived") => Ok(Filter::Archived),
-        Some(_) => Err(ApiError::invalid(
-            "status",
-            "must be unread, read or archived",
-        )),
+        Some(s) => match s.parse::<InboxStatus>() {
+            Ok(InboxStatus::Unread) => Ok(Filter::Unread),
+            Ok(InboxStatus::Read) => Ok(Filter::Read),
+            Ok(InboxStatus::Archived) => Ok(Filter::Archived),
+            Err(_) => Err(ApiError::invalid(
+                "status",
+                "must be unread, read or archived",
+            )),
+        },
     }
 }
 
@@ -207,7 +210,7 @@ mod tests {
             body: String::new(),
             url: None,
             data: json!({}),
-            status: "unread".into(),
+            status: InboxStatus::Unread,
             created_at: "2026-11-30T18:00:00.123456Z".parse().unwrap(),
             updated_at: Utc::now(),
             item_count: 1,

@@ -12,9 +12,9 @@ use crate::error::ApiError;
 use crate::writer::Written;
 use notify_core::event::{CreateEventInput, normalize_event_key};
 use notify_core::explain;
-use notify_core::sensitive::{self, SensitiveDataPolicy};
+use notify_core::sensitive;
 use notify_core::validate::Violations;
-use notify_core::{Channel, NewEvent};
+use notify_core::{Channel, DeliveryStatus, FanoutStatus, NewEvent};
 use notify_proto::v1 as pb;
 use notify_store::catalog;
 use notify_store::events::{self, EventRecord, EventSelector};
@@ -129,14 +129,14 @@ impl Services {
             }
         };
 
+        let counts: Vec<(Channel, DeliveryStatus, i64)> = new
+            .iter()
+            .map(|d| (d.plan.channel, DeliveryStatus::Pending, 1))
+            .collect();
         let deliveries: Vec<pb::Delivery> = new.into_iter().map(new_delivery_to_pb).collect();
         // Not the event key: callers choose it and it may carry anything.
         tracing::info!(%event_id, topic = topic.as_deref().unwrap_or(""),
             deliveries = deliveries.len(), skipped = skipped.len(), "event recorded");
-        let counts: Vec<(String, String, i64)> = deliveries
-            .iter()
-            .map(|d| (d.channel.clone(), d.status.clone(), 1))
-            .collect();
         Ok(pb::CreateEventResponse {
             event_id: event_id.to_string(),
             duplicate: false,
@@ -177,15 +177,15 @@ impl Services {
             &event.type_key,
             ty.as_ref().map(|t| explain::TypeFacts {
                 key: &t.key,
-                priority: &t.priority,
+                priority: t.priority,
                 critical: t.critical,
-                category: &t.category,
+                category: t.category,
                 default_channels: &t.default_channels,
             }),
         );
-        let skipped = events::skip_of(&self.pool, event_id, &r.user_id, channel.as_str()).await?;
+        let skipped = events::skip_of(&self.pool, event_id, &r.user_id, channel).await?;
         let mut found = Vec::new();
-        for d in events::deliveries_of(&self.pool, event_id, &r.user_id, channel.as_str()).await? {
+        for d in events::deliveries_of(&self.pool, event_id, &r.user_id, channel).await? {
             let endpoint = match d.endpoint_id {
                 Some(ep) => events::endpoint_state(&self.pool, ep).await?,
                 None => String::new(),
@@ -213,10 +213,10 @@ impl Services {
                             error_code: a.error_code.as_deref(),
                         })
                         .collect(),
-                    status: &d.status,
+                    status: d.status,
                 })
                 .collect::<Vec<_>>(),
-            event.fanout_status == "pending",
+            event.fanout_status == FanoutStatus::Pending,
         );
         let deliveries = found
             .into_iter()
@@ -302,13 +302,13 @@ impl Services {
             counts: counts
                 .into_iter()
                 .map(|(channel, status, count)| pb::StatusCount {
-                    channel,
-                    status,
+                    channel: channel.as_str().into(),
+                    status: status.as_str().into(),
                     count: count as u32,
                 })
                 .collect(),
             topic: ev.topic.unwrap_or_default(),
-            fanout_status: ev.fanout_status,
+            fanout_status: ev.fanout_status.as_str().into(),
             fanout_recipients: ev.fanout_recipients.max(0) as u32,
         })
     }
@@ -332,7 +332,7 @@ impl Services {
         }
         let fields = findings.len();
         let stored = catalog::sensitive_data_policy(&self.pool, &event.type_key).await?;
-        let policy = SensitiveDataPolicy::from_stored(stored.as_deref());
+        let policy = stored.unwrap_or_default();
         sensitive::apply(event, findings, policy).map_err(ApiError::Invalid)?;
         tracing::info!(fields, "sensitive data masked before storing");
         Ok(())

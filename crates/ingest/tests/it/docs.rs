@@ -48,10 +48,16 @@ fn every_file_the_codemap_names_exists_in_its_crate() {
         let mut files = Vec::new();
         for krate in &crates {
             let dir = repo().join("crates").join(krate);
-            assert!(dir.is_dir(), "the codemap names crate {krate}, which does not exist");
+            assert!(
+                dir.is_dir(),
+                "the codemap names crate {krate}, which does not exist"
+            );
             files_below(&dir, &mut files, &dir);
         }
-        for span in spans.iter().filter(|s| s.ends_with(".rs") || s.ends_with(".html")) {
+        for span in spans
+            .iter()
+            .filter(|s| s.ends_with(".rs") || s.ends_with(".html"))
+        {
             named += 1;
             let found = files
                 .iter()
@@ -62,7 +68,10 @@ fn every_file_the_codemap_names_exists_in_its_crate() {
         }
     }
     assert!(named > 20, "the codemap names only {named} files");
-    assert!(missing.is_empty(), "the codemap names files that do not exist: {missing:#?}");
+    assert!(
+        missing.is_empty(),
+        "the codemap names files that do not exist: {missing:#?}"
+    );
 }
 
 #[test]
@@ -84,9 +93,16 @@ fn every_invariant_is_numbered_in_order_named_and_shown_by_tests_that_exist() {
     }) {
         number += 1;
         let (n, rest) = item.split_once(". `").unwrap();
-        assert_eq!(n.parse::<usize>().unwrap(), number, "invariant {n} is out of order");
+        assert_eq!(
+            n.parse::<usize>().unwrap(),
+            number,
+            "invariant {n} is out of order"
+        );
         let name = rest.split('`').next().unwrap();
-        assert!(names.insert(name.to_string()), "two invariants are named {name}");
+        assert!(
+            names.insert(name.to_string()),
+            "two invariants are named {name}"
+        );
     }
     for item in section.split("*Shown by:*").skip(1) {
         shown += 1;
@@ -103,6 +119,13 @@ fn every_invariant_is_numbered_in_order_named_and_shown_by_tests_that_exist() {
         }
     }
     assert!(number >= 20, "only {number} invariants found");
-    assert!(shown >= number, "{} invariants name no test", number - shown);
-    assert!(missing.is_empty(), "invariants name tests that do not exist: {missing:#?}");
+    assert!(
+        shown >= number,
+        "{} invariants name no test",
+        number - shown
+    );
+    assert!(
+        missing.is_empty(),
+        "invariants name tests that do not exist: {missing:#?}"
+    );
 }

@@ -42,7 +42,7 @@ async fn a_worker_that_died_after_claiming_is_recovered_by_the_sweeper_and_sent_
     let claimed = notify_store::deliveries::claim(
         &p.pool,
         id.parse().unwrap(),
-        "line",
+        notify_core::Channel::Line,
         Duration::from_secs(1),
     )
     .await
@@ -818,9 +818,14 @@ async fn a_late_success_loses_to_a_newer_claim() {
     let id: uuid::Uuid = ev.deliveries[0].delivery_id.parse().unwrap();
     wait_outbox_empty(&p).await;
     let claim = || async {
-        match deliveries::claim(&p.pool, id, "line", Duration::from_secs(1))
-            .await
-            .unwrap()
+        match deliveries::claim(
+            &p.pool,
+            id,
+            notify_core::Channel::Line,
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap()
         {
             ClaimOutcome::Claimed(job) => job,
             other => panic!("{other:?}"),

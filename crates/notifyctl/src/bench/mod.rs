@@ -363,7 +363,7 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
             .bind(&reply.event_id)
             .fetch_one(&pool)
             .await?;
-            if status == "done" {
+            if status.parse::<notify_core::FanoutStatus>()? == notify_core::FanoutStatus::Done {
                 break;
             }
             if started.elapsed() > Duration::from_secs(300) {

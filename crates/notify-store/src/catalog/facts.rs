@@ -1,0 +1,164 @@
+//! What the planner needs to know about recipients, read in three queries whatever their
+//! number.
+
+use crate::Result;
+use notify_core::{Channel, RecipientFacts};
+use sqlx::Row;
+use std::collections::HashMap;
+
+/// Loads what the planner needs for `user_ids` (in that order) and type `type_key`:
+/// contact data, active push endpoints (oldest first) and preferences. Three queries,
+/// whatever the number of recipients.
+pub async fn load_recipient_facts(
+    db: &mut sqlx::PgConnection,
+    type_key: &str,
+    user_ids: &[String],
+) -> Result<Vec<RecipientFacts>> {
+    let mut out = load_recipient_facts_many(db, &[(type_key, user_ids)]).await?;
+    Ok(out.pop().unwrap_or_default())
+}
+
+/// The users named in `requests` (`(type key, user ids)`), each once, sorted: the order
+/// in which per-user rows and locks are read.
+pub fn distinct_users<'a>(requests: &[(&str, &'a [String])]) -> Vec<&'a str> {
+    let mut users: Vec<&str> = requests
+        .iter()
+        .flat_map(|(_, u)| u.iter().map(String::as_str))
+        .collect();
+    users.sort_unstable();
+    users.dedup();
+    users
+}
+
+/// [`load_recipient_facts`] for several `(type key, user ids)` requests at once: one
+/// result per request, in order, from the same three queries.
+pub async fn load_recipient_facts_many(
+    db: &mut sqlx::PgConnection,
+    requests: &[(&str, &[String])],
+) -> Result<Vec<Vec<RecipientFacts>>> {
+    #[derive(Default)]
+    struct Known {
+        email: Option<String>,
+        line_user_id: Option<String>,
+        line_unfollowed: bool,
+        email_undeliverable: bool,
+        timezone: Option<chrono_tz::Tz>,
+        quiet_hours: Vec<notify_core::quiet::QuietWindow>,
+        exists: bool,
+        push_endpoints: Vec<(uuid::Uuid, String)>,
+        // (type or "*", channel) -> enabled
+        // channel None = '*' (the type on every channel)
+        prefs: Vec<(String, Option<Channel>, bool)>,
+    }
+    let users = distinct_users(requests);
+    let mut types: Vec<&str> = requests.iter().map(|(t, _)| *t).collect();
+    types.push("*");
+    types.sort_unstable();
+    types.dedup();
+    let mut known: HashMap<String, Known> = HashMap::with_capacity(users.len());
+
+    let rows =
+        sqlx::query(
+            "SELECT r.user_id, r.email, r.line_user_id, coalesce(NOT lf.following, false) AS line_unfollowed,
+                    r.email_undeliverable_at IS NOT NULL AS email_undeliverable,
+                    r.timezone, r.quiet_hours_json
+             FROM recipients r LEFT JOIN line_followers lf ON lf.line_user_id = r.line_user_id
+             WHERE r.user_id = ANY($1)",
+        )
+        .bind(&users)
+        .fetch_all(&mut *db)
+        .await?;
+    for r in rows {
+        let k = known.entry(r.get("user_id")).or_default();
+        k.exists = true;
+        k.email = r
+            .get::<Option<String>, _>("email")
+            .filter(|s| !s.is_empty());
+        k.line_user_id = r
+            .get::<Option<String>, _>("line_user_id")
+            .filter(|s| !s.is_empty());
+        k.line_unfollowed = r.get("line_unfollowed");
+        k.email_undeliverable = r.get("email_undeliverable");
+        k.timezone = notify_core::validate::parse_timezone(r.get("timezone"));
+        k.quiet_hours = r
+            .get::<Option<serde_json::Value>, _>("quiet_hours_json")
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+    }
+
+    let rows = sqlx::query(
+        "SELECT user_id, id, platform FROM notification_endpoints
+         WHERE user_id = ANY($1) AND status = 'active' ORDER BY registered_at, id",
+    )
+    .bind(&users)
+    .fetch_all(&mut *db)
+    .await?;
+    for r in rows {
+        known
+            .entry(r.get("user_id"))
+            .or_default()
+            .push_endpoints
+            .push((r.get("id"), r.get("platform")));
+    }
+
+    let rows = sqlx::query(
+        "SELECT user_id, type, channel, enabled FROM notification_preferences
+         WHERE user_id = ANY($1) AND type = ANY($2)",
+    )
+    .bind(&users)
+    .bind(&types)
+    .fetch_all(&mut *db)
+    .await?;
+    for r in rows {
+        let channel = match r.get::<&str, _>("channel") {
+            "*" => None,
+            c => match c.parse::<Channel>() {
+                Ok(c) => Some(c),
+                Err(_) => continue,
+            },
+        };
+        known.entry(r.get("user_id")).or_default().prefs.push((
+            r.get("type"),
+            channel,
+            r.get("enabled"),
+        ));
+    }
+
+    Ok(requests
+        .iter()
+        .map(|(type_key, user_ids)| {
+            user_ids
+                .iter()
+                .map(|u| {
+                    let mut f = RecipientFacts {
+                        user_id: u.clone(),
+                        ..Default::default()
+                    };
+                    if let Some(k) = known.get(u) {
+                        f.exists = k.exists;
+                        f.email = k.email.clone();
+                        f.line_user_id = k.line_user_id.clone();
+                        f.line_unfollowed = k.line_unfollowed;
+                        f.email_undeliverable = k.email_undeliverable;
+                        f.timezone = k.timezone;
+                        f.quiet_hours = k.quiet_hours.clone();
+                        f.push_endpoints = k.push_endpoints.clone();
+                        for (t, channel, enabled) in &k.prefs {
+                            match (t == "*", channel) {
+                                (true, Some(c)) => {
+                                    f.channel_prefs.insert(*c, *enabled);
+                                }
+                                (false, Some(c)) if t == type_key => {
+                                    f.type_prefs.insert(*c, *enabled);
+                                }
+                                (false, None) if t == type_key => f.type_wide_pref = Some(*enabled),
+                                _ => {}
+                            }
+                        }
+                    }
+                    f
+                })
+                .collect()
+        })
+        .collect())
+}

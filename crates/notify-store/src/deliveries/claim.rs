@@ -1,0 +1,235 @@
+//! The claim: a due `pending` delivery becomes `sending` under a fresh lease, in one round
+//! trip, or the reason it cannot be claimed (paused channel, wrong channel, not due, its
+//! attempt budget spent).
+
+use super::{ClaimOutcome, DeliveryJob, paused_until};
+use crate::Result;
+use crate::row::{parse, parse_text};
+use notify_core::Channel;
+use sqlx::{PgPool, Row};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Claims a due `pending` delivery of `channel` for `lease`: status becomes `sending`,
+/// `attempts` grows by one and a fresh lease token and expiry (database clock) are set.
+/// One round trip, no transaction left open. See [`claim_many`].
+pub async fn claim(
+    db: &PgPool,
+    id: Uuid,
+    channel: Channel,
+    lease: Duration,
+) -> Result<ClaimOutcome> {
+    let mut out = claim_many(db, &[id], channel, lease).await?;
+    Ok(out.pop().unwrap_or(ClaimOutcome::Missing))
+}
+
+/// [`claim`] for several deliveries of one channel at once: one outcome per id, in order.
+/// Each claimed delivery gets its own lease token. One statement claims them all and reads
+/// what sending needs; a second one, only when some were not claimed, tells why.
+pub async fn claim_many(
+    db: &PgPool,
+    ids: &[Uuid],
+    channel: Channel,
+    lease: Duration,
+) -> Result<Vec<ClaimOutcome>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    if let Some(until) = paused_until(db, channel).await? {
+        // The channel is paused: each pending delivery waits in Postgres until the pause
+        // ends (a new outbox row, due then), without a claim or an attempt.
+        let moved: Vec<Uuid> = sqlx::query_scalar(
+            "WITH w AS (
+                 UPDATE notification_deliveries d
+                 SET next_attempt_at = greatest(d.next_attempt_at, $3), updated_at = now()
+                 WHERE d.id = ANY($1) AND d.channel || '' = $2 AND d.status || '' = 'pending'
+                 RETURNING d.id, d.channel, d.next_attempt_at)
+             INSERT INTO outbox (delivery_id, channel, available_at)
+             SELECT id, channel, next_attempt_at FROM w
+             RETURNING delivery_id",
+        )
+        .bind(ids)
+        .bind(channel.as_str())
+        .bind(until)
+        .fetch_all(db)
+        .await?;
+        let moved: std::collections::HashSet<Uuid> = moved.into_iter().collect();
+        let mut out = Vec::with_capacity(ids.len());
+        let rest: Vec<Uuid> = ids.iter().copied().filter(|i| !moved.contains(i)).collect();
+        let mut others = claim_unclaimable(db, &rest, channel).await?;
+        for id in ids {
+            out.push(if moved.contains(id) {
+                ClaimOutcome::NotClaimable(format!("paused until {until}"))
+            } else {
+                others.remove(id).unwrap_or(ClaimOutcome::Missing)
+            });
+        }
+        return Ok(out);
+    }
+    let tokens: Vec<Uuid> = ids.iter().map(|_| Uuid::new_v4()).collect();
+    let rows = sqlx::query(
+        // Rows are found by primary key only. `|| ''` keeps the planner off the partial
+        // indexes on status and the (channel, idempotency_key) index, whose statistics
+        // lag behind a burst: scanning every due delivery, or every delivery of the
+        // channel, for each claim made claims cost O(backlog).
+        "WITH c AS (
+             UPDATE notification_deliveries d
+             SET status = 'sending', attempts = attempts + 1, republish_count = 0,
+                 lease_token = ($3::uuid[])[array_position($1::uuid[], d.id)],
+                 lease_expires_at = now() + $4 * interval '1 millisecond', updated_at = now()
+             WHERE d.id = ANY($1) AND d.channel || '' = $2 AND d.status || '' = 'pending'
+               AND d.next_attempt_at <= now() AND d.attempts < d.max_attempts
+             RETURNING d.*)
+         SELECT c.id, c.event_id, c.user_id, c.channel, c.provider, c.attempts, c.max_attempts,
+                c.idempotency_key, c.retry_key, c.lease_token, c.address, c.endpoint_id, now() AS started_at,
+                c.created_at,
+                e.event_key, e.type, e.payload_json, e.content_json,
+                coalesce(r.display_name, '') AS display_name, coalesce(r.locale, 'th-TH') AS locale,
+                coalesce(r.timezone, 'Asia/Bangkok') AS timezone,
+                ep.platform, ep.token, ep.subscription_json, ep.status AS endpoint_status,
+                coalesce(t.priority, 'normal') AS priority,
+                coalesce(t.category, 'transactional') AS category, c.digest_key,
+                coalesce(t.critical, false) AS critical, r.quiet_hours_json
+         FROM c JOIN notification_events e ON e.id = c.event_id
+              LEFT JOIN notification_types t ON t.key = e.type
+              LEFT JOIN recipients r ON r.user_id = c.user_id
+              LEFT JOIN notification_endpoints ep ON ep.id = c.endpoint_id",
+    )
+    .bind(ids)
+    .bind(channel.as_str())
+    .bind(&tokens)
+    .bind(notify_core::retry::millis(lease))
+    .fetch_all(db)
+    .await?;
+    let mut claimed: std::collections::HashMap<Uuid, ClaimOutcome> = rows
+        .into_iter()
+        .map(|r| {
+            let job = DeliveryJob {
+                id: r.get("id"),
+                event_id: r.get("event_id"),
+                event_key: r.get("event_key"),
+                type_key: r.get("type"),
+                priority: parse(&r, "priority")?,
+                category: parse(&r, "category")?,
+                digest_key: r.get("digest_key"),
+                user_id: r.get("user_id"),
+                channel: parse(&r, "channel")?,
+                provider: parse(&r, "provider")?,
+                attempt: r.get("attempts"),
+                max_attempts: r.get("max_attempts"),
+                idempotency_key: r.get("idempotency_key"),
+                retry_key: r.get("retry_key"),
+                lease_token: r.get("lease_token"),
+                started_at: r.get("started_at"),
+                created_at: r.get("created_at"),
+                address: r.get("address"),
+                display_name: r.get("display_name"),
+                locale: r.get("locale"),
+                timezone: r.get("timezone"),
+                payload: r.get("payload_json"),
+                content: serde_json::from_value(r.get("content_json")).unwrap_or_default(),
+                endpoint_id: r.get("endpoint_id"),
+                endpoint_platform: r.get("platform"),
+                endpoint_token: r.get("token"),
+                endpoint_subscription: r.get("subscription_json"),
+                endpoint_status: r.get("endpoint_status"),
+                critical: r.get("critical"),
+                quiet_hours: r
+                    .get::<Option<serde_json::Value>, _>("quiet_hours_json")
+                    .and_then(|v| serde_json::from_value(v).ok())
+                    .unwrap_or_default(),
+            };
+            Ok((job.id, ClaimOutcome::Claimed(Box::new(job))))
+        })
+        .collect::<Result<_>>()?;
+    let rest: Vec<Uuid> = ids
+        .iter()
+        .copied()
+        .filter(|id| !claimed.contains_key(id))
+        .collect();
+    let exhausted = fail_exhausted(db, &rest, channel).await?;
+    let rest: Vec<Uuid> = rest
+        .into_iter()
+        .filter(|id| !exhausted.contains_key(id))
+        .collect();
+    claimed.extend(exhausted);
+    claimed.extend(claim_unclaimable(db, &rest, channel).await?);
+    // The same id twice in one batch: the first got the claim, the second sees it taken.
+    let mut seen = std::collections::HashSet::new();
+    Ok(ids
+        .iter()
+        .map(|id| {
+            if !seen.insert(*id) {
+                return ClaimOutcome::NotClaimable("sending".into());
+            }
+            claimed.remove(id).unwrap_or(ClaimOutcome::Missing)
+        })
+        .collect())
+}
+
+/// The attempt cap on the claim, the one door to a provider call: a due `pending`
+/// delivery of `channel` whose attempts are all spent (the sweeper returned it after its
+/// worker died during the last one) becomes `failed` here, with a reason that says so,
+/// instead of being claimed again.
+async fn fail_exhausted(
+    db: &PgPool,
+    ids: &[Uuid],
+    channel: Channel,
+) -> Result<std::collections::HashMap<Uuid, ClaimOutcome>> {
+    if ids.is_empty() {
+        return Ok(Default::default());
+    }
+    let rows: Vec<(Uuid, String, i32, String)> = sqlx::query_as(
+        "UPDATE notification_deliveries d
+         SET status = 'failed', lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
+             last_error = format('%s; gave up after %s attempts (attempt budget spent)',
+                                 coalesce(d.last_error, 'attempt_budget_spent'), d.attempts)
+         WHERE d.id = ANY($1) AND d.channel || '' = $2 AND d.status || '' = 'pending'
+           AND d.next_attempt_at <= now() AND d.attempts >= d.max_attempts
+         RETURNING d.id, d.provider, d.attempts, d.last_error",
+    )
+    .bind(ids)
+    .bind(channel.as_str())
+    .fetch_all(db)
+    .await?;
+    rows.into_iter()
+        .map(|(id, provider, attempts, error)| {
+            Ok((
+                id,
+                ClaimOutcome::Exhausted {
+                    provider: parse_text("provider", &provider)?,
+                    attempts,
+                    error,
+                },
+            ))
+        })
+        .collect()
+}
+
+/// Why each of `ids` could not be claimed: wrong channel, or its status. Ids with no
+/// delivery are absent.
+async fn claim_unclaimable(
+    db: &PgPool,
+    ids: &[Uuid],
+    channel: Channel,
+) -> Result<std::collections::HashMap<Uuid, ClaimOutcome>> {
+    let mut out = std::collections::HashMap::new();
+    if ids.is_empty() {
+        return Ok(out);
+    }
+    let rows =
+        sqlx::query("SELECT id, status, channel FROM notification_deliveries WHERE id = ANY($1)")
+            .bind(ids)
+            .fetch_all(db)
+            .await?;
+    for r in rows {
+        let actual: Channel = parse(&r, "channel")?;
+        let outcome = if actual != channel {
+            ClaimOutcome::WrongChannel(actual)
+        } else {
+            ClaimOutcome::NotClaimable(r.get("status"))
+        };
+        out.insert(r.get("id"), outcome);
+    }
+    Ok(out)
+}

@@ -1,0 +1,100 @@
+//! Writing in-app notifications (the `notifications` rows of the inbox) for claimed
+//! deliveries, each idempotent on its delivery id.
+
+use super::DeliveryJob;
+use crate::Result;
+use crate::row::column;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// Writes the in-app notifications of several deliveries in one statement, each
+/// idempotent on its delivery id: per input, in order, true when its row was written now
+/// and false when it already existed.
+///
+/// Each row takes its user's next feed position (`seq`) from the user's counter row,
+/// which stays locked until the statement commits, so concurrent batches for one user
+/// commit in seq order (see `migrations/20261201000019_inbox_stream_order.sql`). Rows are
+/// inserted in `user_id` order, so two batches lock their users' counters in one order
+/// and cannot deadlock.
+pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> Result<Vec<bool>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Digest groups update one row each, in place, so they go one by one.
+    if jobs.iter().any(|j| j.digest_key.is_some()) {
+        let mut out = Vec::with_capacity(jobs.len());
+        let plain: Vec<&DeliveryJob> = jobs
+            .iter()
+            .copied()
+            .filter(|j| j.digest_key.is_none())
+            .collect();
+        let mut plain_written = Box::pin(insert_inbox_notifications(db, &plain))
+            .await?
+            .into_iter();
+        for j in jobs {
+            out.push(match &j.digest_key {
+                Some(group) => upsert_grouped_inbox_row(db, j, group).await?,
+                None => plain_written.next().unwrap_or(false),
+            });
+        }
+        return Ok(out);
+    }
+    let written: Vec<Uuid> = sqlx::query_scalar(
+        "INSERT INTO notifications (id, delivery_id, event_id, user_id, type, title, body, url, data_json)
+         SELECT t.id, t.delivery_id, t.event_id, t.user_id, t.type, t.title, t.body,
+                NULLIF(t.url, ''), t.data
+         FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[],
+                     $7::text[], $8::text[], $9::jsonb[])
+              AS t(id, delivery_id, event_id, user_id, type, title, body, url, data)
+         ORDER BY t.user_id
+         ON CONFLICT (delivery_id) DO NOTHING
+         RETURNING delivery_id",
+    )
+    .bind(column(jobs, |_| Uuid::now_v7()))
+    .bind(column(jobs, |j| j.id))
+    .bind(column(jobs, |j| j.event_id))
+    .bind(column(jobs, |j| j.user_id.as_str()))
+    .bind(column(jobs, |j| j.type_key.as_str()))
+    .bind(column(jobs, |j| j.content.title.as_str()))
+    .bind(column(jobs, |j| j.content.body.as_str()))
+    .bind(column(jobs, |j| j.content.url.as_str()))
+    .bind(column(jobs, |j| &j.payload))
+    .fetch_all(db)
+    .await?;
+    let written: std::collections::HashSet<Uuid> = written.into_iter().collect();
+    Ok(jobs.iter().map(|j| written.contains(&j.id)).collect())
+}
+
+/// Writes a digest group's one inbox row: created by its first delivery, then updated in
+/// place by each later one (latest title and body, one more item, unread again). A
+/// delivery already counted changes nothing, so a redelivered message is harmless.
+/// Returns whether this delivery changed the row. Like every inbox write it takes the
+/// user's next `seq` under the user's counter lock (taken before the row's lock).
+pub async fn upsert_grouped_inbox_row(db: &PgPool, job: &DeliveryJob, group: &str) -> Result<bool> {
+    let changed: Option<Uuid> = sqlx::query_scalar(
+        "INSERT INTO notifications (id, delivery_id, event_id, user_id, type, title, body, url,
+                                    data_json, group_key, item_count, delivery_ids)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9, $10, 1, ARRAY[$2])
+         ON CONFLICT (user_id, group_key) WHERE group_key IS NOT NULL DO UPDATE
+             SET title = EXCLUDED.title, body = EXCLUDED.body, url = EXCLUDED.url,
+                 data_json = EXCLUDED.data_json, event_id = EXCLUDED.event_id,
+                 item_count = notifications.item_count + 1,
+                 delivery_ids = notifications.delivery_ids || EXCLUDED.delivery_id,
+                 status = 'unread', read_at = NULL, updated_at = now()
+             WHERE NOT (EXCLUDED.delivery_id = ANY(notifications.delivery_ids))
+         RETURNING id",
+    )
+    .bind(Uuid::now_v7())
+    .bind(job.id)
+    .bind(job.event_id)
+    .bind(&job.user_id)
+    .bind(&job.type_key)
+    .bind(&job.content.title)
+    .bind(&job.content.body)
+    .bind(&job.content.url)
+    .bind(&job.payload)
+    .bind(group)
+    .fetch_optional(db)
+    .await?;
+    Ok(changed.is_some())
+}

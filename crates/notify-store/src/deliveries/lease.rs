@@ -1,0 +1,131 @@
+//! Leases after the claim: the worker's heartbeat, the sweeper that recovers leases whose
+//! worker died or froze, and the republisher of deliveries whose message was lost.
+
+use crate::Result;
+use crate::row::parse;
+use notify_core::{Channel, Provider};
+use sqlx::{PgPool, Row};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Extends a live lease by `lease` from now (database clock). Returns false when the
+/// lease was lost (expired and taken over, or the delivery finished elsewhere).
+pub async fn extend_lease(
+    db: &PgPool,
+    id: Uuid,
+    lease_token: Uuid,
+    lease: Duration,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE notification_deliveries SET lease_expires_at = now() + $3 * interval '1 millisecond'
+         WHERE id = $1 AND lease_token = $2 AND status = 'sending'",
+    )
+    .bind(id)
+    .bind(lease_token)
+    .bind(notify_core::retry::millis(lease))
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// A delivery whose worker lost its lease during a call, as the sweeper left it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiredLease {
+    /// Delivery id.
+    pub id: Uuid,
+    /// Channel.
+    pub channel: Channel,
+    /// Provider.
+    pub provider: Provider,
+    /// The attempt whose worker went away.
+    pub attempt: i32,
+    /// `true`: that was the last attempt allowed, and the delivery is now `failed`;
+    /// `false`: it is `pending` again, due now, with a new outbox row.
+    pub failed: bool,
+}
+
+/// Why an expired lease is recorded as an attempt: the worker died or froze during the
+/// provider call, so whether the provider got it is unknown.
+pub const WORKER_LOST: &str = "worker_lost";
+
+/// Takes up to `limit` deliveries whose lease expired (their worker died or froze during
+/// the call): each gets an attempt row (`worker_lost`, since the call may have reached the
+/// provider), and then either goes back to `pending`, due now, with a fresh outbox row, or,
+/// when that was its last attempt, becomes `failed` with a reason that says the worker
+/// died during the call. The attempt cap therefore holds on the recovery path too. Safe to
+/// run from several replicas (`SKIP LOCKED`).
+pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<ExpiredLease>> {
+    let rows = sqlx::query(
+        "WITH expired AS (
+             -- updated_at is the claim's time: nothing else writes it while sending
+             SELECT id, updated_at AS claimed_at FROM notification_deliveries
+             WHERE status = 'sending' AND lease_expires_at < now()
+             ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED),
+         upd AS (
+             UPDATE notification_deliveries d
+             SET status = CASE WHEN d.attempts >= d.max_attempts THEN 'failed' ELSE 'pending' END,
+                 lease_token = NULL, lease_expires_at = NULL, next_attempt_at = now(),
+                 last_error = CASE WHEN d.attempts >= d.max_attempts
+                     THEN format('worker_lost: the worker died or froze during attempt %s, the provider call''s outcome is unknown; gave up after %s attempts (attempt budget spent)', d.attempts, d.attempts)
+                     ELSE 'worker_lost: lease expired during the provider call (worker died or froze)' END,
+                 updated_at = now()
+             FROM expired WHERE d.id = expired.id
+             RETURNING d.id, d.channel, d.provider, d.attempts, d.status, expired.claimed_at),
+         attempts AS (
+             INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, error_code,
+                                            provider_response, content_json, worker_id)
+             SELECT id, attempts, claimed_at, CASE WHEN status = 'failed' THEN 'failed' ELSE 'retry' END,
+                    'worker_lost', 'no answer recorded: the lease expired during the call', 'null'::jsonb, ''
+             FROM upd
+             ON CONFLICT (delivery_id, attempt) DO NOTHING),
+         queued AS (
+             INSERT INTO outbox (delivery_id, channel)
+             SELECT id, channel FROM upd WHERE status = 'pending')
+         SELECT id, channel, provider, attempts, status = 'failed' AS failed FROM upd",
+    )
+    .bind(limit)
+    .fetch_all(db)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(ExpiredLease {
+                id: r.get("id"),
+                channel: parse(r, "channel")?,
+                provider: parse(r, "provider")?,
+                attempt: r.get("attempts"),
+                failed: r.get("failed"),
+            })
+        })
+        .collect()
+}
+
+/// Republishes up to `limit` deliveries that have been due for longer than `stale` with
+/// no outbox row: their message was lost after the broker confirmed it (a purged or
+/// deleted queue, a lost node) or sits unconsumed in a long queue. Each gets a new outbox
+/// row. The wait grows with every republish of the same delivery (`stale`, `2 x stale`,
+/// `4 x stale` ... at most a day; a claim starts it again), so a backlog that merely sits
+/// in the queue gains a few duplicate messages, not one per sweep. A duplicate message is
+/// harmless: the claim lets only one through. Returns how many.
+pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result<u64> {
+    let done = sqlx::query(
+        "WITH stale AS (
+             SELECT id FROM notification_deliveries d
+             WHERE status = 'pending'
+               AND next_attempt_at < now() - least($1 * interval '1 millisecond' * power(2, least(d.republish_count, 16)),
+                                                   greatest($1 * interval '1 millisecond', interval '1 day'))
+               AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = d.id)
+             ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED),
+         upd AS (
+             UPDATE notification_deliveries d
+             SET next_attempt_at = now(), republish_count = d.republish_count + 1, updated_at = now()
+             FROM stale WHERE d.id = stale.id
+             RETURNING d.id, d.channel)
+         INSERT INTO outbox (delivery_id, channel) SELECT id, channel FROM upd",
+    )
+    // At least a second, whatever the caller passes: 0 would republish on every sweep.
+    .bind(notify_core::retry::millis(stale.max(Duration::from_secs(1))))
+    .bind(limit)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}

@@ -1,0 +1,128 @@
+//! The worker side of a delivery: claim with a lease (`claim.rs`), heartbeat and the
+//! sweeper that recovers expired leases (`lease.rs`), record the attempt fenced by the
+//! lease (`record.rs`), channel pauses and gauges (`channels.rs`) and the inbox rows of
+//! in-app deliveries (`inbox_rows.rs`). Everything is re-exported here: callers use
+//! `notify_store::deliveries::*`.
+
+use chrono::{DateTime, Utc};
+use notify_core::{Category, Channel, Content, Priority, Provider};
+use uuid::Uuid;
+
+mod channels;
+mod claim;
+mod inbox_rows;
+mod lease;
+mod record;
+
+pub use channels::{ChannelGauges, Gauges, gauges, pause_channel, paused_until};
+pub use claim::{claim, claim_many};
+pub use inbox_rows::{insert_inbox_notifications, upsert_grouped_inbox_row};
+pub use lease::{ExpiredLease, WORKER_LOST, extend_lease, republish_stale, requeue_expired_leases};
+pub use record::{
+    AttemptRecord, NextState, defer_claimed, fail_unclaimed, record_attempts, record_fallback,
+    record_late_success,
+};
+
+/// Most bytes of a provider's raw answer kept per attempt.
+pub const MAX_PROVIDER_RESPONSE_BYTES: usize = 20 * 1024;
+
+/// Everything a channel needs to send one delivery, read in the claim's round trip.
+#[derive(Debug, Clone)]
+pub struct DeliveryJob {
+    /// Delivery id.
+    pub id: Uuid,
+    /// Event id.
+    pub event_id: Uuid,
+    /// Caller's event key.
+    pub event_key: String,
+    /// Notification type key.
+    pub type_key: String,
+    /// The type's priority (drives APNs priority, FCM Android priority and Web Push
+    /// `Urgency`); `normal` when the type is gone.
+    pub priority: Priority,
+    /// The type's category (marketing email gets List-Unsubscribe); `transactional` when
+    /// the type is gone.
+    pub category: Category,
+    /// Digest group: the delivery lists the events in `digest_items` (in-app: the inbox
+    /// group, updated in place).
+    pub digest_key: Option<String>,
+    /// Recipient.
+    pub user_id: String,
+    /// Channel.
+    pub channel: Channel,
+    /// Provider.
+    pub provider: Provider,
+    /// This attempt's number (1-based).
+    pub attempt: i32,
+    /// Attempts allowed.
+    pub max_attempts: i32,
+    /// Unique per channel.
+    pub idempotency_key: String,
+    /// LINE retry key.
+    pub retry_key: Option<Uuid>,
+    /// Fences every write of this attempt.
+    pub lease_token: Uuid,
+    /// When the claim happened (database clock).
+    pub started_at: DateTime<Utc>,
+    /// When the delivery was created (database clock).
+    pub created_at: DateTime<Utc>,
+    /// Email address or LINE user id at planning time.
+    pub address: Option<String>,
+    /// Recipient's display name (may be empty).
+    pub display_name: String,
+    /// Recipient's locale.
+    pub locale: String,
+    /// Recipient's time zone.
+    pub timezone: String,
+    /// Event payload.
+    pub payload: serde_json::Value,
+    /// What to say.
+    pub content: Content,
+    /// Push endpoint id.
+    pub endpoint_id: Option<Uuid>,
+    /// Push platform.
+    pub endpoint_platform: Option<String>,
+    /// Push token (or Web Push endpoint URL).
+    pub endpoint_token: Option<String>,
+    /// Web Push subscription keys.
+    pub endpoint_subscription: Option<serde_json::Value>,
+    /// `active` or `revoked`.
+    pub endpoint_status: Option<String>,
+    /// The type is critical (security alert, OTP): quiet hours do not hold it.
+    pub critical: bool,
+    /// The recipient's quiet hours as they are now (read at the claim, so a window set
+    /// after planning still holds the delivery).
+    pub quiet_hours: Vec<notify_core::quiet::QuietWindow>,
+}
+
+/// Why a message did not lead to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// Claimed: send it.
+    Claimed(Box<DeliveryJob>),
+    /// No such delivery: the message is poison.
+    Missing,
+    /// The delivery belongs to another channel than the queue it came from.
+    WrongChannel(Channel),
+    /// Already being sent under a live lease, already final, or not due yet: a duplicate
+    /// or early message, to be acked without a provider call. Carries the status.
+    NotClaimable(String),
+    /// Its attempt budget was spent (every attempt was claimed, the last ones by workers
+    /// that died or froze during the call): the claim made it `failed` instead, without a
+    /// call. Carries the attempts made and the error now on the delivery.
+    Exhausted {
+        /// The delivery's provider.
+        provider: Provider,
+        /// Attempts made (each a claim that may have reached the provider).
+        attempts: i32,
+        /// `last_error` as written.
+        error: String,
+    },
+}
+
+impl PartialEq for DeliveryJob {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id && self.lease_token == other.lease_token
+    }
+}
+impl Eq for DeliveryJob {}

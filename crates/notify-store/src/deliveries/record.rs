@@ -1,0 +1,408 @@
+//! Recording an attempt, fenced by the lease: the new state of the delivery and its
+//! attempt row in one transaction, plus the paths that end a claim without a normal record
+//! (deferred at due time, the record's fallback, a success after the lease was lost, a
+//! message that cannot be sent at all).
+
+use super::{DeliveryJob, MAX_PROVIDER_RESPONSE_BYTES, pause_channel};
+use crate::{Result, truncate_utf8};
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Gives a claimed delivery back without a provider call because a rule checked at due
+/// time holds it ([`notify_core::due`]): `pending` again, the claim's attempt returned,
+/// due at `until` with an outbox row due then, and `why` appended to its decision trail.
+/// Fenced by the lease token: false (nothing written) when the lease was lost.
+pub async fn defer_claimed(
+    db: &PgPool,
+    job: &DeliveryJob,
+    until: DateTime<Utc>,
+    why: &str,
+) -> Result<bool> {
+    let done = sqlx::query(
+        "WITH d AS (
+             UPDATE notification_deliveries
+             SET status = 'pending', attempts = attempts - 1, lease_token = NULL,
+                 lease_expires_at = NULL, next_attempt_at = $3, deferred_until = $3,
+                 decision = CASE WHEN decision = '' THEN $4 ELSE decision || E'\n' || $4 END,
+                 updated_at = now()
+             WHERE id = $1 AND lease_token = $2 AND status = 'sending'
+             RETURNING id, channel)
+         INSERT INTO outbox (delivery_id, channel, available_at) SELECT id, channel, $3 FROM d",
+    )
+    .bind(job.id)
+    .bind(job.lease_token)
+    .bind(until)
+    .bind(why)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// New state of a delivery after an attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NextState {
+    /// Accepted by the provider.
+    Sent {
+        /// Provider's id for it.
+        provider_message_id: Option<String>,
+    },
+    /// Try again after the delay (an outbox row is written, due then).
+    Retry {
+        /// Delay from the provider's answer (the claim's database time plus
+        /// [`AttemptRecord::call_took`]), not from when the record commits; a due time
+        /// already past when the record commits is due at once.
+        after: Duration,
+        /// Error code and text for `last_error`.
+        error: String,
+    },
+    /// The channel's quota is spent: the delivery waits `after` without spending its
+    /// budget (the call is recorded as an attempt and `max_attempts` grows by one), and the
+    /// channel is paused that long.
+    Paused {
+        /// Delay from now (the end of the quota period).
+        after: Duration,
+        /// Error code and text for `last_error` and the pause's reason.
+        error: String,
+    },
+    /// Final failure.
+    Failed {
+        /// Error code and text for `last_error`.
+        error: String,
+    },
+}
+
+/// One attempt to record.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    /// Outcome label stored on the attempt: `sent`, `retry` or `failed`.
+    pub outcome: &'static str,
+    /// HTTP status or SMTP code.
+    pub provider_status: Option<i32>,
+    /// Normalised error code.
+    pub error_code: Option<String>,
+    /// Raw answer (truncated here to 20 KB).
+    pub provider_response: Option<String>,
+    /// What was sent.
+    pub content: serde_json::Value,
+    /// Endpoint to deactivate with this reason (push token gone).
+    pub deactivate_endpoint: Option<(Uuid, String)>,
+    /// Email address to mark undeliverable with this reason (mailbox does not exist).
+    pub address_undeliverable: Option<(String, String)>,
+    /// Since when the provider says the endpoint has been invalid; the deactivation only
+    /// applies to an endpoint registered before this moment and before the attempt began.
+    pub endpoint_invalid_since: Option<DateTime<Utc>>,
+    /// The worker instance that made the call.
+    pub worker_id: String,
+    /// From the claim to the provider's answer (monotonic clock of the worker): a retry is
+    /// due at the claim's database time plus this plus its delay.
+    pub call_took: Duration,
+}
+
+/// Records attempts and their deliveries' new states in one transaction, each fenced by
+/// its own lease token: one result per input, in order, false (nothing written for it)
+/// when that lease was lost. Four statements at most, whatever the number, plus one per
+/// endpoint to deactivate or channel to pause.
+pub async fn record_attempts(
+    db: &PgPool,
+    batch: &[(&DeliveryJob, &NextState, &AttemptRecord)],
+) -> Result<Vec<bool>> {
+    if batch.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut ids = Vec::with_capacity(batch.len());
+    let mut tokens = Vec::with_capacity(batch.len());
+    let mut statuses = Vec::with_capacity(batch.len());
+    let mut pmids: Vec<Option<String>> = Vec::with_capacity(batch.len());
+    let mut retry_ms: Vec<Option<i64>> = Vec::with_capacity(batch.len());
+    // A retry counts from the provider's answer; a pause from now.
+    let mut retry_base: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(batch.len());
+    let mut errors: Vec<Option<String>> = Vec::with_capacity(batch.len());
+    let mut refunds: Vec<bool> = Vec::with_capacity(batch.len());
+    for (job, next, record) in batch {
+        ids.push(job.id);
+        tokens.push(job.lease_token);
+        retry_base.push(match next {
+            NextState::Retry { .. } => chrono::Duration::from_std(record.call_took)
+                .ok()
+                .and_then(|took| job.started_at.checked_add_signed(took)),
+            _ => None,
+        });
+        let (status, pmid, retry, error) = match next {
+            NextState::Sent {
+                provider_message_id,
+            } => ("sent", provider_message_id.clone(), None, None),
+            NextState::Retry { after, error } => (
+                "pending",
+                None,
+                Some(notify_core::retry::millis(*after)),
+                Some(error.clone()),
+            ),
+            NextState::Paused { after, error } => (
+                "pending",
+                None,
+                Some(notify_core::retry::millis(*after)),
+                Some(error.clone()),
+            ),
+            NextState::Failed { error } => ("failed", None, None, Some(error.clone())),
+        };
+        refunds.push(matches!(next, NextState::Paused { .. }));
+        statuses.push(status);
+        pmids.push(pmid);
+        retry_ms.push(retry);
+        errors.push(error);
+    }
+    let mut tx = db.begin().await?;
+    // By primary key, not the partial lease index (see `claim_many`).
+    let updated: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "UPDATE notification_deliveries d
+         SET status = t.status, provider_message_id = coalesce(t.pmid, d.provider_message_id),
+             next_attempt_at = CASE WHEN t.retry_ms IS NULL THEN d.next_attempt_at
+                                    ELSE greatest(now(), coalesce(t.base, now())
+                                                         + t.retry_ms * interval '1 millisecond') END,
+             last_error = t.error, sent_at = CASE WHEN t.status = 'sent' THEN now() ELSE d.sent_at END,
+             max_attempts = CASE WHEN t.refund THEN d.max_attempts + 1 ELSE d.max_attempts END,
+             lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+         FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[],
+                     $7::bool[], $8::timestamptz[])
+              AS t(id, token, status, pmid, retry_ms, error, refund, base)
+         WHERE d.id = ANY($1) AND d.id = t.id AND d.lease_token = t.token
+           AND d.status || '' = 'sending'
+         RETURNING d.id, t.token",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .bind(&statuses)
+    .bind(&pmids)
+    .bind(&retry_ms)
+    .bind(&errors)
+    .bind(&refunds)
+    .bind(&retry_base)
+    .fetch_all(&mut *tx)
+    .await?;
+    let updated: std::collections::HashSet<(Uuid, Uuid)> = updated.into_iter().collect();
+    let kept: Vec<usize> = (0..batch.len())
+        .filter(|&i| updated.contains(&(ids[i], tokens[i])))
+        .collect();
+    if kept.is_empty() {
+        tx.rollback().await?;
+        return Ok(vec![false; batch.len()]);
+    }
+    let col = |f: &dyn Fn(usize) -> Option<String>| -> Vec<Option<String>> {
+        kept.iter().map(|&i| f(i)).collect()
+    };
+    sqlx::query(
+        "INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, provider_status,
+             error_code, provider_response, content_json, worker_id)
+         SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::timestamptz[], $4::text[], $5::int[],
+                              $6::text[], $7::text[], $8::jsonb[], $9::text[])",
+    )
+    .bind(kept.iter().map(|&i| batch[i].0.id).collect::<Vec<_>>())
+    .bind(kept.iter().map(|&i| batch[i].0.attempt).collect::<Vec<_>>())
+    .bind(
+        kept.iter()
+            .map(|&i| batch[i].0.started_at)
+            .collect::<Vec<_>>(),
+    )
+    .bind(kept.iter().map(|&i| batch[i].2.outcome).collect::<Vec<_>>())
+    .bind(
+        kept.iter()
+            .map(|&i| batch[i].2.provider_status)
+            .collect::<Vec<_>>(),
+    )
+    .bind(col(&|i| batch[i].2.error_code.clone()))
+    .bind(col(&|i| {
+        batch[i]
+            .2
+            .provider_response
+            .as_deref()
+            .map(|s| truncate_utf8(s, MAX_PROVIDER_RESPONSE_BYTES).to_string())
+    }))
+    .bind(
+        kept.iter()
+            .map(|&i| &batch[i].2.content)
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        kept.iter()
+            .map(|&i| batch[i].2.worker_id.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .execute(&mut *tx)
+    .await?;
+    let retries: Vec<usize> = kept
+        .iter()
+        .copied()
+        .filter(|&i| retry_ms[i].is_some())
+        .collect();
+    if !retries.is_empty() {
+        // Due when the delivery is, as just written (and announced, so a relay waiting
+        // for the next due row wakes up: the outbox trigger notifies `notify_outbox`).
+        sqlx::query(
+            "INSERT INTO outbox (delivery_id, channel, available_at)
+             SELECT id, channel, next_attempt_at FROM notification_deliveries
+             WHERE id = ANY($1)",
+        )
+        .bind(retries.iter().map(|&i| ids[i]).collect::<Vec<_>>())
+        .execute(&mut *tx)
+        .await?;
+    }
+    for &i in &kept {
+        if let NextState::Paused { after, error } = batch[i].1 {
+            pause_channel(&mut *tx, batch[i].0.channel, *after, error).await?;
+        }
+        if let Some((endpoint, reason)) = &batch[i].2.deactivate_endpoint {
+            let started = batch[i].0.started_at;
+            let fence = batch[i]
+                .2
+                .endpoint_invalid_since
+                .map_or(started, |t| t.min(started));
+            crate::catalog::deactivate_endpoint(&mut *tx, *endpoint, reason, fence).await?;
+        }
+        if let Some((address, reason)) = &batch[i].2.address_undeliverable {
+            let job = batch[i].0;
+            crate::catalog::mark_email_undeliverable(
+                &mut *tx,
+                &job.user_id,
+                address,
+                reason,
+                job.started_at,
+            )
+            .await?;
+        }
+    }
+    tx.commit().await?;
+    let mut recorded = vec![false; batch.len()];
+    for &i in &kept {
+        recorded[i] = true;
+    }
+    Ok(recorded)
+}
+
+/// The last resort when an attempt's full record fails for a reason other than the
+/// database being unreachable (a value it refuses, a constraint): the delivery still ends,
+/// visibly, instead of looping through lease expiry and calling the provider again. Fenced
+/// by the lease token: `sent` when the provider accepted (with its message id), else
+/// `failed`; `why` goes to `last_error`, and a bare attempt row (`record_failed`) keeps the
+/// call counted. Returns false when the lease was lost.
+pub async fn record_fallback(
+    db: &PgPool,
+    job: &DeliveryJob,
+    sent: Option<Option<String>>,
+    why: &str,
+) -> Result<bool> {
+    let (status, pmid) = match &sent {
+        Some(pmid) => ("sent", pmid.clone()),
+        None => ("failed", None),
+    };
+    let updated: i64 = sqlx::query_scalar(
+        "WITH d AS (
+             UPDATE notification_deliveries
+             SET status = $3, provider_message_id = coalesce($4, provider_message_id),
+                 sent_at = CASE WHEN $3 = 'sent' THEN now() ELSE sent_at END, last_error = $5,
+                 lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+             WHERE id = $1 AND lease_token = $2 AND status = 'sending'
+             RETURNING id, attempts),
+         a AS (
+             INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, error_code,
+                                            provider_response, content_json, worker_id)
+             SELECT id, attempts, $6, CASE WHEN $3 = 'sent' THEN 'sent' ELSE 'failed' END,
+                    'record_failed', $5, 'null'::jsonb, '' FROM d
+             ON CONFLICT (delivery_id, attempt) DO NOTHING)
+         SELECT count(*) FROM d",
+    )
+    .bind(job.id)
+    .bind(job.lease_token)
+    .bind(status)
+    .bind(pmid)
+    .bind(why)
+    .bind(job.started_at)
+    .fetch_one(db)
+    .await?;
+    Ok(updated == 1)
+}
+
+/// Records a success that came back after the attempt's lease was lost (its heartbeats
+/// stopped, the sweeper put the delivery back to `pending`), so the delivery is not sent a
+/// second time. Fenced so that a newer claim still wins: only a delivery still `pending`
+/// (or `failed` by the sweeper because this was its last attempt), with no lease and no
+/// claim since this attempt's (`attempts` unchanged), becomes `sent`, replacing the
+/// sweeper's `worker_lost` attempt row with the real answer, in one transaction. False (nothing written) otherwise; an outbox
+/// row the sweeper wrote stays, and its message is acked by the claim without a call.
+/// `next` must be [`NextState::Sent`] (anything else writes nothing).
+pub async fn record_late_success(
+    db: &PgPool,
+    job: &DeliveryJob,
+    next: &NextState,
+    record: &AttemptRecord,
+) -> Result<bool> {
+    let NextState::Sent {
+        provider_message_id,
+    } = next
+    else {
+        return Ok(false);
+    };
+    let mut tx = db.begin().await?;
+    let done = sqlx::query(
+        "UPDATE notification_deliveries
+         SET status = 'sent', provider_message_id = coalesce($3, provider_message_id),
+             last_error = NULL, sent_at = now(), updated_at = now()
+         WHERE id = $1 AND lease_token IS NULL AND attempts = $2
+           AND (status = 'pending'
+                -- the sweeper failed it because this very attempt was the last one allowed
+                OR (status = 'failed' AND last_error LIKE 'worker_lost:%'))",
+    )
+    .bind(job.id)
+    .bind(job.attempt)
+    .bind(provider_message_id)
+    .execute(&mut *tx)
+    .await?;
+    if done.rows_affected() != 1 {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    sqlx::query(
+        "INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, provider_status,
+             error_code, provider_response, content_json, worker_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+         -- the sweeper's `worker_lost` row for this attempt gives way to the real answer
+         ON CONFLICT (delivery_id, attempt) DO UPDATE
+         SET outcome = EXCLUDED.outcome, provider_status = EXCLUDED.provider_status,
+             error_code = EXCLUDED.error_code, provider_response = EXCLUDED.provider_response,
+             content_json = EXCLUDED.content_json, worker_id = EXCLUDED.worker_id,
+             finished_at = now()",
+    )
+    .bind(job.id)
+    .bind(job.attempt)
+    .bind(job.started_at)
+    .bind(record.outcome)
+    .bind(record.provider_status)
+    .bind(&record.error_code)
+    .bind(
+        record
+            .provider_response
+            .as_deref()
+            .map(|s| truncate_utf8(s, MAX_PROVIDER_RESPONSE_BYTES).to_string()),
+    )
+    .bind(&record.content)
+    .bind(&record.worker_id)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Marks a delivery `failed` with `error` outside the claim protocol: for a message that
+/// reached the wrong queue or cannot be sent at all. Only a `pending` delivery changes.
+pub async fn fail_unclaimed(db: &PgPool, id: Uuid, error: &str) -> Result<bool> {
+    let done = sqlx::query(
+        "UPDATE notification_deliveries SET status = 'failed', last_error = $2, updated_at = now()
+         WHERE id = $1 AND status = 'pending'",
+    )
+    .bind(id)
+    .bind(error)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
