@@ -411,7 +411,11 @@ impl Platform {
         let task = match channel {
             Channel::InApp => {
                 let sender = Arc::new(worker_inapp::InAppSender::new(pool.clone()));
-                tokio::spawn(async move { notify_worker::run(cfg, pool, sender, s).await.unwrap() })
+                tokio::spawn(async move {
+                    notify_worker::run(cfg, pool, sender, Default::default(), s)
+                        .await
+                        .unwrap()
+                })
             }
             Channel::Email => {
                 let sender = Arc::new(
@@ -432,7 +436,11 @@ impl Platform {
                     })
                     .unwrap(),
                 );
-                tokio::spawn(async move { notify_worker::run(cfg, pool, sender, s).await.unwrap() })
+                tokio::spawn(async move {
+                    notify_worker::run(cfg, pool, sender, Default::default(), s)
+                        .await
+                        .unwrap()
+                })
             }
             Channel::Line => {
                 let sender = Arc::new(
@@ -443,7 +451,11 @@ impl Platform {
                     })
                     .unwrap(),
                 );
-                tokio::spawn(async move { notify_worker::run(cfg, pool, sender, s).await.unwrap() })
+                tokio::spawn(async move {
+                    notify_worker::run(cfg, pool, sender, Default::default(), s)
+                        .await
+                        .unwrap()
+                })
             }
             Channel::Push => {
                 let sender = Arc::new(
@@ -472,7 +484,11 @@ impl Platform {
                     })
                     .unwrap(),
                 );
-                tokio::spawn(async move { notify_worker::run(cfg, pool, sender, s).await.unwrap() })
+                tokio::spawn(async move {
+                    notify_worker::run(cfg, pool, sender, Default::default(), s)
+                        .await
+                        .unwrap()
+                })
             }
         };
         self.workers.push(task);
