@@ -27,6 +27,8 @@ pub mod limit;
 mod readiness;
 mod record_metrics;
 pub mod templates;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use bin_main::main_with;
 pub use config::{DEFAULT_RATE_LIMITS, WorkerConfig, parse_rate_limits};

@@ -2,38 +2,9 @@ use super::*;
 use serde_json::json;
 
 fn job(attempt: i32) -> DeliveryJob {
-    DeliveryJob {
-        id: uuid::Uuid::nil(),
-        event_id: uuid::Uuid::nil(),
-        event_key: "k".into(),
-        type_key: "t".into(),
-        priority: "normal".into(),
-        category: "transactional".into(),
-        digest_key: None,
-        user_id: "u".into(),
-        channel: "push".into(),
-        provider: "fcm".into(),
-        attempt,
-        max_attempts: 5,
-        idempotency_key: "k".into(),
-        retry_key: None,
-        lease_token: uuid::Uuid::nil(),
-        started_at: chrono::Utc::now(),
-        created_at: chrono::Utc::now(),
-        address: None,
-        display_name: String::new(),
-        locale: "th-TH".into(),
-        timezone: "Asia/Bangkok".into(),
-        payload: json!({}),
-        content: Default::default(),
-        endpoint_id: Some(uuid::Uuid::from_u128(7)),
-        endpoint_platform: Some("fcm".into()),
-        endpoint_token: Some("tok".into()),
-        endpoint_subscription: None,
-        endpoint_status: Some("active".into()),
-        critical: false,
-        quiet_hours: Vec::new(),
-    }
+    let mut job = crate::testing::job("push", "fcm");
+    job.attempt = attempt;
+    job
 }
 
 #[test]

@@ -1,0 +1,201 @@
+//! Helpers for tests of the runtime and of the adapters (feature `testing`; the runtime's
+//! own unit tests use [`job`]). Adapter tests call a [`crate::ChannelSender`] directly, with
+//! no broker and no database, against the provider simulator started in-process on port 0
+//! ([`Sim::start`]), and change its answers with faults ([`Sim::fault`], the JSON of
+//! `provider_sim::Fault`).
+
+use notify_core::outcome::{AttemptError, AttemptOutcome, AttemptResult};
+use notify_store::deliveries::DeliveryJob;
+
+/// A delivery of `channel` through `provider`, on its first attempt, created now: user
+/// `u`, locale `th-TH`, an active endpoint 7 with token `tok`, a title and a body.
+pub fn job(channel: &str, provider: &str) -> DeliveryJob {
+    DeliveryJob {
+        id: uuid::Uuid::new_v4(),
+        event_id: uuid::Uuid::new_v4(),
+        event_key: "k".into(),
+        type_key: "t".into(),
+        priority: "normal".into(),
+        category: "transactional".into(),
+        digest_key: None,
+        user_id: "u".into(),
+        channel: channel.into(),
+        provider: provider.into(),
+        attempt: 1,
+        max_attempts: 5,
+        idempotency_key: "k".into(),
+        retry_key: Some(uuid::Uuid::new_v4()),
+        lease_token: uuid::Uuid::nil(),
+        started_at: chrono::Utc::now(),
+        created_at: chrono::Utc::now(),
+        address: None,
+        display_name: String::new(),
+        locale: "th-TH".into(),
+        timezone: "Asia/Bangkok".into(),
+        payload: serde_json::json!({}),
+        content: notify_core::Content {
+            title: "Order paid".into(),
+            body: "Your order 1234 is paid.".into(),
+            ..Default::default()
+        },
+        endpoint_id: Some(uuid::Uuid::from_u128(7)),
+        endpoint_platform: Some(provider.into()),
+        endpoint_token: Some("tok".into()),
+        endpoint_subscription: None,
+        endpoint_status: Some("active".into()),
+        critical: false,
+        quiet_hours: Vec::new(),
+    }
+}
+
+/// The failure of `out`; panics (naming the outcome) when it was sent.
+pub fn failure(out: &AttemptOutcome) -> &AttemptError {
+    out.error()
+        .unwrap_or_else(|| panic!("expected a failure, got {out:?}"))
+}
+
+/// Whether `out` is a success, and its provider message id.
+pub fn sent_id(out: &AttemptOutcome) -> Option<Option<&str>> {
+    match &out.result {
+        AttemptResult::Sent {
+            provider_message_id,
+        } => Some(provider_message_id.as_deref()),
+        AttemptResult::Failed(_) => None,
+    }
+}
+
+#[cfg(feature = "testing")]
+pub use sim::*;
+
+#[cfg(feature = "testing")]
+mod sim {
+    use crate::Lease;
+    use std::time::Duration;
+    use tokio_util::sync::CancellationToken;
+
+    /// LINE channel token the simulator of [`Sim::start`] expects.
+    pub const LINE_TOKEN: &str = "adapter-test-line-token";
+    /// FCM project of the simulator of [`Sim::start`].
+    pub const FCM_PROJECT: &str = "adapter-test";
+    /// APNs key id, team id and topic the simulator of [`Sim::start`] expects.
+    pub const APNS: (&str, &str, &str) = ("TESTKEY001", "TESTTEAM01", "test.notify.app");
+    /// The service account's email the simulator expects in the assertion.
+    const FCM_EMAIL: &str = "adapter@adapter-test.iam.gserviceaccount.com";
+
+    /// A lease held for a minute that never asks a database.
+    pub fn lease() -> Lease {
+        Lease::held_for(Duration::from_secs(60))
+    }
+
+    /// The provider simulator (HTTP providers and SMTP) running in this process on
+    /// ports chosen by the system; stopped on drop.
+    pub struct Sim {
+        /// Base URL of the HTTP providers (`http://127.0.0.1:<port>`).
+        pub url: String,
+        /// URL of the SMTP server (`smtp://127.0.0.1:<port>`).
+        pub smtp_url: String,
+        /// The SMTP server's state (accepted messages).
+        pub smtp: provider_sim::smtp::SmtpSim,
+        /// PEM (PKCS #8) of the APNs signing key the simulator trusts.
+        pub apns_key_pem: String,
+        /// A service-account key file whose `token_uri` is this simulator.
+        pub fcm_key_file: std::path::PathBuf,
+        http: reqwest::Client,
+        stop: CancellationToken,
+    }
+
+    impl Sim {
+        /// Starts the simulator, with a fresh APNs key and the test FCM key.
+        pub async fn start() -> Sim {
+            use p256::pkcs8::{EncodePrivateKey, EncodePublicKey, LineEnding};
+            notify_telemetry::install_crypto_provider();
+            let apns = p256::SecretKey::random(&mut p256::elliptic_curve::rand_core::OsRng);
+            let apns_key_pem = apns.to_pkcs8_pem(LineEnding::LF).expect("pem").to_string();
+            let apns_public = apns
+                .public_key()
+                .to_public_key_pem(LineEnding::LF)
+                .expect("pem");
+            let stop = CancellationToken::new();
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            let cfg = provider_sim::SimConfig {
+                line_channel_token: LINE_TOKEN.into(),
+                line_channel_secret: "adapter-test-line-secret".into(),
+                fcm_public_key_pem: include_str!("../testdata/fcm-test-public.pem").into(),
+                fcm_project_id: FCM_PROJECT.into(),
+                fcm_client_email: FCM_EMAIL.into(),
+                apns_public_key_pem: apns_public,
+                apns_key_id: APNS.0.into(),
+                apns_team_id: APNS.1.into(),
+                apns_topic: APNS.2.into(),
+            };
+            tokio::spawn(provider_sim::serve(listener, cfg, stop.clone()));
+            let smtp_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let smtp_url = format!("smtp://{}", smtp_listener.local_addr().unwrap());
+            let smtp = provider_sim::smtp::SmtpSim::default();
+            tokio::spawn(smtp.clone().serve(smtp_listener, stop.clone()));
+            let key = serde_json::json!({
+                "type": "service_account",
+                "project_id": FCM_PROJECT,
+                "private_key_id": "adapter-test",
+                "private_key": include_str!("../testdata/fcm-test-key.pem"),
+                "client_email": FCM_EMAIL,
+                "token_uri": format!("{url}/token"),
+            });
+            let fcm_key_file = std::env::temp_dir()
+                .join(format!("notify-adapter-fcm-{}.json", uuid::Uuid::new_v4()));
+            std::fs::write(&fcm_key_file, key.to_string()).unwrap();
+            Sim {
+                url,
+                smtp_url,
+                smtp,
+                apns_key_pem,
+                fcm_key_file,
+                http: reqwest::Client::new(),
+                stop,
+            }
+        }
+
+        /// Adds a fault (`provider_sim::Fault` as JSON, e.g. `{"provider": "line",
+        /// "status": 500}`); it answers the next matching requests.
+        pub async fn fault(&self, fault: serde_json::Value) {
+            let resp = self
+                .http
+                .post(format!("{}/_sim/faults", self.url))
+                .json(&fault)
+                .send()
+                .await
+                .expect("simulator reachable");
+            assert!(resp.status().is_success(), "fault refused: {fault}");
+        }
+
+        /// Removes every fault.
+        pub async fn clear_faults(&self) {
+            self.http
+                .delete(format!("{}/_sim/faults", self.url))
+                .send()
+                .await
+                .expect("simulator reachable");
+        }
+
+        /// `POST` of `body` to a control endpoint (`/_sim/...`), answering its JSON.
+        pub async fn control(&self, path: &str, body: serde_json::Value) -> serde_json::Value {
+            self.http
+                .post(format!("{}{path}", self.url))
+                .json(&body)
+                .send()
+                .await
+                .expect("simulator reachable")
+                .json()
+                .await
+                .unwrap_or_default()
+        }
+    }
+
+    impl Drop for Sim {
+        fn drop(&mut self) {
+            self.stop.cancel();
+            let _ = std::fs::remove_file(&self.fcm_key_file);
+        }
+    }
+}
