@@ -64,6 +64,67 @@ pub fn sent_id(out: &AttemptOutcome) -> Option<Option<&str>> {
     }
 }
 
+/// What one failed row of an adapter's table of answers must come out as.
+#[derive(Debug, Clone)]
+pub struct Expect {
+    /// Its class.
+    pub class: notify_core::ErrorClass,
+    /// The error code stored with the attempt.
+    pub code: &'static str,
+    /// The metric reason.
+    pub reason: &'static str,
+    /// Whether the provider may have accepted it.
+    pub ambiguous: bool,
+    /// The provider's status.
+    pub status: Option<i32>,
+    /// The provider's `Retry-After`.
+    pub retry_after: Option<std::time::Duration>,
+}
+
+impl Expect {
+    /// A failure of `class` with `code` whose reason is the code itself, not ambiguous,
+    /// with provider status `status` and no `Retry-After`.
+    pub fn failed(class: notify_core::ErrorClass, code: &'static str, status: Option<i32>) -> Self {
+        Self {
+            class,
+            code,
+            reason: code,
+            ambiguous: false,
+            status,
+            retry_after: None,
+        }
+    }
+
+    /// With metric reason `reason`.
+    pub fn reason(mut self, reason: &'static str) -> Self {
+        self.reason = reason;
+        self
+    }
+
+    /// Ambiguous.
+    pub fn ambiguous(mut self) -> Self {
+        self.ambiguous = true;
+        self
+    }
+
+    /// With `Retry-After` `after`.
+    pub fn retry_after(mut self, after: std::time::Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// Asserts that `out` (the answer of table row `row`) is this failure.
+    pub fn check(&self, row: &str, out: &AttemptOutcome) {
+        let got = failure(out);
+        assert_eq!(got.class, self.class, "{row}: {out:?}");
+        assert_eq!(got.code, self.code, "{row}: {out:?}");
+        assert_eq!(got.reason.as_str(), self.reason, "{row}");
+        assert_eq!(got.ambiguous, self.ambiguous, "{row}");
+        assert_eq!(out.provider_status, self.status, "{row}");
+        assert_eq!(got.retry_after, self.retry_after, "{row}");
+    }
+}
+
 #[cfg(feature = "testing")]
 pub use sim::*;
 
@@ -81,6 +142,16 @@ mod sim {
     pub const APNS: (&str, &str, &str) = ("TESTKEY001", "TESTTEAM01", "test.notify.app");
     /// The service account's email the simulator expects in the assertion.
     const FCM_EMAIL: &str = "adapter@adapter-test.iam.gserviceaccount.com";
+
+    /// A one-shot fault for `provider` answering `status`, with `extra` fields of
+    /// `provider_sim::Fault` (`body`, `retry_after`, `delay_ms`, `target_contains`).
+    pub fn fault(provider: &str, status: u16, extra: serde_json::Value) -> serde_json::Value {
+        let mut f = serde_json::json!({"provider": provider, "status": status, "times": 1});
+        if let (Some(f), Some(extra)) = (f.as_object_mut(), extra.as_object()) {
+            f.extend(extra.clone());
+        }
+        f
+    }
 
     /// A lease held for a minute that never asks a database.
     pub fn lease() -> Lease {
@@ -167,6 +238,22 @@ mod sim {
                 .await
                 .expect("simulator reachable");
             assert!(resp.status().is_success(), "fault refused: {fault}");
+        }
+
+        /// Answers each row's fault with one call of `send`, checking the row's outcome.
+        pub async fn run_table<F, Fut>(
+            &self,
+            table: &[(&str, serde_json::Value, crate::testing::Expect)],
+            send: F,
+        ) where
+            F: Fn() -> Fut,
+            Fut: std::future::Future<Output = notify_core::AttemptOutcome>,
+        {
+            for (row, fault, want) in table {
+                self.fault(fault.clone()).await;
+                want.check(row, &send().await);
+                self.clear_faults().await;
+            }
         }
 
         /// Removes every fault.
