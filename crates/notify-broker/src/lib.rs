@@ -86,20 +86,14 @@ impl Topology {
             durable: true,
             ..Default::default()
         };
-        ch.exchange_declare(
-            self.exchange().into(),
-            ExchangeKind::Direct,
-            durable,
-            FieldTable::default(),
-        )
-        .await?;
-        ch.exchange_declare(
-            self.dead_letter_exchange().into(),
-            ExchangeKind::Fanout,
-            durable,
-            FieldTable::default(),
-        )
-        .await?;
+        let exchanges = [
+            (self.exchange(), ExchangeKind::Direct),
+            (self.dead_letter_exchange(), ExchangeKind::Fanout),
+        ];
+        for (name, kind) in exchanges {
+            ch.exchange_declare(name.into(), kind, durable, FieldTable::default())
+                .await?;
+        }
         let queue_opts = QueueDeclareOptions {
             durable: true,
             ..Default::default()

@@ -238,26 +238,16 @@ mod tests {
     #[test]
     fn retry_after_in_seconds_or_as_an_http_date() {
         let now = std::time::UNIX_EPOCH + Duration::from_secs(1_445_412_000); // 07:20:00 GMT
-        assert_eq!(
-            parse_retry_after(" 120 ", now),
-            Some(Duration::from_secs(120))
-        );
-        assert_eq!(
-            parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now),
-            Some(Duration::from_secs(480))
-        );
-        assert_eq!(
-            parse_retry_after("Wednesday, 21-Oct-15 07:28:00 GMT", now),
-            Some(Duration::from_secs(480))
-        );
-        assert_eq!(
-            parse_retry_after("Wed Oct 21 07:28:00 2015", now),
-            Some(Duration::from_secs(480))
-        );
-        assert_eq!(
-            parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", now),
-            Some(Duration::ZERO)
-        );
+        let secs = |s| Some(Duration::from_secs(s));
+        for (value, wait) in [
+            (" 120 ", secs(120)),
+            ("Wed, 21 Oct 2015 07:28:00 GMT", secs(480)),
+            ("Wednesday, 21-Oct-15 07:28:00 GMT", secs(480)),
+            ("Wed Oct 21 07:28:00 2015", secs(480)),
+            ("Wed, 21 Oct 2015 07:00:00 GMT", Some(Duration::ZERO)),
+        ] {
+            assert_eq!(parse_retry_after(value, now), wait, "{value}");
+        }
         assert_eq!(parse_retry_after("soon", now), None);
         assert_eq!(parse_retry_after("-1", now), None);
     }

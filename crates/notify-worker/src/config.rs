@@ -34,19 +34,12 @@ pub const DEFAULT_RATE_LIMITS: &str = "line=1000,fcm=5000";
 
 /// Parses `provider=per_second,...` (e.g. `line=1000,fcm=5000`; empty = no limits).
 pub fn parse_rate_limits(s: &str) -> Result<std::collections::BTreeMap<String, u32>, String> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (name, n) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("{pair:?} is not provider=per_second"))?;
-            match n.trim().parse::<u32>() {
-                Ok(n) if n > 0 => Ok((name.trim().to_string(), n)),
-                _ => Err(format!("{pair:?}: the rate must be a whole number above 0")),
-            }
-        })
-        .collect()
+    notify_telemetry::parse_counts(
+        s,
+        "provider=per_second",
+        "rate",
+        |name| Ok(name.to_string()),
+    )
 }
 
 impl WorkerConfig {
