@@ -7,7 +7,8 @@
 use notify_core::outcome::{AttemptError, AttemptOutcome, AttemptResult};
 use notify_store::deliveries::DeliveryJob;
 
-/// A delivery of `channel` through `provider`, on its first attempt, created now: user
+/// A delivery of `channel` through `provider` (parsed, so it serves typed and text row
+/// fields alike), on its first attempt, created now: user
 /// `u`, locale `th-TH`, an active endpoint 7 with token `tok`, a title and a body.
 pub fn job(channel: &str, provider: &str) -> DeliveryJob {
     DeliveryJob {
@@ -15,12 +16,12 @@ pub fn job(channel: &str, provider: &str) -> DeliveryJob {
         event_id: uuid::Uuid::new_v4(),
         event_key: "k".into(),
         type_key: "t".into(),
-        priority: "normal".into(),
-        category: "transactional".into(),
+        priority: "normal".parse().expect("a priority"),
+        category: "transactional".parse().expect("a category"),
         digest_key: None,
         user_id: "u".into(),
-        channel: channel.into(),
-        provider: provider.into(),
+        channel: channel.parse().expect("a channel"),
+        provider: provider.parse().expect("a provider"),
         attempt: 1,
         max_attempts: 5,
         idempotency_key: "k".into(),
@@ -39,10 +40,10 @@ pub fn job(channel: &str, provider: &str) -> DeliveryJob {
             ..Default::default()
         },
         endpoint_id: Some(uuid::Uuid::from_u128(7)),
-        endpoint_platform: Some(provider.into()),
+        endpoint_platform: Some(provider.parse().expect("a platform")),
         endpoint_token: Some("tok".into()),
         endpoint_subscription: None,
-        endpoint_status: Some("active".into()),
+        endpoint_status: Some("active".parse().expect("an endpoint status")),
         critical: false,
         quiet_hours: Vec::new(),
     }
