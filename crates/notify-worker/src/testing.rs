@@ -231,13 +231,7 @@ mod sim {
         /// Adds a fault (`provider_sim::Fault` as JSON, e.g. `{"provider": "line",
         /// "status": 500}`); it answers the next matching requests.
         pub async fn fault(&self, fault: serde_json::Value) {
-            let resp = self
-                .http
-                .post(format!("{}/_sim/faults", self.url))
-                .json(&fault)
-                .send()
-                .await
-                .expect("simulator reachable");
+            let resp = self.post("/_sim/faults", &fault).await;
             assert!(resp.status().is_success(), "fault refused: {fault}");
         }
 
@@ -268,15 +262,17 @@ mod sim {
 
         /// `POST` of `body` to a control endpoint (`/_sim/...`), answering its JSON.
         pub async fn control(&self, path: &str, body: serde_json::Value) -> serde_json::Value {
-            self.http
-                .post(format!("{}{path}", self.url))
-                .json(&body)
-                .send()
+            self.post(path, &body)
                 .await
-                .expect("simulator reachable")
                 .json()
                 .await
                 .unwrap_or_default()
+        }
+
+        async fn post(&self, path: &str, body: &serde_json::Value) -> reqwest::Response {
+            let url = format!("{}{path}", self.url);
+            let sent = self.http.post(url).json(body).send().await;
+            sent.expect("simulator reachable")
         }
     }
 

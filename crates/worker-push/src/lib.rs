@@ -302,6 +302,16 @@ pub(crate) fn fit_payload(
     }
 }
 
+/// [`fit_payload`] for a payload whose size is its JSON text.
+pub(crate) fn fit_json(
+    body: &str,
+    provider: &str,
+    limit: usize,
+    build: impl Fn(&str) -> Value,
+) -> Result<Value, Box<AttemptOutcome>> {
+    fit_payload(body, provider, limit, build, |v| v.to_string().len())
+}
+
 /// Sorts an FCM v1 error answer (HTTP status + `google.rpc.Status` body with an
 /// `FcmError.errorCode` detail) into a class and a normalised code.
 pub fn classify_fcm_error(status: u16, body: &Value) -> (ErrorClass, String) {
