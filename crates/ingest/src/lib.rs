@@ -116,23 +116,10 @@ impl TlsFiles {
 pub fn parse_fatigue_caps(
     s: &str,
 ) -> Result<std::collections::BTreeMap<notify_core::Channel, u32>, String> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (name, n) = pair
-                .split_once('=')
-                .ok_or_else(|| format!("{pair:?} is not channel=per_hour"))?;
-            let channel = name
-                .trim()
-                .parse::<notify_core::Channel>()
-                .map_err(|e| e.to_string())?;
-            match n.trim().parse::<u32>() {
-                Ok(n) if n > 0 => Ok((channel, n)),
-                _ => Err(format!("{pair:?}: the cap must be a whole number above 0")),
-            }
-        })
-        .collect()
+    notify_telemetry::parse_counts(s, "channel=per_hour", "cap", |name| {
+        name.parse::<notify_core::Channel>()
+            .map_err(|e| e.to_string())
+    })
 }
 
 impl IngestConfig {

@@ -1,5 +1,6 @@
 //! RabbitMQ for the platform (lapin): the topology every service declares at start, a
-//! confirmed publisher, and the typed message that points at a delivery row.
+//! confirmed publisher, a consumer with typed settling ([`Consumer`], [`Inbound`]), and
+//! the typed message that points at a delivery row.
 //!
 //! Topology (names get an optional prefix so that tests and tenants can share a broker):
 //! - exchange `notify.deliveries` (direct, durable), routing key = channel name;
@@ -9,8 +10,8 @@
 
 use lapin::Confirmation;
 use lapin::options::{
-    BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{
@@ -21,6 +22,9 @@ use std::time::Duration;
 use uuid::Uuid;
 
 pub use lapin;
+
+mod consumer;
+pub use consumer::{Consumer, Inbound, consumer_channel};
 
 /// Errors talking to the broker.
 #[derive(Debug, thiserror::Error)]
@@ -82,20 +86,14 @@ impl Topology {
             durable: true,
             ..Default::default()
         };
-        ch.exchange_declare(
-            self.exchange().into(),
-            ExchangeKind::Direct,
-            durable,
-            FieldTable::default(),
-        )
-        .await?;
-        ch.exchange_declare(
-            self.dead_letter_exchange().into(),
-            ExchangeKind::Fanout,
-            durable,
-            FieldTable::default(),
-        )
-        .await?;
+        let exchanges = [
+            (self.exchange(), ExchangeKind::Direct),
+            (self.dead_letter_exchange(), ExchangeKind::Fanout),
+        ];
+        for (name, kind) in exchanges {
+            ch.exchange_declare(name.into(), kind, durable, FieldTable::default())
+                .await?;
+        }
         let queue_opts = QueueDeclareOptions {
             durable: true,
             ..Default::default()
@@ -170,17 +168,6 @@ impl Topology {
 pub async fn connect(url: &str, name: &str) -> Result<Connection, BrokerError> {
     let props = ConnectionProperties::default().with_connection_name(name.into());
     Ok(Connection::connect(url, props).await?)
-}
-
-/// Opens a consuming channel with `prefetch` unacknowledged messages at most, so a worker
-/// never holds more messages than it can work on at once.
-pub async fn consumer_channel(
-    conn: &Connection,
-    prefetch: u16,
-) -> Result<AmqpChannel, BrokerError> {
-    let ch = conn.create_channel().await?;
-    ch.basic_qos(prefetch, BasicQosOptions::default()).await?;
-    Ok(ch)
 }
 
 /// The message body on a channel queue: a pointer to a delivery row. Workers read the row;
@@ -358,7 +345,7 @@ pub async fn requeue_dead_letters(
     topology: &Topology,
     limit: u32,
 ) -> Result<(u32, u32), BrokerError> {
-    use lapin::options::{BasicAckOptions, BasicGetOptions, BasicNackOptions};
+    use lapin::options::{BasicAckOptions, BasicGetOptions};
     let ch = conn.create_channel().await?;
     let publisher = Publisher::new(conn, topology, Duration::from_secs(10)).await?;
     let (mut moved, mut left) = (0, 0);
@@ -387,14 +374,7 @@ pub async fn requeue_dead_letters(
                     moved += 1;
                 }
                 other => {
-                    ch.basic_nack(
-                        tag,
-                        BasicNackOptions {
-                            requeue: true,
-                            ..Default::default()
-                        },
-                    )
-                    .await?;
+                    nack_requeue(&ch, tag).await?;
                     return Err(BrokerError::Republish(format!(
                         "delivery {}: {other:?}",
                         m.delivery_id
@@ -408,17 +388,19 @@ pub async fn requeue_dead_letters(
         }
     }
     for tag in held {
-        ch.basic_nack(
-            tag,
-            BasicNackOptions {
-                requeue: true,
-                ..Default::default()
-            },
-        )
-        .await?;
+        nack_requeue(&ch, tag).await?;
     }
     let _ = ch.close(200, "done".into()).await;
     Ok((moved, left))
+}
+
+/// Puts the message `tag` of `ch` back on its queue.
+async fn nack_requeue(ch: &AmqpChannel, tag: u64) -> Result<(), lapin::Error> {
+    let requeue = lapin::options::BasicNackOptions {
+        requeue: true,
+        multiple: false,
+    };
+    ch.basic_nack(tag, requeue).await
 }
 
 #[cfg(test)]

@@ -14,10 +14,10 @@
 //! A violation names the field and the kind of value, never the value. Pure: the caller
 //! reads the type's policy (only when [`screen`] found something).
 
+use crate::SensitiveData;
 use crate::event::NewEvent;
 use crate::guard::{self, Finding, Kind};
 use crate::validate::FieldViolation;
-use crate::SensitiveData;
 
 /// Findings in one text field.
 fn text_findings(field: &str, text: &str) -> Vec<Finding> {

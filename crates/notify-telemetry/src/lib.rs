@@ -358,8 +358,53 @@ pub fn shutdown_on_signal() -> CancellationToken {
     token
 }
 
+/// Parses a list `name=n,...` of whole numbers above 0 (empty: none), such as
+/// `line=1000,fcm=5000`. `key` reads each name; `shape` (`provider=per_second`) and `noun`
+/// (`rate`) name the entries in errors.
+pub fn parse_counts<K: Ord>(
+    s: &str,
+    shape: &str,
+    noun: &str,
+    key: impl Fn(&str) -> Result<K, String>,
+) -> Result<std::collections::BTreeMap<K, u32>, String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (name, n) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not {shape}"))?;
+            let name = key(name.trim())?;
+            match n.trim().parse::<u32>() {
+                Ok(n) if n > 0 => Ok((name, n)),
+                _ => Err(format!(
+                    "{pair:?}: the {noun} must be a whole number above 0"
+                )),
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn counts_parse_per_name_and_refuse_zero() {
+        let parse =
+            |s| super::parse_counts(s, "provider=per_second", "rate", |n| Ok(n.to_string()));
+        let ok = parse(" line=1000, fcm=5 ,").unwrap();
+        assert_eq!(ok.get("line"), Some(&1000));
+        assert_eq!(ok.get("fcm"), Some(&5));
+        assert!(parse("").unwrap().is_empty());
+        assert_eq!(
+            parse("line").unwrap_err(),
+            "\"line\" is not provider=per_second"
+        );
+        assert_eq!(
+            parse("line=0").unwrap_err(),
+            "\"line=0\": the rate must be a whole number above 0"
+        );
+    }
+
     use super::*;
 
     #[test]

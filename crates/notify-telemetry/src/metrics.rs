@@ -27,7 +27,9 @@ pub struct Metrics {
     /// `notify_deliveries_sent_total{channel,provider}`: deliveries the provider accepted.
     pub deliveries_sent: Counter<u64>,
     /// `notify_deliveries_failed_total{channel,provider,reason}`: deliveries failed for
-    /// good; `reason` is the normalised error code's class (see [`reason_of`]).
+    /// good; `reason` is the attempt error's `notify_core::outcome::Reason` (the error
+    /// code with statuses folded to classes), or the runtime's own `attempts_spent` /
+    /// `record_failed`.
     pub deliveries_failed: Counter<u64>,
     /// `notify_deliveries_retried_total{channel,provider}`: attempts that failed with a
     /// retry scheduled.
@@ -144,57 +146,6 @@ pub fn channel_provider(channel: &str, provider: &str) -> [KeyValue; 2] {
     ]
 }
 
-/// A low-cardinality failure reason for the `reason` label, from a normalised error
-/// code: codes are snake_case words chosen by our adapters (e.g. `invalid_token`,
-/// `line_400`, `template_error`); digits are folded to `Nxx` classes so a provider's
-/// new status does not make a new series.
-pub fn reason_of(code: &str) -> String {
-    // Codes are built by our adapters, but some embed a provider's own error name
-    // (`fcm_<errorCode>`): anything that is not a short snake_case word list becomes
-    // `<first word>_other`, so provider text (tokens, ids) never reaches a label or a log.
-    let well_formed = !code.is_empty()
-        && code.len() <= 40
-        && code
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if !well_formed {
-        let first: String = code
-            .split(|c: char| !c.is_ascii_alphanumeric())
-            .next()
-            .unwrap_or("")
-            .chars()
-            .filter(char::is_ascii_alphabetic)
-            .take(16)
-            .collect::<String>()
-            .to_ascii_lowercase();
-        return if first.is_empty() {
-            "other".to_string()
-        } else {
-            format!("{first}_other")
-        };
-    }
-    let mut out = String::with_capacity(code.len());
-    for part in code.split('_') {
-        if !out.is_empty() {
-            out.push('_');
-        }
-        match part.as_bytes() {
-            [d, rest @ ..] if d.is_ascii_digit() && rest.iter().all(u8::is_ascii_digit) => {
-                out.push(*d as char);
-                out.push_str("xx");
-            }
-            _ => out.push_str(part),
-        }
-    }
-    out.chars().take(40).collect()
-}
-
-/// Whether an error code means the provider may have accepted the call (a timeout after
-/// the request went out): `timeout`, `smtp_timeout`, ...
-pub fn is_ambiguous(code: &str) -> bool {
-    code == "timeout" || code.ends_with("_timeout")
-}
-
 /// The text exposition of every metric, for `/metrics` (Prometheus text format 0.0.4).
 pub fn render_prometheus() -> String {
     use prometheus::Encoder;
@@ -233,7 +184,7 @@ mod tests {
         let ch = [KeyValue::new("channel", "line")];
         m.deliveries_sent.add(1, &cp);
         m.deliveries_failed
-            .add(1, &with(KeyValue::new("reason", reason_of("line_400"))));
+            .add(1, &with(KeyValue::new("reason", "line_4xx")));
         m.deliveries_retried.add(1, &cp);
         m.deliveries_ambiguous.add(1, &cp);
         m.attempt_duration
@@ -292,18 +243,5 @@ mod tests {
             listed.insert(parts[0].into(), (parts[1].into(), labels.join(",")));
         }
         assert_eq!(exposed, listed, "exposition:\n{text}");
-    }
-
-    #[test]
-    fn reasons_fold_statuses_into_classes() {
-        assert_eq!(reason_of("line_400"), "line_4xx");
-        assert_eq!(reason_of("invalid_token"), "invalid_token");
-        assert_eq!(reason_of("fcm_503_unavailable"), "fcm_5xx_unavailable");
-        // Provider text with tokens or ids in it never becomes a label.
-        assert_eq!(reason_of("fcm_Token qafcm86c5c6703 bad"), "fcm_other");
-        assert_eq!(reason_of("apns_bad_thing user=qa-push-1"), "apns_other");
-        assert_eq!(reason_of(&"x".repeat(60)), "xxxxxxxxxxxxxxxx_other");
-        assert!(is_ambiguous("smtp_timeout") && is_ambiguous("timeout"));
-        assert!(!is_ambiguous("timeouts_exceeded"));
     }
 }

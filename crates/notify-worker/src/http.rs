@@ -38,12 +38,16 @@ pub struct TransportError {
     pub code: String,
     /// The client's error text.
     pub detail: String,
+    /// The request may have reached the provider (it timed out waiting for the answer).
+    pub ambiguous: bool,
 }
 
 impl TransportError {
-    /// A transient failed attempt carrying `content`.
+    /// A transient failed attempt carrying `content`, ambiguous after a timeout.
     pub fn into_outcome(self, content: serde_json::Value) -> AttemptOutcome {
-        AttemptOutcome::failed(ErrorClass::Transient, self.code, content).with_response(self.detail)
+        let out = AttemptOutcome::failed(ErrorClass::Transient, self.code, content)
+            .with_response(self.detail);
+        if self.ambiguous { out.ambiguous() } else { out }
     }
 }
 
@@ -59,6 +63,7 @@ pub async fn send(
         return Err(TransportError {
             code: "lease_lost".into(),
             detail: lost.to_string(),
+            ambiguous: false,
         });
     }
     let resp = request.send().await.map_err(|e| TransportError {
@@ -71,6 +76,7 @@ pub async fn send(
             }
         ),
         detail: e.to_string(),
+        ambiguous: e.is_timeout(),
     })?;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();

@@ -133,7 +133,8 @@ impl TemplateCache {
                 "template_error",
                 serde_json::json!({"template": e.name, "line": e.line}),
             )
-            .with_response(e.to_string())),
+            .with_response(e.to_string())
+            .quoting_response()),
         }
     }
 }

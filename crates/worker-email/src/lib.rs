@@ -237,7 +237,8 @@ impl ChannelSender for EmailSender {
                     .with_response(format!(
                         "the server did not finish the exchange within {} ms",
                         self.cfg.timeout.as_millis()
-                    ));
+                    ))
+                    .ambiguous();
             }
         };
         let answer = match answer {
@@ -270,6 +271,10 @@ impl ChannelSender for EmailSender {
                     (ErrorClass::Transient, "smtp_connection")
                 };
                 let mut out = AttemptOutcome::failed(class, code, content).with_response(text);
+                if e.is_timeout() && !e.is_permanent() && !e.is_transient() {
+                    // The server may have taken the message before it stopped answering.
+                    out = out.ambiguous();
+                }
                 if let Some(status) = e.status() {
                     out = out.with_status(code_number(&status.to_string()));
                 }

@@ -125,13 +125,8 @@ impl Apns {
                 "type": job.type_key,
             })
         };
-        let body = match crate::fit_payload(
-            &job.content.body,
-            "APNs",
-            APNS_MAX_PAYLOAD_BYTES,
-            payload,
-            |v| v.to_string().len(),
-        ) {
+        let body = match crate::fit_json(&job.content.body, "APNs", APNS_MAX_PAYLOAD_BYTES, payload)
+        {
             Ok(body) => body,
             Err(too_large) => return *too_large,
         };

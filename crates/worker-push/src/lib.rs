@@ -72,45 +72,26 @@ impl PushConfig {
                 Duration::from_secs(600),
             )
         });
-        let key_file = env.string("NOTIFY_APNS_KEY_FILE", "");
-        let apns = if key_file.is_empty() {
-            None
-        } else {
-            let key_pem = std::fs::read_to_string(&key_file).unwrap_or_else(|e| {
-                env.error(format!(
-                    "NOTIFY_APNS_KEY_FILE={key_file:?} cannot be read: {e}"
-                ));
-                String::new()
+        let apns = optional_key_file(env, "NOTIFY_APNS_KEY_FILE").map(|key_pem| apns::ApnsConfig {
+            api_base: env.base_url("NOTIFY_APNS_API_BASE", "https://api.push.apple.com"),
+            key_pem,
+            key_id: env.required("NOTIFY_APNS_KEY_ID"),
+            team_id: env.required("NOTIFY_APNS_TEAM_ID"),
+            topic: env.required("NOTIFY_APNS_TOPIC"),
+            timeout,
+        });
+        let webpush =
+            optional_key_file(env, "NOTIFY_VAPID_PRIVATE_KEY_FILE").map(|vapid_key_pem| {
+                webpush::WebPushConfig {
+                    vapid_key_pem,
+                    vapid_subject: env.required("NOTIFY_VAPID_SUBJECT"),
+                    base_override: env.string("NOTIFY_WEBPUSH_BASE_OVERRIDE", ""),
+                    ttl: env.parse_with("NOTIFY_WEBPUSH_TTL", Duration::from_secs(86_400), |s| {
+                        notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
+                    }),
+                    timeout,
+                }
             });
-            Some(apns::ApnsConfig {
-                api_base: env.base_url("NOTIFY_APNS_API_BASE", "https://api.push.apple.com"),
-                key_pem,
-                key_id: env.required("NOTIFY_APNS_KEY_ID"),
-                team_id: env.required("NOTIFY_APNS_TEAM_ID"),
-                topic: env.required("NOTIFY_APNS_TOPIC"),
-                timeout,
-            })
-        };
-        let vapid_file = env.string("NOTIFY_VAPID_PRIVATE_KEY_FILE", "");
-        let webpush = if vapid_file.is_empty() {
-            None
-        } else {
-            let vapid_key_pem = std::fs::read_to_string(&vapid_file).unwrap_or_else(|e| {
-                env.error(format!(
-                    "NOTIFY_VAPID_PRIVATE_KEY_FILE={vapid_file:?} cannot be read: {e}"
-                ));
-                String::new()
-            });
-            Some(webpush::WebPushConfig {
-                vapid_key_pem,
-                vapid_subject: env.required("NOTIFY_VAPID_SUBJECT"),
-                base_override: env.string("NOTIFY_WEBPUSH_BASE_OVERRIDE", ""),
-                ttl: env.parse_with("NOTIFY_WEBPUSH_TTL", Duration::from_secs(86_400), |s| {
-                    notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
-                }),
-                timeout,
-            })
-        };
         Self {
             apns,
             webpush,
@@ -120,6 +101,19 @@ impl PushConfig {
             timeout,
         }
     }
+}
+
+/// The contents of the key file named by the optional variable `var`: `None` when it is
+/// unset; an error on `env` (and an empty key) when the file cannot be read.
+fn optional_key_file(env: &mut notify_telemetry::Env, var: &str) -> Option<String> {
+    let path = env.string(var, "");
+    if path.is_empty() {
+        return None;
+    }
+    Some(std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        env.error(format!("{var}={path:?} cannot be read: {e}"));
+        String::new()
+    }))
 }
 
 /// Why the push sender could not be built.
@@ -306,6 +300,16 @@ pub(crate) fn fit_payload(
             ))
         }
     }
+}
+
+/// [`fit_payload`] for a payload whose size is its JSON text.
+pub(crate) fn fit_json(
+    body: &str,
+    provider: &str,
+    limit: usize,
+    build: impl Fn(&str) -> Value,
+) -> Result<Value, Box<AttemptOutcome>> {
+    fit_payload(body, provider, limit, build, |v| v.to_string().len())
 }
 
 /// Sorts an FCM v1 error answer (HTTP status + `google.rpc.Status` body with an

@@ -190,12 +190,11 @@ impl WebPush {
                 },
             })
         };
-        let payload = match crate::fit_payload(
+        let payload = match crate::fit_json(
             &job.content.body,
             "Web Push",
             WEBPUSH_MAX_PLAINTEXT_BYTES,
             message,
-            |v| v.to_string().len(),
         ) {
             Ok(p) => p,
             Err(too_large) => return *too_large,

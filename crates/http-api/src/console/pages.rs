@@ -7,8 +7,8 @@ use super::render::{HtmlError, Page, csrf_form, page, secs, uuid};
 use crate::AppState;
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
-use notify_core::event::escape_html as esc;
 use notify_core::DeliveryStatus;
+use notify_core::event::escape_html as esc;
 use notify_store::events::{self, EventSelector};
 use serde::Deserialize;
 

@@ -915,7 +915,11 @@ async fn an_smtp_server_that_never_answers_after_data_ends_each_attempt_at_the_d
     let stop = tokio_util::sync::CancellationToken::new();
     let worker = {
         let (cfg, pool, stop) = (p.worker_config(), p.pool.clone(), stop.clone());
-        tokio::spawn(async move { notify_worker::run(cfg, pool, sender, stop).await.unwrap() })
+        tokio::spawn(async move {
+            notify_worker::run(cfg, pool, sender, Default::default(), stop)
+                .await
+                .unwrap()
+        })
     };
     p.add_type("order_paid", &["email"]).await;
     let u = uniq("u");

@@ -413,7 +413,11 @@ impl Platform {
         let task = match channel {
             Channel::InApp => {
                 let sender = Arc::new(worker_inapp::InAppSender::new(pool.clone()));
-                tokio::spawn(async move { notify_worker::run(cfg, pool, sender, s).await.unwrap() })
+                tokio::spawn(async move {
+                    notify_worker::run(cfg, pool, sender, Default::default(), s)
+                        .await
+                        .unwrap()
+                })
             }
             Channel::Email => {
                 let sender = Arc::new(
@@ -434,7 +438,11 @@ impl Platform {
                     })
                     .unwrap(),
                 );
-                tokio::spawn(async move { notify_worker::run(cfg, pool, sender, s).await.unwrap() })
+                tokio::spawn(async move {
+                    notify_worker::run(cfg, pool, sender, Default::default(), s)
+                        .await
+                        .unwrap()
+                })
             }
             Channel::Line => {
                 let sender = Arc::new(
@@ -445,7 +453,11 @@ impl Platform {
                     })
                     .unwrap(),
                 );
-                tokio::spawn(async move { notify_worker::run(cfg, pool, sender, s).await.unwrap() })
+                tokio::spawn(async move {
+                    notify_worker::run(cfg, pool, sender, Default::default(), s)
+                        .await
+                        .unwrap()
+                })
             }
             Channel::Push => {
                 let sender = Arc::new(
@@ -474,7 +486,11 @@ impl Platform {
                     })
                     .unwrap(),
                 );
-                tokio::spawn(async move { notify_worker::run(cfg, pool, sender, s).await.unwrap() })
+                tokio::spawn(async move {
+                    notify_worker::run(cfg, pool, sender, Default::default(), s)
+                        .await
+                        .unwrap()
+                })
             }
         };
         self.workers.push(task);

@@ -1,0 +1,80 @@
+//! The standard `main` of a worker binary.
+
+use crate::{ChannelSender, Readiness, WorkerConfig, run};
+use notify_store::PgPool;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// Standard `main` body of a worker binary: reads the configuration (exit 64 listing every
+/// bad variable), sets up logging, builds the sender with `build` (given the environment
+/// reader and the database pool), and runs until SIGTERM.
+pub async fn main_with<S, F>(service: &str, build: F) -> anyhow::Result<()>
+where
+    S: ChannelSender,
+    F: FnOnce(&mut notify_telemetry::Env, Option<&PgPool>) -> Option<S>,
+{
+    notify_telemetry::exit_if_help(&format!(
+        "usage: {service}\n  consumes its channel's queue and delivers until SIGTERM; /healthz, /readyz and\n  /metrics on NOTIFY_ADMIN_ADDR when set.\nConfiguration: environment variables, see README."
+    ));
+    notify_telemetry::init(service);
+    let mut env = notify_telemetry::Env::new();
+    let mut pool_cfg =
+        notify_store::PoolConfig::new(env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]));
+    pool_cfg.max_connections = env.number("NOTIFY_DB_POOL_SIZE", 10, 1, 1000);
+    let cfg = WorkerConfig::from_env(&mut env);
+    notify_telemetry::admin::check_env(&mut env);
+    let pool = match notify_store::connect(&pool_cfg) {
+        Ok(pool) => Some(pool),
+        Err(e) if !pool_cfg.url.is_empty() => {
+            env.error(format!("NOTIFY_DATABASE_URL is invalid: {e}"));
+            None
+        }
+        Err(_) => None,
+    };
+    // The sender reads its own variables even when others are bad, so every problem is
+    // reported in one go.
+    let sender = build(&mut env, pool.as_ref());
+    if let Err(problems) = env.finish() {
+        notify_telemetry::exit_bad_config(service, &problems);
+    }
+    let (Some(pool), Some(sender)) = (pool, sender) else {
+        notify_telemetry::exit_bad_config(service, "the channel sender could not be built");
+    };
+    let shutdown = notify_telemetry::shutdown_on_signal();
+    let consuming = Readiness::new();
+    let readiness = {
+        let pool = pool.clone();
+        let consuming = consuming.clone();
+        notify_telemetry::admin::Readiness::new()
+            .with_check("postgres", move || {
+                let pool = pool.clone();
+                async move { notify_store::ping(&pool).await.map_err(|e| e.to_string()) }
+            })
+            .with_check("rabbitmq", move || {
+                let consuming = consuming.is_consuming();
+                async move {
+                if consuming {
+                    Ok(())
+                } else {
+                    Err("not consuming from its queue (starting, draining, or RabbitMQ unreachable; see the log)".to_string())
+                }
+                }
+            })
+    };
+    // The admin endpoint outlives the drain: `/readyz` answers 503 while in-flight
+    // deliveries finish, `/healthz` stays 200.
+    let admin_stop = CancellationToken::new();
+    notify_telemetry::admin::spawn_from_env(service, readiness.clone(), admin_stop.clone()).await;
+    {
+        let (readiness, shutdown) = (readiness.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            readiness.start_draining();
+        });
+    }
+    let result = run(cfg, pool, Arc::new(sender), consuming, shutdown).await;
+    admin_stop.cancel();
+    notify_telemetry::shutdown();
+    result?;
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! The worker's batched database calls and their retry while the database is unreachable.
+
+use crate::batch::Batcher;
+use notify_core::Channel;
+use notify_store::PgPool;
+use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome, DeliveryJob, NextState};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{error, warn};
+
+/// The worker's batched database calls: claims of one channel, and attempt records.
+#[derive(Clone)]
+pub(crate) struct DbBatches {
+    pub(crate) claims: Batcher<uuid::Uuid, ClaimOutcome>,
+    pub(crate) records: Batcher<(Arc<DeliveryJob>, NextState, AttemptRecord), bool>,
+}
+
+/// Most claims or records in one statement or transaction.
+const DB_BATCH: usize = 100;
+
+impl DbBatches {
+    pub(crate) fn start(pool: &PgPool, channel: Channel, lease: Duration) -> Self {
+        let p = pool.clone();
+        let claims = Batcher::start(2, DB_BATCH, move |ids: Vec<uuid::Uuid>| {
+            let p = p.clone();
+            async move { deliveries::claim_many(&p, &ids, channel, lease).await }
+        });
+        let p = pool.clone();
+        let records = Batcher::start(
+            2,
+            DB_BATCH,
+            move |batch: Vec<(Arc<DeliveryJob>, NextState, AttemptRecord)>| {
+                let p = p.clone();
+                async move {
+                    let refs: Vec<(&DeliveryJob, &NextState, &AttemptRecord)> =
+                        batch.iter().map(|(j, n, r)| (&**j, n, r)).collect();
+                    deliveries::record_attempts(&p, &refs).await
+                }
+            },
+        );
+        Self { claims, records }
+    }
+}
+
+/// How a database call of the worker ended after [`with_db_retry`].
+pub(crate) enum DbCall<T> {
+    /// It succeeded.
+    Done(T),
+    /// The database stayed unreachable through every retry: give the message back.
+    Unreachable,
+    /// The database refused the call for a reason retrying cannot change (see
+    /// [`notify_store::StoreError::is_transient`]).
+    Refused(notify_store::StoreError),
+}
+
+/// Retries a database operation with backoff while it fails for a transient reason; an
+/// error that retrying cannot change ends it at once. 10 tries, each followed on failure
+/// by a wait of 0.2 s doubling up to 10 s (52.6 s of waits in all); a try against an
+/// unreachable database itself waits up to the pool's 5 s acquire timeout, so an outage
+/// is given up on after about 100 s.
+pub(crate) async fn with_db_retry<T, F, Fut>(what: &str, mut f: F) -> DbCall<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = notify_store::Result<T>>,
+{
+    let mut delay = Duration::from_millis(200);
+    for attempt in 1..=10 {
+        match f().await {
+            Ok(v) => return DbCall::Done(v),
+            Err(e) if !e.is_transient() => {
+                error!(error = %e, what, "the database refused the call; not retrying");
+                return DbCall::Refused(e);
+            }
+            Err(e) => {
+                warn!(error = %e, attempt, what, "database call failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+    error!(
+        what,
+        "database unreachable; giving the message back to the broker"
+    );
+    DbCall::Unreachable
+}

@@ -1,0 +1,228 @@
+//! Handling one consumed message: parse, claim, due check, template, provider call,
+//! decision, record, ack.
+
+use crate::consume::Ctx;
+use crate::db::{DbCall, with_db_retry};
+use crate::decide::decide;
+use crate::record_metrics::count_recorded;
+use crate::{ChannelSender, lease};
+use notify_broker::{DeliveryMessage, Inbound};
+use notify_store::deliveries::{self, ClaimOutcome, NextState};
+use std::sync::Arc;
+use tracing::{Instrument, error, info, info_span, warn};
+
+impl<S: ChannelSender> Ctx<S> {
+    /// Handles one message to its end: it is settled (acked, rejected or requeued) before
+    /// this returns.
+    pub(crate) async fn handle(&self, msg: Inbound) {
+        let channel = self.sender.channel();
+        let Some(pointer) = DeliveryMessage::parse(msg.body()) else {
+            warn!(%channel, bytes = msg.body().len(), "unparseable message: dead-lettered");
+            msg.reject().await;
+            return;
+        };
+        let span = self.consumer_span(&msg, &pointer);
+        let s = span.clone();
+        async {
+            if pointer.channel != channel.as_str() {
+                warn!(message_channel = %pointer.channel, "message for another channel: dead-lettered");
+                let _ = deliveries::fail_unclaimed(&self.pool, pointer.delivery_id, "unsupported_channel").await;
+                msg.reject().await;
+                return;
+            }
+            // Asked before the claim: the lease is held at least until then + its length.
+            let asked = tokio::time::Instant::now();
+            let claimed = with_db_retry("claim", || self.db.claims.call(pointer.delivery_id)).await;
+            let job = match claimed {
+                DbCall::Unreachable => return msg.nack_requeue().await,
+                DbCall::Refused(_) => {
+                    // Nothing was claimed, so no call was made; the delivery stays as it is
+                    // and the sweeper republishes it later (with growing spacing).
+                    warn!("claim refused by the database: dead-lettered");
+                    return msg.reject().await;
+                }
+                DbCall::Done(ClaimOutcome::Missing) => {
+                    warn!("message names no delivery: dead-lettered");
+                    return msg.reject().await;
+                }
+                DbCall::Done(ClaimOutcome::WrongChannel(actual)) => {
+                    warn!(%actual, "delivery belongs to another channel: dead-lettered");
+                    let _ = deliveries::fail_unclaimed(&self.pool, pointer.delivery_id, "unsupported_channel").await;
+                    return msg.reject().await;
+                }
+                DbCall::Done(ClaimOutcome::NotClaimable(status)) => {
+                    info!(%status, "duplicate or early message: acked without sending");
+                    return msg.ack().await;
+                }
+                DbCall::Done(ClaimOutcome::Exhausted { provider, attempts, .. }) => {
+                    // Every attempt was spent, the last ones by workers that died during the
+                    // call: the claim failed it instead of calling the provider again.
+                    let m = notify_telemetry::metrics();
+                    let [c, p] = notify_telemetry::metrics::channel_provider(channel.as_str(), provider.as_str());
+                    m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", "attempts_spent")]);
+                    error!(attempts, reason = "attempts_spent", alert = "delivery_failed",
+                        "delivery failed: its attempt budget was spent (workers died during the calls); no further call");
+                    return msg.ack().await;
+                }
+                DbCall::Done(ClaimOutcome::Claimed(job)) => job,
+            };
+            // The rules that decide whether a delivery may go out now are checked here,
+            // when it is due, whatever made it due (first send, retry, fatigue slot,
+            // digest close, recovery), on the database clock of the claim.
+            if let notify_core::due::Due::Defer { until, why } = notify_core::due::check(
+                    job.started_at,
+                    notify_core::due::DueFacts {
+                        channel: job.channel,
+                        critical: job.critical,
+                        timezone: notify_core::validate::parse_timezone(&job.timezone),
+                        quiet_hours: &job.quiet_hours,
+                    },
+                )
+            {
+                match with_db_retry("defer", || deliveries::defer_claimed(&self.pool, &job, until, &why)).await {
+                    DbCall::Unreachable => return msg.nack_requeue().await,
+                    DbCall::Done(true) => info!(until = %until.to_rfc3339(), "due inside the recipient's quiet hours: deferred without a call"),
+                    DbCall::Done(false) => warn!("lease lost before deferring; nothing written"),
+                    DbCall::Refused(_) => {}
+                }
+                return msg.ack().await;
+            }
+            let mut job = job;
+            s.record("notify.event_id", tracing::field::display(job.event_id));
+            s.record("notify.attempt", job.attempt);
+            s.record("notify.provider", job.provider.as_str());
+            let lease = lease::Lease::new(self.pool.clone(), job.id, job.lease_token, self.cfg.lease, asked);
+            let started = std::time::Instant::now();
+            let outcome = match self.templates.apply(&self.pool, &mut job).await {
+                Ok(()) => self.send_with_heartbeat(&job, &lease).await,
+                Err(failed) => failed,
+            };
+            let took = started.elapsed();
+            if lease.abandoned() {
+                // No provider call was made after the lease was found gone; whoever holds
+                // the delivery now (or the sweeper) sends it. Any record would match nothing.
+                warn!(attempt = job.attempt, "lease lost before the provider call: call abandoned, nothing written");
+                return msg.ack().await;
+            }
+            let error = outcome.error().cloned();
+            let jitter: f64 = rand::random();
+            let (next, mut record) = decide(&self.cfg.retry, self.sender.retry_horizon(), &job, outcome, jitter);
+            record.worker_id = self.cfg.worker_id.clone();
+            // A retry's delay counts from the provider's answer.
+            record.call_took = took;
+            // Logs name the failure's class and the provider status only: the full error
+            // (which can quote payload values or provider text) goes to Postgres, where
+            // the console shows it.
+            let reason = error.as_ref().map(|e| e.reason.as_str()).unwrap_or_default();
+            let status = record.provider_status.unwrap_or(0);
+            match &next {
+                NextState::Sent { .. } => info!(attempt = job.attempt, "sent"),
+                NextState::Retry { after, .. } => {
+                    warn!(attempt = job.attempt, retry_in_ms = after.as_millis() as u64, %reason, provider_status = status, "attempt failed; retry scheduled")
+                }
+                NextState::Failed { .. } => {
+                    error!(attempt = job.attempt, %reason, provider_status = status, alert = "delivery_failed", "delivery failed; the full error is on the delivery (GetEvent, console)")
+                }
+                NextState::Paused { after, .. } => {
+                    error!(%reason, paused_for_s = after.as_secs(), alert = "channel_paused",
+                        "provider quota spent: channel paused; its deliveries wait without spending attempts")
+                }
+            }
+            let job = Arc::new(*job);
+            let recorded = with_db_retry("record attempt", || {
+                self.db.records.call((job.clone(), next.clone(), record.clone()))
+            })
+            .await;
+            match recorded {
+                DbCall::Unreachable => msg.nack_requeue().await,
+                DbCall::Refused(e) => {
+                    // The full record cannot be stored (and never will be): end the
+                    // delivery visibly rather than let its lease expire and call again.
+                    let sent = match &next {
+                        NextState::Sent { provider_message_id } => Some(provider_message_id.clone()),
+                        _ => None,
+                    };
+                    let why = format!(
+                        "record_failed: the attempt's record was refused by the database ({}); the delivery was ended instead of being sent again",
+                        notify_store::truncate_utf8(&e.to_string(), 300)
+                    );
+                    let ended = with_db_retry("record fallback", || {
+                        deliveries::record_fallback(&self.pool, &job, sent.clone(), &why)
+                    })
+                    .await;
+                    if matches!(ended, DbCall::Unreachable) {
+                        return msg.nack_requeue().await;
+                    }
+                    if sent.is_none() {
+                        let m = notify_telemetry::metrics();
+                        let labels = notify_telemetry::metrics::channel_provider(job.channel.as_str(), job.provider.as_str());
+                        let [c, p] = labels;
+                        m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", "record_failed")]);
+                        error!(attempt = job.attempt, reason = "record_failed", alert = "delivery_failed",
+                            "delivery failed: its attempt could not be recorded; ended without another call");
+                    }
+                    msg.ack().await
+                }
+                DbCall::Done(false) if matches!(next, NextState::Sent { .. }) => {
+                    // The provider accepted after the lease was taken. If the sweeper put the
+                    // delivery back and nobody claimed it again, this success is the truth:
+                    // record it rather than sending a second time.
+                    let late = with_db_retry("record late success", || {
+                        deliveries::record_late_success(&self.pool, &job, &next, &record)
+                    })
+                    .await;
+                    match late {
+                        DbCall::Done(true) => {
+                            warn!(attempt = job.attempt, "lease lost during the call, but the provider accepted and nobody claimed the delivery again: success recorded");
+                            count_recorded(&job, &next, &record, error.as_ref(), took);
+                        }
+                        DbCall::Done(false) => warn!("lease lost before recording: another worker owns this delivery now; nothing written"),
+                        DbCall::Unreachable | DbCall::Refused(_) => {}
+                    }
+                    msg.ack().await
+                }
+                DbCall::Done(false) => {
+                    warn!("lease lost before recording: another worker owns this delivery now; nothing written");
+                    msg.ack().await
+                }
+                DbCall::Done(true) => {
+                    count_recorded(&job, &next, &record, error.as_ref(), took);
+                    msg.ack().await
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// The consumer span of one message (OpenTelemetry messaging semantic conventions),
+    /// a child of the relay's producer span named by the message's `traceparent` header.
+    fn consumer_span(&self, msg: &Inbound, pointer: &DeliveryMessage) -> tracing::Span {
+        let channel = self.sender.channel();
+        let queue = self.cfg.topology.queue(channel.as_str());
+        let span = info_span!(
+            "process",
+            otel.name = %format!("{queue} process"),
+            otel.kind = "consumer",
+            otel.status_code = tracing::field::Empty,
+            messaging.system = "rabbitmq",
+            messaging.operation.type = "process",
+            messaging.operation.name = "process",
+            messaging.destination.name = %queue,
+            messaging.message.id = %pointer.delivery_id,
+            messaging.rabbitmq.message.delivery_tag = msg.delivery_tag(),
+            notify.delivery_id = %pointer.delivery_id,
+            notify.channel = %channel,
+            notify.event_id = tracing::field::Empty,
+            notify.attempt = tracing::field::Empty,
+            notify.provider = tracing::field::Empty,
+        );
+        let headers = msg.headers();
+        notify_telemetry::propagation::continue_trace(
+            &span,
+            headers.get("traceparent").map(String::as_str),
+            headers.get("tracestate").map(String::as_str),
+        );
+        span
+    }
+}

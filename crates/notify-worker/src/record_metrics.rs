@@ -1,0 +1,50 @@
+//! The metrics of recorded attempts.
+
+use notify_core::outcome::AttemptError;
+use notify_store::deliveries::{AttemptRecord, DeliveryJob, NextState};
+use std::time::Duration;
+
+/// Counts one recorded attempt in the metrics (after its commit, so a lost lease or a
+/// failed record counts nothing).
+pub(crate) fn count_recorded(
+    job: &DeliveryJob,
+    next: &NextState,
+    record: &AttemptRecord,
+    error: Option<&AttemptError>,
+    took: Duration,
+) {
+    use opentelemetry::KeyValue;
+    let m = notify_telemetry::metrics();
+    let labels =
+        notify_telemetry::metrics::channel_provider(job.channel.as_str(), job.provider.as_str());
+    let outcome = match next {
+        NextState::Sent { .. } => {
+            m.deliveries_sent.add(1, &labels);
+            let since = (chrono::Utc::now() - job.created_at)
+                .to_std()
+                .unwrap_or_default();
+            m.event_to_provider.record(since.as_secs_f64(), &labels);
+            "sent"
+        }
+        NextState::Retry { .. } | NextState::Paused { .. } => {
+            m.deliveries_retried.add(1, &labels);
+            "retry"
+        }
+        NextState::Failed { .. } => {
+            let reason = error.map_or("unknown", |e| e.reason.as_str());
+            let mut with_reason = labels.to_vec();
+            with_reason.push(KeyValue::new("reason", reason.to_string()));
+            m.deliveries_failed.add(1, &with_reason);
+            "failed"
+        }
+    };
+    if error.is_some_and(|e| e.ambiguous) {
+        m.deliveries_ambiguous.add(1, &labels);
+    }
+    if record.deactivate_endpoint.is_some() || record.address_undeliverable.is_some() {
+        m.endpoints_deactivated.add(1, &labels);
+    }
+    let mut with_outcome = labels.to_vec();
+    with_outcome.push(KeyValue::new("outcome", outcome));
+    m.attempt_duration.record(took.as_secs_f64(), &with_outcome);
+}

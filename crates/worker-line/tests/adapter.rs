@@ -1,0 +1,107 @@
+//! The LINE adapter called directly (no broker, no database) against the provider
+//! simulator on port 0, through a table of answers: each maps to one typed outcome.
+
+use notify_core::ErrorClass;
+use notify_worker::ChannelSender;
+use notify_worker::testing::{Expect, LINE_TOKEN, Sim, failure, fault, job, lease, sent_id};
+use serde_json::json;
+use std::time::Duration;
+use worker_line::{LineConfig, LineSender};
+
+/// The adapter's HTTP timeout here; the timeout row answers later than it.
+const TIMEOUT: Duration = Duration::from_millis(500);
+
+fn sender(sim: &Sim) -> LineSender {
+    LineSender::new(LineConfig {
+        api_base: sim.url.clone(),
+        channel_token: LINE_TOKEN.into(),
+        timeout: TIMEOUT,
+    })
+    .unwrap()
+}
+
+fn line_job() -> notify_worker::Job {
+    let mut j = job("line", "line");
+    j.address = Some(format!("U{}", "0123456789abcdef".repeat(2)));
+    j
+}
+
+#[tokio::test]
+async fn every_failed_answer_maps_to_its_typed_outcome() {
+    use ErrorClass::*;
+    let sim = Sim::start().await;
+    let line = sender(&sim);
+    let table = [
+        (
+            "429 with Retry-After",
+            fault(
+                "line",
+                429,
+                json!({"retry_after": 7, "body": {"message": "Too many requests"}}),
+            ),
+            Expect::failed(RateLimited, "line_rate_limited", Some(429))
+                .retry_after(Duration::from_secs(7)),
+        ),
+        (
+            "5xx",
+            fault("line", 503, json!({"body": {"message": "unavailable"}})),
+            Expect::failed(Transient, "line_503", Some(503)).reason("line_5xx"),
+        ),
+        (
+            "4xx",
+            fault(
+                "line",
+                400,
+                json!({"body": {"message": "The request body has 1 error(s)"}}),
+            ),
+            Expect::failed(Permanent, "line_400", Some(400)).reason("line_4xx"),
+        ),
+        (
+            "malformed body on an error status",
+            fault("line", 500, json!({"body": "<html>oops"})),
+            Expect::failed(Transient, "line_500", Some(500)).reason("line_5xx"),
+        ),
+        (
+            "timeout (the answer comes after the call's timeout)",
+            fault(
+                "line",
+                200,
+                json!({"delay_ms": 2 * TIMEOUT.as_millis() as u64}),
+            ),
+            Expect::failed(Transient, "line_timeout", None).ambiguous(),
+        ),
+    ];
+    sim.run_table(&table, || async { line.send(&line_job(), &lease()).await })
+        .await;
+
+    // 429 naming the monthly limit: the channel pauses until the quota month ends.
+    let quota = json!({"body": {"message": "You have reached your monthly limit."}});
+    sim.fault(fault("line", 429, quota)).await;
+    let out = line.send(&line_job(), &lease()).await;
+    let got = failure(&out);
+    assert_eq!(
+        (got.class.clone(), got.code.as_str()),
+        (QuotaExhausted, "line_monthly_quota")
+    );
+    assert!(got.retry_after.is_some_and(|d| d > Duration::ZERO));
+}
+
+#[tokio::test]
+async fn a_success_and_a_resent_retry_key_are_both_sent() {
+    let sim = Sim::start().await;
+    let line = sender(&sim);
+    let j = line_job();
+    // 200: the id of the first message sent.
+    let first = line.send(&j, &lease()).await;
+    assert!(sent_id(&first).is_some_and(|id| id.is_some()), "{first:?}");
+    assert_eq!(first.provider_status, Some(200));
+    // 409, the same retry key again: LINE already accepted it, so it counts as sent.
+    let again = line.send(&j, &lease()).await;
+    assert!(sent_id(&again).is_some_and(|id| id.is_some()), "{again:?}");
+    assert_eq!(again.provider_status, Some(409));
+    // A 200 whose body is not LINE's shape is still a success, named by the request id.
+    sim.fault(fault("line", 200, json!({"body": "not json{"})))
+        .await;
+    let odd = line.send(&line_job(), &lease()).await;
+    assert!(sent_id(&odd).is_some_and(|id| id.is_some()), "{odd:?}");
+}

@@ -1,0 +1,215 @@
+//! The push adapter (FCM, APNs, Web Push) called directly (no broker, no database)
+//! against the provider simulator on port 0, through a table of answers per provider:
+//! each maps to one typed outcome.
+
+use notify_core::ErrorClass::*;
+use notify_worker::ChannelSender;
+use notify_worker::testing::{APNS, Expect, FCM_PROJECT, Sim, fault, job, lease, sent_id};
+use serde_json::json;
+use std::time::Duration;
+use worker_push::apns::ApnsConfig;
+use worker_push::webpush::WebPushConfig;
+use worker_push::{PushConfig, PushSender};
+
+/// The adapter's HTTP timeout here; the timeout rows answer later than it.
+const TIMEOUT: Duration = Duration::from_millis(500);
+/// A fault answering after the timeout.
+const LATE_MS: u64 = 2 * TIMEOUT.as_millis() as u64;
+/// The subscription endpoint of the Web Push rows; requests go to the simulator's
+/// `/webpush` plus its path.
+const ENDPOINT: &str = "https://push.example.test/sub/adapter-1";
+
+fn sender(sim: &Sim) -> PushSender {
+    use p256::pkcs8::{EncodePrivateKey, LineEnding};
+    let vapid = p256::SecretKey::random(&mut p256::elliptic_curve::rand_core::OsRng);
+    PushSender::new(PushConfig {
+        fcm_api_base: sim.url.clone(),
+        fcm_service_account_file: sim.fcm_key_file.display().to_string(),
+        fcm_project_id: Some(FCM_PROJECT.into()),
+        timeout: TIMEOUT,
+        apns: Some(ApnsConfig {
+            api_base: sim.url.clone(),
+            key_pem: sim.apns_key_pem.clone(),
+            key_id: APNS.0.into(),
+            team_id: APNS.1.into(),
+            topic: APNS.2.into(),
+            timeout: TIMEOUT,
+        }),
+        webpush: Some(WebPushConfig {
+            vapid_key_pem: vapid.to_pkcs8_pem(LineEnding::LF).unwrap().to_string(),
+            vapid_subject: "mailto:ops@example.test".into(),
+            base_override: format!("{}/webpush", sim.url),
+            ttl: Duration::from_secs(3600),
+            timeout: TIMEOUT,
+        }),
+    })
+    .unwrap()
+}
+
+fn push_job(platform: &str, token: &str) -> notify_worker::Job {
+    let mut j = job("push", platform);
+    j.endpoint_token = Some(token.into());
+    j
+}
+
+#[tokio::test]
+async fn fcm_answers_map_to_typed_outcomes() {
+    let sim = Sim::start().await;
+    let push = sender(&sim);
+    let ok = push.send(&push_job("fcm", "fcm-token-1"), &lease()).await;
+    assert!(sent_id(&ok).is_some_and(|id| id.is_some()), "{ok:?}");
+    let unavailable = json!({"error": {"status": "UNAVAILABLE", "details": [
+        {"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": "UNAVAILABLE"}]}});
+    let table = [
+        (
+            "200 with a malformed body: sent, without an id",
+            fault("fcm", 200, json!({"body": "<html>"})),
+            None,
+        ),
+        (
+            "404 UNREGISTERED",
+            fault(
+                "fcm",
+                404,
+                json!({"body": {"error": {"status": "NOT_FOUND", "details": [
+                {"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": "UNREGISTERED"}]}}}),
+            ),
+            Some(Expect::failed(InvalidEndpoint, "invalid_token", Some(404))),
+        ),
+        (
+            "429 with Retry-After",
+            fault(
+                "fcm",
+                429,
+                json!({"retry_after": 9, "body": {"error": {"status": "RESOURCE_EXHAUSTED"}}}),
+            ),
+            Some(
+                Expect::failed(RateLimited, "fcm_quota_exceeded", Some(429))
+                    .retry_after(Duration::from_secs(9)),
+            ),
+        ),
+        (
+            "503 UNAVAILABLE",
+            fault("fcm", 503, json!({"body": unavailable})),
+            Some(Expect::failed(Transient, "fcm_unavailable", Some(503))),
+        ),
+        (
+            "500 with a malformed body",
+            fault("fcm", 500, json!({"body": "oops"})),
+            Some(Expect::failed(Transient, "fcm_500", Some(500)).reason("fcm_5xx")),
+        ),
+        (
+            "timeout",
+            fault("fcm", 200, json!({"delay_ms": LATE_MS})),
+            Some(Expect::failed(Transient, "fcm_timeout", None).ambiguous()),
+        ),
+    ];
+    for (row, f, want) in table {
+        sim.fault(f).await;
+        let out = push.send(&push_job("fcm", "fcm-token-1"), &lease()).await;
+        match want {
+            Some(want) => want.check(row, &out),
+            None => assert_eq!(sent_id(&out), Some(None), "{row}: {out:?}"),
+        }
+        sim.clear_faults().await;
+    }
+}
+
+#[tokio::test]
+async fn apns_answers_map_to_typed_outcomes() {
+    let sim = Sim::start().await;
+    let push = sender(&sim);
+    let device = "a1".repeat(32);
+    let ok = push.send(&push_job("apns", &device), &lease()).await;
+    assert!(sent_id(&ok).is_some(), "{ok:?}");
+    assert_eq!(ok.provider_status, Some(200));
+    let table = [
+        (
+            "410 Unregistered",
+            fault("apns", 410, json!({"body": {"reason": "Unregistered"}})),
+            Expect::failed(InvalidEndpoint, "invalid_token", Some(410)),
+        ),
+        (
+            "429 with Retry-After",
+            fault(
+                "apns",
+                429,
+                json!({"retry_after": 4, "body": {"reason": "TooManyRequests"}}),
+            ),
+            Expect::failed(RateLimited, "apns_too_many_requests", Some(429))
+                .retry_after(Duration::from_secs(4)),
+        ),
+        (
+            "503",
+            fault(
+                "apns",
+                503,
+                json!({"body": {"reason": "ServiceUnavailable"}}),
+            ),
+            Expect::failed(Transient, "apns_503", Some(503)).reason("apns_5xx"),
+        ),
+        (
+            "400 with a malformed body",
+            fault("apns", 400, json!({"body": "not apns"})),
+            Expect::failed(Permanent, "apns_400", Some(400)).reason("apns_4xx"),
+        ),
+        (
+            "timeout",
+            fault("apns", 200, json!({"delay_ms": LATE_MS})),
+            Expect::failed(Transient, "apns_timeout", None).ambiguous(),
+        ),
+    ];
+    sim.run_table(&table, || async {
+        push.send(&push_job("apns", &device), &lease()).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn web_push_answers_map_to_typed_outcomes() {
+    let sim = Sim::start().await;
+    let push = sender(&sim);
+    let issued = sim
+        .control("/_sim/webpush/subscriptions", json!({"endpoint": ENDPOINT}))
+        .await;
+    let webpush_job = || {
+        let mut j = push_job("webpush", ENDPOINT);
+        j.endpoint_subscription = Some(issued["keys"].clone());
+        j
+    };
+    let ok = push.send(&webpush_job(), &lease()).await;
+    assert!(sent_id(&ok).is_some(), "{ok:?}");
+    assert_eq!(ok.provider_status, Some(201));
+    let table = [
+        (
+            "410 gone",
+            fault("webpush", 410, json!({})),
+            Expect::failed(InvalidEndpoint, "invalid_token", Some(410)),
+        ),
+        (
+            "429 with Retry-After",
+            fault("webpush", 429, json!({"retry_after": 3})),
+            Expect::failed(RateLimited, "webpush_rate_limited", Some(429))
+                .retry_after(Duration::from_secs(3)),
+        ),
+        (
+            "502",
+            fault("webpush", 502, json!({"body": "bad gateway"})),
+            Expect::failed(Transient, "webpush_unavailable", Some(502)),
+        ),
+        (
+            "400 with a malformed body",
+            fault("webpush", 400, json!({"body": "<html>"})),
+            Expect::failed(Permanent, "webpush_rejected", Some(400)),
+        ),
+        (
+            "timeout",
+            fault("webpush", 201, json!({"delay_ms": LATE_MS})),
+            Expect::failed(Transient, "webpush_timeout", None).ambiguous(),
+        ),
+    ];
+    sim.run_table(&table, || async {
+        push.send(&webpush_job(), &lease()).await
+    })
+    .await;
+}
