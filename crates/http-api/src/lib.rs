@@ -31,6 +31,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use error::ApiError;
 use notify_core::Channel;
+use notify_core::config::{Env, Missing};
 use notify_core::signed::{TokenError, UnsubscribeToken, line_signature_valid};
 use notify_store::PgPool;
 use serde::Deserialize;
@@ -74,10 +75,16 @@ impl HttpConfig {
     /// Reads `NOTIFY_LINE_CHANNEL_SECRET` and `NOTIFY_UNSUBSCRIBE_SECRET` (both required),
     /// `NOTIFY_UNSUBSCRIBE_TTL` (1440h = 60 days; 720h to 366d), the inbox settings ([`inbox::InboxConfig::from_env`]) and `NOTIFY_CORS_ORIGINS`
     /// (comma-separated origins, empty = no cross-origin calls).
-    pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
-        Self {
-            line_channel_secret: env.required("NOTIFY_LINE_CHANNEL_SECRET"),
-            unsubscribe_secret: env.required("NOTIFY_UNSUBSCRIBE_SECRET"),
+    ///
+    /// # Errors
+    /// [`Missing`] when a required variable is unset; every problem is also recorded in
+    /// `env`, for [`Env::finish`].
+    pub fn from_env(env: &mut Env) -> Result<Self, Missing> {
+        let line_channel_secret = env.required("NOTIFY_LINE_CHANNEL_SECRET");
+        let unsubscribe_secret = env.required("NOTIFY_UNSUBSCRIBE_SECRET");
+        // Fields are evaluated in the order written: every variable is read before the
+        // first `?`, so every problem is recorded.
+        Ok(Self {
             unsubscribe_ttl: env.parse_with(
                 "NOTIFY_UNSUBSCRIBE_TTL",
                 DEFAULT_UNSUBSCRIBE_TTL,
@@ -101,7 +108,9 @@ impl HttpConfig {
                 .filter(|s| !s.is_empty())
                 .map(str::to_string)
                 .collect(),
-        }
+            line_channel_secret: line_channel_secret?,
+            unsubscribe_secret: unsubscribe_secret?,
+        })
     }
 }
 

@@ -78,8 +78,8 @@ impl TlsFiles {
     /// Reads `NOTIFY_GRPC_TLS_CERT_FILE`, `NOTIFY_GRPC_TLS_KEY_FILE` and
     /// `NOTIFY_GRPC_CLIENT_CA_FILE`: none set means plain TCP; cert and key must come
     /// together; a client CA needs them.
-    pub fn from_env(env: &mut notify_telemetry::Env) -> Option<Self> {
-        let read = |env: &mut notify_telemetry::Env, name: &str| -> Option<String> {
+    pub fn from_env(env: &mut notify_core::config::Env) -> Option<Self> {
+        let read = |env: &mut notify_core::config::Env, name: &str| -> Option<String> {
             let path = env.string(name, "");
             if path.trim().is_empty() {
                 return None;
@@ -131,20 +131,18 @@ impl IngestConfig {
     /// `NOTIFY_METRICS_INTERVAL` (15s), `NOTIFY_GRPC_AUTH` (`api_key`), the TLS files (see
     /// [`TlsFiles::from_env`]), `NOTIFY_DEV_HTTP_HOSTS` (empty), `NOTIFY_GRPC_MAX_MESSAGE_BYTES`
     /// (1 MiB).
-    pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
+    ///
+    /// # Errors
+    /// [`Missing`](notify_core::config::Missing) without `NOTIFY_AMQP_URL`; every problem
+    /// is also recorded in `env`.
+    pub fn from_env(
+        env: &mut notify_core::config::Env,
+    ) -> Result<Self, notify_core::config::Missing> {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
-        Self {
-            relay: relay::RelayConfig {
-                amqp_url: env.url("NOTIFY_AMQP_URL", &["amqp", "amqps"]),
-                topology: Topology::new(env.string("NOTIFY_AMQP_PREFIX", "")),
-                batch: env.number("NOTIFY_RELAY_BATCH", 500, 1, 10_000),
-                poll: env
-                    .parse_with("NOTIFY_RELAY_POLL", Duration::from_secs(1), dur)
-                    .max(Duration::from_millis(10)),
-                hold: Duration::from_secs(30),
-                confirm_timeout: Duration::from_secs(10),
-                retry_in: Duration::from_secs(5),
-            },
+        let amqp_url = env.url("NOTIFY_AMQP_URL", &["amqp", "amqps"]);
+        // Fields are evaluated in the order written: every variable is read before the
+        // `?`, so every problem is recorded.
+        Ok(Self {
             max_attempts: env.number("NOTIFY_MAX_ATTEMPTS", 5, 1, 100),
             request_timeout: env.parse_with(
                 "NOTIFY_REQUEST_TIMEOUT",
@@ -201,7 +199,18 @@ impl IngestConfig {
                 16 << 20,
             ),
             clock: clock::Clock::Database,
-        }
+            relay: relay::RelayConfig {
+                topology: Topology::new(env.string("NOTIFY_AMQP_PREFIX", "")),
+                batch: env.number("NOTIFY_RELAY_BATCH", 500, 1, 10_000),
+                poll: env
+                    .parse_with("NOTIFY_RELAY_POLL", Duration::from_secs(1), dur)
+                    .max(Duration::from_millis(10)),
+                hold: Duration::from_secs(30),
+                confirm_timeout: Duration::from_secs(10),
+                retry_in: Duration::from_secs(5),
+                amqp_url: amqp_url?,
+            },
+        })
     }
 }
 

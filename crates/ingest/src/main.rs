@@ -23,19 +23,25 @@ async fn main() -> anyhow::Result<ExitCode> {
     } else {
         notify_telemetry::init_cli("ingest");
     }
-    let mut env = notify_telemetry::Env::new();
-    let mut pool_cfg =
-        notify_store::PoolConfig::new(env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]));
-    pool_cfg.max_connections = env.number("NOTIFY_DB_POOL_SIZE", 20, 1, 1000);
+    let mut env = notify_telemetry::env();
+    let database_url = env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]);
+    let pool_size = env.number("NOTIFY_DB_POOL_SIZE", 20, 1, 1000);
+    let pool_cfg = |url: String| {
+        let mut pool_cfg = notify_store::PoolConfig::new(url);
+        pool_cfg.max_connections = pool_size;
+        pool_cfg
+    };
     match command.as_str() {
         "load-types" => {
             let Some(path) = std::env::args().nth(2) else {
                 eprintln!("usage: ingest load-types FILE");
                 return Ok(ExitCode::from(64));
             };
-            if let Err(problems) = env.finish() {
-                notify_telemetry::exit_bad_config("ingest", &problems);
-            }
+            let pool_cfg = pool_cfg(notify_telemetry::config_or_exit(
+                "ingest",
+                env,
+                database_url,
+            ));
             let text = match std::fs::read_to_string(&path) {
                 Ok(t) => t,
                 Err(e) => {
@@ -64,9 +70,11 @@ async fn main() -> anyhow::Result<ExitCode> {
             }
         }
         "migrate" => {
-            if let Err(problems) = env.finish() {
-                notify_telemetry::exit_bad_config("ingest", &problems);
-            }
+            let pool_cfg = pool_cfg(notify_telemetry::config_or_exit(
+                "ingest",
+                env,
+                database_url,
+            ));
             let pool = notify_store::connect(&pool_cfg)?;
             notify_store::migrate(&pool).await?;
             tracing::info!("migrations applied");
@@ -77,19 +85,23 @@ async fn main() -> anyhow::Result<ExitCode> {
                 .parse::<std::net::SocketAddr>("NOTIFY_GRPC_ADDR", ([127, 0, 0, 1], 50051).into());
             let cfg = ingest::IngestConfig::from_env(&mut env);
             notify_telemetry::admin::check_env(&mut env);
-            if matches!(
-                cfg.auth,
-                ingest::auth::AuthMode::ClientCert | ingest::auth::AuthMode::Both
-            ) && cfg.tls.as_ref().is_none_or(|t| t.client_ca.is_none())
+            if let Ok(cfg) = &cfg
+                && matches!(
+                    cfg.auth,
+                    ingest::auth::AuthMode::ClientCert | ingest::auth::AuthMode::Both
+                )
+                && cfg.tls.as_ref().is_none_or(|t| t.client_ca.is_none())
             {
                 env.error(
                     "NOTIFY_GRPC_AUTH=client_cert or both needs mutual TLS: set NOTIFY_GRPC_TLS_CERT_FILE, NOTIFY_GRPC_TLS_KEY_FILE and NOTIFY_GRPC_CLIENT_CA_FILE",
                 );
             }
-            if let Err(problems) = env.finish() {
-                notify_telemetry::exit_bad_config("ingest", &problems);
-            }
-            let pool = notify_store::connect(&pool_cfg)?;
+            let (database_url, cfg) = notify_telemetry::config_or_exit(
+                "ingest",
+                env,
+                database_url.and_then(|url| Ok((url, cfg?))),
+            );
+            let pool = notify_store::connect(&pool_cfg(database_url))?;
             let listener = match tokio::net::TcpListener::bind(addr).await {
                 Ok(l) => l,
                 Err(e) => notify_telemetry::exit_bad_config(

@@ -18,8 +18,7 @@ pub mod propagation;
 pub use metrics::metrics;
 pub use otel::shutdown;
 
-use std::fmt::Display;
-use std::str::FromStr;
+use notify_core::config::{Env, Missing};
 use tokio_util::sync::CancellationToken;
 
 /// Exit code for bad configuration (`EX_CONFIG`-style usage error, sysexits.h 64).
@@ -123,34 +122,14 @@ fn init_stream(service: &str, stream: Stream) {
 }
 
 /// Configuration problems found while setting up telemetry, handed to the first
-/// [`Env`] so that they are reported together with every other bad variable.
+/// [`env`] so that they are reported together with every other bad variable.
 static INIT_PROBLEMS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
 
 fn init_problem(p: String) {
     INIT_PROBLEMS.lock().expect("init problems").push(p);
 }
 
-/// `value` with the password of a URL's userinfo replaced by `***`
-/// (`postgres://notify:***@db:5432/notify`), for error messages.
-pub fn redact(value: &str) -> String {
-    let Some((scheme, rest)) = value.split_once("://") else {
-        return value.to_string();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            let masked = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                user.to_string()
-            };
-            format!("{scheme}://{masked}@{host}{tail}")
-        }
-        None => value.to_string(),
-    }
-}
+pub use notify_core::config::redact;
 
 /// Logging for tests: output goes through libtest's capture, so it shows only for a
 /// failing test. Safe to call from every test.
@@ -170,144 +149,25 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Reads typed settings from the environment and collects every problem, so that a
-/// misconfigured process names all bad variables in one go.
-#[derive(Debug, Default)]
-pub struct Env {
-    errors: Vec<String>,
+/// The settings reader over this process's environment (`notify_core::config::Env`),
+/// holding any problem telemetry set-up found (see [`init`]) so that it is reported with
+/// every other bad variable.
+pub fn env() -> Env {
+    let mut env = Env::from_vars(std::env::vars());
+    for problem in std::mem::take(&mut *INIT_PROBLEMS.lock().expect("init problems")) {
+        env.error(problem);
+    }
+    env
 }
 
-impl Env {
-    /// A new reader, holding any problem telemetry set-up found (see [`init`]).
-    pub fn new() -> Self {
-        Self {
-            errors: std::mem::take(&mut *INIT_PROBLEMS.lock().expect("init problems")),
-        }
+/// The configuration a binary read, or the end of the process: when `env` recorded any
+/// problem, prints them all and exits with [`EXIT_BAD_CONFIG`]; else returns `value`
+/// (whose [`Missing`] errors `env` has recorded, so after a clean `finish` it is `Ok`).
+pub fn config_or_exit<T>(service: &str, env: Env, value: Result<T, Missing>) -> T {
+    if let Err(problems) = env.finish() {
+        exit_bad_config(service, &problems);
     }
-
-    /// A required variable; records an error when it is unset or empty.
-    pub fn required(&mut self, name: &str) -> String {
-        match std::env::var(name) {
-            Ok(v) if !v.trim().is_empty() => v,
-            _ => {
-                self.errors.push(format!("{name} is required"));
-                String::new()
-            }
-        }
-    }
-
-    /// An optional text variable with a default.
-    pub fn string(&mut self, name: &str, default: &str) -> String {
-        std::env::var(name).unwrap_or_else(|_| default.to_string())
-    }
-
-    /// An optional variable parsed with `FromStr`, with a default; records an error when
-    /// it does not parse.
-    pub fn parse<T: FromStr>(&mut self, name: &str, default: T) -> T
-    where
-        T::Err: Display,
-    {
-        self.parse_with(name, default, |s| s.parse::<T>().map_err(|e| e.to_string()))
-    }
-
-    /// An optional variable parsed with `f`, with a default.
-    pub fn parse_with<T>(
-        &mut self,
-        name: &str,
-        default: T,
-        f: impl FnOnce(&str) -> Result<T, String>,
-    ) -> T {
-        match std::env::var(name) {
-            Ok(v) if !v.trim().is_empty() => match f(v.trim()) {
-                Ok(t) => t,
-                Err(e) => {
-                    self.errors
-                        .push(format!("{name}={:?} is invalid: {e}", redact(&v)));
-                    default
-                }
-            },
-            _ => default,
-        }
-    }
-
-    /// A required URL whose scheme is one of `schemes` (e.g. `["postgres", "postgresql"]`)
-    /// and whose port, if given, is a number from 1 to 65535.
-    pub fn url(&mut self, name: &str, schemes: &[&str]) -> String {
-        let v = self.required(name);
-        if !v.is_empty() {
-            self.check_url(name, &v, schemes);
-        }
-        v
-    }
-
-    /// An optional `http://` or `https://` base URL (a provider's API), with a default.
-    pub fn base_url(&mut self, name: &str, default: &str) -> String {
-        let v = self.string(name, default);
-        self.check_url(name, &v, &["http", "https"]);
-        v.trim_end_matches('/').to_string()
-    }
-
-    fn check_url(&mut self, name: &str, v: &str, schemes: &[&str]) {
-        let wanted: Vec<String> = schemes.iter().map(|s| format!("{s}://")).collect();
-        let Some((scheme, rest)) = v.split_once("://") else {
-            self.errors.push(format!(
-                "{name}={:?} is invalid: must start with {}",
-                redact(v),
-                wanted.join(" or ")
-            ));
-            return;
-        };
-        if !schemes.contains(&scheme.to_ascii_lowercase().as_str()) {
-            self.errors.push(format!(
-                "{name}={:?} is invalid: must start with {}",
-                redact(v),
-                wanted.join(" or ")
-            ));
-            return;
-        }
-        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-        let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-        if host_port.is_empty() {
-            self.errors
-                .push(format!("{name}={:?} is invalid: names no host", redact(v)));
-            return;
-        }
-        // A port after the last ':' (not inside an IPv6 literal's brackets).
-        if let Some((_, port)) = host_port.rsplit_once(':')
-            && !port.ends_with(']')
-            && !port.parse::<u16>().is_ok_and(|p| p > 0)
-        {
-            self.errors.push(format!(
-                "{name}={:?} is invalid: the port must be a number from 1 to 65535",
-                redact(v)
-            ));
-        }
-    }
-
-    /// An optional whole number in `min..=max`, with a default.
-    pub fn number<T>(&mut self, name: &str, default: T, min: T, max: T) -> T
-    where
-        T: FromStr + PartialOrd + Display + Copy,
-    {
-        self.parse_with(name, default, |s| match s.parse::<T>() {
-            Ok(n) if n >= min && n <= max => Ok(n),
-            _ => Err(format!("must be a whole number from {min} to {max}")),
-        })
-    }
-
-    /// Records a problem found while validating related settings.
-    pub fn error(&mut self, message: impl Into<String>) {
-        self.errors.push(message.into());
-    }
-
-    /// `Ok` when every variable was fine, else every problem, one per line.
-    pub fn finish(self) -> Result<(), String> {
-        if self.errors.is_empty() {
-            Ok(())
-        } else {
-            Err(self.errors.join("\n"))
-        }
-    }
+    value.unwrap_or_else(|missing| exit_bad_config(service, &missing.to_string()))
 }
 
 /// When the command line asks for help (`-h`, `--help` or `help`), prints `usage` and
@@ -403,30 +263,5 @@ mod tests {
             parse("line=0").unwrap_err(),
             "\"line=0\": the rate must be a whole number above 0"
         );
-    }
-
-    use super::*;
-
-    #[test]
-    fn passwords_in_urls_are_never_echoed() {
-        assert_eq!(
-            redact("mysql://u:DbS3cretPw@127.0.0.1/db"),
-            "mysql://u:***@127.0.0.1/db"
-        );
-        assert_eq!(redact("ftp://u:p@x"), "ftp://u:***@x");
-        assert_eq!(redact("amqp://guest@h:5672/%2f"), "amqp://guest@h:5672/%2f");
-        assert_eq!(redact("not a url"), "not a url");
-    }
-
-    #[test]
-    fn every_bad_variable_is_reported() {
-        // The process environment is not modified (set_var is unsafe in edition 2024).
-        let mut env = Env::new();
-        let a: u32 = env.parse_with("A_TEST_ONLY", 1, |_| Err("not a number".into()));
-        let _ = env.required("NOTIFY_TELEMETRY_TEST_SURELY_UNSET");
-        assert_eq!(a, 1);
-        // parse_with only runs `f` for a set variable, so only `required` fails here.
-        let err = env.finish().unwrap_err();
-        assert_eq!(err, "NOTIFY_TELEMETRY_TEST_SURELY_UNSET is required");
     }
 }

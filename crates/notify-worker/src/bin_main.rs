@@ -11,32 +11,28 @@ use tokio_util::sync::CancellationToken;
 pub async fn main_with<S, F>(service: &str, build: F) -> anyhow::Result<()>
 where
     S: ChannelSender,
-    F: FnOnce(&mut notify_telemetry::Env, Option<&PgPool>) -> Option<S>,
+    F: FnOnce(&mut notify_core::config::Env, Option<&PgPool>) -> Option<S>,
 {
     notify_telemetry::exit_if_help(&format!(
         "usage: {service}\n  consumes its channel's queue and delivers until SIGTERM; /healthz, /readyz and\n  /metrics on NOTIFY_ADMIN_ADDR when set.\nConfiguration: environment variables, see README."
     ));
     notify_telemetry::init(service);
-    let mut env = notify_telemetry::Env::new();
-    let mut pool_cfg =
-        notify_store::PoolConfig::new(env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]));
-    pool_cfg.max_connections = env.number("NOTIFY_DB_POOL_SIZE", 10, 1, 1000);
+    let mut env = notify_telemetry::env();
+    let database_url = env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]);
+    let pool_size = env.number("NOTIFY_DB_POOL_SIZE", 10, 1, 1000);
     let cfg = WorkerConfig::from_env(&mut env);
     notify_telemetry::admin::check_env(&mut env);
-    let pool = match notify_store::connect(&pool_cfg) {
-        Ok(pool) => Some(pool),
-        Err(e) if !pool_cfg.url.is_empty() => {
-            env.error(format!("NOTIFY_DATABASE_URL is invalid: {e}"));
-            None
-        }
-        Err(_) => None,
-    };
+    let pool = database_url.as_ref().ok().and_then(|url| {
+        let mut pool_cfg = notify_store::PoolConfig::new(url.clone());
+        pool_cfg.max_connections = pool_size;
+        notify_store::connect(&pool_cfg)
+            .map_err(|e| env.error(format!("NOTIFY_DATABASE_URL is invalid: {e}")))
+            .ok()
+    });
     // The sender reads its own variables even when others are bad, so every problem is
     // reported in one go.
     let sender = build(&mut env, pool.as_ref());
-    if let Err(problems) = env.finish() {
-        notify_telemetry::exit_bad_config(service, &problems);
-    }
+    let cfg = notify_telemetry::config_or_exit(service, env, cfg);
     let (Some(pool), Some(sender)) = (pool, sender) else {
         notify_telemetry::exit_bad_config(service, "the channel sender could not be built");
     };

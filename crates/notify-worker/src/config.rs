@@ -2,6 +2,7 @@
 
 use notify_broker::Topology;
 use notify_core::RetryPolicy;
+use notify_core::config::{Env, Missing};
 use std::time::Duration;
 
 /// Settings of a worker process.
@@ -48,7 +49,10 @@ impl WorkerConfig {
     /// (30s,2m,10m,1h,6h), `NOTIFY_SHUTDOWN_GRACE` (30s), `NOTIFY_WORKER_ID` (`$HOSTNAME-pid`),
     /// `NOTIFY_RATE_LIMITS` ([`DEFAULT_RATE_LIMITS`]; calls per second per process). The attempt budget is the
     /// delivery's own `max_attempts`, set by ingest.
-    pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
+    ///
+    /// # Errors
+    /// [`Missing`] when `NOTIFY_AMQP_URL` is unset; every problem is also recorded in `env`.
+    pub fn from_env(env: &mut Env) -> Result<Self, Missing> {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
         let durs = |s: &str| notify_core::retry::parse_durations(s).map_err(|e| e.to_string());
         let amqp_url = env.url("NOTIFY_AMQP_URL", &["amqp", "amqps"]);
@@ -68,7 +72,7 @@ impl WorkerConfig {
         let shutdown_grace = env.parse_with("NOTIFY_SHUTDOWN_GRACE", Duration::from_secs(30), dur);
         let default_id = format!(
             "{}-{}",
-            std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into()),
+            env.get("HOSTNAME").unwrap_or("worker"),
             std::process::id()
         );
         let worker_id = env.string("NOTIFY_WORKER_ID", &default_id);
@@ -77,15 +81,15 @@ impl WorkerConfig {
             parse_rate_limits(DEFAULT_RATE_LIMITS).expect("valid defaults"),
             parse_rate_limits,
         );
-        Self {
+        Ok(Self {
             rate_limits,
-            amqp_url,
+            amqp_url: amqp_url?,
             topology: Topology::new(prefix),
             concurrency,
             lease,
             retry,
             shutdown_grace,
             worker_id,
-        }
+        })
     }
 }

@@ -15,37 +15,53 @@ async fn main() -> ExitCode {
     notify_telemetry::install_crypto_provider();
     match std::env::args().nth(1).as_deref() {
         Some("demo") => {
-            let mut env = notify_telemetry::Env::new();
-            let cfg = notifyctl::demo::DemoConfig {
-                grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
-                database_url: env.required("NOTIFY_DATABASE_URL"),
-                maildev_url: env.required("NOTIFY_MAILDEV_URL"),
-                sim_url: env.required("NOTIFY_SIM_URL"),
-                http_url: env.required("NOTIFY_HTTP_URL"),
-                inbox_jwt_secret: env.required("NOTIFY_INBOX_JWT_SECRET"),
-            };
-            finish(env);
+            let mut env = notify_telemetry::env();
+            let database_url = env.required("NOTIFY_DATABASE_URL");
+            let maildev_url = env.required("NOTIFY_MAILDEV_URL");
+            let sim_url = env.required("NOTIFY_SIM_URL");
+            let http_url = env.required("NOTIFY_HTTP_URL");
+            let inbox_jwt_secret = env.required("NOTIFY_INBOX_JWT_SECRET");
+            let cfg = (|| {
+                Ok(notifyctl::demo::DemoConfig {
+                    grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
+                    database_url: database_url?,
+                    maildev_url: maildev_url?,
+                    sim_url: sim_url?,
+                    http_url: http_url?,
+                    inbox_jwt_secret: inbox_jwt_secret?,
+                })
+            })();
+            let cfg = notify_telemetry::config_or_exit("notifyctl", env, cfg);
             exit_code("demo", notifyctl::demo::run(&cfg).await)
         }
         Some("chaos") => {
-            let mut env = notify_telemetry::Env::new();
-            let cfg = notifyctl::chaos::ChaosConfig {
-                bin_dir: env.required("NOTIFY_BIN_DIR").into(),
-                stack_script: env.required("NOTIFY_STACK_SCRIPT").into(),
-                log_dir: env.required("NOTIFY_LOG_DIR").into(),
-                database_url: env.required("NOTIFY_DATABASE_URL"),
-                grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
-                maildev_url: env.required("NOTIFY_MAILDEV_URL"),
-                sim_url: env.required("NOTIFY_SIM_URL"),
-                settle: env.parse_with(
-                    "NOTIFY_CHAOS_SETTLE",
-                    std::time::Duration::from_secs(300),
-                    |s| notify_core::retry::parse_duration(s).map_err(|e| e.to_string()),
-                ),
-                amqp_url: env.required("NOTIFY_AMQP_URL"),
-                amqp_prefix: env.string("NOTIFY_AMQP_PREFIX", ""),
-            };
-            finish(env);
+            let mut env = notify_telemetry::env();
+            let bin_dir = env.required("NOTIFY_BIN_DIR");
+            let stack_script = env.required("NOTIFY_STACK_SCRIPT");
+            let log_dir = env.required("NOTIFY_LOG_DIR");
+            let database_url = env.required("NOTIFY_DATABASE_URL");
+            let maildev_url = env.required("NOTIFY_MAILDEV_URL");
+            let sim_url = env.required("NOTIFY_SIM_URL");
+            let amqp_url = env.required("NOTIFY_AMQP_URL");
+            let cfg = (|| {
+                Ok(notifyctl::chaos::ChaosConfig {
+                    grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
+                    settle: env.parse_with(
+                        "NOTIFY_CHAOS_SETTLE",
+                        std::time::Duration::from_secs(300),
+                        |s| notify_core::retry::parse_duration(s).map_err(|e| e.to_string()),
+                    ),
+                    amqp_prefix: env.string("NOTIFY_AMQP_PREFIX", ""),
+                    bin_dir: bin_dir?.into(),
+                    stack_script: stack_script?.into(),
+                    log_dir: log_dir?.into(),
+                    database_url: database_url?,
+                    maildev_url: maildev_url?,
+                    sim_url: sim_url?,
+                    amqp_url: amqp_url?,
+                })
+            })();
+            let cfg = notify_telemetry::config_or_exit("notifyctl", env, cfg);
             let outcome = notifyctl::chaos::run(&cfg).await;
             if let Ok(false) = outcome {
                 eprintln!("chaos: a promise was broken (see the lines above)");
@@ -53,22 +69,23 @@ async fn main() -> ExitCode {
             exit_code("chaos", outcome)
         }
         Some("bench") => {
-            let mut env = notify_telemetry::Env::new();
-            let cfg = notifyctl::bench::BenchConfig {
-                bin_dir: env.required("NOTIFY_BIN_DIR").into(),
-                log_dir: env.required("NOTIFY_LOG_DIR").into(),
-                database_url: env.required("NOTIFY_DATABASE_URL"),
-                amqp_url: env.required("NOTIFY_AMQP_URL"),
-                grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
-                sim_url: env.required("NOTIFY_SIM_URL"),
-                stack_dir: env.string("NOTIFY_STACK_DIR", ".stack").into(),
-                phase: env.parse_with(
-                    "NOTIFY_BENCH_PHASE",
-                    std::time::Duration::from_secs(30),
-                    |s| notify_core::retry::parse_duration(s).map_err(|e| e.to_string()),
-                ),
-                only: env.parse_with("NOTIFY_BENCH_ONLY", Vec::new(), |s| {
-                    s.split(',')
+            let mut env = notify_telemetry::env();
+            let bin_dir = env.required("NOTIFY_BIN_DIR");
+            let log_dir = env.required("NOTIFY_LOG_DIR");
+            let database_url = env.required("NOTIFY_DATABASE_URL");
+            let amqp_url = env.required("NOTIFY_AMQP_URL");
+            let sim_url = env.required("NOTIFY_SIM_URL");
+            let cfg = (|| {
+                Ok(notifyctl::bench::BenchConfig {
+                    grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
+                    stack_dir: env.string("NOTIFY_STACK_DIR", ".stack").into(),
+                    phase: env.parse_with(
+                        "NOTIFY_BENCH_PHASE",
+                        std::time::Duration::from_secs(30),
+                        |s| notify_core::retry::parse_duration(s).map_err(|e| e.to_string()),
+                    ),
+                    only: env.parse_with("NOTIFY_BENCH_ONLY", Vec::new(), |s| {
+                        s.split(',')
                         .map(|p| p.trim())
                         .filter(|p| !p.is_empty())
                         .map(|p| match p {
@@ -80,9 +97,15 @@ async fn main() -> ExitCode {
                             )),
                         })
                         .collect()
-                }),
-            };
-            finish(env);
+                    }),
+                    bin_dir: bin_dir?.into(),
+                    log_dir: log_dir?.into(),
+                    database_url: database_url?,
+                    amqp_url: amqp_url?,
+                    sim_url: sim_url?,
+                })
+            })();
+            let cfg = notify_telemetry::config_or_exit("notifyctl", env, cfg);
             exit_code("bench", notifyctl::bench::run(&cfg).await.map(|()| true))
         }
         Some("keys") => {
@@ -96,9 +119,9 @@ async fn main() -> ExitCode {
                 );
                 return ExitCode::SUCCESS;
             }
-            let mut env = notify_telemetry::Env::new();
+            let mut env = notify_telemetry::env();
             let database_url = env.required("NOTIFY_DATABASE_URL");
-            finish(env);
+            let database_url = notify_telemetry::config_or_exit("notifyctl", env, database_url);
             let args: Vec<String> = std::env::args().skip(2).collect();
             match notifyctl::keys::run(&database_url, &args).await {
                 Ok(code) => ExitCode::from(code),
@@ -114,13 +137,6 @@ async fn main() -> ExitCode {
             );
             ExitCode::from(64)
         }
-    }
-}
-
-/// Ends reading the environment: exits 64 naming every bad variable.
-fn finish(env: notify_telemetry::Env) {
-    if let Err(problems) = env.finish() {
-        notify_telemetry::exit_bad_config("notifyctl", &problems);
     }
 }
 

@@ -14,21 +14,17 @@ async fn main() -> anyhow::Result<()> {
         "usage: provider-sim\n  a stand-in for LINE, FCM, APNs, Web Push and an SMTP server, for local runs and tests.\nConfiguration: environment variables, see README.",
     );
     notify_telemetry::init("provider-sim");
-    let mut env = notify_telemetry::Env::new();
+    let mut env = notify_telemetry::env();
     let addr = env.string("SIM_ADDR", "127.0.0.1:58080");
     let line_channel_token = env.required("SIM_LINE_CHANNEL_TOKEN");
-    let key_file = env.required("SIM_FCM_PUBLIC_KEY_FILE");
-    let fcm_public_key_pem = match std::fs::read_to_string(&key_file) {
-        Ok(pem) => pem,
-        Err(e) => {
-            if !key_file.is_empty() {
-                env.error(format!(
-                    "SIM_FCM_PUBLIC_KEY_FILE={key_file:?} cannot be read: {e}"
-                ));
-            }
+    let fcm_public_key_pem = env.required("SIM_FCM_PUBLIC_KEY_FILE").map(|file| {
+        std::fs::read_to_string(&file).unwrap_or_else(|e| {
+            env.error(format!(
+                "SIM_FCM_PUBLIC_KEY_FILE={file:?} cannot be read: {e}"
+            ));
             String::new()
-        }
-    };
+        })
+    });
     let apns_key_file = env.string("SIM_APNS_PUBLIC_KEY_FILE", "");
     let apns_public_key_pem = if apns_key_file.is_empty() {
         String::new()
@@ -40,21 +36,27 @@ async fn main() -> anyhow::Result<()> {
             String::new()
         })
     };
-    let cfg = provider_sim::SimConfig {
-        apns_public_key_pem,
-        apns_key_id: env.string("SIM_APNS_KEY_ID", ""),
-        apns_team_id: env.string("SIM_APNS_TEAM_ID", ""),
-        apns_topic: env.string("SIM_APNS_TOPIC", ""),
-        line_channel_token,
-        line_channel_secret: env.string("SIM_LINE_CHANNEL_SECRET", ""),
-        fcm_public_key_pem,
-        fcm_project_id: env.string("SIM_FCM_PROJECT_ID", "notify-local"),
-        fcm_client_email: env.required("SIM_FCM_CLIENT_EMAIL"),
-    };
+    let apns_key_id = env.string("SIM_APNS_KEY_ID", "");
+    let apns_team_id = env.string("SIM_APNS_TEAM_ID", "");
+    let apns_topic = env.string("SIM_APNS_TOPIC", "");
+    let line_channel_secret = env.string("SIM_LINE_CHANNEL_SECRET", "");
+    let fcm_project_id = env.string("SIM_FCM_PROJECT_ID", "notify-local");
+    let fcm_client_email = env.required("SIM_FCM_CLIENT_EMAIL");
     let smtp_addr = env.string("SIM_SMTP_ADDR", "");
-    if let Err(problems) = env.finish() {
-        notify_telemetry::exit_bad_config("provider-sim", &problems);
-    }
+    let cfg = (|| {
+        Ok(provider_sim::SimConfig {
+            apns_public_key_pem,
+            apns_key_id,
+            apns_team_id,
+            apns_topic,
+            line_channel_token: line_channel_token?,
+            line_channel_secret,
+            fcm_public_key_pem: fcm_public_key_pem?,
+            fcm_project_id,
+            fcm_client_email: fcm_client_email?,
+        })
+    })();
+    let cfg = notify_telemetry::config_or_exit("provider-sim", env, cfg);
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     let shutdown = notify_telemetry::shutdown_on_signal();
     if !smtp_addr.is_empty() {

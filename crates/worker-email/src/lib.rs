@@ -61,19 +61,14 @@ impl EmailConfig {
     /// `NOTIFY_EMAIL_MESSAGE_ID_DOMAIN` (sender's domain), `NOTIFY_SMTP_TIMEOUT` (15s),
     /// `NOTIFY_UNSUBSCRIBE_URL` (required, http(s) URL) and `NOTIFY_UNSUBSCRIBE_SECRET`
     /// (required, at least 16 characters).
-    pub fn from_env(env: &mut notify_telemetry::Env) -> Option<Self> {
+    /// `None` when a variable is missing or bad; every problem is recorded in `env`.
+    pub fn from_env(env: &mut notify_core::config::Env) -> Option<Self> {
         let smtp_url = env.required("NOTIFY_SMTP_URL");
-        let from_text = env.required("NOTIFY_EMAIL_FROM");
-        let from = match from_text.parse::<Mailbox>() {
-            Ok(m) => Some(m),
-            Err(e) if !from_text.is_empty() => {
-                env.error(format!(
-                    "NOTIFY_EMAIL_FROM={from_text:?} is not a mailbox: {e}"
-                ));
-                None
-            }
-            Err(_) => None,
-        };
+        let from = env.required("NOTIFY_EMAIL_FROM").ok().and_then(|text| {
+            text.parse::<Mailbox>()
+                .map_err(|e| env.error(format!("NOTIFY_EMAIL_FROM={text:?} is not a mailbox: {e}")))
+                .ok()
+        });
         let domain = from
             .as_ref()
             .map(|m| m.email.domain().to_string())
@@ -88,21 +83,21 @@ impl EmailConfig {
             )
         });
         let unsubscribe_url = env.required("NOTIFY_UNSUBSCRIBE_URL");
-        let is_http =
-            unsubscribe_url.starts_with("https://") || unsubscribe_url.starts_with("http://");
-        if !unsubscribe_url.is_empty() && !is_http {
+        if let Ok(url) = &unsubscribe_url
+            && !(url.starts_with("https://") || url.starts_with("http://"))
+        {
             env.error(format!(
-                "NOTIFY_UNSUBSCRIBE_URL={unsubscribe_url:?} must be an http(s) URL"
+                "NOTIFY_UNSUBSCRIBE_URL={url:?} must be an http(s) URL"
             ));
         }
         let unsubscribe_secret = env.required("NOTIFY_UNSUBSCRIBE_SECRET");
-        if !unsubscribe_secret.is_empty() && unsubscribe_secret.len() < 16 {
+        if unsubscribe_secret.as_ref().is_ok_and(|s| s.len() < 16) {
             env.error("NOTIFY_UNSUBSCRIBE_SECRET must be at least 16 characters".to_string());
         }
         Some(Self {
-            unsubscribe_url,
-            unsubscribe_secret,
-            smtp_url,
+            unsubscribe_url: unsubscribe_url.ok()?,
+            unsubscribe_secret: unsubscribe_secret.ok()?,
+            smtp_url: smtp_url.ok()?,
             from: from?,
             message_id_domain,
             timeout,

@@ -3,10 +3,8 @@
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     notify_worker::main_with("worker-email", |env, _pool| {
+        // A missing or bad variable is already recorded in `env`.
         let cfg = worker_email::EmailConfig::from_env(env)?;
-        if cfg.smtp_url.is_empty() {
-            return None; // already reported as required
-        }
         match worker_email::EmailSender::new(cfg) {
             Ok(s) => Some(s),
             Err(e) => {

@@ -40,10 +40,15 @@ pub struct LineConfig {
 impl LineConfig {
     /// Reads `NOTIFY_LINE_API_BASE` (https://api.line.me), `NOTIFY_LINE_CHANNEL_TOKEN`
     /// (required), `NOTIFY_HTTP_TIMEOUT` (10s).
-    pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
-        Self {
+    ///
+    /// # Errors
+    /// [`Missing`](notify_core::config::Missing) without the channel token; every problem
+    /// is also recorded in `env`.
+    pub fn from_env(
+        env: &mut notify_core::config::Env,
+    ) -> Result<Self, notify_core::config::Missing> {
+        Ok(Self {
             api_base: env.base_url("NOTIFY_LINE_API_BASE", "https://api.line.me"),
-            channel_token: env.required("NOTIFY_LINE_CHANNEL_TOKEN"),
             timeout: env.parse_with("NOTIFY_HTTP_TIMEOUT", Duration::from_secs(10), |s| {
                 notify_core::retry::parse_duration_in(
                     s,
@@ -51,7 +56,8 @@ impl LineConfig {
                     Duration::from_secs(600),
                 )
             }),
-        }
+            channel_token: env.required("NOTIFY_LINE_CHANNEL_TOKEN")?,
+        })
     }
 }
 

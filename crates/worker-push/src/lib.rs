@@ -64,7 +64,13 @@ impl PushConfig {
     /// `NOTIFY_VAPID_PRIVATE_KEY_FILE` is set (PEM, PKCS #8, P-256), with
     /// `NOTIFY_VAPID_SUBJECT` (required then: `mailto:` or `https:`), `NOTIFY_WEBPUSH_TTL`
     /// (1d) and `NOTIFY_WEBPUSH_BASE_OVERRIDE` (empty; a simulator's base URL).
-    pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
+    ///
+    /// # Errors
+    /// [`Missing`](notify_core::config::Missing) when a required variable is unset; every
+    /// problem is also recorded in `env`.
+    pub fn from_env(
+        env: &mut notify_core::config::Env,
+    ) -> Result<Self, notify_core::config::Missing> {
         let timeout = env.parse_with("NOTIFY_HTTP_TIMEOUT", Duration::from_secs(10), |s| {
             notify_core::retry::parse_duration_in(
                 s,
@@ -72,40 +78,48 @@ impl PushConfig {
                 Duration::from_secs(600),
             )
         });
-        let apns = optional_key_file(env, "NOTIFY_APNS_KEY_FILE").map(|key_pem| apns::ApnsConfig {
-            api_base: env.base_url("NOTIFY_APNS_API_BASE", "https://api.push.apple.com"),
-            key_pem,
-            key_id: env.required("NOTIFY_APNS_KEY_ID"),
-            team_id: env.required("NOTIFY_APNS_TEAM_ID"),
-            topic: env.required("NOTIFY_APNS_TOPIC"),
-            timeout,
+        let apns = optional_key_file(env, "NOTIFY_APNS_KEY_FILE").map(|key_pem| {
+            let api_base = env.base_url("NOTIFY_APNS_API_BASE", "https://api.push.apple.com");
+            let key_id = env.required("NOTIFY_APNS_KEY_ID");
+            let team_id = env.required("NOTIFY_APNS_TEAM_ID");
+            let topic = env.required("NOTIFY_APNS_TOPIC");
+            Ok(apns::ApnsConfig {
+                api_base,
+                key_pem,
+                key_id: key_id?,
+                team_id: team_id?,
+                topic: topic?,
+                timeout,
+            })
         });
         let webpush =
             optional_key_file(env, "NOTIFY_VAPID_PRIVATE_KEY_FILE").map(|vapid_key_pem| {
-                webpush::WebPushConfig {
+                let vapid_subject = env.required("NOTIFY_VAPID_SUBJECT");
+                Ok(webpush::WebPushConfig {
                     vapid_key_pem,
-                    vapid_subject: env.required("NOTIFY_VAPID_SUBJECT"),
                     base_override: env.string("NOTIFY_WEBPUSH_BASE_OVERRIDE", ""),
                     ttl: env.parse_with("NOTIFY_WEBPUSH_TTL", Duration::from_secs(86_400), |s| {
                         notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
                     }),
                     timeout,
-                }
+                    vapid_subject: vapid_subject?,
+                })
             });
-        Self {
-            apns,
-            webpush,
+        // Every variable is read before the first `?`, so every problem is recorded.
+        Ok(Self {
             fcm_api_base: env.base_url("NOTIFY_FCM_API_BASE", "https://fcm.googleapis.com"),
-            fcm_service_account_file: env.required("NOTIFY_FCM_SERVICE_ACCOUNT_FILE"),
             fcm_project_id: Some(env.string("NOTIFY_FCM_PROJECT_ID", "")).filter(|s| !s.is_empty()),
+            fcm_service_account_file: env.required("NOTIFY_FCM_SERVICE_ACCOUNT_FILE")?,
+            apns: apns.transpose()?,
+            webpush: webpush.transpose()?,
             timeout,
-        }
+        })
     }
 }
 
 /// The contents of the key file named by the optional variable `var`: `None` when it is
 /// unset; an error on `env` (and an empty key) when the file cannot be read.
-fn optional_key_file(env: &mut notify_telemetry::Env, var: &str) -> Option<String> {
+fn optional_key_file(env: &mut notify_core::config::Env, var: &str) -> Option<String> {
     let path = env.string(var, "");
     if path.is_empty() {
         return None;

@@ -3,10 +3,8 @@
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     notify_worker::main_with("worker-push", |env, _pool| {
-        let cfg = worker_push::PushConfig::from_env(env);
-        if cfg.fcm_service_account_file.is_empty() {
-            return None; // already reported as required
-        }
+        // A missing variable is already recorded in `env`.
+        let cfg = worker_push::PushConfig::from_env(env).ok()?;
         match worker_push::PushSender::new(cfg) {
             Ok(s) => Some(s),
             Err(e) => {

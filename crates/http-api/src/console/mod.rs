@@ -108,7 +108,7 @@ impl ConsoleConfig {
     /// `NOTIFY_CONSOLE_SIGN_IN_LIMIT` (5), `NOTIFY_CONSOLE_SIGN_IN_WINDOW` (15m),
     /// `NOTIFY_CONSOLE_SESSION_TTL` (8h), and `NOTIFY_AMQP_URL` / `NOTIFY_AMQP_PREFIX`
     /// (optional: the dead-letter queue).
-    pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
+    pub fn from_env(env: &mut notify_core::config::Env) -> Self {
         let defaults = Self::default();
         let users = parse_users(&env.string("NOTIFY_CONSOLE_USERS", ""));
         for (user, hash) in &users {
@@ -137,7 +137,7 @@ impl ConsoleConfig {
             ));
         }
         let sign_in_limit = env.number("NOTIFY_CONSOLE_SIGN_IN_LIMIT", 5, 1, 1000);
-        let duration = |env: &mut notify_telemetry::Env, name: &str, default: Duration| {
+        let duration = |env: &mut notify_core::config::Env, name: &str, default: Duration| {
             env.parse_with(
                 name,
                 default,

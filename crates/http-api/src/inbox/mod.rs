@@ -67,7 +67,7 @@ impl InboxConfig {
     /// Reads `NOTIFY_INBOX_JWT_SECRET`, `NOTIFY_INBOX_JWKS_FILE`, `NOTIFY_INBOX_JWKS_URL`
     /// (at least one required), `NOTIFY_INBOX_RATE` (20), and `NOTIFY_INBOX_JWT_AUDIENCE`
     /// and `NOTIFY_INBOX_JWT_ISSUER` (empty: that claim is not checked).
-    pub fn from_env(env: &mut notify_telemetry::Env) -> Self {
+    pub fn from_env(env: &mut notify_core::config::Env) -> Self {
         let secret = env.string("NOTIFY_INBOX_JWT_SECRET", "");
         let jwks_url = Some(env.string("NOTIFY_INBOX_JWKS_URL", "")).filter(|u| !u.is_empty());
         let jwks_file = env.string("NOTIFY_INBOX_JWKS_FILE", "");
