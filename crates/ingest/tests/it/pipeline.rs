@@ -465,7 +465,7 @@ async fn the_line_monthly_quota_pauses_the_channel_without_spending_attempts() {
         }
     };
     let id1 = first.deliveries[0].delivery_id.clone();
-    let until = eventually("LINE is paused", Duration::from_secs(10), async || {
+    let until = eventually("LINE is paused", Duration::from_secs(20), async || {
         let paused = sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
             "SELECT paused_until FROM channel_pauses WHERE channel = 'line'",
         )
@@ -501,7 +501,7 @@ async fn the_line_monthly_quota_pauses_the_channel_without_spending_attempts() {
     let id2 = second.deliveries[0].delivery_id.clone();
     eventually(
         "the new delivery waits for the pause",
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         async || {
             let r = row(id2.clone()).await;
             if r.4 >= until { Ok(()) } else { Err(r) }
@@ -715,7 +715,7 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
     // Wait until the relay published all four.
     eventually(
         "the relay published all four",
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         async || match p.count("outbox").await {
             0 => Ok(()),
             n => Err(n),
@@ -768,7 +768,7 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
     let dead = p.topology.dead_letter_queue();
     eventually(
         "three poison messages dead-lettered",
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         async || match p.queue_depth(&dead).await {
             3 => Ok(()),
             n => Err(n),
@@ -1401,7 +1401,7 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
     let ev = p.send("b02-1", "order_paid", &[&u]).await;
     eventually(
         "the unroutable publish is counted on the outbox row",
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         async || {
             let failures: i32 =
                 sqlx::query_scalar("SELECT coalesce(max(publish_failures), 0) FROM outbox")

@@ -10,7 +10,7 @@ use support::{Options, Platform, eventually, line_id, uniq};
 async fn wait_outbox_empty(p: &Platform) {
     eventually(
         "outbox drained",
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         async || match p.count("outbox").await {
             0 => Ok(()),
             n => Err(n),
