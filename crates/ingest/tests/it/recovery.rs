@@ -666,6 +666,32 @@ async fn wait_status(p: &Platform, delivery_id: &str, want: &str, secs: u64) {
     .await;
 }
 
+/// Whether process `pid` holds an established TCP connection to `port` (Linux: its socket
+/// inodes under `/proc/<pid>/fd` matched against `/proc/net/tcp`, whose columns are slot,
+/// local address, remote address, state (`01` established), queues, timers, retransmits,
+/// uid, timeout, inode).
+fn connected_to(pid: u32, port: u16) -> bool {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_str()?;
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let remote = format!(":{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .any(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            f.len() > 9 && f[3] == "01" && f[2].ends_with(&remote) && inodes.contains(f[9])
+        })
+}
+
 fn signal(pid: u32, sig: &str) {
     let ok = std::process::Command::new("kill")
         .args([sig, &pid.to_string()])
@@ -719,6 +745,21 @@ async fn a_worker_frozen_after_its_claim_and_resumed_after_its_lease_was_taken_m
     let ev = p.send("frozen-email", "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
     wait_status(&p, &id, "sending", 30).await;
+    // Frozen inside the SMTP exchange (its slow RCPT TO), not in the database reads between
+    // the claim and the call, whose pool timeouts would fire first on resume.
+    let smtp_port: u16 = p.smtp_sim_url.rsplit(':').next().unwrap().parse().unwrap();
+    eventually(
+        "the frozen worker connected to the SMTP server",
+        Duration::from_secs(10),
+        async || {
+            if connected_to(frozen.pid(), smtp_port) {
+                Ok(())
+            } else {
+                Err(frozen.log())
+            }
+        },
+    )
+    .await;
     signal(frozen.pid(), "-STOP");
 
     // The lease runs out, the sweeper puts the delivery back, another worker sends it.
@@ -753,7 +794,8 @@ async fn a_worker_frozen_after_its_claim_and_resumed_after_its_lease_was_taken_m
     );
     assert!(
         frozen.log().contains("call abandoned"),
-        "it abandoned the call at the lease check"
+        "it abandoned the call at the lease check:\n{}",
+        frozen.log()
     );
     assert_eq!(p.smtp_sim.messages().len(), 1, "one message accepted");
     let attempts: Vec<(i32, String, String)> = sqlx::query_as(
