@@ -7,7 +7,8 @@ use crate::support;
 use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
-use support::{Options, Platform, line_id, uniq};
+use std::time::Duration;
+use support::{Options, Platform, eventually, line_id, uniq};
 
 /// Has the simulator send a LINE webhook with `events` to the HTTP service; returns the
 /// receiver's (status, body).
@@ -292,26 +293,22 @@ async fn a_nonexistent_mailbox_is_marked_and_skipped_until_the_address_changes()
             .unwrap()
             .clone()
     };
-    let got = loop {
-        let got = p
-            .ingest()
-            .get_event(pb::GetEventRequest {
-                selector: Some(pb::get_event_request::Selector::EventId(
-                    ev.event_id.clone(),
-                )),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        if by_user(&got, &gone).status == "failed"
-            && by_user(&got, &blocked).status == "failed"
-            && by_user(&got, &full).attempts >= 2
-        {
-            break got;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
+    let got = eventually(
+        "two failed and the full mailbox retried",
+        Duration::from_secs(60),
+        async || {
+            let got = p.get_event(&ev.event_id).await;
+            if by_user(&got, &gone).status == "failed"
+                && by_user(&got, &blocked).status == "failed"
+                && by_user(&got, &full).attempts >= 2
+            {
+                Ok(got)
+            } else {
+                Err(got.deliveries)
+            }
+        },
+    )
+    .await;
     let d = by_user(&got, &gone);
     assert_eq!(d.attempts, 1);
     assert!(
@@ -514,14 +511,15 @@ async fn the_line_webhook_and_a_refused_sign_in_log_no_line_id_or_typed_name() {
         http_api::console::password_hash(support::CONSOLE_PASSWORD)
     );
     let proc = p.spawn("http-api", &[], &env(users));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while reqwest::get(format!("{base}/healthz")).await.is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "http-api did not start"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    eventually(
+        "http-api started",
+        Duration::from_secs(10),
+        async || match reqwest::get(format!("{base}/healthz")).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err((e.to_string(), proc.log())),
+        },
+    )
+    .await;
     let lid = line_id();
     let body =
         json!({"destination": "Uxxx", "events": [follow_event("follow", &lid, 1_700_000_000_000)]})
@@ -547,17 +545,15 @@ async fn the_line_webhook_and_a_refused_sign_in_log_no_line_id_or_typed_name() {
         .await
         .unwrap();
     assert_eq!(r.status(), 401);
-    let log = loop {
+    let log = eventually("both log lines", Duration::from_secs(10), async || {
         let log = proc.log();
         if log.contains("LINE follow state") && log.contains("console sign-in refused") {
-            break log;
+            Ok(log)
+        } else {
+            Err(log)
         }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "log lines missing: {log}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     assert!(!log.contains(&lid), "the LINE user id is logged: {log}");
     assert!(!log.contains(&typed), "the typed name is logged: {log}");
     p.stop().await;

@@ -7,7 +7,8 @@ use crate::support;
 
 use notify_core::Channel;
 use serde_json::json;
-use support::{Options, Platform, line_id, uniq};
+use std::time::Duration;
+use support::{Options, Platform, eventually, line_id, uniq};
 
 fn no_redirects() -> reqwest::Client {
     reqwest::Client::builder()
@@ -190,12 +191,16 @@ async fn dead_letters_are_moved_back_to_their_queue() {
     p.topology.declare(&ch, &["line"]).await.unwrap();
     // Wait for the relay to publish the pointer, then drop it, as if it had been
     // dead-lettered.
-    for _ in 0..100 {
-        if p.queue_depth(&p.topology.queue("line")).await == 1 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let queue = p.topology.queue("line");
+    eventually(
+        "the relay published the pointer",
+        Duration::from_secs(10),
+        async || match p.queue_depth(&queue).await {
+            1 => Ok(()),
+            n => Err(n),
+        },
+    )
+    .await;
     let dead = p.topology.dead_letter_queue();
     for body in [
         json!({"v": 1, "delivery_id": delivery, "channel": "line"}).to_string(),

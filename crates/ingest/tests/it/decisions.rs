@@ -5,7 +5,7 @@ use crate::support;
 
 use notify_proto::v1 as pb;
 use std::time::Duration;
-use support::{Platform, line_id, uniq};
+use support::{Platform, eventually, line_id, uniq};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -111,30 +111,40 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
         }
     }
     // In-app is sent; LINE and email stay pending and nothing reaches LINE.
-    let mut got = None;
-    for _ in 0..50 {
-        let e = p
-            .ingest()
-            .get_event(pb::GetEventRequest {
-                selector: Some(pb::get_event_request::Selector::EventId(
-                    ev.event_id.clone(),
-                )),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
+    eventually("in-app sent at once", Duration::from_secs(10), async || {
+        let e = p.get_event(&ev.event_id).await;
         if e.deliveries
             .iter()
             .any(|d| d.channel == "inapp" && d.status == "sent")
         {
-            got = Some(e);
-            break;
+            Ok(())
+        } else {
+            Err(e.deliveries)
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let got = got.expect("in-app sent at once");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    })
+    .await;
+    // Nothing reaches a worker while the quiet hours last: watched for 1 s.
+    support::settle(
+        "LINE and email stay pending",
+        Duration::from_secs(1),
+        async || {
+            let e = p.get_event(&ev.event_id).await;
+            let line = p.sim_requests("line").await;
+            let moved: Vec<_> = e
+                .deliveries
+                .iter()
+                .filter(|d| d.channel != "inapp" && d.status != "pending")
+                .collect();
+            if moved.is_empty() && line.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{moved:#?} {line:#?}"))
+            }
+        },
+    )
+    .await;
+    // Asserted on what the event is now, after the wait.
+    let got = p.get_event(&ev.event_id).await;
     for d in got.deliveries.iter().filter(|d| d.channel != "inapp") {
         assert_eq!(d.status, "pending");
         assert_eq!(

@@ -5,7 +5,7 @@ use crate::support;
 
 use notify_proto::v1 as pb;
 use std::time::{Duration, Instant};
-use support::{Options, Platform};
+use support::{Options, Platform, eventually};
 use tonic::Code;
 
 async fn subscribe_many(p: &Platform, topic: &str, users: &[String]) {
@@ -21,7 +21,7 @@ async fn subscribe_many(p: &Platform, topic: &str, users: &[String]) {
 }
 
 async fn wait_fanout_done(p: &Platform, event_id: &str) -> pb::GetEventResponse {
-    for _ in 0..300 {
+    eventually("fan-out done", Duration::from_secs(60), async || {
         let ev = p
             .ingest()
             .get_event(pb::GetEventRequest {
@@ -33,11 +33,12 @@ async fn wait_fanout_done(p: &Platform, event_id: &str) -> pb::GetEventResponse 
             .unwrap()
             .into_inner();
         if ev.fanout_status == "done" {
-            return ev;
+            Ok(ev)
+        } else {
+            Err((ev.fanout_status, ev.fanout_recipients))
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("fan-out not done in 30 s");
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,12 +116,15 @@ async fn a_topic_event_reaches_every_subscriber_once_in_checkpointed_batches() {
     assert_eq!(p.count("notification_deliveries").await, 2_501);
 
     // Every in-app notification is written exactly once.
-    for _ in 0..300 {
-        if p.count("notifications").await == 2_500 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "2,500 in-app notifications written",
+        Duration::from_secs(60),
+        async || match p.count("notifications").await {
+            2_500 => Ok(()),
+            n => Err(n),
+        },
+    )
+    .await;
     assert_eq!(p.count("notifications").await, 2_500);
     p.stop().await;
 }

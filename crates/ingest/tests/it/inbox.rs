@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use notify_core::Channel;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{Options, Platform, uniq};
+use support::{Options, Platform, eventually, uniq};
 
 fn token(user: &str, secret: &str, exp_in: i64) -> String {
     let claims = json!({"sub": user, "exp": chrono::Utc::now().timestamp() + exp_in});
@@ -638,25 +638,25 @@ async fn a_second_replica_with_jwks_keys_streams_the_same_inbox() {
         .unwrap(),
     )
     .unwrap();
-    let mut accepted = false;
-    for _ in 0..50 {
-        let r = p
-            .http
-            .get(format!("{second}/v1/inbox/unread-count"))
-            .bearer_auth(&es256)
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 200 {
-            accepted = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        accepted,
-        "the ES256 token is accepted once the JWKS is fetched"
-    );
+    eventually(
+        "the ES256 token is accepted once the JWKS is fetched",
+        Duration::from_secs(10),
+        async || {
+            let r = p
+                .http
+                .get(format!("{second}/v1/inbox/unread-count"))
+                .bearer_auth(&es256)
+                .send()
+                .await
+                .unwrap();
+            if r.status() == 200 {
+                Ok(())
+            } else {
+                Err(r.status())
+            }
+        },
+    )
+    .await;
     let hs256 = token(&a, support::INBOX_SECRET, 300);
     let r = p
         .http
@@ -914,15 +914,15 @@ async fn with_an_audience_and_issuer_configured_only_tokens_for_them_are_accepte
     let (aud, iss) = ("notify-inbox", "https://login.example.test");
     let exp = now() + 300;
     let good = signed(json!({"sub": a, "exp": exp, "aud": aud, "iss": iss}));
-    let mut up = false;
-    for _ in 0..50 {
-        if p.http.get(format!("{strict}/healthz")).send().await.is_ok() {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(up, "the second replica answers");
+    eventually(
+        "the second replica answers",
+        Duration::from_secs(10),
+        async || match p.http.get(format!("{strict}/healthz")).send().await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(e.to_string()),
+        },
+    )
+    .await;
     assert_eq!(unread_with(&p, &strict, &good).await.0, 200);
     assert_eq!(
         unread_with(

@@ -7,7 +7,7 @@ use notify_proto::v1 as pb;
 use serde_json::json;
 use std::collections::HashSet;
 use std::time::Duration;
-use support::{Platform, line_id, uniq};
+use support::{Platform, eventually, line_id, uniq};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -465,20 +465,20 @@ async fn the_line_monthly_quota_pauses_the_channel_without_spending_attempts() {
         }
     };
     let id1 = first.deliveries[0].delivery_id.clone();
-    let mut paused = None;
-    for _ in 0..100 {
-        paused = sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+    let until = eventually("LINE is paused", Duration::from_secs(20), async || {
+        let paused = sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
             "SELECT paused_until FROM channel_pauses WHERE channel = 'line'",
         )
         .fetch_optional(&p.pool)
         .await
         .unwrap();
-        if paused.is_some() && row(id1.clone()).await.0 == "pending" {
-            break;
+        let delivery = row(id1.clone()).await;
+        match paused {
+            Some(until) if delivery.0 == "pending" => Ok(until),
+            _ => Err((paused, delivery)),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let until = paused.expect("LINE is paused");
+    })
+    .await;
     let expected = worker_line::next_quota_month(chrono::Utc::now());
     assert!(
         (until - expected).num_milliseconds().abs() < 1000,
@@ -499,12 +499,15 @@ async fn the_line_monthly_quota_pauses_the_channel_without_spending_attempts() {
     // A delivery created during the pause waits too, with no LINE call and no attempt.
     let second = p.send("quota:2", "news", &[&u2]).await;
     let id2 = second.deliveries[0].delivery_id.clone();
-    for _ in 0..100 {
-        if row(id2.clone()).await.4 >= until {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the new delivery waits for the pause",
+        Duration::from_secs(20),
+        async || {
+            let r = row(id2.clone()).await;
+            if r.4 >= until { Ok(()) } else { Err(r) }
+        },
+    )
+    .await;
     let (status, attempts, _, _, next) = row(id2.clone()).await;
     assert_eq!((status.as_str(), attempts), ("pending", 0));
     assert_eq!(next, until);
@@ -710,13 +713,15 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
     let ev = p.send("b03", "order_paid", &refs).await;
     // Wait until the relay published all four.
-    for _ in 0..100 {
-        if p.count("outbox").await == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(p.count("outbox").await, 0);
+    eventually(
+        "the relay published all four",
+        Duration::from_secs(10),
+        async || match p.count("outbox").await {
+            0 => Ok(()),
+            n => Err(n),
+        },
+    )
+    .await;
     // The fourth delivery is not due: its queued message must be acked without a send,
     // and a well-formed message naming it on the wrong channel must fail it.
     let fourth = ev
@@ -761,12 +766,15 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
 
     p.start_worker(notify_core::Channel::Push);
     let dead = p.topology.dead_letter_queue();
-    for _ in 0..100 {
-        if p.queue_depth(&dead).await == 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "three poison messages dead-lettered",
+        Duration::from_secs(20),
+        async || match p.queue_depth(&dead).await {
+            3 => Ok(()),
+            n => Err(n),
+        },
+    )
+    .await;
     assert_eq!(
         p.queue_depth(&dead).await,
         3,
@@ -1109,7 +1117,28 @@ async fn a_passed_deadline_cancels_the_request_and_writes_nothing() {
         "the deadline was honoured"
     );
     blocker.rollback().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every transaction that began while the lock was held (the cancelled request's) has
+    // ended, committed or not: what it wrote is now visible or never will be.
+    let released: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+    eventually(
+        "the cancelled request's transaction ended",
+        Duration::from_secs(10),
+        async || {
+            let open: Vec<(Option<String>, Option<String>)> = sqlx::query_as(
+                "SELECT state, query FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start < $1",
+            )
+            .bind(released)
+            .fetch_all(&p.pool)
+            .await
+            .unwrap();
+            if open.is_empty() { Ok(()) } else { Err(open) }
+        },
+    )
+    .await;
     for table in ["notification_events", "notification_deliveries", "outbox"] {
         assert_eq!(p.count(table).await, 0, "{table}: nothing half-written");
     }
@@ -1370,22 +1399,19 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
     .unwrap();
 
     let ev = p.send("b02-1", "order_paid", &[&u]).await;
-    let mut failures = 0;
-    for _ in 0..100 {
-        failures =
-            sqlx::query_scalar::<_, i32>("SELECT coalesce(max(publish_failures), 0) FROM outbox")
-                .fetch_one(&p.pool)
-                .await
-                .unwrap();
-        if failures > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        failures > 0,
-        "the unroutable publish is counted on the outbox row"
-    );
+    eventually(
+        "the unroutable publish is counted on the outbox row",
+        Duration::from_secs(20),
+        async || {
+            let failures: i32 =
+                sqlx::query_scalar("SELECT coalesce(max(publish_failures), 0) FROM outbox")
+                    .fetch_one(&p.pool)
+                    .await
+                    .unwrap();
+            if failures > 0 { Ok(()) } else { Err(failures) }
+        },
+    )
+    .await;
     let last_error: Option<String> = sqlx::query_scalar("SELECT last_error FROM outbox")
         .fetch_one(&p.pool)
         .await
@@ -1584,8 +1610,7 @@ async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
     );
     let ingest = p.spawn("ingest", &["serve"], &[("NOTIFY_DATABASE_URL", url)]);
     let mut health = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually("ingest serving", Duration::from_secs(30), async || {
         let status = health
             .check(tonic_health::pb::HealthCheckRequest {
                 service: "notify.v1.IngestService".into(),
@@ -1594,15 +1619,12 @@ async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
             .map(|r| r.into_inner().status())
             .ok();
         if status == Some(tonic_health::pb::health_check_response::ServingStatus::Serving) {
-            break;
+            Ok(())
+        } else {
+            Err((status, ingest.log()))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "ingest not serving: {}",
-            ingest.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     p.add_type("order_paid", &["email"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", &format!("{u}@example.test"), "")
@@ -1684,25 +1706,15 @@ async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
     let mut req = p.event(&uniq("clock-topic"), "order_paid", &[]);
     req.topic = "shop.promotions".into();
     let topic_event = p.ingest().create_event(req).await.unwrap().into_inner();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let fanned = loop {
-        let ev = p
-            .ingest()
-            .get_event(pb::GetEventRequest {
-                selector: Some(pb::get_event_request::Selector::EventId(
-                    topic_event.event_id.clone(),
-                )),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
+    let fanned = eventually("fan-out done", Duration::from_secs(30), async || {
+        let ev = p.get_event(&topic_event.event_id).await;
         if ev.fanout_status == "done" {
-            break ev;
+            Ok(ev)
+        } else {
+            Err(ev.fanout_status)
         }
-        assert!(tokio::time::Instant::now() < deadline, "fan-out not done");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     let email = fanned
         .deliveries
         .iter()

@@ -9,21 +9,17 @@ use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{Options, Platform, line_id, uniq};
+use support::{Options, Platform, eventually, line_id, uniq};
 
-async fn wait_for<F, Fut>(what: &str, secs: u64, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// Waits until the relay has published every outbox row.
+async fn wait_outbox_empty(p: &Platform, what: &str) {
+    eventually(what, Duration::from_secs(20), async || {
+        match p.count("outbox").await {
+            0 => Ok(()),
+            n => Err(n),
+        }
+    })
+    .await;
 }
 
 async fn delivery_row(p: &Platform, id: &str) -> (String, i32, Option<String>) {
@@ -67,11 +63,15 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
             ("NOTIFY_SWEEP_INTERVAL", "1s".into()),
         ],
     );
-    wait_for("ingest", 30, || async {
-        tonic_health::pb::health_client::HealthClient::new(p.grpc.clone())
+    eventually("ingest serving", Duration::from_secs(30), async || {
+        let status = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone())
             .check(tonic_health::pb::HealthCheckRequest::default())
             .await
-            .is_ok_and(|r| r.into_inner().status == 1)
+            .map(|r| r.into_inner().status);
+        match status {
+            Ok(1) => Ok(()),
+            other => Err(other),
+        }
     })
     .await;
     p.add_type("order_paid", &["line"]).await;
@@ -89,20 +89,23 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
     let lease = [("NOTIFY_LEASE", "3s".to_string())];
     for kill in 1..=4 {
         let mut worker = p.spawn("worker-line", &[], &lease);
-        let calls = || async { p.sim_requests("line").await.len() };
-        let before = calls().await;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        let mut called = false;
-        while tokio::time::Instant::now() < deadline {
-            if calls().await > before {
-                called = true;
-                break;
-            }
-            if delivery_row(&p, &id).await.0 == "failed" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let before = p.sim_requests("line").await.len();
+        // Either the worker calls LINE, or the delivery is failed (nothing left to call).
+        let called = eventually(
+            &format!("worker {kill} calls LINE or the delivery fails"),
+            Duration::from_secs(20),
+            async || {
+                if p.sim_requests("line").await.len() > before {
+                    return Ok(true);
+                }
+                let row = delivery_row(&p, &id).await;
+                if row.0 == "failed" {
+                    return Ok(false);
+                }
+                Err((row, attempt_codes(&p, &id).await, worker.log()))
+            },
+        )
+        .await;
         worker.child.start_kill().unwrap();
         let _ = worker.child.wait().await;
         if kill <= 3 {
@@ -117,9 +120,14 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
             assert!(!called, "no call after the attempt cap was spent");
         }
         // The lease (3 s) expires and the sweeper (every 1 s) takes the delivery back.
-        wait_for("the sweeper", 20, || async {
-            delivery_row(&p, &id).await.0 != "sending"
-        })
+        eventually(
+            "the sweeper took it back",
+            Duration::from_secs(20),
+            async || {
+                let row = delivery_row(&p, &id).await;
+                if row.0 != "sending" { Ok(()) } else { Err(row) }
+            },
+        )
         .await;
     }
     let (status, attempts, error) = delivery_row(&p, &id).await;
@@ -232,8 +240,22 @@ async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_agai
     let done = p.wait_final(&ev.event_id, 30).await;
     let d = &done.deliveries[0];
     assert_eq!(d.status, "failed");
-    // Long enough for a lease expiry (3 s) and sweeps (1 s) to have sent it again.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Long enough for a lease expiry (3 s) and sweeps (1 s) to have sent it again: the
+    // system offers no signal that it did not, so this watches for 5 s.
+    support::settle(
+        "no lease expiry sends a delivery whose record was refused again",
+        Duration::from_secs(5),
+        async || {
+            let row = delivery_row(&p, &d.delivery_id).await;
+            let calls = p.sim_requests("line").await.len();
+            if (row.0.as_str(), row.1, calls) == ("failed", 1, 1) {
+                Ok(())
+            } else {
+                Err((row, calls))
+            }
+        },
+    )
+    .await;
     let (status, attempts, error) = delivery_row(&p, &d.delivery_id).await;
     assert_eq!((status.as_str(), attempts), ("failed", 1));
     assert!(error.unwrap().starts_with("record_failed:"));
@@ -379,25 +401,26 @@ async fn wait_deferred(
     p: &Platform,
     id: &str,
 ) -> (String, i32, chrono::DateTime<chrono::Utc>, String) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let r: (String, i32, chrono::DateTime<chrono::Utc>, String) = sqlx::query_as(
-            "SELECT status, attempts, next_attempt_at, decision FROM notification_deliveries
+    eventually(
+        "deferred by quiet hours",
+        Duration::from_secs(20),
+        async || {
+            let r: (String, i32, chrono::DateTime<chrono::Utc>, String) = sqlx::query_as(
+                "SELECT status, attempts, next_attempt_at, decision FROM notification_deliveries
              WHERE id = $1::uuid",
-        )
-        .bind(id)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
-        if r.0 == "pending" && r.3.contains("quiet hours (Asia/Bangkok): due at") {
-            return r;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not deferred: {r:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            )
+            .bind(id)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+            if r.0 == "pending" && r.3.contains("quiet hours (Asia/Bangkok): due at") {
+                Ok(r)
+            } else {
+                Err(r)
+            }
+        },
+    )
+    .await
 }
 
 /// A retry that becomes due inside the recipient's quiet hours (set after the first
@@ -421,8 +444,12 @@ async fn a_retry_that_falls_in_quiet_hours_waits_for_their_end() {
     .await;
     let ev = p.send(&uniq("night"), "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
-    wait_for("the first attempt", 20, || async {
-        !attempt_codes(&p, &id).await.is_empty()
+    eventually("the first attempt", Duration::from_secs(20), async || {
+        if attempt_codes(&p, &id).await.is_empty() {
+            Err(delivery_row(&p, &id).await)
+        } else {
+            Ok(())
+        }
     })
     .await;
     let end = quiet_now(&p, &u).await;
@@ -585,10 +612,7 @@ async fn republishing_a_waiting_backlog_adds_a_bounded_number_of_messages() {
     p.add_recipient(&u, "", "", &lid).await;
     let ev = p.send(&uniq("backlog"), "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
-    wait_for("the first publish", 20, || async {
-        p.count("outbox").await == 0
-    })
-    .await;
+    wait_outbox_empty(&p, "the first publish").await;
     let mut republished = 0;
     for _ in 0..8 {
         // 1.5 s pass.
@@ -605,7 +629,7 @@ async fn republishing_a_waiting_backlog_adds_a_bounded_number_of_messages() {
             .unwrap();
         republished += n;
         // The relay publishes it (the queue has no consumer: the backlog waits).
-        wait_for("the relay", 20, || async { p.count("outbox").await == 0 }).await;
+        wait_outbox_empty(&p, "the relay").await;
     }
     assert_eq!(
         republished, 3,

@@ -8,7 +8,7 @@ use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{Platform, uniq};
+use support::{Platform, eventually, uniq};
 
 async fn push_platform() -> Platform {
     Platform::start_with(support::Options {
@@ -162,7 +162,16 @@ async fn a_subscription_registered_during_a_410_send_is_kept() {
     p.sim_fault(json!({"provider": "webpush", "target_contains": "/sub/E-", "status": 410, "delay_ms": 1500, "times": 1}))
         .await;
     let ev = p.send("f05b:1", "order_paid", &[&u]).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The send to E is in flight once the push service has it (its answer is 1.5 s away).
+    eventually(
+        "the send to E in flight",
+        Duration::from_secs(10),
+        async || {
+            let calls = p.sim_requests("webpush").await;
+            if calls.is_empty() { Err(calls) } else { Ok(()) }
+        },
+    )
+    .await;
     let e2_url = format!("https://push.example.test/sub/E2-{u}");
     let e2 = p.add_webpush(&u, &e2_url).await;
     let done = p.wait_final(&ev.event_id, 30).await;
@@ -389,24 +398,19 @@ async fn web_push_errors_are_sorted_by_class() {
     p.sim_fault(json!({"provider": "webpush", "target_contains": "/sub/limited-", "status": 429, "retry_after": 2}))
         .await;
     let ev = p.send("wp-429", "order_paid", &[&limited]).await;
-    let del = loop {
-        let got = p
-            .ingest()
-            .get_event(pb::GetEventRequest {
-                selector: Some(pb::get_event_request::Selector::EventId(
-                    ev.event_id.clone(),
-                )),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let d = got.deliveries[0].clone();
-        if d.attempts == 1 && d.status == "pending" {
-            break d;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let del = eventually(
+        "one attempt, rate limited, pending",
+        Duration::from_secs(60),
+        async || {
+            let d = p.get_event(&ev.event_id).await.deliveries[0].clone();
+            if d.attempts == 1 && d.status == "pending" {
+                Ok(d)
+            } else {
+                Err(d)
+            }
+        },
+    )
+    .await;
     assert!(
         del.last_error.starts_with("webpush_rate_limited"),
         "{del:?}"

@@ -5,16 +5,33 @@ use crate::support;
 use notify_core::Channel;
 use serde_json::json;
 use std::time::Duration;
-use support::{Options, Platform, line_id, uniq};
+use support::{Options, Platform, eventually, line_id, uniq};
 
 async fn wait_outbox_empty(p: &Platform) {
-    for _ in 0..200 {
-        if p.count("outbox").await == 0 {
-            return;
+    eventually(
+        "outbox drained",
+        Duration::from_secs(20),
+        async || match p.count("outbox").await {
+            0 => Ok(()),
+            n => Err(n),
+        },
+    )
+    .await;
+}
+
+/// Waits until the simulator has recorded at least `n` LINE calls (it records a call when
+/// it arrives, before any delay of a fault) and returns them.
+async fn wait_line_calls(p: &Platform, n: usize) -> Vec<serde_json::Value> {
+    let what = format!("{n} LINE call(s) recorded");
+    eventually(&what, Duration::from_secs(10), async || {
+        let calls = p.sim_requests("line").await;
+        if calls.len() >= n {
+            Ok(calls)
+        } else {
+            Err(calls)
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("outbox not drained");
+    })
+    .await
 }
 
 async fn status_of(p: &Platform, delivery_id: &str) -> (String, i32) {
@@ -67,7 +84,7 @@ async fn a_worker_that_died_after_claiming_is_recovered_by_the_sweeper_and_sent_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_lease_was_taken_writes_nothing_and_the_retry_key_prevents_a_double_push() {
-    let p = Platform::start_with(Options {
+    let mut p = Platform::start_with(Options {
         workers: vec![Channel::Line],
         lease: Duration::from_secs(3),
         ..Default::default()
@@ -81,12 +98,7 @@ async fn a_worker_whose_lease_was_taken_writes_nothing_and_the_retry_key_prevent
     p.sim_fault(json!({"provider": "line", "target_contains": lid, "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 2000, "times": 1})).await;
     let ev = p.send("frozen", "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
-    for _ in 0..100 {
-        if !p.sim_requests("line").await.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_line_calls(&p, 1).await;
     // While it is frozen, its lease is taken over (as after expiry by the sweeper and a
     // second worker's claim).
     let taken = sqlx::query(
@@ -102,7 +114,9 @@ async fn a_worker_whose_lease_was_taken_writes_nothing_and_the_retry_key_prevent
     // same retry key, LINE answers 409 and the delivery counts as sent.
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(done.deliveries[0].status, "sent");
-    tokio::time::sleep(Duration::from_millis(2500)).await; // the frozen call has returned by now
+    // A graceful stop returns once every delivery in hand is finished: the frozen call has
+    // returned and its worker has done all it will do.
+    p.stop_workers().await;
     let recorded: Vec<(i32, String)> = sqlx::query_as(
         "SELECT attempt, coalesce(error_code, outcome) FROM delivery_attempts
          WHERE delivery_id = $1::uuid ORDER BY attempt",
@@ -148,12 +162,7 @@ async fn a_stopped_worker_finishes_the_delivery_in_hand_and_leaves_the_rest_queu
     p.sim_fault(json!({"provider": "line", "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 1500})).await;
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
     let ev = p.send("sigterm", "order_paid", &refs).await;
-    for _ in 0..100 {
-        if !p.sim_requests("line").await.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_line_calls(&p, 1).await;
     // SIGTERM equivalent while the first call is in flight.
     p.stop_workers().await;
     let mut statuses = Vec::new();
@@ -281,11 +290,26 @@ async fn rows_claimed_by_a_relay_that_died_before_the_confirm_are_published_agai
         .unwrap();
     tx.commit().await.unwrap();
 
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    assert!(
-        p.sim_requests("line").await.is_empty(),
-        "nothing is published while the dead relay's hold lasts"
-    );
+    // For the whole hold (until the row is due again in the database's time), LINE sees
+    // nothing. Calls are read before the hold, so a call seen was made while it lasted.
+    eventually(
+        "the dead relay's hold over",
+        Duration::from_secs(10),
+        async || {
+            let calls = p.sim_requests("line").await;
+            let held: bool =
+                sqlx::query_scalar("SELECT count(*) > 0 FROM outbox WHERE available_at > now()")
+                    .fetch_one(&p.pool)
+                    .await
+                    .unwrap();
+            assert!(
+                !held || calls.is_empty(),
+                "nothing is published while the dead relay's hold lasts: {calls:?}"
+            );
+            if held { Err("held") } else { Ok(()) }
+        },
+    )
+    .await;
     let done = p.wait_final(&event_id.to_string(), 30).await;
     assert_eq!(done.deliveries[0].status, "sent");
     assert_eq!(
@@ -429,7 +453,8 @@ async fn a_second_worker_shares_a_slow_queue_and_nothing_is_sent_twice() {
     let ev = p.send("b01", "order_paid", &refs).await;
     wait_outbox_empty(&p).await;
     p.start_worker_named(Channel::Line, "w1");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // w2 starts once w1 is busy with as many slow calls as its concurrency allows.
+    wait_line_calls(&p, 2).await;
     p.start_worker_named(Channel::Line, "w2");
     let done = p.wait_final(&ev.event_id, 60).await;
     assert!(
@@ -478,14 +503,33 @@ async fn a_message_redelivered_during_a_slow_call_is_not_sent_again() {
     .await;
     let ev = p.send("slow-redelivered", "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
-    for _ in 0..100 {
-        if !p.sim_requests("line").await.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // Past the lease length, the broker hands the same message out again.
-    tokio::time::sleep(Duration::from_millis(3500)).await;
+    wait_line_calls(&p, 1).await;
+    // Past the first lease's end (3 s after the claim), the broker hands the same message
+    // out again; meanwhile the heartbeat has kept the lease alive.
+    let first_lease_end: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "SELECT lease_expires_at FROM notification_deliveries WHERE id = $1::uuid",
+    )
+    .bind(&id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    eventually(
+        "the first lease's end passed, the delivery still sending under a live lease",
+        Duration::from_secs(10),
+        async || {
+            let r: (String, bool, bool) = sqlx::query_as(
+                "SELECT status, now() > $2, lease_expires_at > now()
+                 FROM notification_deliveries WHERE id = $1::uuid",
+            )
+            .bind(&id)
+            .bind(first_lease_end)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+            if r.1 { Ok(r) } else { Err(r) }
+        },
+    )
+    .await;
     let (_conn, ch) = p.amqp().await;
     ch.basic_publish(
         "".into(),
@@ -610,14 +654,42 @@ async fn an_old_snapshot_held_open_does_not_stall_delivery() {
 }
 
 async fn wait_status(p: &Platform, delivery_id: &str, want: &str, secs: u64) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
-    while status_of(p, delivery_id).await.0 != want {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "delivery not {want} within {secs} s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("delivery {want}");
+    eventually(&what, Duration::from_secs(secs), async || {
+        let (status, attempts) = status_of(p, delivery_id).await;
+        if status == want {
+            Ok(())
+        } else {
+            Err((status, attempts))
+        }
+    })
+    .await;
+}
+
+/// Whether process `pid` holds an established TCP connection to `port` (Linux: its socket
+/// inodes under `/proc/<pid>/fd` matched against `/proc/net/tcp`, whose columns are slot,
+/// local address, remote address, state (`01` established), queues, timers, retransmits,
+/// uid, timeout, inode).
+fn connected_to(pid: u32, port: u16) -> bool {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            let l = l.to_str()?;
+            Some(l.strip_prefix("socket:[")?.strip_suffix(']')?.to_string())
+        })
+        .collect();
+    let remote = format!(":{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .any(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            f.len() > 9 && f[3] == "01" && f[2].ends_with(&remote) && inodes.contains(f[9])
+        })
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -673,6 +745,21 @@ async fn a_worker_frozen_after_its_claim_and_resumed_after_its_lease_was_taken_m
     let ev = p.send("frozen-email", "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
     wait_status(&p, &id, "sending", 30).await;
+    // Frozen inside the SMTP exchange (its slow RCPT TO), not in the database reads between
+    // the claim and the call, whose pool timeouts would fire first on resume.
+    let smtp_port: u16 = p.smtp_sim_url.rsplit(':').next().unwrap().parse().unwrap();
+    eventually(
+        "the frozen worker connected to the SMTP server",
+        Duration::from_secs(10),
+        async || {
+            if connected_to(frozen.pid(), smtp_port) {
+                Ok(())
+            } else {
+                Err(frozen.log())
+            }
+        },
+    )
+    .await;
     signal(frozen.pid(), "-STOP");
 
     // The lease runs out, the sweeper puts the delivery back, another worker sends it.
@@ -686,16 +773,20 @@ async fn a_worker_frozen_after_its_claim_and_resumed_after_its_lease_was_taken_m
     );
 
     signal(frozen.pid(), "-CONT");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     // The resumed worker is done with its message once it logs that it wrote nothing.
-    while !frozen.log().contains("nothing written") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the resumed worker did not finish its message:\n{}",
-            frozen.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "the resumed worker finished its message",
+        Duration::from_secs(20),
+        async || {
+            let log = frozen.log();
+            if log.contains("nothing written") {
+                Ok(())
+            } else {
+                Err(log)
+            }
+        },
+    )
+    .await;
     assert_eq!(
         p.smtp_sim.data_started(),
         1,
@@ -703,7 +794,8 @@ async fn a_worker_frozen_after_its_claim_and_resumed_after_its_lease_was_taken_m
     );
     assert!(
         frozen.log().contains("call abandoned"),
-        "it abandoned the call at the lease check"
+        "it abandoned the call at the lease check:\n{}",
+        frozen.log()
     );
     assert_eq!(p.smtp_sim.messages().len(), 1, "one message accepted");
     let attempts: Vec<(i32, String, String)> = sqlx::query_as(
@@ -733,7 +825,7 @@ async fn a_worker_frozen_after_its_claim_and_resumed_after_its_lease_was_taken_m
 /// nobody claimed the delivery again, instead of being sent a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again() {
-    let p = Platform::start_with(Options {
+    let mut p = Platform::start_with(Options {
         workers: vec![Channel::Line],
         concurrency: 1,
         lease: Duration::from_secs(3),
@@ -748,12 +840,7 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
     p.sim_fault(json!({"provider": "line", "target_contains": lid, "status": 200, "body": {"sentMessages": [{"id": "late-1"}]}, "delay_ms": 3000, "times": 1})).await;
     let ev = p.send("late", "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
-    for _ in 0..100 {
-        if !p.sim_requests("line").await.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_line_calls(&p, 1).await;
     // Meanwhile the sweeper recovers it as if its heartbeats had stopped: pending, no
     // lease, a new outbox row (published, but the only worker is busy with the call).
     let swept = sqlx::query(
@@ -778,18 +865,25 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
         "the late success was recorded"
     );
     wait_outbox_empty(&p).await;
-    for _ in 0..100 {
-        if p.queue_depth(&p.topology.queue("line")).await == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let queue = p.topology.queue("line");
+    eventually(
+        "the recovered message taken",
+        Duration::from_secs(5),
+        async || match p.queue_depth(&queue).await {
+            0 => Ok(()),
+            n => Err(n),
+        },
+    )
+    .await;
+    // A graceful stop returns once the worker finished the message in hand; a message it
+    // had not acked would be back in the queue.
+    p.stop_workers().await;
     assert_eq!(
         p.sim_requests("line").await.len(),
         1,
         "the recovered message was acked without a second push"
     );
+    assert_eq!(p.queue_depth(&queue).await, 0, "and acked");
     let recorded: Vec<(i32, String)> = sqlx::query_as(
         "SELECT attempt, outcome FROM delivery_attempts WHERE delivery_id = $1::uuid",
     )
@@ -822,7 +916,7 @@ async fn a_late_success_loses_to_a_newer_claim() {
             &p.pool,
             id,
             notify_core::Channel::Line,
-            Duration::from_secs(1),
+            Duration::from_secs(60),
         )
         .await
         .unwrap()
@@ -847,7 +941,17 @@ async fn a_late_success_loses_to_a_newer_claim() {
         call_took: Duration::ZERO,
     };
     let first = claim().await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // The first lease runs out: set by the test rather than waited for (the leases are
+    // long), and requeued at once, so the platform's own sweeper (every 1 s) does not take
+    // the row first.
+    sqlx::query(
+        "UPDATE notification_deliveries SET lease_expires_at = now() - interval '1 millisecond'
+         WHERE id = $1 AND status = 'sending'",
+    )
+    .bind(id)
+    .execute(&p.pool)
+    .await
+    .unwrap();
     assert_eq!(
         deliveries::requeue_expired_leases(&p.pool, 10)
             .await

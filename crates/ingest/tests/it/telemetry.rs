@@ -25,7 +25,7 @@ use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, spa
 use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{Options, Platform, free_addr, line_id, uniq};
+use support::{Options, Platform, eventually, free_addr, line_id, uniq};
 
 /// What the collector received: spans with their resource's `service.name`, and the
 /// names of metrics.
@@ -162,27 +162,33 @@ const NOT_SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus:
 
 /// Waits until ingest's health service answers SERVING.
 async fn wait_serving(p: &Platform) {
-    for _ in 0..300 {
-        if health_status(p).await == Some(SERVING) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("ingest did not become SERVING within 30 s");
+    eventually(
+        "ingest SERVING",
+        Duration::from_secs(30),
+        async || match health_status(p).await {
+            Some(SERVING) => Ok(()),
+            other => Err(other),
+        },
+    )
+    .await;
 }
 
 /// Polls `url` (a `/readyz`) until it answers 200; panics with the last answer after 10 s.
 async fn wait_ready(url: &str) {
-    let mut last = String::new();
-    for _ in 0..100 {
-        match reqwest::get(url).await {
-            Ok(r) if r.status() == 200 => return,
-            Ok(r) => last = format!("{} {}", r.status(), r.text().await.unwrap_or_default()),
-            Err(e) => last = e.to_string(),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{url} not ready after 10 s: {last}");
+    eventually(
+        &format!("{url} ready"),
+        Duration::from_secs(20),
+        async || match reqwest::get(url).await {
+            Ok(r) if r.status() == 200 => Ok(()),
+            Ok(r) => Err(format!(
+                "{} {}",
+                r.status(),
+                r.text().await.unwrap_or_default()
+            )),
+            Err(e) => Err(e.to_string()),
+        },
+    )
+    .await;
 }
 
 /// GET `url`: status and body.
@@ -283,13 +289,31 @@ async fn one_notification_is_one_trace_from_the_caller_to_the_provider_retry_inc
     // Wait for every span to arrive (each process exports on its own schedule), then
     // half a second more so that any extra span would show.
     let kind = |s: &Span, k: SpanKind| s.kind == k as i32;
-    for _ in 0..200 {
-        if collector.trace(&trace_id).len() >= 8 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let span_names = || {
+        collector
+            .trace(&trace_id)
+            .iter()
+            .map(|(svc, s)| format!("{svc}: {}", s.name))
+            .collect::<Vec<_>>()
+    };
+    eventually(
+        "8 spans in the trace",
+        Duration::from_secs(30),
+        async || {
+            let names = span_names();
+            if names.len() >= 8 { Ok(()) } else { Err(names) }
+        },
+    )
+    .await;
+    support::settle(
+        "no span beyond the 8 expected arrives",
+        Duration::from_millis(500),
+        async || {
+            let names = span_names();
+            if names.len() <= 8 { Ok(()) } else { Err(names) }
+        },
+    )
+    .await;
     let spans = collector.trace(&trace_id);
     let summary: Vec<String> = spans
         .iter()
@@ -406,18 +430,19 @@ async fn one_notification_is_one_trace_from_the_caller_to_the_provider_retry_inc
     assert_eq!(spans.len(), 8, "{summary:#?}");
 
     // Metrics went out over OTLP too.
-    for _ in 0..100 {
-        if collector
-            .metrics
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|m| m == "notify_deliveries_sent")
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "notify_deliveries_sent over OTLP",
+        Duration::from_secs(20),
+        async || {
+            let metrics = collector.metrics.lock().unwrap().clone();
+            if metrics.iter().any(|m| m == "notify_deliveries_sent") {
+                Ok(())
+            } else {
+                Err(metrics)
+            }
+        },
+    )
+    .await;
     assert!(
         collector
             .metrics
@@ -524,16 +549,33 @@ async fn metrics_count_exactly_the_deliveries_sent_and_logs_carry_ids_but_no_con
         5.0
     );
 
-    // Ingest samples the queue gauges: nothing is left pending.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let gauges = get(&format!("{ingest_url}/metrics")).await.1;
-    for name in [
+    // Ingest samples the queue gauges (every 1 s here): nothing is left pending.
+    let expected = [
         "notify_deliveries_pending{channel=\"line\"} 0",
         "notify_oldest_pending_age_seconds{channel=\"line\"} 0",
         "notify_channel_paused{channel=\"line\"} 0",
         "notify_outbox_messages 0",
         "notify_dead_letter_messages 0",
-    ] {
+    ];
+    let gauges = eventually(
+        "the queue gauges sampled at 0",
+        Duration::from_secs(20),
+        async || {
+            let gauges = get(&format!("{ingest_url}/metrics")).await.1;
+            let missing: Vec<&str> = expected
+                .iter()
+                .copied()
+                .filter(|name| !gauges.contains(name))
+                .collect();
+            if missing.is_empty() {
+                Ok(gauges)
+            } else {
+                Err(format!("{missing:?} missing in:\n{gauges}"))
+            }
+        },
+    )
+    .await;
+    for name in expected {
         assert!(gauges.contains(name), "{name} missing in:\n{gauges}");
     }
 
@@ -594,18 +636,16 @@ async fn on_sigterm_ingest_reports_not_serving_before_it_stops_accepting() {
     ingest.terminate();
     let signalled = tokio::time::Instant::now();
     // NOT_SERVING comes first ...
-    loop {
-        match health_status(&p).await {
-            Some(s) if s == NOT_SERVING => break,
-            Some(s) if s == SERVING => {}
+    eventually(
+        "NOT_SERVING within 2 s of SIGTERM",
+        Duration::from_secs(2),
+        async || match health_status(&p).await {
+            Some(s) if s == NOT_SERVING => Ok(()),
+            Some(s) if s == SERVING => Err("still SERVING"),
             other => panic!("ingest stopped answering before reporting NOT_SERVING: {other:?}"),
-        }
-        assert!(
-            signalled.elapsed() < Duration::from_secs(2),
-            "still SERVING 2 s after SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        },
+    )
+    .await;
     // ... for every served service, not only the one polled above.
     let mut health = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone());
     for service in [

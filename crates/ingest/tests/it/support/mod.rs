@@ -10,6 +10,7 @@ use notify_worker::WorkerConfig;
 use serde_json::Value;
 use sqlx::PgPool;
 use std::collections::HashMap;
+use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -642,29 +643,32 @@ impl Platform {
 
     /// Polls GetEvent until no delivery is pending or sending (at most `secs`).
     pub async fn wait_final(&self, event_id: &str, secs: u64) -> pb::GetEventResponse {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-        loop {
-            let ev = self
-                .ingest()
-                .get_event(pb::GetEventRequest {
-                    selector: Some(pb::get_event_request::Selector::EventId(event_id.into())),
-                    ..Default::default()
-                })
-                .await
-                .expect("get event")
-                .into_inner();
+        let what = format!("every delivery of event {event_id} final");
+        eventually(&what, Duration::from_secs(secs), async || {
+            let ev = self.get_event(event_id).await;
             if ev
                 .deliveries
                 .iter()
                 .all(|d| d.status != "pending" && d.status != "sending")
             {
-                return ev;
+                Ok(ev)
+            } else {
+                Err(ev.deliveries)
             }
-            if tokio::time::Instant::now() > deadline {
-                panic!("deliveries not final after {secs}s: {:#?}", ev.deliveries);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await
+    }
+
+    /// GetEvent by id (first page of deliveries); panics on an error.
+    pub async fn get_event(&self, event_id: &str) -> pb::GetEventResponse {
+        self.ingest()
+            .get_event(pb::GetEventRequest {
+                selector: Some(pb::get_event_request::Selector::EventId(event_id.into())),
+                ..Default::default()
+            })
+            .await
+            .expect("get event")
+            .into_inner()
     }
 
     /// Requests the simulator recorded for `provider`.
@@ -896,5 +900,53 @@ impl Platform {
         tonic::transport::Endpoint::from_shared(url)
             .unwrap()
             .connect_lazy()
+    }
+}
+
+/// How often [`eventually`] and [`settle`] look again.
+const POLL_EVERY: Duration = Duration::from_millis(25);
+
+/// Waits for a condition: calls `probe` at once and then every 25 ms until it returns
+/// `Ok(value)`, and returns that value. `probe` returns `Err(observed)` while the
+/// condition does not hold yet; when `within` has passed, this panics with `what` and the
+/// last observed state. A probe may itself panic (assert) on a state that must never be
+/// seen on the way.
+pub async fn eventually<T, S: Debug>(
+    what: &str,
+    within: Duration,
+    mut probe: impl AsyncFnMut() -> Result<T, S>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let observed = match probe().await {
+            Ok(value) => return value,
+            Err(observed) => observed,
+        };
+        if tokio::time::Instant::now() >= deadline {
+            panic!("{what}: not within {within:?}; last observed: {observed:#?}");
+        }
+        tokio::time::sleep(POLL_EVERY).await;
+    }
+}
+
+/// Asserts that nothing more happens within `within`: calls `probe` every 25 ms for the
+/// whole of `within`, and once more at its end, and panics with `what` and the observed
+/// state as soon as `probe` returns `Err(observed)`. For promises of the form "no second
+/// send within X"; prefer [`eventually`] on a positive signal where the system offers one.
+pub async fn settle<S: Debug>(
+    what: &str,
+    within: Duration,
+    mut probe: impl AsyncFnMut() -> Result<(), S>,
+) {
+    let end = tokio::time::Instant::now() + within;
+    loop {
+        if let Err(observed) = probe().await {
+            panic!("{what}: broken within {within:?}; observed: {observed:#?}");
+        }
+        let now = tokio::time::Instant::now();
+        if now >= end {
+            return;
+        }
+        tokio::time::sleep(POLL_EVERY.min(end - now)).await;
     }
 }
