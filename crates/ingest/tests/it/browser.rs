@@ -9,7 +9,7 @@ use serde_json::json;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use support::{Options, Platform, line_id, uniq};
+use support::{Platform, hs256, line_id, uniq};
 
 /// Copies `script` next to playwright-core (ES modules resolve packages from the script's
 /// folder) and returns the command that runs it, with the screenshot folder.
@@ -33,22 +33,17 @@ fn node(p: &Platform, script: &str) -> (Command, PathBuf) {
     (cmd, shots)
 }
 
+/// An inbox token for `user`, valid for ten minutes.
 fn token(user: &str) -> String {
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::default(),
+    hs256(
         &json!({"sub": user, "exp": chrono::Utc::now().timestamp() + 600}),
-        &jsonwebtoken::EncodingKey::from_secret(support::INBOX_SECRET.as_bytes()).unwrap(),
+        support::INBOX_SECRET,
     )
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_inbox_updates_live_and_marks_all_read_in_chromium() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::InApp],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[Channel::InApp]).await;
     p.add_type("news", &["inapp"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", "").await;
@@ -105,11 +100,7 @@ async fn the_example_inbox_updates_live_and_marks_all_read_in_chromium() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_retries_a_failed_line_delivery_in_chromium() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
     p.add_type("order_paid", &["line"]).await;
     let (u, lid) = (uniq("u"), line_id());
     p.add_recipient(&u, "", "", &lid).await;

@@ -8,7 +8,7 @@ use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{Options, Platform, eventually, line_id, uniq};
+use support::{Options, Platform, eventually, line_id, line_webhook, uniq};
 
 /// Has the simulator send a LINE webhook with `events` to the HTTP service; returns the
 /// receiver's (status, body).
@@ -71,11 +71,7 @@ fn line_skips(ev: &pb::CreateEventResponse) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_line_user_who_unfollowed_is_skipped_until_they_follow_again() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
     p.add_type("order_paid", &["line"]).await;
     let (u, lid) = (uniq("u"), line_id());
     p.add_recipient(&u, "", "", &lid).await;
@@ -129,23 +125,9 @@ async fn a_line_user_who_unfollowed_is_skipped_until_they_follow_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_line_webhook_body_gets_a_json_400_naming_the_field() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let body = r#"{"destination":"U0","events":{}}"#;
-    let r = p
-        .http
-        .post(format!("{}/webhooks/line", p.http_url))
-        .header(
-            "x-line-signature",
-            notify_core::signed::line_signature(support::LINE_SECRET, body.as_bytes()),
-        )
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let r = line_webhook(&p, &p.http_url, &body).await;
     assert_eq!(r.status(), 400);
     let err: Value = r.json().await.unwrap();
     assert_eq!(err["error"]["field"], "events");
@@ -170,11 +152,7 @@ async fn a_bad_line_webhook_body_gets_a_json_400_naming_the_field() {
 /// skips it. Transactional email has no such header. A tampered token is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marketing_email_unsubscribes_in_one_click() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Email],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[Channel::Email]).await;
     p.types()
         .upsert_notification_type(pb::UpsertNotificationTypeRequest {
             key: "promo_weekly".into(),
@@ -374,11 +352,7 @@ async fn a_nonexistent_mailbox_is_marked_and_skipped_until_the_address_changes()
 /// the user stays subscribed. A link of today works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_unsubscribe_link_changes_nothing() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.types()
         .upsert_notification_type(pb::UpsertNotificationTypeRequest {
             key: "promo_weekly".into(),
@@ -464,11 +438,7 @@ async fn an_expired_unsubscribe_link_changes_nothing() {
 /// configured with an unsalted SHA-256 hash (older releases) stops it at start (exit 64).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_line_webhook_and_a_refused_sign_in_log_no_line_id_or_typed_name() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let addr = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
@@ -524,17 +494,7 @@ async fn the_line_webhook_and_a_refused_sign_in_log_no_line_id_or_typed_name() {
     let body =
         json!({"destination": "Uxxx", "events": [follow_event("follow", &lid, 1_700_000_000_000)]})
             .to_string();
-    let r = p
-        .http
-        .post(format!("{base}/webhooks/line"))
-        .header(
-            "x-line-signature",
-            notify_core::signed::line_signature(support::LINE_SECRET, body.as_bytes()),
-        )
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let r = line_webhook(&p, &base, &body).await;
     assert_eq!(r.status(), 200);
     let typed = uniq("typed-name");
     let r = p

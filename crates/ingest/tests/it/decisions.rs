@@ -250,11 +250,7 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
 /// Each preference level decides in turn, and the skip says which one did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deciding_preference_level_is_explained() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["inapp", "email", "line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", &format!("{u}@example.test"), &line_id())
@@ -441,6 +437,6 @@ async fn fatigue_caps_defer_or_drop_past_the_hourly_cap() {
     // The capped delivery waits in Postgres; the others go out.
     p.wait_final(&first.event_id, 30).await;
     p.wait_final(&second.event_id, 30).await;
-    assert_eq!(p.sim_requests("line").await.len(), 3, "news 1, otp, news 2");
+    assert_eq!(p.sim_count("line").await, 3, "news 1, otp, news 2");
     p.stop().await;
 }

@@ -158,21 +158,13 @@ async fn one_event_reaches_every_channel_once_and_a_replay_is_a_duplicate() {
             .unwrap()
             .starts_with("Bearer ya29.sim-")
     }));
-    assert_eq!(
-        p.sim_requests("oauth").await.len(),
-        1,
-        "the access token is cached"
-    );
+    assert_eq!(p.sim_count("oauth").await, 1, "the access token is cached");
     p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_identical_requests_make_one_event() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("comment_reply", &["inapp"]).await;
     let req = p.event("comment:55:reply:9", "comment_reply", &["u1", "u2"]);
     let calls = (0..20).map(|_| {
@@ -198,11 +190,7 @@ async fn twenty_concurrent_identical_requests_make_one_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_written_together_each_get_their_own_answer() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["inapp", "email"]).await;
     p.add_recipient("u1", "สมชาย", "somchai@example.test", "")
         .await;
@@ -275,11 +263,7 @@ async fn concurrent_requests_written_together_each_get_their_own_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_fails_in_the_database_does_not_fail_the_requests_committed_with_it() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["inapp"]).await;
     // A database-side failure for one key only (as a constraint or a trigger would raise).
     sqlx::raw_sql(
@@ -327,11 +311,7 @@ async fn a_request_that_fails_in_the_database_does_not_fail_the_requests_committ
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![notify_core::Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::Line]).await;
     p.add_type("news", &["line"]).await;
     let (u1, u2) = (uniq("u"), uniq("u"));
     p.add_recipient(&u1, "", "", &line_id()).await;
@@ -419,21 +399,13 @@ async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries
         "{}",
         done.deliveries[0].last_error
     );
-    assert_eq!(
-        p.sim_requests("line").await.len(),
-        2,
-        "nothing was pushed for it"
-    );
+    assert_eq!(p.sim_count("line").await, 2, "nothing was pushed for it");
     p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_line_monthly_quota_pauses_the_channel_without_spending_attempts() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![notify_core::Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::Line]).await;
     p.add_type("news", &["line"]).await;
     let (u1, u2) = (uniq("u"), uniq("u"));
     p.add_recipient(&u1, "", "", &line_id()).await;
@@ -520,21 +492,13 @@ async fn the_line_monthly_quota_pauses_the_channel_without_spending_attempts() {
     .await
     .unwrap();
     assert_eq!(due, 1, "its message is published again when the pause ends");
-    assert_eq!(
-        p.sim_requests("line").await.len(),
-        1,
-        "only the refused call"
-    );
+    assert_eq!(p.sim_count("line").await, 1, "only the refused call");
     p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("comment_reply", &["inapp"]).await;
     // "café" precomposed vs e + combining acute: one key after NFC.
     let first = p.send("caf\u{e9}:1", "comment_reply", &["u1"]).await;
@@ -570,11 +534,7 @@ async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_names_the_field_and_writes_nothing() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["inapp", "email"]).await;
     let base = || p.event("k:1", "order_paid", &["u1"]);
     let mut cases: Vec<(&str, pb::CreateEventRequest, &str)> = Vec::new();
@@ -699,11 +659,7 @@ async fn bad_input_names_the_field_and_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once() {
-    let mut p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["push"]).await;
     let users: Vec<String> = (0..4).map(|i| uniq(&format!("user-100{i}"))).collect();
     for u in &users {
@@ -892,11 +848,7 @@ async fn transient_errors_retry_and_permanent_errors_fail_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_body_too_big_for_fcm_is_shortened_at_a_grapheme_boundary() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![notify_core::Channel::Push],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::Push]).await;
     p.add_type("order_paid", &["push"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", "").await;
@@ -936,11 +888,7 @@ async fn a_push_body_too_big_for_fcm_is_shortened_at_a_grapheme_boundary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apns_pushes_go_over_http2_with_one_reused_provider_token() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![notify_core::Channel::Push],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::Push]).await;
     p.add_type("order_paid", &["push"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", "").await;
@@ -992,11 +940,7 @@ async fn apns_pushes_go_over_http2_with_one_reused_provider_token() {
 /// answer's timestamp; BadDeviceToken deactivates; neither is retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apns_dead_tokens_are_deactivated_respecting_the_410_timestamp() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![notify_core::Channel::Push],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::Push]).await;
     p.add_type("order_paid", &["push"]).await;
     let u = uniq("user-1001");
     p.add_recipient(&u, "", "", "").await;
@@ -1092,11 +1036,7 @@ async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_passed_deadline_cancels_the_request_and_writes_nothing() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("comment_reply", &["inapp"]).await;
     // Hold a lock that makes the ingest transaction wait, past the caller's deadline.
     let mut blocker = p.pool.begin().await.unwrap();
@@ -1154,11 +1094,7 @@ async fn reflection_lists_the_api() {
         ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let mut client = ServerReflectionClient::new(p.grpc.clone());
     let req = ServerReflectionRequest {
         host: String::new(),
@@ -1191,11 +1127,7 @@ async fn reflection_answers_v1alpha_clients_too() {
         ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let mut client = ServerReflectionClient::new(p.grpc.clone());
     let reqs = [
         ServerReflectionRequest {
@@ -1281,11 +1213,7 @@ impl tonic::codec::Decoder for RawCodec {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_request_is_invalid_argument_naming_the_field() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let send = |body: Vec<u8>| {
         let ch = p.grpc.clone();
         async move {
@@ -1332,11 +1260,7 @@ async fn health_service_reports_every_served_service_serving() {
         ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let mut stream = ServerReflectionClient::new(p.grpc.clone())
         .server_reflection_info(futures_util::stream::iter([ServerReflectionRequest {
             host: String::new(),
@@ -1429,11 +1353,7 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
         .unwrap()
         .into_inner();
     assert_eq!(got.deliveries[0].status, "pending");
-    assert_eq!(
-        p.sim_requests("line").await.len(),
-        1,
-        "only the warm-up push so far"
-    );
+    assert_eq!(p.sim_count("line").await, 1, "only the warm-up push so far");
 
     ch.queue_bind(
         queue.into(),
@@ -1453,7 +1373,7 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
         ("sent", 1)
     );
     assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         2,
         "exactly one more push once the route is back"
     );
@@ -1488,11 +1408,7 @@ async fn a_revoked_fcm_access_token_is_replaced_and_the_push_retried() {
         ("sent", 2),
         "401, then a fresh token and success"
     );
-    assert_eq!(
-        p.sim_requests("oauth").await.len(),
-        2,
-        "one new token fetched"
-    );
+    assert_eq!(p.sim_count("oauth").await, 2, "one new token fetched");
     p.stop().await;
 }
 
@@ -1541,11 +1457,7 @@ async fn a_burst_is_spread_to_the_providers_rate_limit() {
 /// and the user saw one message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_line_push_accepted_then_timed_out_ends_sent_with_one_message() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![notify_core::Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::Line]).await;
     p.add_type("order_paid", &["line"]).await;
     let (u, lid) = (uniq("u"), line_id());
     p.add_recipient(&u, "", "", &lid).await;

@@ -89,13 +89,13 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
     let lease = [("NOTIFY_LEASE", "3s".to_string())];
     for kill in 1..=4 {
         let mut worker = p.spawn("worker-line", &[], &lease);
-        let before = p.sim_requests("line").await.len();
+        let before = p.sim_count("line").await;
         // Either the worker calls LINE, or the delivery is failed (nothing left to call).
         let called = eventually(
             &format!("worker {kill} calls LINE or the delivery fails"),
             Duration::from_secs(20),
             async || {
-                if p.sim_requests("line").await.len() > before {
+                if p.sim_count("line").await > before {
                     return Ok(true);
                 }
                 let row = delivery_row(&p, &id).await;
@@ -171,11 +171,7 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
 /// by the claim, with no call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claim_refuses_a_delivery_whose_attempts_are_spent() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["line"]).await;
     let (u, lid) = (uniq("u"), line_id());
     p.add_recipient(&u, "", "", &lid).await;
@@ -247,7 +243,7 @@ async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_agai
         Duration::from_secs(5),
         async || {
             let row = delivery_row(&p, &d.delivery_id).await;
-            let calls = p.sim_requests("line").await.len();
+            let calls = p.sim_count("line").await;
             if (row.0.as_str(), row.1, calls) == ("failed", 1, 1) {
                 Ok(())
             } else {
@@ -259,11 +255,7 @@ async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_agai
     let (status, attempts, error) = delivery_row(&p, &d.delivery_id).await;
     assert_eq!((status.as_str(), attempts), ("failed", 1));
     assert!(error.unwrap().starts_with("record_failed:"));
-    assert_eq!(
-        p.sim_requests("line").await.len(),
-        1,
-        "one call, one attempt"
-    );
+    assert_eq!(p.sim_count("line").await, 1, "one call, one attempt");
     assert_eq!(
         attempt_codes(&p, &d.delivery_id).await,
         [(1, "failed".into(), Some("record_failed".into()))]
@@ -276,11 +268,7 @@ async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_agai
 /// republished on every sweep. Each is now refused at start, naming the variable (exit 64).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duration_the_system_cannot_store_or_act_on_is_refused_at_start() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     for (bin, var, value, says) in [
         (
             "worker-line",
@@ -463,7 +451,7 @@ async fn a_retry_that_falls_in_quiet_hours_waits_for_their_end() {
             .await
             .unwrap();
     assert_eq!(outbox, end);
-    assert_eq!(p.sim_requests("line").await.len(), 1, "no call at night");
+    assert_eq!(p.sim_count("line").await, 1, "no call at night");
     p.stop().await;
 }
 
@@ -495,7 +483,7 @@ async fn a_fatigue_slot_that_arrives_in_quiet_hours_waits_for_their_end() {
     let (status, attempts, due, _) = wait_deferred(&p, &id).await;
     assert_eq!((status.as_str(), attempts, due), ("pending", 0, end));
     assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         1,
         "only the first event went out"
     );
@@ -507,11 +495,7 @@ async fn a_fatigue_slot_that_arrives_in_quiet_hours_waits_for_their_end() {
 /// moves the digest's due time to now instead of waiting for the close.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_digest_that_closes_in_quiet_hours_waits_for_their_end() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
     p.types()
         .upsert_notification_type(pb::UpsertNotificationTypeRequest {
             key: "comment_reply".into(),

@@ -11,11 +11,7 @@ use std::time::Duration;
 use support::{Platform, eventually, uniq};
 
 async fn push_platform() -> Platform {
-    Platform::start_with(support::Options {
-        workers: vec![Channel::Push],
-        ..Default::default()
-    })
-    .await
+    Platform::start_with_workers(&[Channel::Push]).await
 }
 
 async fn endpoint_state(p: &Platform, id: &str) -> (String, Option<String>) {

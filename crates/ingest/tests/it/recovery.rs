@@ -44,11 +44,7 @@ async fn status_of(p: &Platform, delivery_id: &str) -> (String, i32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_died_after_claiming_is_recovered_by_the_sweeper_and_sent_once() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", &line_id()).await;
@@ -78,7 +74,7 @@ async fn a_worker_that_died_after_claiming_is_recovered_by_the_sweeper_and_sent_
         ),
         ("sent", 2)
     );
-    assert_eq!(p.sim_requests("line").await.len(), 1, "sent exactly once");
+    assert_eq!(p.sim_count("line").await, 1, "sent exactly once");
     p.stop().await;
 }
 
@@ -180,7 +176,7 @@ async fn a_stopped_worker_finishes_the_delivery_in_hand_and_leaves_the_rest_queu
         2,
         "the others are back in the queue"
     );
-    assert_eq!(p.sim_requests("line").await.len(), 1);
+    assert_eq!(p.sim_count("line").await, 1);
 
     p.start_worker(Channel::Line);
     let done = p.wait_final(&ev.event_id, 30).await;
@@ -189,21 +185,13 @@ async fn a_stopped_worker_finishes_the_delivery_in_hand_and_leaves_the_rest_queu
             .iter()
             .all(|d| d.status == "sent" && d.attempts == 1)
     );
-    assert_eq!(
-        p.sim_requests("line").await.len(),
-        3,
-        "each sent exactly once"
-    );
+    assert_eq!(p.sim_count("line").await, 3, "each sent exactly once");
     p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_lost_after_the_confirm_is_republished_from_postgres() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", &line_id()).await;
@@ -225,17 +213,13 @@ async fn a_message_lost_after_the_confirm_is_republished_from_postgres() {
         ),
         ("sent", 1)
     );
-    assert_eq!(p.sim_requests("line").await.len(), 1);
+    assert_eq!(p.sim_count("line").await, 1);
     p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_claimed_by_a_relay_that_died_before_the_confirm_are_published_again() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
     p.add_type("order_paid", &["line"]).await;
     let u = uniq("u");
     let lid = line_id();
@@ -313,7 +297,7 @@ async fn rows_claimed_by_a_relay_that_died_before_the_confirm_are_published_agai
     let done = p.wait_final(&event_id.to_string(), 30).await;
     assert_eq!(done.deliveries[0].status, "sent");
     assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         1,
         "published again after the hold and sent once"
     );
@@ -429,7 +413,7 @@ async fn slow_provider_calls_hold_no_database_connection() {
             .iter()
             .all(|d| d.status == "sent" && d.attempts == 1)
     );
-    assert_eq!(p.sim_requests("line").await.len(), 60);
+    assert_eq!(p.sim_count("line").await, 60);
     p.stop().await;
 }
 
@@ -463,7 +447,7 @@ async fn a_second_worker_shares_a_slow_queue_and_nothing_is_sent_twice() {
             .all(|d| d.status == "sent" && d.attempts == 1)
     );
     assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         20,
         "exactly one push per recipient"
     );
@@ -550,7 +534,7 @@ async fn a_message_redelivered_during_a_slow_call_is_not_sent_again() {
         "one attempt, recorded by the worker that made the slow call"
     );
     assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         1,
         "the redelivered message did not cause a second push"
     );
@@ -646,7 +630,7 @@ async fn an_old_snapshot_held_open_does_not_stall_delivery() {
         "throughput with an old snapshot open {with_snapshot:.0}/s, baseline {baseline:.0}/s"
     );
     assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         400,
         "each delivery reached LINE once"
     );
@@ -879,7 +863,7 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
     // had not acked would be back in the queue.
     p.stop_workers().await;
     assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         1,
         "the recovered message was acked without a second push"
     );
@@ -900,11 +884,7 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_success_loses_to_a_newer_claim() {
     use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome, NextState};
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", &line_id()).await;

@@ -166,11 +166,7 @@ async fn thai_templates_with_thai_money_and_dates_and_an_english_fallback() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_type_file_loads_once_per_version_and_all_or_nothing() {
     use ingest::types_file::{LoadError, Loaded, load};
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let file = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../deploy/notification-types.json"
