@@ -127,7 +127,7 @@ async fn a_line_user_who_unfollowed_is_skipped_until_they_follow_again() {
 async fn a_bad_line_webhook_body_gets_a_json_400_naming_the_field() {
     let p = Platform::start_with_workers(&[]).await;
     let body = r#"{"destination":"U0","events":{}}"#;
-    let r = line_webhook(&p, &p.http_url, &body).await;
+    let r = line_webhook(&p, &p.http_url, body).await;
     assert_eq!(r.status(), 400);
     let err: Value = r.json().await.unwrap();
     assert_eq!(err["error"]["field"], "events");
