@@ -9,7 +9,7 @@ use serde_json::json;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use support::{Platform, hs256, line_id, uniq};
+use support::{Platform, hs256, uniq};
 
 /// Copies `script` next to playwright-core (ES modules resolve packages from the script's
 /// folder) and returns the command that runs it, with the screenshot folder.
@@ -45,8 +45,7 @@ fn token(user: &str) -> String {
 async fn the_example_inbox_updates_live_and_marks_all_read_in_chromium() {
     let p = Platform::start_with_workers(&[Channel::InApp]).await;
     p.add_type("news", &["inapp"]).await;
-    let u = uniq("u");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("u").await;
     let ev = p.send("first", "news", &[&u]).await;
     p.wait_final(&ev.event_id, 30).await;
 
@@ -102,8 +101,7 @@ async fn the_example_inbox_updates_live_and_marks_all_read_in_chromium() {
 async fn an_operator_retries_a_failed_line_delivery_in_chromium() {
     let p = Platform::start_with_workers(&[Channel::Line]).await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     let error = "The property, to, in the request body is invalid";
     p.sim_fault(json!({"provider": "line", "target_contains": lid, "status": 400, "times": 1, "body": {"message": error}}))
         .await;

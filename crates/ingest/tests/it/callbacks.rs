@@ -73,8 +73,7 @@ fn line_skips(ev: &pb::CreateEventResponse) -> Vec<String> {
 async fn a_line_user_who_unfollowed_is_skipped_until_they_follow_again() {
     let p = Platform::start_with_workers(&[Channel::Line]).await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     let t0 = chrono::Utc::now().timestamp_millis();
 
     // A forged webhook is refused and changes nothing.

@@ -9,8 +9,7 @@ use notify_core::Channel;
 use serde_json::json;
 use std::time::Duration;
 use support::{
-    Platform, console_login, csrf_token, eventually, hs256, line_id, no_redirects, session_cookie,
-    uniq,
+    Platform, console_login, csrf_token, eventually, hs256, no_redirects, session_cookie,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,8 +62,7 @@ async fn an_operator_finds_a_failed_line_delivery_and_retries_it() {
 
     // A LINE delivery fails with the provider's error text.
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 400, "times": 1,
                        "body": {"message": "The property, 'to', in the request body is invalid"}}),
@@ -147,8 +145,7 @@ fn urlencoding(s: &str) -> String {
 async fn dead_letters_are_moved_back_to_their_queue() {
     let mut p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let ev = p.send("dlq", "order_paid", &[&u]).await;
     let delivery = ev.deliveries[0].delivery_id.clone();
     // Its pointer and one unreadable message sit in the dead-letter queue.

@@ -323,8 +323,7 @@ async fn read_events(
 async fn the_stream_delivers_new_notifications_live_and_resumes_after_a_reconnect() {
     let p = inapp_platform().await;
     p.add_type("news", &["inapp"]).await;
-    let a = uniq("a");
-    p.add_recipient(&a, "", "", "").await;
+    let a = p.add_bare_recipient("a").await;
     let t = token(&a, support::INBOX_SECRET, 300);
     let open = |last: Option<String>| {
         let mut r = p
@@ -567,8 +566,7 @@ async fn a_second_replica_with_jwks_keys_streams_the_same_inbox() {
     use p256::pkcs8::DecodePublicKey;
     let p = inapp_platform().await;
     p.add_type("news", &["inapp"]).await;
-    let a = uniq("a");
-    p.add_recipient(&a, "", "", "").await;
+    let a = p.add_bare_recipient("a").await;
 
     // The app's signing key (any P-256 key; the stack's APNs test key will do) as a JWKS.
     let public = p256::PublicKey::from_public_key_pem(
@@ -728,8 +726,7 @@ async fn a_client_reconnecting_every_300_ms_sees_each_of_400_concurrent_notifica
     .await;
     p.start_worker_named(Channel::InApp, "second-inapp-worker");
     p.add_type("news", &["inapp"]).await;
-    let a = uniq("a");
-    p.add_recipient(&a, "", "", "").await;
+    let a = p.add_bare_recipient("a").await;
     sqlx::raw_sql(
         "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN PERFORM pg_sleep(random() * 0.004); RETURN NULL; END $$;
@@ -1075,8 +1072,7 @@ async fn malformed_requests_get_json_errors_naming_the_parameter_or_the_allowed_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_typed_missing_or_unknown_json_field_is_reported_by_its_name() {
     let p = Platform::start_with_workers(&[]).await;
-    let a = uniq("a");
-    p.add_recipient(&a, "", "", "").await;
+    let a = p.add_bare_recipient("a").await;
     let t = token(&a, support::INBOX_SECRET, 300);
     for (method, path, body, field) in [
         (
@@ -1148,8 +1144,7 @@ async fn read_changes_made_during_a_burst_reach_a_resuming_client_in_order() {
     .await;
     p.start_worker_named(Channel::InApp, "second-inapp-worker");
     p.add_type("news", &["inapp"]).await;
-    let a = uniq("a");
-    p.add_recipient(&a, "", "", "").await;
+    let a = p.add_bare_recipient("a").await;
     sqlx::raw_sql(
         "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN PERFORM pg_sleep(random() * 0.004); RETURN NULL; END $$;

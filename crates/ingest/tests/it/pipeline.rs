@@ -669,15 +669,8 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
     let ev = p.send("b03", "order_paid", &refs).await;
     // Wait until the relay published all four.
-    eventually(
-        "the relay published all four",
-        Duration::from_secs(10),
-        async || match p.count("outbox").await {
-            0 => Ok(()),
-            n => Err(n),
-        },
-    )
-    .await;
+    p.wait_outbox_empty("the relay published all four", Duration::from_secs(10))
+        .await;
     // The fourth delivery is not due: its queued message must be acked without a send,
     // and a well-formed message naming it on the wrong channel must fail it.
     let fourth = ev
@@ -765,9 +758,7 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
 async fn a_resent_line_push_with_the_same_retry_key_counts_as_sent() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["line"]).await;
-    let u = uniq("u");
-    let lid = line_id();
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let ev = p.send("line-409", "order_paid", &[&u]).await;
     let first = p.wait_final(&ev.event_id, 20).await;
     let d = &first.deliveries[0];
@@ -850,8 +841,7 @@ async fn transient_errors_retry_and_permanent_errors_fail_at_once() {
 async fn a_push_body_too_big_for_fcm_is_shortened_at_a_grapheme_boundary() {
     let p = Platform::start_with_workers(&[notify_core::Channel::Push]).await;
     p.add_type("order_paid", &["push"]).await;
-    let u = uniq("u");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("u").await;
     p.add_device(&u, &format!("fcm-tok-{u}")).await;
     let body = "ขอบคุณที่ใช้บริการ".repeat(1000); // 18,000 characters, 54,000 bytes
     let mut req = p.event("push:long", "order_paid", &[&u]);
@@ -890,8 +880,7 @@ async fn a_push_body_too_big_for_fcm_is_shortened_at_a_grapheme_boundary() {
 async fn apns_pushes_go_over_http2_with_one_reused_provider_token() {
     let p = Platform::start_with_workers(&[notify_core::Channel::Push]).await;
     p.add_type("order_paid", &["push"]).await;
-    let u = uniq("u");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("u").await;
     p.add_endpoint(&u, "apns", &format!("apns-tok-{u}")).await;
     let mut events = Vec::new();
     for key in ["apns:1", "apns:2"] {
@@ -942,8 +931,7 @@ async fn apns_pushes_go_over_http2_with_one_reused_provider_token() {
 async fn apns_dead_tokens_are_deactivated_respecting_the_410_timestamp() {
     let p = Platform::start_with_workers(&[notify_core::Channel::Push]).await;
     p.add_type("order_paid", &["push"]).await;
-    let u = uniq("user-1001");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("user-1001").await;
     // Invalid since 2025-05-01, but registered (again) now, after that: kept.
     let re_registered = p
         .add_endpoint(&u, "apns", &format!("unregistered-1746057600000-{u}"))
@@ -995,8 +983,7 @@ async fn apns_dead_tokens_are_deactivated_respecting_the_410_timestamp() {
 async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["push"]).await;
-    let u = uniq("user-1001");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("user-1001").await;
     let dead = p.add_device(&u, &format!("unregistered-{u}")).await;
     let live = p.add_device(&u, &format!("fcm-tok-{u}")).await;
     let ev = p.send("e1", "order_paid", &[&u]).await;
@@ -1305,9 +1292,7 @@ async fn health_service_reports_every_served_service_serving() {
 async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["line"]).await;
-    let u = uniq("user-1001");
-    let lid = line_id();
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("user-1001").await;
     // A first event proves the topology is declared and the route works; then cut it.
     let warm = p.send("warm-up", "order_paid", &[&u]).await;
     p.wait_final(&warm.event_id, 30).await;
@@ -1385,8 +1370,7 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
 async fn a_revoked_fcm_access_token_is_replaced_and_the_push_retried() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["push"]).await;
-    let u = uniq("u");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("u").await;
     p.add_device(&u, &format!("fcm-tok-{u}")).await;
     let first = p.send("t1", "order_paid", &[&u]).await;
     assert_eq!(
@@ -1459,8 +1443,7 @@ async fn a_burst_is_spread_to_the_providers_rate_limit() {
 async fn a_line_push_accepted_then_timed_out_ends_sent_with_one_message() {
     let p = Platform::start_with_workers(&[notify_core::Channel::Line]).await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 200,
                        "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 7000, "times": 1}),

@@ -9,18 +9,7 @@ use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{Options, Platform, eventually, line_id, uniq};
-
-/// Waits until the relay has published every outbox row.
-async fn wait_outbox_empty(p: &Platform, what: &str) {
-    eventually(what, Duration::from_secs(20), async || {
-        match p.count("outbox").await {
-            0 => Ok(()),
-            n => Err(n),
-        }
-    })
-    .await;
-}
+use support::{Options, Platform, eventually, uniq};
 
 async fn delivery_row(p: &Platform, id: &str) -> (String, i32, Option<String>) {
     sqlx::query_as(
@@ -75,8 +64,7 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
     })
     .await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     // Every LINE call to this user hangs (the worker is killed while it waits), and LINE
     // never accepts it, so its retry key does not turn the next call into a 409.
     p.sim_fault(
@@ -173,8 +161,7 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
 async fn the_claim_refuses_a_delivery_whose_attempts_are_spent() {
     let mut p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let ev = p.send(&uniq("spent"), "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
     sqlx::query(
@@ -225,8 +212,7 @@ async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_agai
     .await
     .unwrap();
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 500,
         "body": {"message": "internal"}}),
@@ -317,8 +303,7 @@ async fn retry_gaps_grow_within_the_jitter_band() {
     })
     .await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 503,
         "body": {"message": "unavailable"}}),
@@ -423,8 +408,7 @@ async fn a_retry_that_falls_in_quiet_hours_waits_for_their_end() {
     })
     .await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 500,
         "body": {"message": "internal"}, "times": 1}),
@@ -467,8 +451,7 @@ async fn a_fatigue_slot_that_arrives_in_quiet_hours_waits_for_their_end() {
     })
     .await;
     p.add_type("news", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let first = p.send(&uniq("news"), "news", &[&u]).await;
     let held = p.send(&uniq("news"), "news", &[&u]).await;
     assert!(
@@ -505,8 +488,7 @@ async fn a_digest_that_closes_in_quiet_hours_waits_for_their_end() {
         })
         .await
         .unwrap();
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let mut req = p.event(&uniq("reply"), "comment_reply", &[&u]);
     req.aggregate_key = "thread:55".into();
     let ev = p.ingest().create_event(req).await.unwrap().into_inner();
@@ -540,8 +522,7 @@ async fn fatigue_caps_are_exact_with_concurrent_writers_and_replicas() {
     .await;
     let replica = p.start_ingest_replica().await;
     p.add_type("news", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let mut calls = tokio::task::JoinSet::new();
     for i in 0..12 {
         let channel = if i % 2 == 0 {
@@ -592,11 +573,11 @@ async fn republishing_a_waiting_backlog_adds_a_bounded_number_of_messages() {
     })
     .await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let ev = p.send(&uniq("backlog"), "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
-    wait_outbox_empty(&p, "the first publish").await;
+    p.wait_outbox_empty("the first publish", Duration::from_secs(20))
+        .await;
     let mut republished = 0;
     for _ in 0..8 {
         // 1.5 s pass.
@@ -613,7 +594,8 @@ async fn republishing_a_waiting_backlog_adds_a_bounded_number_of_messages() {
             .unwrap();
         republished += n;
         // The relay publishes it (the queue has no consumer: the backlog waits).
-        wait_outbox_empty(&p, "the relay").await;
+        p.wait_outbox_empty("the relay", Duration::from_secs(20))
+            .await;
     }
     assert_eq!(
         republished, 3,

@@ -7,18 +7,6 @@ use serde_json::json;
 use std::time::Duration;
 use support::{Options, Platform, eventually, line_id, uniq};
 
-async fn wait_outbox_empty(p: &Platform) {
-    eventually(
-        "outbox drained",
-        Duration::from_secs(20),
-        async || match p.count("outbox").await {
-            0 => Ok(()),
-            n => Err(n),
-        },
-    )
-    .await;
-}
-
 /// Waits until the simulator has recorded at least `n` LINE calls (it records a call when
 /// it arrives, before any delay of a fault) and returns them.
 async fn wait_line_calls(p: &Platform, n: usize) -> Vec<serde_json::Value> {
@@ -50,7 +38,8 @@ async fn a_worker_that_died_after_claiming_is_recovered_by_the_sweeper_and_sent_
     p.add_recipient(&u, "", "", &line_id()).await;
     let ev = p.send("died", "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
-    wait_outbox_empty(&p).await;
+    p.wait_outbox_empty("outbox drained", Duration::from_secs(20))
+        .await;
     // A worker claims it with a 1 s lease and dies before calling LINE.
     let claimed = notify_store::deliveries::claim(
         &p.pool,
@@ -87,9 +76,7 @@ async fn a_worker_whose_lease_was_taken_writes_nothing_and_the_retry_key_prevent
     })
     .await;
     p.add_type("order_paid", &["line"]).await;
-    let u = uniq("u");
-    let lid = line_id();
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     // LINE answers after 2 s: the worker is "frozen" in the call meanwhile.
     p.sim_fault(json!({"provider": "line", "target_contains": lid, "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 2000, "times": 1})).await;
     let ev = p.send("frozen", "order_paid", &[&u]).await;
@@ -196,7 +183,8 @@ async fn a_message_lost_after_the_confirm_is_republished_from_postgres() {
     let u = uniq("u");
     p.add_recipient(&u, "", "", &line_id()).await;
     let ev = p.send("lost", "order_paid", &[&u]).await;
-    wait_outbox_empty(&p).await;
+    p.wait_outbox_empty("outbox drained", Duration::from_secs(20))
+        .await;
     // The broker confirmed it; now the message is gone (queue purged).
     let (_conn, ch) = p.amqp().await;
     let purged = ch
@@ -221,9 +209,7 @@ async fn a_message_lost_after_the_confirm_is_republished_from_postgres() {
 async fn rows_claimed_by_a_relay_that_died_before_the_confirm_are_published_again() {
     let p = Platform::start_with_workers(&[Channel::Line]).await;
     p.add_type("order_paid", &["line"]).await;
-    let u = uniq("u");
-    let lid = line_id();
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     // Write an event the way ingest does, but leave its outbox row as a relay leaves it
     // when it claimed the row and died before the confirm: hidden for the 2 s hold.
     let event = notify_core::NewEvent::parse(notify_core::event::CreateEventInput {
@@ -435,7 +421,8 @@ async fn a_second_worker_shares_a_slow_queue_and_nothing_is_sent_twice() {
     p.sim_fault(json!({"provider": "line", "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 3000})).await;
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
     let ev = p.send("b01", "order_paid", &refs).await;
-    wait_outbox_empty(&p).await;
+    p.wait_outbox_empty("outbox drained", Duration::from_secs(20))
+        .await;
     p.start_worker_named(Channel::Line, "w1");
     // w2 starts once w1 is busy with as many slow calls as its concurrency allows.
     wait_line_calls(&p, 2).await;
@@ -475,9 +462,7 @@ async fn a_message_redelivered_during_a_slow_call_is_not_sent_again() {
     p.start_worker_named(Channel::Line, "w1");
     p.start_worker_named(Channel::Line, "w2");
     p.add_type("order_paid", &["line"]).await;
-    let u = uniq("u");
-    let lid = line_id();
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     // LINE takes 4.5 s for this user: longer than the 3 s lease, shorter than the
     // LINE worker's 5 s provider timeout in these tests.
     p.sim_fault(
@@ -817,9 +802,7 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
     })
     .await;
     p.add_type("order_paid", &["line"]).await;
-    let u = uniq("u");
-    let lid = line_id();
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     // LINE accepts, but answers only after 3 s.
     p.sim_fault(json!({"provider": "line", "target_contains": lid, "status": 200, "body": {"sentMessages": [{"id": "late-1"}]}, "delay_ms": 3000, "times": 1})).await;
     let ev = p.send("late", "order_paid", &[&u]).await;
@@ -848,7 +831,8 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
         ("sent", 1),
         "the late success was recorded"
     );
-    wait_outbox_empty(&p).await;
+    p.wait_outbox_empty("outbox drained", Duration::from_secs(20))
+        .await;
     let queue = p.topology.queue("line");
     eventually(
         "the recovered message taken",
@@ -890,7 +874,8 @@ async fn a_late_success_loses_to_a_newer_claim() {
     p.add_recipient(&u, "", "", &line_id()).await;
     let ev = p.send("late-fence", "order_paid", &[&u]).await;
     let id: uuid::Uuid = ev.deliveries[0].delivery_id.parse().unwrap();
-    wait_outbox_empty(&p).await;
+    p.wait_outbox_empty("outbox drained", Duration::from_secs(20))
+        .await;
     let claim = || async {
         match deliveries::claim(
             &p.pool,

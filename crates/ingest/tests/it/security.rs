@@ -731,8 +731,7 @@ async fn sensitive_data_is_rejected_by_default_and_masked_when_the_type_says_so(
 async fn links_must_be_https_and_oversized_or_deep_input_is_refused() {
     let p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["inapp"]).await;
-    let user = uniq("u");
-    p.add_recipient(&user, "", "", "").await;
+    let user = p.add_bare_recipient("u").await;
     let send = |req: pb::CreateEventRequest| {
         let mut c = p.ingest();
         async move { c.create_event(req).await }

@@ -1,7 +1,7 @@
 //! What a test registers before it sends: notification types, recipients and their push
 //! endpoints (FCM, APNs, Web Push subscriptions at the simulator).
 
-use super::Platform;
+use super::{Platform, line_id, uniq};
 use notify_proto::v1 as pb;
 use serde_json::Value;
 
@@ -20,6 +20,7 @@ impl Platform {
             .expect("upsert type");
     }
 
+    /// Registers (or updates) a recipient with these addresses; an empty string is none.
     pub async fn add_recipient(&self, user_id: &str, name: &str, email: &str, line: &str) {
         self.recipients()
             .upsert_recipient(pb::UpsertRecipientRequest {
@@ -33,6 +34,23 @@ impl Platform {
             .expect("upsert recipient");
     }
 
+    /// Registers a recipient `uniq(prefix)` whose only address is a new LINE user id;
+    /// returns (user id, LINE user id).
+    pub async fn add_line_recipient(&self, prefix: &str) -> (String, String) {
+        let (user_id, line) = (uniq(prefix), line_id());
+        self.add_recipient(&user_id, "", "", &line).await;
+        (user_id, line)
+    }
+
+    /// Registers a recipient `uniq(prefix)` with no email and no LINE id (reached in-app,
+    /// or by push once an endpoint is added); returns the user id.
+    pub async fn add_bare_recipient(&self, prefix: &str) -> String {
+        let user_id = uniq(prefix);
+        self.add_recipient(&user_id, "", "", "").await;
+        user_id
+    }
+
+    /// Registers an FCM device token for `user_id`; returns the endpoint id.
     pub async fn add_device(&self, user_id: &str, token: &str) -> String {
         self.add_endpoint(user_id, "fcm", token).await
     }

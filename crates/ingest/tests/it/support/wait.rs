@@ -50,3 +50,15 @@ pub async fn settle<S: Debug>(
         tokio::time::sleep(POLL_EVERY.min(end - now)).await;
     }
 }
+
+impl super::Platform {
+    /// Waits (at most `within`, else panics naming `what`) until the relay has published
+    /// every outbox row: the outbox table is empty.
+    pub async fn wait_outbox_empty(&self, what: &str, within: Duration) {
+        eventually(what, within, async || match self.count("outbox").await {
+            0 => Ok(()),
+            n => Err(n),
+        })
+        .await;
+    }
+}
