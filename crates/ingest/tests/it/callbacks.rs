@@ -8,7 +8,7 @@ use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{Options, Platform, eventually, line_id, line_webhook, uniq};
+use support::{Options, Platform, SendExt, eventually, line_id, line_webhook, uniq};
 
 /// Has the simulator send a LINE webhook with `events` to the HTTP service; returns the
 /// receiver's (status, body).
@@ -21,12 +21,8 @@ async fn webhook(p: &Platform, events: Value, signature: Option<&str>) -> (u16, 
         .http
         .post(format!("{}/_sim/line/webhook", p.sim_url))
         .json(&req)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .json_body()
+        .await;
     let body = serde_json::from_str(r["body"].as_str().unwrap()).unwrap_or(Value::Null);
     (r["status"].as_u64().unwrap() as u16, body)
 }
@@ -42,17 +38,29 @@ fn follow_event(kind: &str, user: &str, at_ms: i64) -> Value {
     })
 }
 
+/// Registers `promo_weekly`: a low-priority marketing type sent by email, so its mail
+/// carries the one-click unsubscribe link.
+async fn add_marketing_type(p: &Platform) {
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "promo_weekly".into(),
+            priority: "low".into(),
+            default_channels: vec!["email".into()],
+            critical: false,
+            category: "marketing".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
 /// The raw headers MailDev received for email `id`, unfolded, by lowercase name.
 async fn raw_headers(p: &Platform, id: &str) -> std::collections::HashMap<String, String> {
     let raw = p
         .http
         .get(format!("{}/api/email/{id}/source", p.stack.maildev_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text_body()
+        .await;
     let head = raw.replace("\r\n", "\n");
     let head = head.split_once("\n\n").unwrap().0.replace("\n ", " ");
     head.lines()
@@ -152,17 +160,7 @@ async fn a_bad_line_webhook_body_gets_a_json_400_naming_the_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marketing_email_unsubscribes_in_one_click() {
     let p = Platform::start_with_workers(&[Channel::Email]).await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "promo_weekly".into(),
-            priority: "low".into(),
-            default_channels: vec!["email".into()],
-            critical: false,
-            category: "marketing".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    add_marketing_type(&p).await;
     p.add_type("order_paid", &["email"]).await;
     let u = uniq("u");
     let address = format!("{u}@example.test");
@@ -352,17 +350,7 @@ async fn a_nonexistent_mailbox_is_marked_and_skipped_until_the_address_changes()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_unsubscribe_link_changes_nothing() {
     let p = Platform::start_with_workers(&[]).await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "promo_weekly".into(),
-            priority: "low".into(),
-            default_channels: vec!["email".into()],
-            critical: false,
-            category: "marketing".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    add_marketing_type(&p).await;
     let u = uniq("u");
     p.add_recipient(&u, "", &format!("{u}@example.test"), "")
         .await;

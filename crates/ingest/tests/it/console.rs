@@ -8,9 +8,7 @@ use crate::support;
 use notify_core::Channel;
 use serde_json::json;
 use std::time::Duration;
-use support::{
-    Platform, console_login, csrf_token, eventually, hs256, no_redirects, session_cookie,
-};
+use support::{Platform, SendExt, console_login, csrf_token, hs256, no_redirects, session_cookie};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_finds_a_failed_line_delivery_and_retries_it() {
@@ -154,13 +152,11 @@ async fn dead_letters_are_moved_back_to_their_queue() {
     // Wait for the relay to publish the pointer, then drop it, as if it had been
     // dead-lettered.
     let queue = p.topology.queue("line");
-    eventually(
+    p.wait_queue_depth(
+        &queue,
+        1,
         "the relay published the pointer",
         Duration::from_secs(10),
-        async || match p.queue_depth(&queue).await {
-            1 => Ok(()),
-            n => Err(n),
-        },
     )
     .await;
     let dead = p.topology.dead_letter_queue();
@@ -192,12 +188,8 @@ async fn dead_letters_are_moved_back_to_their_queue() {
     let overview = http
         .get(url("/console"))
         .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text_body()
+        .await;
     assert!(
         overview.contains("Dead-letter queue: <b class=\"failed\">2</b>"),
         "{overview}"
@@ -207,23 +199,15 @@ async fn dead_letters_are_moved_back_to_their_queue() {
             "/console/confirm?action=requeue-dead&target=00000000-0000-0000-0000-000000000000",
         ))
         .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text_body()
+        .await;
     let csrf = csrf_token(&confirm);
     let done = http
         .post(url("/console/actions/requeue-dead"))
         .header("cookie", &cookie)
         .form(&[("csrf", csrf.as_str())])
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text_body()
+        .await;
     assert!(done.contains("1 moved back, 1 left"), "{done}");
     assert_eq!(p.queue_depth(&dead).await, 1, "the unreadable one stays");
     assert_eq!(p.queue_depth(&p.topology.queue("line")).await, 1);

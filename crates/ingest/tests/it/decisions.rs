@@ -76,17 +76,7 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
         .map(|f| f.field)
         .collect();
     assert_eq!(fields, ["windows[0]"]);
-    p.recipients()
-        .set_quiet_hours(pb::SetQuietHoursRequest {
-            user_id: u.clone(),
-            windows: vec![pb::QuietWindow {
-                start: hhmm(start),
-                end: hhmm(end),
-                channels: vec![],
-            }],
-        })
-        .await
-        .unwrap();
+    p.set_quiet_hours(&u, start, end).await;
     let prefs = p
         .recipients()
         .get_preferences(pb::GetPreferencesRequest { user_id: u.clone() })
@@ -203,17 +193,12 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
     // The window ends (here the window moves behind us and the due time to now, instead of
     // waiting an hour; quiet hours are checked again when the delivery becomes due): LINE
     // is sent.
-    p.recipients()
-        .set_quiet_hours(pb::SetQuietHoursRequest {
-            user_id: u.clone(),
-            windows: vec![pb::QuietWindow {
-                start: hhmm(now - chrono::Duration::hours(3)),
-                end: hhmm(now - chrono::Duration::hours(2)),
-                channels: vec![],
-            }],
-        })
-        .await
-        .unwrap();
+    p.set_quiet_hours(
+        &u,
+        now - chrono::Duration::hours(3),
+        now - chrono::Duration::hours(2),
+    )
+    .await;
     sqlx::query(
         "UPDATE outbox SET available_at = now() WHERE delivery_id IN
            (SELECT id FROM notification_deliveries WHERE event_id = $1::uuid);

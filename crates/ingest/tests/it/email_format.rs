@@ -7,7 +7,7 @@ use crate::support;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use notify_core::Channel;
-use support::{Platform, uniq};
+use support::{Platform, SendExt, uniq};
 
 /// Decodes one RFC 2047 encoded-word (`=?charset?B|Q?text?=`) to bytes.
 fn decode_word(word: &str) -> Vec<u8> {
@@ -119,12 +119,8 @@ async fn thai_subject_sender_and_long_body_survive_email_intact() {
             p.stack.maildev_url,
             mails[0]["id"].as_str().unwrap()
         ))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text_body()
+        .await;
     let raw = raw.replace("\r\n", "\n");
     let (head, rest) = raw
         .split_once("\n\n")

@@ -715,13 +715,11 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
 
     p.start_worker(notify_core::Channel::Push);
     let dead = p.topology.dead_letter_queue();
-    eventually(
+    p.wait_queue_depth(
+        &dead,
+        3,
         "three poison messages dead-lettered",
         Duration::from_secs(20),
-        async || match p.queue_depth(&dead).await {
-            3 => Ok(()),
-            n => Err(n),
-        },
     )
     .await;
     assert_eq!(
@@ -1546,17 +1544,7 @@ async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
         local + chrono::Duration::hours(1),
     );
     let hhmm = |t: chrono::DateTime<chrono_tz::Tz>| t.format("%H:%M").to_string();
-    p.recipients()
-        .set_quiet_hours(pb::SetQuietHoursRequest {
-            user_id: u.clone(),
-            windows: vec![pb::QuietWindow {
-                start: hhmm(start),
-                end: hhmm(end),
-                channels: vec![],
-            }],
-        })
-        .await
-        .unwrap();
+    p.set_quiet_hours(&u, start, end).await;
     // By the host's clock the recipient is nowhere near quiet hours.
     assert!(host_now < db_now - chrono::Duration::hours(9));
 

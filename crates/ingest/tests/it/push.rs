@@ -8,7 +8,7 @@ use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{Platform, eventually, uniq};
+use support::{Platform, SendExt, eventually, uniq};
 
 async fn push_platform() -> Platform {
     Platform::start_with_workers(&[Channel::Push]).await
@@ -312,12 +312,7 @@ async fn web_push_errors_are_sorted_by_class() {
         .http
         .post(format!("{}/_sim/webpush/subscriptions", p.sim_url))
         .json(&json!({"endpoint": format!("https://push.example.test/sub/bound-{vapid_user}"), "application_server_key": other_key}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .json_body().await;
     let bound = p
         .recipients()
         .register_endpoint(pb::RegisterEndpointRequest {

@@ -834,13 +834,11 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
     p.wait_outbox_empty("outbox drained", Duration::from_secs(20))
         .await;
     let queue = p.topology.queue("line");
-    eventually(
+    p.wait_queue_depth(
+        &queue,
+        0,
         "the recovered message taken",
         Duration::from_secs(5),
-        async || match p.queue_depth(&queue).await {
-            0 => Ok(()),
-            n => Err(n),
-        },
     )
     .await;
     // A graceful stop returns once the worker finished the message in hand; a message it

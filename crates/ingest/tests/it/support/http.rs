@@ -68,3 +68,24 @@ pub async fn line_webhook(p: &Platform, base: &str, body: &str) -> reqwest::Resp
         .await
         .unwrap()
 }
+
+/// Sending a request and reading its whole body, for tests that read the body whatever
+/// the status: `req.json_body().await` instead of
+/// `req.send().await.unwrap().json().await.unwrap()`.
+pub trait SendExt {
+    /// Sends the request and parses the body as JSON; panics on a transport error or a
+    /// body that is not `T`.
+    fn json_body<T: serde::de::DeserializeOwned>(self) -> impl Future<Output = T> + Send;
+    /// Sends the request and returns the body as text; panics on a transport error.
+    fn text_body(self) -> impl Future<Output = String> + Send;
+}
+
+impl SendExt for reqwest::RequestBuilder {
+    async fn json_body<T: serde::de::DeserializeOwned>(self) -> T {
+        self.send().await.unwrap().json().await.unwrap()
+    }
+
+    async fn text_body(self) -> String {
+        self.send().await.unwrap().text().await.unwrap()
+    }
+}

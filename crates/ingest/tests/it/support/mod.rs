@@ -10,7 +10,9 @@ mod seed;
 mod wait;
 mod workers;
 
-pub use http::{console_login, csrf_token, hs256, line_webhook, no_redirects, session_cookie};
+pub use http::{
+    SendExt, console_login, csrf_token, hs256, line_webhook, no_redirects, session_cookie,
+};
 pub use process::free_addr;
 pub use wait::{eventually, settle};
 

@@ -1,7 +1,7 @@
 //! What reached the outside: the simulator's recorded requests (and its faults), MailDev's
 //! mail, table row counts and queue depths.
 
-use super::Platform;
+use super::{Platform, SendExt};
 use serde_json::Value;
 
 impl Platform {
@@ -12,12 +12,8 @@ impl Platform {
                 "{}/_sim/requests?provider={provider}",
                 self.sim_url
             ))
-            .send()
+            .json_body()
             .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
     }
 
     /// How many requests the simulator recorded for `provider`.
@@ -42,12 +38,8 @@ impl Platform {
         let all: Vec<Value> = self
             .http
             .get(format!("{}/api/email", self.stack.maildev_url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+            .json_body()
+            .await;
         all.into_iter()
             .filter(|m| {
                 m["to"]

@@ -1,7 +1,7 @@
 //! What a test registers before it sends: notification types, recipients and their push
 //! endpoints (FCM, APNs, Web Push subscriptions at the simulator).
 
-use super::{Platform, line_id, uniq};
+use super::{Platform, SendExt, line_id, uniq};
 use notify_proto::v1 as pb;
 use serde_json::Value;
 
@@ -77,12 +77,8 @@ impl Platform {
             .http
             .post(format!("{}/_sim/webpush/subscriptions", self.sim_url))
             .json(&serde_json::json!({"endpoint": endpoint}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+            .json_body()
+            .await;
         self.recipients()
             .register_endpoint(pb::RegisterEndpointRequest {
                 user_id: user_id.into(),
@@ -110,5 +106,27 @@ impl Platform {
             .await
             .unwrap();
         assert!(r.status().is_success(), "{}", r.status());
+    }
+
+    /// Sets one quiet-hours window for `user_id` on every channel, from `start` to `end`
+    /// (their wall-clock `HH:MM` in the time zone they carry); panics on an error.
+    pub async fn set_quiet_hours(
+        &self,
+        user_id: &str,
+        start: chrono::DateTime<chrono_tz::Tz>,
+        end: chrono::DateTime<chrono_tz::Tz>,
+    ) {
+        let hhmm = |t: chrono::DateTime<chrono_tz::Tz>| t.format("%H:%M").to_string();
+        self.recipients()
+            .set_quiet_hours(pb::SetQuietHoursRequest {
+                user_id: user_id.into(),
+                windows: vec![pb::QuietWindow {
+                    start: hhmm(start),
+                    end: hhmm(end),
+                    channels: vec![],
+                }],
+            })
+            .await
+            .unwrap();
     }
 }

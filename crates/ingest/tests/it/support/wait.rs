@@ -62,3 +62,15 @@ impl super::Platform {
         .await;
     }
 }
+
+impl super::Platform {
+    /// Waits (at most `within`, else panics naming `what`) until `queue` holds exactly
+    /// `n` ready messages.
+    pub async fn wait_queue_depth(&self, queue: &str, n: u32, what: &str, within: Duration) {
+        eventually(what, within, async || match self.queue_depth(queue).await {
+            depth if depth == n => Ok(()),
+            depth => Err(depth),
+        })
+        .await;
+    }
+}
