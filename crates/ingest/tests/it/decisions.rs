@@ -5,7 +5,7 @@ use crate::support;
 
 use notify_proto::v1 as pb;
 use std::time::Duration;
-use support::{Platform, eventually, line_id, uniq};
+use support::{Platform, assert_all_sent, eventually, line_id, uniq};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -216,11 +216,7 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
     .await
     .unwrap();
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert!(
-        done.deliveries.iter().all(|d| d.status == "sent"),
-        "{:?}",
-        done.deliveries
-    );
+    assert_all_sent(&done);
     let why = explain(&p, &ev.event_id, &u, "line").await;
     assert_eq!(why.deliveries[0].attempts.len(), 1);
     assert!(

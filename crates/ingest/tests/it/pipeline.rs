@@ -7,7 +7,7 @@ use notify_proto::v1 as pb;
 use serde_json::json;
 use std::collections::HashSet;
 use std::time::Duration;
-use support::{Platform, eventually, line_id, uniq};
+use support::{Platform, assert_sent, eventually, line_id, uniq};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -846,11 +846,7 @@ async fn a_push_body_too_big_for_fcm_is_shortened_at_a_grapheme_boundary() {
     req.content.as_mut().unwrap().body = body.clone();
     let ev = p.ingest().create_event(req).await.unwrap().into_inner();
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert_eq!(
-        done.deliveries[0].status, "sent",
-        "{:?}",
-        done.deliveries[0]
-    );
+    assert_sent(&done.deliveries[0]);
     let sent = p.sim_requests("fcm").await;
     let message = &sent[0]["body"]["message"];
     assert!(message.to_string().len() <= 4096, "FCM's 4,096-byte limit");
@@ -884,11 +880,7 @@ async fn apns_pushes_go_over_http2_with_one_reused_provider_token() {
     for key in ["apns:1", "apns:2"] {
         let ev = p.send(key, "order_paid", &[&u]).await;
         let done = p.wait_final(&ev.event_id, 30).await;
-        assert_eq!(
-            done.deliveries[0].status, "sent",
-            "{:?}",
-            done.deliveries[0]
-        );
+        assert_sent(&done.deliveries[0]);
         assert_eq!(done.deliveries[0].provider, "apns");
         assert!(
             !done.deliveries[0].provider_message_id.is_empty(),

@@ -27,6 +27,20 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+/// Asserts that `delivery` was sent, showing it whole otherwise.
+pub fn assert_sent(delivery: &pb::Delivery) {
+    assert_eq!(delivery.status, "sent", "{delivery:?}");
+}
+
+/// Asserts that every delivery of `event` was sent, showing them all otherwise.
+pub fn assert_all_sent(event: &pb::GetEventResponse) {
+    assert!(
+        event.deliveries.iter().all(|d| d.status == "sent"),
+        "{:?}",
+        event.deliveries
+    );
+}
+
 /// Addresses of the local stack.
 #[derive(Debug, Clone)]
 pub struct Stack {

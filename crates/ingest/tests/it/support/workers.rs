@@ -50,11 +50,7 @@ impl Platform {
         let task = match channel {
             Channel::InApp => {
                 let sender = Arc::new(worker_inapp::InAppSender::new(pool.clone()));
-                tokio::spawn(async move {
-                    notify_worker::run(cfg, pool, sender, Default::default(), s)
-                        .await
-                        .unwrap()
-                })
+                spawn_worker(cfg, pool, sender, s)
             }
             Channel::Email => {
                 let sender = Arc::new(
@@ -75,11 +71,7 @@ impl Platform {
                     })
                     .unwrap(),
                 );
-                tokio::spawn(async move {
-                    notify_worker::run(cfg, pool, sender, Default::default(), s)
-                        .await
-                        .unwrap()
-                })
+                spawn_worker(cfg, pool, sender, s)
             }
             Channel::Line => {
                 let sender = Arc::new(
@@ -90,11 +82,7 @@ impl Platform {
                     })
                     .unwrap(),
                 );
-                tokio::spawn(async move {
-                    notify_worker::run(cfg, pool, sender, Default::default(), s)
-                        .await
-                        .unwrap()
-                })
+                spawn_worker(cfg, pool, sender, s)
             }
             Channel::Push => {
                 let sender = Arc::new(
@@ -123,13 +111,24 @@ impl Platform {
                     })
                     .unwrap(),
                 );
-                tokio::spawn(async move {
-                    notify_worker::run(cfg, pool, sender, Default::default(), s)
-                        .await
-                        .unwrap()
-                })
+                spawn_worker(cfg, pool, sender, s)
             }
         };
         self.workers.push(task);
     }
+}
+
+/// Runs `sender`'s worker loop as a task until `shutdown`; the task panics if the loop
+/// ends with an error.
+fn spawn_worker<S: notify_worker::ChannelSender>(
+    cfg: WorkerConfig,
+    pool: sqlx::PgPool,
+    sender: Arc<S>,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        notify_worker::run(cfg, pool, sender, Default::default(), shutdown)
+            .await
+            .unwrap()
+    })
 }
