@@ -278,6 +278,9 @@ impl Platform {
         .await
     }
 
+    /// Starts a platform as `opts` says: a new migrated database, its own broker prefix,
+    /// provider simulator and SMTP simulator, ingest in-process (unless
+    /// `opts.ingest_in_process` is false) and http-api, then the workers of `opts.workers`.
     pub async fn start_with(opts: Options) -> Platform {
         notify_telemetry::init_for_tests();
         let stack = Stack::get();
@@ -412,24 +415,28 @@ impl Platform {
         url
     }
 
+    /// A client of ingest's `IngestService` on this platform.
     pub fn ingest(
         &self,
     ) -> pb::ingest_service_client::IngestServiceClient<tonic::transport::Channel> {
         pb::ingest_service_client::IngestServiceClient::new(self.grpc.clone())
     }
 
+    /// A client of ingest's `RecipientService` on this platform.
     pub fn recipients(
         &self,
     ) -> pb::recipient_service_client::RecipientServiceClient<tonic::transport::Channel> {
         pb::recipient_service_client::RecipientServiceClient::new(self.grpc.clone())
     }
 
+    /// A client of ingest's `TopicService` on this platform.
     pub fn topics(
         &self,
     ) -> pb::topic_service_client::TopicServiceClient<tonic::transport::Channel> {
         pb::topic_service_client::TopicServiceClient::new(self.grpc.clone())
     }
 
+    /// A client of ingest's `TypeService` on this platform.
     pub fn types(&self) -> pb::type_service_client::TypeServiceClient<tonic::transport::Channel> {
         pb::type_service_client::TypeServiceClient::new(self.grpc.clone())
     }
@@ -448,6 +455,9 @@ impl Platform {
             .into_inner()
     }
 
+    /// The standard `CreateEvent` request: key `key`, type `type_key`, `recipients`, actor
+    /// `tests`, the order-paid payload and Thai content with an https link; no channels,
+    /// topic or aggregate key.
     pub fn event(&self, key: &str, type_key: &str, recipients: &[&str]) -> pb::CreateEventRequest {
         pb::CreateEventRequest {
             event_key: key.into(),
