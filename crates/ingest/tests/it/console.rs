@@ -8,7 +8,10 @@ use crate::support;
 use notify_core::Channel;
 use serde_json::json;
 use std::time::Duration;
-use support::{Platform, SendExt, console_login, csrf_token, hs256, no_redirects, session_cookie};
+use support::{
+    Platform, SendExt, console_login, csrf_token, hs256, no_redirects, session_cookie,
+    status_attempts,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_finds_a_failed_line_delivery_and_retries_it() {
@@ -108,13 +111,7 @@ async fn an_operator_finds_a_failed_line_delivery_and_retries_it() {
     let r = post(&csrf).await.unwrap();
     assert_eq!(r.status(), 303);
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert_eq!(
-        (
-            done.deliveries[0].status.as_str(),
-            done.deliveries[0].attempts
-        ),
-        ("sent", 2)
-    );
+    assert_eq!(status_attempts(&done.deliveries[0]), ("sent", 2));
     let (_, page) = get(format!("/console/events/{}", ev.event_id)).await;
     assert!(page.contains("class=\"sent\">sent"));
     let (_, audit) = get("/console/audit".into()).await;

@@ -7,7 +7,7 @@ use notify_proto::v1 as pb;
 use serde_json::json;
 use std::collections::HashSet;
 use std::time::Duration;
-use support::{Platform, assert_sent, eventually, line_id, uniq};
+use support::{Platform, assert_sent, eventually, line_id, status_attempts, uniq};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -1340,13 +1340,7 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
     .await
     .unwrap();
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert_eq!(
-        (
-            done.deliveries[0].status.as_str(),
-            done.deliveries[0].attempts
-        ),
-        ("sent", 1)
-    );
+    assert_eq!(status_attempts(&done.deliveries[0]), ("sent", 1));
     assert_eq!(
         p.sim_count("line").await,
         2,

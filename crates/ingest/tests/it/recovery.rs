@@ -5,7 +5,7 @@ use crate::support;
 use notify_core::Channel;
 use serde_json::json;
 use std::time::Duration;
-use support::{Options, Platform, eventually, line_id, uniq};
+use support::{Options, Platform, eventually, line_id, status_attempts, uniq};
 
 /// Waits until the simulator has recorded at least `n` LINE calls (it records a call when
 /// it arrives, before any delay of a fault) and returns them.
@@ -56,13 +56,7 @@ async fn a_worker_that_died_after_claiming_is_recovered_by_the_sweeper_and_sent_
     // A live worker gets the original message while the lease holds: acked, not sent.
     p.start_worker(Channel::Line);
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert_eq!(
-        (
-            done.deliveries[0].status.as_str(),
-            done.deliveries[0].attempts
-        ),
-        ("sent", 2)
-    );
+    assert_eq!(status_attempts(&done.deliveries[0]), ("sent", 2));
     assert_eq!(p.sim_count("line").await, 1, "sent exactly once");
     p.stop().await;
 }
@@ -194,13 +188,7 @@ async fn a_message_lost_after_the_confirm_is_republished_from_postgres() {
     assert_eq!(purged, 1);
     p.start_worker(Channel::Line);
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert_eq!(
-        (
-            done.deliveries[0].status.as_str(),
-            done.deliveries[0].attempts
-        ),
-        ("sent", 1)
-    );
+    assert_eq!(status_attempts(&done.deliveries[0]), ("sent", 1));
     assert_eq!(p.sim_count("line").await, 1);
     p.stop().await;
 }
@@ -511,10 +499,7 @@ async fn a_message_redelivered_during_a_slow_call_is_not_sent_again() {
     .unwrap();
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(
-        (
-            done.deliveries[0].status.as_str(),
-            done.deliveries[0].attempts
-        ),
+        status_attempts(&done.deliveries[0]),
         ("sent", 1),
         "one attempt, recorded by the worker that made the slow call"
     );
@@ -824,10 +809,7 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
     assert_eq!(swept.rows_affected(), 1);
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(
-        (
-            done.deliveries[0].status.as_str(),
-            done.deliveries[0].attempts
-        ),
+        status_attempts(&done.deliveries[0]),
         ("sent", 1),
         "the late success was recorded"
     );

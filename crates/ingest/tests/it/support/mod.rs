@@ -32,6 +32,11 @@ pub fn assert_sent(delivery: &pb::Delivery) {
     assert_eq!(delivery.status, "sent", "{delivery:?}");
 }
 
+/// A delivery's status and attempt count, to assert both in one `assert_eq!`.
+pub fn status_attempts(delivery: &pb::Delivery) -> (&str, u32) {
+    (delivery.status.as_str(), delivery.attempts)
+}
+
 /// Asserts that every delivery of `event` was sent, showing them all otherwise.
 pub fn assert_all_sent(event: &pb::GetEventResponse) {
     assert!(
