@@ -19,6 +19,8 @@ pub mod sensitive;
 pub mod signed;
 pub mod status;
 pub mod template;
+#[cfg(test)]
+mod test_fixtures;
 pub mod text;
 pub mod validate;
 

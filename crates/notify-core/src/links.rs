@@ -161,24 +161,11 @@ mod tests {
     }
 
     fn event(url: &str, payload: serde_json::Value) -> NewEvent {
-        NewEvent {
-            event_key: "k".into(),
-            type_key: "t".into(),
-            actor_id: String::new(),
-            recipients: vec!["u1".into()],
-            payload,
-            content: crate::Content {
-                url: url.into(),
-                ..Default::default()
-            },
-            channels: vec![],
-            topic: None,
-            line_multicast: false,
-            caller_key: None,
-            aggregate_key: None,
-            trace_context: None,
-            caller: None,
-        }
+        let content = crate::Content {
+            url: url.into(),
+            ..Default::default()
+        };
+        crate::test_fixtures::new_event("k", "t", payload, content)
     }
 
     #[test]

@@ -134,24 +134,11 @@ mod tests {
     const CARD: &str = "4111 1111 1111 1111";
 
     fn event(payload: serde_json::Value) -> NewEvent {
-        NewEvent {
-            event_key: "order:1".into(),
-            type_key: "order_paid".into(),
-            actor_id: String::new(),
-            recipients: vec!["u1".into()],
-            payload,
-            content: crate::Content {
-                title: "Paid".into(),
-                ..Default::default()
-            },
-            channels: vec![],
-            topic: None,
-            line_multicast: false,
-            caller_key: None,
-            aggregate_key: None,
-            trace_context: None,
-            caller: None,
-        }
+        let content = crate::Content {
+            title: "Paid".into(),
+            ..Default::default()
+        };
+        crate::test_fixtures::new_event("order:1", "order_paid", payload, content)
     }
 
     fn fields(v: &[FieldViolation]) -> Vec<&str> {

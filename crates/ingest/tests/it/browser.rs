@@ -9,7 +9,7 @@ use serde_json::json;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use support::{Options, Platform, line_id, uniq};
+use support::{Platform, hs256, status_attempts, uniq};
 
 /// Copies `script` next to playwright-core (ES modules resolve packages from the script's
 /// folder) and returns the command that runs it, with the screenshot folder.
@@ -33,25 +33,19 @@ fn node(p: &Platform, script: &str) -> (Command, PathBuf) {
     (cmd, shots)
 }
 
+/// An inbox token for `user`, valid for ten minutes.
 fn token(user: &str) -> String {
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::default(),
+    hs256(
         &json!({"sub": user, "exp": chrono::Utc::now().timestamp() + 600}),
-        &jsonwebtoken::EncodingKey::from_secret(support::INBOX_SECRET.as_bytes()).unwrap(),
+        support::INBOX_SECRET,
     )
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_inbox_updates_live_and_marks_all_read_in_chromium() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::InApp],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[Channel::InApp]).await;
     p.add_type("news", &["inapp"]).await;
-    let u = uniq("u");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("u").await;
     let ev = p.send("first", "news", &[&u]).await;
     p.wait_final(&ev.event_id, 30).await;
 
@@ -105,14 +99,9 @@ async fn the_example_inbox_updates_live_and_marks_all_read_in_chromium() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_retries_a_failed_line_delivery_in_chromium() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     let error = "The property, to, in the request body is invalid";
     p.sim_fault(json!({"provider": "line", "target_contains": lid, "status": 400, "times": 1, "body": {"message": error}}))
         .await;
@@ -143,12 +132,6 @@ async fn an_operator_retries_a_failed_line_delivery_in_chromium() {
     );
     assert!(shots.join("console-3-sent.png").exists());
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert_eq!(
-        (
-            done.deliveries[0].status.as_str(),
-            done.deliveries[0].attempts
-        ),
-        ("sent", 2)
-    );
+    assert_eq!(status_attempts(&done.deliveries[0]), ("sent", 2));
     p.stop().await;
 }

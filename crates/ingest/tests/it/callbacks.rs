@@ -8,7 +8,7 @@ use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{Options, Platform, eventually, line_id, uniq};
+use support::{Options, Platform, SendExt, eventually, line_id, line_webhook, uniq};
 
 /// Has the simulator send a LINE webhook with `events` to the HTTP service; returns the
 /// receiver's (status, body).
@@ -21,12 +21,8 @@ async fn webhook(p: &Platform, events: Value, signature: Option<&str>) -> (u16, 
         .http
         .post(format!("{}/_sim/line/webhook", p.sim_url))
         .json(&req)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .json_body()
+        .await;
     let body = serde_json::from_str(r["body"].as_str().unwrap()).unwrap_or(Value::Null);
     (r["status"].as_u64().unwrap() as u16, body)
 }
@@ -42,17 +38,29 @@ fn follow_event(kind: &str, user: &str, at_ms: i64) -> Value {
     })
 }
 
+/// Registers `promo_weekly`: a low-priority marketing type sent by email, so its mail
+/// carries the one-click unsubscribe link.
+async fn add_marketing_type(p: &Platform) {
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "promo_weekly".into(),
+            priority: "low".into(),
+            default_channels: vec!["email".into()],
+            critical: false,
+            category: "marketing".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+}
+
 /// The raw headers MailDev received for email `id`, unfolded, by lowercase name.
 async fn raw_headers(p: &Platform, id: &str) -> std::collections::HashMap<String, String> {
     let raw = p
         .http
         .get(format!("{}/api/email/{id}/source", p.stack.maildev_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text_body()
+        .await;
     let head = raw.replace("\r\n", "\n");
     let head = head.split_once("\n\n").unwrap().0.replace("\n ", " ");
     head.lines()
@@ -71,14 +79,9 @@ fn line_skips(ev: &pb::CreateEventResponse) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_line_user_who_unfollowed_is_skipped_until_they_follow_again() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     let t0 = chrono::Utc::now().timestamp_millis();
 
     // A forged webhook is refused and changes nothing.
@@ -129,23 +132,9 @@ async fn a_line_user_who_unfollowed_is_skipped_until_they_follow_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_line_webhook_body_gets_a_json_400_naming_the_field() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let body = r#"{"destination":"U0","events":{}}"#;
-    let r = p
-        .http
-        .post(format!("{}/webhooks/line", p.http_url))
-        .header(
-            "x-line-signature",
-            notify_core::signed::line_signature(support::LINE_SECRET, body.as_bytes()),
-        )
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let r = line_webhook(&p, &p.http_url, body).await;
     assert_eq!(r.status(), 400);
     let err: Value = r.json().await.unwrap();
     assert_eq!(err["error"]["field"], "events");
@@ -170,22 +159,8 @@ async fn a_bad_line_webhook_body_gets_a_json_400_naming_the_field() {
 /// skips it. Transactional email has no such header. A tampered token is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marketing_email_unsubscribes_in_one_click() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Email],
-        ..Default::default()
-    })
-    .await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "promo_weekly".into(),
-            priority: "low".into(),
-            default_channels: vec!["email".into()],
-            critical: false,
-            category: "marketing".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let p = Platform::start_with_workers(&[Channel::Email]).await;
+    add_marketing_type(&p).await;
     p.add_type("order_paid", &["email"]).await;
     let u = uniq("u");
     let address = format!("{u}@example.test");
@@ -374,22 +349,8 @@ async fn a_nonexistent_mailbox_is_marked_and_skipped_until_the_address_changes()
 /// the user stays subscribed. A link of today works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_unsubscribe_link_changes_nothing() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "promo_weekly".into(),
-            priority: "low".into(),
-            default_channels: vec!["email".into()],
-            critical: false,
-            category: "marketing".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let p = Platform::start_with_workers(&[]).await;
+    add_marketing_type(&p).await;
     let u = uniq("u");
     p.add_recipient(&u, "", &format!("{u}@example.test"), "")
         .await;
@@ -464,11 +425,7 @@ async fn an_expired_unsubscribe_link_changes_nothing() {
 /// configured with an unsalted SHA-256 hash (older releases) stops it at start (exit 64).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_line_webhook_and_a_refused_sign_in_log_no_line_id_or_typed_name() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let addr = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
@@ -524,17 +481,7 @@ async fn the_line_webhook_and_a_refused_sign_in_log_no_line_id_or_typed_name() {
     let body =
         json!({"destination": "Uxxx", "events": [follow_event("follow", &lid, 1_700_000_000_000)]})
             .to_string();
-    let r = p
-        .http
-        .post(format!("{base}/webhooks/line"))
-        .header(
-            "x-line-signature",
-            notify_core::signed::line_signature(support::LINE_SECRET, body.as_bytes()),
-        )
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let r = line_webhook(&p, &base, &body).await;
     assert_eq!(r.status(), 200);
     let typed = uniq("typed-name");
     let r = p

@@ -8,22 +8,14 @@ use crate::support;
 use notify_core::Channel;
 use serde_json::json;
 use std::time::Duration;
-use support::{Options, Platform, eventually, line_id, uniq};
-
-fn no_redirects() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
+use support::{
+    Platform, SendExt, console_login, csrf_token, hs256, no_redirects, session_cookie,
+    status_attempts,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_finds_a_failed_line_delivery_and_retries_it() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
     let http = no_redirects();
     let url = |path: &str| format!("{}{path}", p.http_url);
 
@@ -31,12 +23,10 @@ async fn an_operator_finds_a_failed_line_delivery_and_retries_it() {
     let r = http.get(url("/console")).send().await.unwrap();
     assert_eq!(r.status(), 303);
     assert_eq!(r.headers()["location"], "/console/login");
-    let user_token = jsonwebtoken::encode(
-        &jsonwebtoken::Header::default(),
+    let user_token = hs256(
         &json!({"sub": "ops", "exp": chrono::Utc::now().timestamp() + 300}),
-        &jsonwebtoken::EncodingKey::from_secret(support::INBOX_SECRET.as_bytes()).unwrap(),
-    )
-    .unwrap();
+        support::INBOX_SECRET,
+    );
     let r = http
         .get(url("/console"))
         .bearer_auth(&user_token)
@@ -51,23 +41,9 @@ async fn an_operator_finds_a_failed_line_delivery_and_retries_it() {
         .await
         .unwrap();
     assert_eq!(r.status(), 401);
-    let r = http
-        .post(url("/console/login"))
-        .form(&[
-            ("user", support::CONSOLE_USER),
-            ("password", support::CONSOLE_PASSWORD),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let r = console_login(&http, &p.http_url).send().await.unwrap();
     assert_eq!(r.status(), 303);
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let cookie = session_cookie(&r);
     assert!(
         r.headers()["set-cookie"]
             .to_str()
@@ -87,8 +63,7 @@ async fn an_operator_finds_a_failed_line_delivery_and_retries_it() {
 
     // A LINE delivery fails with the provider's error text.
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 400, "times": 1,
                        "body": {"message": "The property, 'to', in the request body is invalid"}}),
@@ -125,14 +100,7 @@ async fn an_operator_finds_a_failed_line_delivery_and_retries_it() {
 
     // Confirm, with the CSRF token from the confirmation page; a forged form is refused.
     let (_, confirm) = get(format!("/console/confirm?action=retry&target={delivery}")).await;
-    let csrf = confirm
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap()
-        .to_string();
+    let csrf = csrf_token(&confirm);
     let post = |token: &str| {
         http.post(url(&format!("/console/actions/retry/{delivery}")))
             .header("cookie", &cookie)
@@ -143,13 +111,7 @@ async fn an_operator_finds_a_failed_line_delivery_and_retries_it() {
     let r = post(&csrf).await.unwrap();
     assert_eq!(r.status(), 303);
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert_eq!(
-        (
-            done.deliveries[0].status.as_str(),
-            done.deliveries[0].attempts
-        ),
-        ("sent", 2)
-    );
+    assert_eq!(status_attempts(&done.deliveries[0]), ("sent", 2));
     let (_, page) = get(format!("/console/events/{}", ev.event_id)).await;
     assert!(page.contains("class=\"sent\">sent"));
     let (_, audit) = get("/console/audit".into()).await;
@@ -176,14 +138,9 @@ fn urlencoding(s: &str) -> String {
 /// that is not a pointer where it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_moved_back_to_their_queue() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let ev = p.send("dlq", "order_paid", &[&u]).await;
     let delivery = ev.deliveries[0].delivery_id.clone();
     // Its pointer and one unreadable message sit in the dead-letter queue.
@@ -192,13 +149,11 @@ async fn dead_letters_are_moved_back_to_their_queue() {
     // Wait for the relay to publish the pointer, then drop it, as if it had been
     // dead-lettered.
     let queue = p.topology.queue("line");
-    eventually(
+    p.wait_queue_depth(
+        &queue,
+        1,
         "the relay published the pointer",
         Duration::from_secs(10),
-        async || match p.queue_depth(&queue).await {
-            1 => Ok(()),
-            n => Err(n),
-        },
     )
     .await;
     let dead = p.topology.dead_letter_queue();
@@ -225,31 +180,13 @@ async fn dead_letters_are_moved_back_to_their_queue() {
 
     let http = no_redirects();
     let url = |path: &str| format!("{}{path}", p.http_url);
-    let r = http
-        .post(url("/console/login"))
-        .form(&[
-            ("user", support::CONSOLE_USER),
-            ("password", support::CONSOLE_PASSWORD),
-        ])
-        .send()
-        .await
-        .unwrap();
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let r = console_login(&http, &p.http_url).send().await.unwrap();
+    let cookie = session_cookie(&r);
     let overview = http
         .get(url("/console"))
         .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text_body()
+        .await;
     assert!(
         overview.contains("Dead-letter queue: <b class=\"failed\">2</b>"),
         "{overview}"
@@ -259,30 +196,15 @@ async fn dead_letters_are_moved_back_to_their_queue() {
             "/console/confirm?action=requeue-dead&target=00000000-0000-0000-0000-000000000000",
         ))
         .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let csrf = confirm
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap()
-        .to_string();
+        .text_body()
+        .await;
+    let csrf = csrf_token(&confirm);
     let done = http
         .post(url("/console/actions/requeue-dead"))
         .header("cookie", &cookie)
         .form(&[("csrf", csrf.as_str())])
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text_body()
+        .await;
     assert!(done.contains("1 moved back, 1 left"), "{done}");
     assert_eq!(p.queue_depth(&dead).await, 1, "the unreadable one stays");
     assert_eq!(p.queue_depth(&p.topology.queue("line")).await, 1);
@@ -346,14 +268,7 @@ async fn csrf_of(base: &str, cookie: &str) -> String {
         cookie,
     )
     .await;
-    confirm
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap()
-        .to_string()
+    csrf_token(&confirm)
 }
 
 const LOCAL: [u8; 4] = [127, 0, 0, 1];
@@ -363,11 +278,7 @@ const LOCAL: [u8; 4] = [127, 0, 0, 1];
 /// has passed (moved in the database, whose clock the throttle reads).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sixth_wrong_password_is_throttled() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let base = p.http_url.as_str();
     for i in 0..5u8 {
         let (status, _, _) =
@@ -426,11 +337,7 @@ async fn the_sixth_wrong_password_is_throttled() {
 /// real name and password too; another address signs in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_sign_ins_from_one_address_are_throttled_whatever_the_name() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let base = p.http_url.as_str();
     let from = [127, 0, 2, 10];
     for i in 0..5 {
@@ -457,11 +364,7 @@ async fn failed_sign_ins_from_one_address_are_throttled_whatever_the_name() {
 /// a freshly started one (a restart, or another replica) that accepted it before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cookie_from_before_sign_out_is_refused_even_after_a_restart() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with_workers(&[]).await;
     let base = p.http_url.clone();
     let (_, _, cookie) = sign_in(
         &base,
@@ -484,17 +387,11 @@ async fn a_cookie_from_before_sign_out_is_refused_even_after_a_restart() {
     let (status, page) = get_with(&base, "/console/logout", &cookie).await;
     assert_eq!(status, 200);
     assert!(page.contains("action=\"/console/logout\""), "{page}");
-    let csrf = page
-        .split("name=\"csrf\" value=\"")
-        .nth(1)
-        .unwrap()
-        .split('"')
-        .next()
-        .unwrap();
+    let csrf = csrf_token(&page);
     let r = no_redirects()
         .post(format!("{base}/console/logout"))
         .header("cookie", &cookie)
-        .form(&[("csrf", csrf)])
+        .form(&[("csrf", csrf.as_str())])
         .send()
         .await
         .unwrap();
@@ -518,11 +415,7 @@ async fn a_cookie_from_before_sign_out_is_refused_even_after_a_restart() {
 /// A session ends at its expiry, whatever the cookie's own Max-Age says.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_session_is_refused() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let base = p.http_url.as_str();
     let (_, _, cookie) = sign_in(
         base,
@@ -552,11 +445,7 @@ async fn an_expired_session_is_refused() {
 /// from their other session is refused; the session's own is accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_csrf_token_from_another_session_is_refused() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let base = p.http_url.as_str();
     let sign = || {
         sign_in(
@@ -593,18 +482,11 @@ async fn a_csrf_token_from_another_session_is_refused() {
 /// happens, sign-in included; the console's own origin passes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_console_action_from_a_foreign_origin_is_refused() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let base = p.http_url.as_str();
     let http = no_redirects();
     let login = |origin: Option<(&'static str, String)>| {
-        let mut req = http.post(format!("{base}/console/login")).form(&[
-            ("user", support::CONSOLE_USER),
-            ("password", support::CONSOLE_PASSWORD),
-        ]);
+        let mut req = console_login(&http, base);
         if let Some((name, value)) = origin {
             req = req.header(name, value);
         }
@@ -623,13 +505,7 @@ async fn a_console_action_from_a_foreign_origin_is_refused() {
     assert_eq!(r.status(), 403);
     let r = login(Some(("origin", base.to_string()))).await.unwrap();
     assert_eq!(r.status(), 303);
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let cookie = session_cookie(&r);
     let csrf = csrf_of(base, &cookie).await;
     let cancel = |origin: String| {
         http.post(format!(
@@ -656,11 +532,7 @@ async fn a_console_action_from_a_foreign_origin_is_refused() {
 /// exception is set (the test platform sets it, a default configuration does not).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_pages_cannot_be_framed_and_the_cookie_is_secure_by_default() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with_workers(&[]).await;
     let base = p.http_url.clone();
     let token = notify_core::signed::UnsubscribeToken {
         user_id: "u".into(),
@@ -686,27 +558,14 @@ async fn console_pages_cannot_be_framed_and_the_cookie_is_secure_by_default() {
         assert_eq!(h["x-frame-options"], "DENY", "{path}");
         assert_eq!(h["x-content-type-options"], "nosniff", "{path}");
     }
-    let local = no_redirects()
-        .post(format!("{base}/console/login"))
-        .form(&[
-            ("user", support::CONSOLE_USER),
-            ("password", support::CONSOLE_PASSWORD),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let local = console_login(&no_redirects(), &base).send().await.unwrap();
     let local = local.headers()["set-cookie"].to_str().unwrap().to_string();
     assert!(!local.contains("Secure"), "{local}");
     assert!(local.contains("HttpOnly") && local.contains("SameSite=Strict"));
     let mut cfg = support::http_config(&p.stack, &p.topology);
     cfg.console.insecure_cookies = false;
     let secure = p.start_http_api(cfg).await;
-    let r = no_redirects()
-        .post(format!("{secure}/console/login"))
-        .form(&[
-            ("user", support::CONSOLE_USER),
-            ("password", support::CONSOLE_PASSWORD),
-        ])
+    let r = console_login(&no_redirects(), &secure)
         .send()
         .await
         .unwrap();

@@ -5,7 +5,7 @@ use crate::support;
 
 use notify_proto::v1 as pb;
 use std::time::Duration;
-use support::{Platform, eventually, line_id, uniq};
+use support::{Platform, assert_all_sent, eventually, line_id, uniq};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -76,17 +76,7 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
         .map(|f| f.field)
         .collect();
     assert_eq!(fields, ["windows[0]"]);
-    p.recipients()
-        .set_quiet_hours(pb::SetQuietHoursRequest {
-            user_id: u.clone(),
-            windows: vec![pb::QuietWindow {
-                start: hhmm(start),
-                end: hhmm(end),
-                channels: vec![],
-            }],
-        })
-        .await
-        .unwrap();
+    p.set_quiet_hours(&u, start, end).await;
     let prefs = p
         .recipients()
         .get_preferences(pb::GetPreferencesRequest { user_id: u.clone() })
@@ -203,17 +193,12 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
     // The window ends (here the window moves behind us and the due time to now, instead of
     // waiting an hour; quiet hours are checked again when the delivery becomes due): LINE
     // is sent.
-    p.recipients()
-        .set_quiet_hours(pb::SetQuietHoursRequest {
-            user_id: u.clone(),
-            windows: vec![pb::QuietWindow {
-                start: hhmm(now - chrono::Duration::hours(3)),
-                end: hhmm(now - chrono::Duration::hours(2)),
-                channels: vec![],
-            }],
-        })
-        .await
-        .unwrap();
+    p.set_quiet_hours(
+        &u,
+        now - chrono::Duration::hours(3),
+        now - chrono::Duration::hours(2),
+    )
+    .await;
     sqlx::query(
         "UPDATE outbox SET available_at = now() WHERE delivery_id IN
            (SELECT id FROM notification_deliveries WHERE event_id = $1::uuid);
@@ -231,11 +216,7 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
     .await
     .unwrap();
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert!(
-        done.deliveries.iter().all(|d| d.status == "sent"),
-        "{:?}",
-        done.deliveries
-    );
+    assert_all_sent(&done);
     let why = explain(&p, &ev.event_id, &u, "line").await;
     assert_eq!(why.deliveries[0].attempts.len(), 1);
     assert!(
@@ -250,11 +231,7 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
 /// Each preference level decides in turn, and the skip says which one did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deciding_preference_level_is_explained() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["inapp", "email", "line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", &format!("{u}@example.test"), &line_id())
@@ -441,6 +418,6 @@ async fn fatigue_caps_defer_or_drop_past_the_hourly_cap() {
     // The capped delivery waits in Postgres; the others go out.
     p.wait_final(&first.event_id, 30).await;
     p.wait_final(&second.event_id, 30).await;
-    assert_eq!(p.sim_requests("line").await.len(), 3, "news 1, otp, news 2");
+    assert_eq!(p.sim_count("line").await, 3, "news 1, otp, news 2");
     p.stop().await;
 }

@@ -7,7 +7,7 @@ use crate::support;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use notify_core::Channel;
-use support::{Options, Platform, uniq};
+use support::{Platform, SendExt, uniq};
 
 /// Decodes one RFC 2047 encoded-word (`=?charset?B|Q?text?=`) to bytes.
 fn decode_word(word: &str) -> Vec<u8> {
@@ -94,11 +94,7 @@ fn decode_header(value: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thai_subject_sender_and_long_body_survive_email_intact() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Email],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[Channel::Email]).await;
     p.add_type("order_shipped", &["email"]).await;
     let user = uniq("u1001");
     let address = format!("{user}@example.test");
@@ -123,12 +119,8 @@ async fn thai_subject_sender_and_long_body_survive_email_intact() {
             p.stack.maildev_url,
             mails[0]["id"].as_str().unwrap()
         ))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+        .text_body()
+        .await;
     let raw = raw.replace("\r\n", "\n");
     let (head, rest) = raw
         .split_once("\n\n")

@@ -5,7 +5,7 @@ use crate::support;
 
 use notify_proto::v1 as pb;
 use std::time::{Duration, Instant};
-use support::{Options, Platform, eventually};
+use support::{Platform, eventually};
 use tonic::Code;
 
 async fn subscribe_many(p: &Platform, topic: &str, users: &[String]) {
@@ -43,11 +43,7 @@ async fn wait_fanout_done(p: &Platform, event_id: &str) -> pb::GetEventResponse 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_event_reaches_every_subscriber_once_in_checkpointed_batches() {
-    let p = Platform::start_with(Options {
-        workers: vec![notify_core::Channel::InApp],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::InApp]).await;
     p.add_type("promo", &["inapp", "line"]).await;
     assert!(
         p.topics()
@@ -131,11 +127,7 @@ async fn a_topic_event_reaches_every_subscriber_once_in_checkpointed_batches() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topic_calls_validate_their_input() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("promo", &["inapp"]).await;
     let err = p
         .topics()
@@ -185,11 +177,7 @@ async fn topic_calls_validate_their_input() {
 /// without a LINE id or who blocked the account are still skipped one by one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn line_multicast_sends_topic_broadcasts_in_batches_of_at_most_500() {
-    let p = Platform::start_with(Options {
-        workers: vec![notify_core::Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::Line]).await;
     p.add_type("promo", &["line"]).await;
     p.topics()
         .create_topic(pb::CreateTopicRequest {

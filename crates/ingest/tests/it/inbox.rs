@@ -8,16 +8,14 @@ use futures_util::StreamExt;
 use notify_core::Channel;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{Options, Platform, eventually, uniq};
+use support::{Options, Platform, eventually, hs256, uniq};
 
+/// An HS256 inbox token for `user`, signed with `secret`, expiring in `exp_in` seconds.
 fn token(user: &str, secret: &str, exp_in: i64) -> String {
-    let claims = json!({"sub": user, "exp": chrono::Utc::now().timestamp() + exp_in});
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &claims,
-        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).unwrap(),
+    hs256(
+        &json!({"sub": user, "exp": chrono::Utc::now().timestamp() + exp_in}),
+        secret,
     )
-    .unwrap()
 }
 
 struct Client<'a> {
@@ -54,11 +52,7 @@ impl Client<'_> {
 }
 
 async fn inapp_platform() -> Platform {
-    Platform::start_with(Options {
-        workers: vec![Channel::InApp],
-        ..Default::default()
-    })
-    .await
+    Platform::start_with_workers(&[Channel::InApp]).await
 }
 
 async fn notify(p: &Platform, key: &str, user: &str, title: &str) {
@@ -329,8 +323,7 @@ async fn read_events(
 async fn the_stream_delivers_new_notifications_live_and_resumes_after_a_reconnect() {
     let p = inapp_platform().await;
     p.add_type("news", &["inapp"]).await;
-    let a = uniq("a");
-    p.add_recipient(&a, "", "", "").await;
+    let a = p.add_bare_recipient("a").await;
     let t = token(&a, support::INBOX_SECRET, 300);
     let open = |last: Option<String>| {
         let mut r = p
@@ -380,11 +373,7 @@ async fn the_stream_delivers_new_notifications_live_and_resumes_after_a_reconnec
 /// answers (401 without a token, not 404).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openapi_file_matches_the_routes() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let spec: Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -441,11 +430,7 @@ async fn the_openapi_file_matches_the_routes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_manage_their_preferences_quiet_hours_and_devices() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("news", &["inapp", "push"]).await;
     let (a, b) = (uniq("a"), uniq("b"));
     for u in [&a, &b] {
@@ -581,8 +566,7 @@ async fn a_second_replica_with_jwks_keys_streams_the_same_inbox() {
     use p256::pkcs8::DecodePublicKey;
     let p = inapp_platform().await;
     p.add_type("news", &["inapp"]).await;
-    let a = uniq("a");
-    p.add_recipient(&a, "", "", "").await;
+    let a = p.add_bare_recipient("a").await;
 
     // The app's signing key (any P-256 key; the stack's APNs test key will do) as a JWKS.
     let public = p256::PublicKey::from_public_key_pem(
@@ -742,8 +726,7 @@ async fn a_client_reconnecting_every_300_ms_sees_each_of_400_concurrent_notifica
     .await;
     p.start_worker_named(Channel::InApp, "second-inapp-worker");
     p.add_type("news", &["inapp"]).await;
-    let a = uniq("a");
-    p.add_recipient(&a, "", "", "").await;
+    let a = p.add_bare_recipient("a").await;
     sqlx::raw_sql(
         "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN PERFORM pg_sleep(random() * 0.004); RETURN NULL; END $$;
@@ -835,12 +818,7 @@ async fn a_client_reconnecting_every_300_ms_sees_each_of_400_concurrent_notifica
 
 /// An HS256 token with these claims, signed with the platform's secret.
 fn signed(claims: Value) -> String {
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
-        &claims,
-        &jsonwebtoken::EncodingKey::from_secret(support::INBOX_SECRET.as_bytes()).unwrap(),
-    )
-    .unwrap()
+    hs256(&claims, support::INBOX_SECRET)
 }
 
 /// `GET {base}/v1/inbox/unread-count` with `token`: the status and the JSON body (Null
@@ -862,11 +840,7 @@ fn now() -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_used_before_its_nbf_gets_401_with_json() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let a = uniq("a");
     let early = signed(json!({"sub": a, "exp": now() + 7200, "nbf": now() + 3600}));
     let (s, e) = unread_with(&p, &p.http_url, &early).await;
@@ -885,11 +859,7 @@ async fn a_token_used_before_its_nbf_gets_401_with_json() {
 /// replica), a token must carry both, with those values; without them, neither is looked at.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_audience_and_issuer_configured_only_tokens_for_them_are_accepted() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let strict = format!("http://{}", listener.local_addr().unwrap());
     let stop = tokio_util::sync::CancellationToken::new();
@@ -967,11 +937,7 @@ async fn with_an_audience_and_issuer_configured_only_tokens_for_them_are_accepte
 /// character, surrounding whitespace or nothing visible is refused with 401 and JSON.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sub_with_a_control_invisible_or_bidi_character_gets_401_with_json() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     for sub in [
         "user\u{0}1",
         "user\n1",
@@ -1020,11 +986,7 @@ async fn a_decomposed_sub_reads_the_inbox_of_the_same_composed_user_id() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_over_8_kib_gets_401_with_json_before_it_is_parsed() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let a = uniq("a");
     let sized = |pad: usize| signed(json!({"sub": a, "exp": now() + 300, "pad": "x".repeat(pad)}));
     let small = sized(5000);
@@ -1049,11 +1011,7 @@ async fn a_token_over_8_kib_gets_401_with_json_before_it_is_parsed() {
 /// are answered in the API's JSON error shape, naming the parameter or the methods.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_requests_get_json_errors_naming_the_parameter_or_the_allowed_methods() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let t = token(&uniq("a"), support::INBOX_SECRET, 300);
     let call = |method: reqwest::Method, path: &str| {
         let req = p
@@ -1113,13 +1071,8 @@ async fn malformed_requests_get_json_errors_naming_the_parameter_or_the_allowed_
 /// by that field's name (its path for nested values), not as `body`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_typed_missing_or_unknown_json_field_is_reported_by_its_name() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
-    let a = uniq("a");
-    p.add_recipient(&a, "", "", "").await;
+    let p = Platform::start_with_workers(&[]).await;
+    let a = p.add_bare_recipient("a").await;
     let t = token(&a, support::INBOX_SECRET, 300);
     for (method, path, body, field) in [
         (
@@ -1191,8 +1144,7 @@ async fn read_changes_made_during_a_burst_reach_a_resuming_client_in_order() {
     .await;
     p.start_worker_named(Channel::InApp, "second-inapp-worker");
     p.add_type("news", &["inapp"]).await;
-    let a = uniq("a");
-    p.add_recipient(&a, "", "", "").await;
+    let a = p.add_bare_recipient("a").await;
     sqlx::raw_sql(
         "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN PERFORM pg_sleep(random() * 0.004); RETURN NULL; END $$;

@@ -7,7 +7,7 @@ use notify_proto::v1 as pb;
 use serde_json::json;
 use std::collections::HashSet;
 use std::time::Duration;
-use support::{Platform, eventually, line_id, uniq};
+use support::{Platform, assert_sent, eventually, line_id, status_attempts, uniq};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -158,21 +158,13 @@ async fn one_event_reaches_every_channel_once_and_a_replay_is_a_duplicate() {
             .unwrap()
             .starts_with("Bearer ya29.sim-")
     }));
-    assert_eq!(
-        p.sim_requests("oauth").await.len(),
-        1,
-        "the access token is cached"
-    );
+    assert_eq!(p.sim_count("oauth").await, 1, "the access token is cached");
     p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_identical_requests_make_one_event() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("comment_reply", &["inapp"]).await;
     let req = p.event("comment:55:reply:9", "comment_reply", &["u1", "u2"]);
     let calls = (0..20).map(|_| {
@@ -198,11 +190,7 @@ async fn twenty_concurrent_identical_requests_make_one_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_written_together_each_get_their_own_answer() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["inapp", "email"]).await;
     p.add_recipient("u1", "สมชาย", "somchai@example.test", "")
         .await;
@@ -275,11 +263,7 @@ async fn concurrent_requests_written_together_each_get_their_own_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_fails_in_the_database_does_not_fail_the_requests_committed_with_it() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["inapp"]).await;
     // A database-side failure for one key only (as a constraint or a trigger would raise).
     sqlx::raw_sql(
@@ -327,11 +311,7 @@ async fn a_request_that_fails_in_the_database_does_not_fail_the_requests_committ
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![notify_core::Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::Line]).await;
     p.add_type("news", &["line"]).await;
     let (u1, u2) = (uniq("u"), uniq("u"));
     p.add_recipient(&u1, "", "", &line_id()).await;
@@ -419,21 +399,13 @@ async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries
         "{}",
         done.deliveries[0].last_error
     );
-    assert_eq!(
-        p.sim_requests("line").await.len(),
-        2,
-        "nothing was pushed for it"
-    );
+    assert_eq!(p.sim_count("line").await, 2, "nothing was pushed for it");
     p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_line_monthly_quota_pauses_the_channel_without_spending_attempts() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![notify_core::Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::Line]).await;
     p.add_type("news", &["line"]).await;
     let (u1, u2) = (uniq("u"), uniq("u"));
     p.add_recipient(&u1, "", "", &line_id()).await;
@@ -520,21 +492,13 @@ async fn the_line_monthly_quota_pauses_the_channel_without_spending_attempts() {
     .await
     .unwrap();
     assert_eq!(due, 1, "its message is published again when the pause ends");
-    assert_eq!(
-        p.sim_requests("line").await.len(),
-        1,
-        "only the refused call"
-    );
+    assert_eq!(p.sim_count("line").await, 1, "only the refused call");
     p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("comment_reply", &["inapp"]).await;
     // "café" precomposed vs e + combining acute: one key after NFC.
     let first = p.send("caf\u{e9}:1", "comment_reply", &["u1"]).await;
@@ -570,11 +534,7 @@ async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_names_the_field_and_writes_nothing() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["inapp", "email"]).await;
     let base = || p.event("k:1", "order_paid", &["u1"]);
     let mut cases: Vec<(&str, pb::CreateEventRequest, &str)> = Vec::new();
@@ -699,11 +659,7 @@ async fn bad_input_names_the_field_and_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once() {
-    let mut p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["push"]).await;
     let users: Vec<String> = (0..4).map(|i| uniq(&format!("user-100{i}"))).collect();
     for u in &users {
@@ -713,15 +669,8 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
     let ev = p.send("b03", "order_paid", &refs).await;
     // Wait until the relay published all four.
-    eventually(
-        "the relay published all four",
-        Duration::from_secs(10),
-        async || match p.count("outbox").await {
-            0 => Ok(()),
-            n => Err(n),
-        },
-    )
-    .await;
+    p.wait_outbox_empty("the relay published all four", Duration::from_secs(10))
+        .await;
     // The fourth delivery is not due: its queued message must be acked without a send,
     // and a well-formed message naming it on the wrong channel must fail it.
     let fourth = ev
@@ -766,13 +715,11 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
 
     p.start_worker(notify_core::Channel::Push);
     let dead = p.topology.dead_letter_queue();
-    eventually(
+    p.wait_queue_depth(
+        &dead,
+        3,
         "three poison messages dead-lettered",
         Duration::from_secs(20),
-        async || match p.queue_depth(&dead).await {
-            3 => Ok(()),
-            n => Err(n),
-        },
     )
     .await;
     assert_eq!(
@@ -809,9 +756,7 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
 async fn a_resent_line_push_with_the_same_retry_key_counts_as_sent() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["line"]).await;
-    let u = uniq("u");
-    let lid = line_id();
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let ev = p.send("line-409", "order_paid", &[&u]).await;
     let first = p.wait_final(&ev.event_id, 20).await;
     let d = &first.deliveries[0];
@@ -892,25 +837,16 @@ async fn transient_errors_retry_and_permanent_errors_fail_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_body_too_big_for_fcm_is_shortened_at_a_grapheme_boundary() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![notify_core::Channel::Push],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::Push]).await;
     p.add_type("order_paid", &["push"]).await;
-    let u = uniq("u");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("u").await;
     p.add_device(&u, &format!("fcm-tok-{u}")).await;
     let body = "ขอบคุณที่ใช้บริการ".repeat(1000); // 18,000 characters, 54,000 bytes
     let mut req = p.event("push:long", "order_paid", &[&u]);
     req.content.as_mut().unwrap().body = body.clone();
     let ev = p.ingest().create_event(req).await.unwrap().into_inner();
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert_eq!(
-        done.deliveries[0].status, "sent",
-        "{:?}",
-        done.deliveries[0]
-    );
+    assert_sent(&done.deliveries[0]);
     let sent = p.sim_requests("fcm").await;
     let message = &sent[0]["body"]["message"];
     assert!(message.to_string().len() <= 4096, "FCM's 4,096-byte limit");
@@ -936,24 +872,15 @@ async fn a_push_body_too_big_for_fcm_is_shortened_at_a_grapheme_boundary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apns_pushes_go_over_http2_with_one_reused_provider_token() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![notify_core::Channel::Push],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::Push]).await;
     p.add_type("order_paid", &["push"]).await;
-    let u = uniq("u");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("u").await;
     p.add_endpoint(&u, "apns", &format!("apns-tok-{u}")).await;
     let mut events = Vec::new();
     for key in ["apns:1", "apns:2"] {
         let ev = p.send(key, "order_paid", &[&u]).await;
         let done = p.wait_final(&ev.event_id, 30).await;
-        assert_eq!(
-            done.deliveries[0].status, "sent",
-            "{:?}",
-            done.deliveries[0]
-        );
+        assert_sent(&done.deliveries[0]);
         assert_eq!(done.deliveries[0].provider, "apns");
         assert!(
             !done.deliveries[0].provider_message_id.is_empty(),
@@ -992,14 +919,9 @@ async fn apns_pushes_go_over_http2_with_one_reused_provider_token() {
 /// answer's timestamp; BadDeviceToken deactivates; neither is retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apns_dead_tokens_are_deactivated_respecting_the_410_timestamp() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![notify_core::Channel::Push],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::Push]).await;
     p.add_type("order_paid", &["push"]).await;
-    let u = uniq("user-1001");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("user-1001").await;
     // Invalid since 2025-05-01, but registered (again) now, after that: kept.
     let re_registered = p
         .add_endpoint(&u, "apns", &format!("unregistered-1746057600000-{u}"))
@@ -1051,8 +973,7 @@ async fn apns_dead_tokens_are_deactivated_respecting_the_410_timestamp() {
 async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["push"]).await;
-    let u = uniq("user-1001");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("user-1001").await;
     let dead = p.add_device(&u, &format!("unregistered-{u}")).await;
     let live = p.add_device(&u, &format!("fcm-tok-{u}")).await;
     let ev = p.send("e1", "order_paid", &[&u]).await;
@@ -1092,11 +1013,7 @@ async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_passed_deadline_cancels_the_request_and_writes_nothing() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("comment_reply", &["inapp"]).await;
     // Hold a lock that makes the ingest transaction wait, past the caller's deadline.
     let mut blocker = p.pool.begin().await.unwrap();
@@ -1154,11 +1071,7 @@ async fn reflection_lists_the_api() {
         ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let mut client = ServerReflectionClient::new(p.grpc.clone());
     let req = ServerReflectionRequest {
         host: String::new(),
@@ -1191,11 +1104,7 @@ async fn reflection_answers_v1alpha_clients_too() {
         ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let mut client = ServerReflectionClient::new(p.grpc.clone());
     let reqs = [
         ServerReflectionRequest {
@@ -1281,11 +1190,7 @@ impl tonic::codec::Decoder for RawCodec {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undecodable_request_is_invalid_argument_naming_the_field() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let send = |body: Vec<u8>| {
         let ch = p.grpc.clone();
         async move {
@@ -1332,11 +1237,7 @@ async fn health_service_reports_every_served_service_serving() {
         ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
         server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
     };
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let mut stream = ServerReflectionClient::new(p.grpc.clone())
         .server_reflection_info(futures_util::stream::iter([ServerReflectionRequest {
             host: String::new(),
@@ -1381,9 +1282,7 @@ async fn health_service_reports_every_served_service_serving() {
 async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["line"]).await;
-    let u = uniq("user-1001");
-    let lid = line_id();
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("user-1001").await;
     // A first event proves the topology is declared and the route works; then cut it.
     let warm = p.send("warm-up", "order_paid", &[&u]).await;
     p.wait_final(&warm.event_id, 30).await;
@@ -1429,11 +1328,7 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
         .unwrap()
         .into_inner();
     assert_eq!(got.deliveries[0].status, "pending");
-    assert_eq!(
-        p.sim_requests("line").await.len(),
-        1,
-        "only the warm-up push so far"
-    );
+    assert_eq!(p.sim_count("line").await, 1, "only the warm-up push so far");
 
     ch.queue_bind(
         queue.into(),
@@ -1445,15 +1340,9 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
     .await
     .unwrap();
     let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(status_attempts(&done.deliveries[0]), ("sent", 1));
     assert_eq!(
-        (
-            done.deliveries[0].status.as_str(),
-            done.deliveries[0].attempts
-        ),
-        ("sent", 1)
-    );
-    assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         2,
         "exactly one more push once the route is back"
     );
@@ -1465,8 +1354,7 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
 async fn a_revoked_fcm_access_token_is_replaced_and_the_push_retried() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["push"]).await;
-    let u = uniq("u");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("u").await;
     p.add_device(&u, &format!("fcm-tok-{u}")).await;
     let first = p.send("t1", "order_paid", &[&u]).await;
     assert_eq!(
@@ -1488,11 +1376,7 @@ async fn a_revoked_fcm_access_token_is_replaced_and_the_push_retried() {
         ("sent", 2),
         "401, then a fresh token and success"
     );
-    assert_eq!(
-        p.sim_requests("oauth").await.len(),
-        2,
-        "one new token fetched"
-    );
+    assert_eq!(p.sim_count("oauth").await, 2, "one new token fetched");
     p.stop().await;
 }
 
@@ -1541,14 +1425,9 @@ async fn a_burst_is_spread_to_the_providers_rate_limit() {
 /// and the user saw one message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_line_push_accepted_then_timed_out_ends_sent_with_one_message() {
-    let p = Platform::start_with(support::Options {
-        workers: vec![notify_core::Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[notify_core::Channel::Line]).await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 200,
                        "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 7000, "times": 1}),
@@ -1651,17 +1530,7 @@ async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
         local + chrono::Duration::hours(1),
     );
     let hhmm = |t: chrono::DateTime<chrono_tz::Tz>| t.format("%H:%M").to_string();
-    p.recipients()
-        .set_quiet_hours(pb::SetQuietHoursRequest {
-            user_id: u.clone(),
-            windows: vec![pb::QuietWindow {
-                start: hhmm(start),
-                end: hhmm(end),
-                channels: vec![],
-            }],
-        })
-        .await
-        .unwrap();
+    p.set_quiet_hours(&u, start, end).await;
     // By the host's clock the recipient is nowhere near quiet hours.
     assert!(host_now < db_now - chrono::Duration::hours(9));
 

@@ -9,18 +9,7 @@ use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{Options, Platform, eventually, line_id, uniq};
-
-/// Waits until the relay has published every outbox row.
-async fn wait_outbox_empty(p: &Platform, what: &str) {
-    eventually(what, Duration::from_secs(20), async || {
-        match p.count("outbox").await {
-            0 => Ok(()),
-            n => Err(n),
-        }
-    })
-    .await;
-}
+use support::{Options, Platform, eventually, uniq};
 
 async fn delivery_row(p: &Platform, id: &str) -> (String, i32, Option<String>) {
     sqlx::query_as(
@@ -75,8 +64,7 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
     })
     .await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     // Every LINE call to this user hangs (the worker is killed while it waits), and LINE
     // never accepts it, so its retry key does not turn the next call into a 409.
     p.sim_fault(
@@ -89,13 +77,13 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
     let lease = [("NOTIFY_LEASE", "3s".to_string())];
     for kill in 1..=4 {
         let mut worker = p.spawn("worker-line", &[], &lease);
-        let before = p.sim_requests("line").await.len();
+        let before = p.sim_count("line").await;
         // Either the worker calls LINE, or the delivery is failed (nothing left to call).
         let called = eventually(
             &format!("worker {kill} calls LINE or the delivery fails"),
             Duration::from_secs(20),
             async || {
-                if p.sim_requests("line").await.len() > before {
+                if p.sim_count("line").await > before {
                     return Ok(true);
                 }
                 let row = delivery_row(&p, &id).await;
@@ -171,14 +159,9 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
 /// by the claim, with no call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claim_refuses_a_delivery_whose_attempts_are_spent() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let ev = p.send(&uniq("spent"), "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
     sqlx::query(
@@ -229,8 +212,7 @@ async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_agai
     .await
     .unwrap();
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 500,
         "body": {"message": "internal"}}),
@@ -247,7 +229,7 @@ async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_agai
         Duration::from_secs(5),
         async || {
             let row = delivery_row(&p, &d.delivery_id).await;
-            let calls = p.sim_requests("line").await.len();
+            let calls = p.sim_count("line").await;
             if (row.0.as_str(), row.1, calls) == ("failed", 1, 1) {
                 Ok(())
             } else {
@@ -259,11 +241,7 @@ async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_agai
     let (status, attempts, error) = delivery_row(&p, &d.delivery_id).await;
     assert_eq!((status.as_str(), attempts), ("failed", 1));
     assert!(error.unwrap().starts_with("record_failed:"));
-    assert_eq!(
-        p.sim_requests("line").await.len(),
-        1,
-        "one call, one attempt"
-    );
+    assert_eq!(p.sim_count("line").await, 1, "one call, one attempt");
     assert_eq!(
         attempt_codes(&p, &d.delivery_id).await,
         [(1, "failed".into(), Some("record_failed".into()))]
@@ -276,11 +254,7 @@ async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_agai
 /// republished on every sweep. Each is now refused at start, naming the variable (exit 64).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duration_the_system_cannot_store_or_act_on_is_refused_at_start() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     for (bin, var, value, says) in [
         (
             "worker-line",
@@ -329,8 +303,7 @@ async fn retry_gaps_grow_within_the_jitter_band() {
     })
     .await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 503,
         "body": {"message": "unavailable"}}),
@@ -435,8 +408,7 @@ async fn a_retry_that_falls_in_quiet_hours_waits_for_their_end() {
     })
     .await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 500,
         "body": {"message": "internal"}, "times": 1}),
@@ -463,7 +435,7 @@ async fn a_retry_that_falls_in_quiet_hours_waits_for_their_end() {
             .await
             .unwrap();
     assert_eq!(outbox, end);
-    assert_eq!(p.sim_requests("line").await.len(), 1, "no call at night");
+    assert_eq!(p.sim_count("line").await, 1, "no call at night");
     p.stop().await;
 }
 
@@ -479,8 +451,7 @@ async fn a_fatigue_slot_that_arrives_in_quiet_hours_waits_for_their_end() {
     })
     .await;
     p.add_type("news", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let first = p.send(&uniq("news"), "news", &[&u]).await;
     let held = p.send(&uniq("news"), "news", &[&u]).await;
     assert!(
@@ -495,7 +466,7 @@ async fn a_fatigue_slot_that_arrives_in_quiet_hours_waits_for_their_end() {
     let (status, attempts, due, _) = wait_deferred(&p, &id).await;
     assert_eq!((status.as_str(), attempts, due), ("pending", 0, end));
     assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         1,
         "only the first event went out"
     );
@@ -507,11 +478,7 @@ async fn a_fatigue_slot_that_arrives_in_quiet_hours_waits_for_their_end() {
 /// moves the digest's due time to now instead of waiting for the close.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_digest_that_closes_in_quiet_hours_waits_for_their_end() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
     p.types()
         .upsert_notification_type(pb::UpsertNotificationTypeRequest {
             key: "comment_reply".into(),
@@ -521,8 +488,7 @@ async fn a_digest_that_closes_in_quiet_hours_waits_for_their_end() {
         })
         .await
         .unwrap();
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let mut req = p.event(&uniq("reply"), "comment_reply", &[&u]);
     req.aggregate_key = "thread:55".into();
     let ev = p.ingest().create_event(req).await.unwrap().into_inner();
@@ -556,8 +522,7 @@ async fn fatigue_caps_are_exact_with_concurrent_writers_and_replicas() {
     .await;
     let replica = p.start_ingest_replica().await;
     p.add_type("news", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let mut calls = tokio::task::JoinSet::new();
     for i in 0..12 {
         let channel = if i % 2 == 0 {
@@ -608,11 +573,11 @@ async fn republishing_a_waiting_backlog_adds_a_bounded_number_of_messages() {
     })
     .await;
     p.add_type("order_paid", &["line"]).await;
-    let (u, lid) = (uniq("u"), line_id());
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     let ev = p.send(&uniq("backlog"), "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
-    wait_outbox_empty(&p, "the first publish").await;
+    p.wait_outbox_empty("the first publish", Duration::from_secs(20))
+        .await;
     let mut republished = 0;
     for _ in 0..8 {
         // 1.5 s pass.
@@ -629,7 +594,8 @@ async fn republishing_a_waiting_backlog_adds_a_bounded_number_of_messages() {
             .unwrap();
         republished += n;
         // The relay publishes it (the queue has no consumer: the backlog waits).
-        wait_outbox_empty(&p, "the relay").await;
+        p.wait_outbox_empty("the relay", Duration::from_secs(20))
+            .await;
     }
     assert_eq!(
         republished, 3,

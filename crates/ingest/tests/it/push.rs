@@ -8,14 +8,10 @@ use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{Platform, eventually, uniq};
+use support::{Platform, SendExt, assert_all_sent, eventually, uniq};
 
 async fn push_platform() -> Platform {
-    Platform::start_with(support::Options {
-        workers: vec![Channel::Push],
-        ..Default::default()
-    })
-    .await
+    Platform::start_with_workers(&[Channel::Push]).await
 }
 
 async fn endpoint_state(p: &Platform, id: &str) -> (String, Option<String>) {
@@ -63,8 +59,7 @@ async fn push_calls(p: &Platform) -> Vec<(String, String)> {
 async fn dead_push_targets_on_every_service_are_removed_and_live_ones_kept() {
     let p = push_platform().await;
     p.add_type("order_paid", &["push"]).await;
-    let u = uniq("user-1001");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("user-1001").await;
     let a = p
         .add_device(&u, &format!("unregistered-fcm-tok-A-{u}"))
         .await;
@@ -155,8 +150,7 @@ async fn dead_push_targets_on_every_service_are_removed_and_live_ones_kept() {
 async fn a_subscription_registered_during_a_410_send_is_kept() {
     let p = push_platform().await;
     p.add_type("order_paid", &["push"]).await;
-    let u = uniq("user-1001");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("user-1001").await;
     let e_url = format!("https://push.example.test/sub/E-{u}");
     let e = p.add_webpush(&u, &e_url).await;
     p.sim_fault(json!({"provider": "webpush", "target_contains": "/sub/E-", "status": 410, "delay_ms": 1500, "times": 1}))
@@ -202,8 +196,7 @@ async fn web_push_bodies_decrypt_to_the_exact_json_sent() {
         })
         .await
         .unwrap();
-    let u = uniq("u");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("u").await;
     let url = format!("https://push.example.test/sub/W-{u}");
     p.add_webpush(&u, &url).await;
     let mut ids = Vec::new();
@@ -312,20 +305,14 @@ async fn web_push_errors_are_sorted_by_class() {
         users.push((u, id));
     }
     // A subscription bound to another application server key.
-    let vapid_user = uniq("vapid");
-    p.add_recipient(&vapid_user, "", "", "").await;
+    let vapid_user = p.add_bare_recipient("vapid").await;
     let other_key =
         "BOr8ZrmWJnkJUpVhjW2oIlzv8l3nNpfdpnaJ1Fwd2ye5Vp_ZjIFlh3Gwjxcl2J0YfG6b1MaX0bDhj5L2p4QjZ8w";
     let sub: Value = p
         .http
         .post(format!("{}/_sim/webpush/subscriptions", p.sim_url))
         .json(&json!({"endpoint": format!("https://push.example.test/sub/bound-{vapid_user}"), "application_server_key": other_key}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .json_body().await;
     let bound = p
         .recipients()
         .register_endpoint(pb::RegisterEndpointRequest {
@@ -388,8 +375,7 @@ async fn web_push_errors_are_sorted_by_class() {
 
     // 429 with Retry-After: 2 waits for the later of Retry-After and the one-minute floor
     // for rate limits, without failing.
-    let limited = uniq("limited");
-    p.add_recipient(&limited, "", "", "").await;
+    let limited = p.add_bare_recipient("limited").await;
     p.add_webpush(
         &limited,
         &format!("https://push.example.test/sub/limited-{limited}"),
@@ -427,8 +413,7 @@ async fn web_push_errors_are_sorted_by_class() {
 async fn thai_push_bodies_are_cut_to_each_providers_limit_byte_for_byte() {
     let p = push_platform().await;
     p.add_type("order_paid", &["push"]).await;
-    let u = uniq("u");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("u").await;
     p.add_device(&u, &format!("fcm-tok-{u}")).await;
     p.add_endpoint(&u, "apns", &format!("apns-tok-{u}")).await;
     p.add_webpush(&u, &format!("https://push.example.test/sub/T-{u}"))
@@ -443,11 +428,7 @@ async fn thai_push_bodies_are_cut_to_each_providers_limit_byte_for_byte() {
     req.content.as_mut().unwrap().body = body.clone();
     let ev = p.ingest().create_event(req).await.unwrap().into_inner();
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert!(
-        done.deliveries.iter().all(|d| d.status == "sent"),
-        "{:?}",
-        done.deliveries
-    );
+    assert_all_sent(&done);
 
     let fcm = &p.sim_requests("fcm").await[0]["body"]["message"];
     let apns = &p.sim_requests("apns").await[0]["body"];

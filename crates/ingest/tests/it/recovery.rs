@@ -5,19 +5,7 @@ use crate::support;
 use notify_core::Channel;
 use serde_json::json;
 use std::time::Duration;
-use support::{Options, Platform, eventually, line_id, uniq};
-
-async fn wait_outbox_empty(p: &Platform) {
-    eventually(
-        "outbox drained",
-        Duration::from_secs(20),
-        async || match p.count("outbox").await {
-            0 => Ok(()),
-            n => Err(n),
-        },
-    )
-    .await;
-}
+use support::{Options, Platform, eventually, line_id, status_attempts, uniq};
 
 /// Waits until the simulator has recorded at least `n` LINE calls (it records a call when
 /// it arrives, before any delay of a fault) and returns them.
@@ -44,17 +32,14 @@ async fn status_of(p: &Platform, delivery_id: &str) -> (String, i32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_died_after_claiming_is_recovered_by_the_sweeper_and_sent_once() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", &line_id()).await;
     let ev = p.send("died", "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
-    wait_outbox_empty(&p).await;
+    p.wait_outbox_empty("outbox drained", Duration::from_secs(20))
+        .await;
     // A worker claims it with a 1 s lease and dies before calling LINE.
     let claimed = notify_store::deliveries::claim(
         &p.pool,
@@ -71,14 +56,8 @@ async fn a_worker_that_died_after_claiming_is_recovered_by_the_sweeper_and_sent_
     // A live worker gets the original message while the lease holds: acked, not sent.
     p.start_worker(Channel::Line);
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert_eq!(
-        (
-            done.deliveries[0].status.as_str(),
-            done.deliveries[0].attempts
-        ),
-        ("sent", 2)
-    );
-    assert_eq!(p.sim_requests("line").await.len(), 1, "sent exactly once");
+    assert_eq!(status_attempts(&done.deliveries[0]), ("sent", 2));
+    assert_eq!(p.sim_count("line").await, 1, "sent exactly once");
     p.stop().await;
 }
 
@@ -91,9 +70,7 @@ async fn a_worker_whose_lease_was_taken_writes_nothing_and_the_retry_key_prevent
     })
     .await;
     p.add_type("order_paid", &["line"]).await;
-    let u = uniq("u");
-    let lid = line_id();
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     // LINE answers after 2 s: the worker is "frozen" in the call meanwhile.
     p.sim_fault(json!({"provider": "line", "target_contains": lid, "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 2000, "times": 1})).await;
     let ev = p.send("frozen", "order_paid", &[&u]).await;
@@ -180,7 +157,7 @@ async fn a_stopped_worker_finishes_the_delivery_in_hand_and_leaves_the_rest_queu
         2,
         "the others are back in the queue"
     );
-    assert_eq!(p.sim_requests("line").await.len(), 1);
+    assert_eq!(p.sim_count("line").await, 1);
 
     p.start_worker(Channel::Line);
     let done = p.wait_final(&ev.event_id, 30).await;
@@ -189,26 +166,19 @@ async fn a_stopped_worker_finishes_the_delivery_in_hand_and_leaves_the_rest_queu
             .iter()
             .all(|d| d.status == "sent" && d.attempts == 1)
     );
-    assert_eq!(
-        p.sim_requests("line").await.len(),
-        3,
-        "each sent exactly once"
-    );
+    assert_eq!(p.sim_count("line").await, 3, "each sent exactly once");
     p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_lost_after_the_confirm_is_republished_from_postgres() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", &line_id()).await;
     let ev = p.send("lost", "order_paid", &[&u]).await;
-    wait_outbox_empty(&p).await;
+    p.wait_outbox_empty("outbox drained", Duration::from_secs(20))
+        .await;
     // The broker confirmed it; now the message is gone (queue purged).
     let (_conn, ch) = p.amqp().await;
     let purged = ch
@@ -218,28 +188,16 @@ async fn a_message_lost_after_the_confirm_is_republished_from_postgres() {
     assert_eq!(purged, 1);
     p.start_worker(Channel::Line);
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert_eq!(
-        (
-            done.deliveries[0].status.as_str(),
-            done.deliveries[0].attempts
-        ),
-        ("sent", 1)
-    );
-    assert_eq!(p.sim_requests("line").await.len(), 1);
+    assert_eq!(status_attempts(&done.deliveries[0]), ("sent", 1));
+    assert_eq!(p.sim_count("line").await, 1);
     p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_claimed_by_a_relay_that_died_before_the_confirm_are_published_again() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
     p.add_type("order_paid", &["line"]).await;
-    let u = uniq("u");
-    let lid = line_id();
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, _) = p.add_line_recipient("u").await;
     // Write an event the way ingest does, but leave its outbox row as a relay leaves it
     // when it claimed the row and died before the confirm: hidden for the 2 s hold.
     let event = notify_core::NewEvent::parse(notify_core::event::CreateEventInput {
@@ -313,7 +271,7 @@ async fn rows_claimed_by_a_relay_that_died_before_the_confirm_are_published_agai
     let done = p.wait_final(&event_id.to_string(), 30).await;
     assert_eq!(done.deliveries[0].status, "sent");
     assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         1,
         "published again after the hold and sent once"
     );
@@ -429,7 +387,7 @@ async fn slow_provider_calls_hold_no_database_connection() {
             .iter()
             .all(|d| d.status == "sent" && d.attempts == 1)
     );
-    assert_eq!(p.sim_requests("line").await.len(), 60);
+    assert_eq!(p.sim_count("line").await, 60);
     p.stop().await;
 }
 
@@ -451,7 +409,8 @@ async fn a_second_worker_shares_a_slow_queue_and_nothing_is_sent_twice() {
     p.sim_fault(json!({"provider": "line", "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 3000})).await;
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
     let ev = p.send("b01", "order_paid", &refs).await;
-    wait_outbox_empty(&p).await;
+    p.wait_outbox_empty("outbox drained", Duration::from_secs(20))
+        .await;
     p.start_worker_named(Channel::Line, "w1");
     // w2 starts once w1 is busy with as many slow calls as its concurrency allows.
     wait_line_calls(&p, 2).await;
@@ -463,7 +422,7 @@ async fn a_second_worker_shares_a_slow_queue_and_nothing_is_sent_twice() {
             .all(|d| d.status == "sent" && d.attempts == 1)
     );
     assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         20,
         "exactly one push per recipient"
     );
@@ -491,9 +450,7 @@ async fn a_message_redelivered_during_a_slow_call_is_not_sent_again() {
     p.start_worker_named(Channel::Line, "w1");
     p.start_worker_named(Channel::Line, "w2");
     p.add_type("order_paid", &["line"]).await;
-    let u = uniq("u");
-    let lid = line_id();
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     // LINE takes 4.5 s for this user: longer than the 3 s lease, shorter than the
     // LINE worker's 5 s provider timeout in these tests.
     p.sim_fault(
@@ -542,15 +499,12 @@ async fn a_message_redelivered_during_a_slow_call_is_not_sent_again() {
     .unwrap();
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(
-        (
-            done.deliveries[0].status.as_str(),
-            done.deliveries[0].attempts
-        ),
+        status_attempts(&done.deliveries[0]),
         ("sent", 1),
         "one attempt, recorded by the worker that made the slow call"
     );
     assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         1,
         "the redelivered message did not cause a second push"
     );
@@ -646,7 +600,7 @@ async fn an_old_snapshot_held_open_does_not_stall_delivery() {
         "throughput with an old snapshot open {with_snapshot:.0}/s, baseline {baseline:.0}/s"
     );
     assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         400,
         "each delivery reached LINE once"
     );
@@ -833,9 +787,7 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
     })
     .await;
     p.add_type("order_paid", &["line"]).await;
-    let u = uniq("u");
-    let lid = line_id();
-    p.add_recipient(&u, "", "", &lid).await;
+    let (u, lid) = p.add_line_recipient("u").await;
     // LINE accepts, but answers only after 3 s.
     p.sim_fault(json!({"provider": "line", "target_contains": lid, "status": 200, "body": {"sentMessages": [{"id": "late-1"}]}, "delay_ms": 3000, "times": 1})).await;
     let ev = p.send("late", "order_paid", &[&u]).await;
@@ -857,29 +809,25 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
     assert_eq!(swept.rows_affected(), 1);
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(
-        (
-            done.deliveries[0].status.as_str(),
-            done.deliveries[0].attempts
-        ),
+        status_attempts(&done.deliveries[0]),
         ("sent", 1),
         "the late success was recorded"
     );
-    wait_outbox_empty(&p).await;
+    p.wait_outbox_empty("outbox drained", Duration::from_secs(20))
+        .await;
     let queue = p.topology.queue("line");
-    eventually(
+    p.wait_queue_depth(
+        &queue,
+        0,
         "the recovered message taken",
         Duration::from_secs(5),
-        async || match p.queue_depth(&queue).await {
-            0 => Ok(()),
-            n => Err(n),
-        },
     )
     .await;
     // A graceful stop returns once the worker finished the message in hand; a message it
     // had not acked would be back in the queue.
     p.stop_workers().await;
     assert_eq!(
-        p.sim_requests("line").await.len(),
+        p.sim_count("line").await,
         1,
         "the recovered message was acked without a second push"
     );
@@ -900,17 +848,14 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_success_loses_to_a_newer_claim() {
     use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome, NextState};
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", &line_id()).await;
     let ev = p.send("late-fence", "order_paid", &[&u]).await;
     let id: uuid::Uuid = ev.deliveries[0].delivery_id.parse().unwrap();
-    wait_outbox_empty(&p).await;
+    p.wait_outbox_empty("outbox drained", Duration::from_secs(20))
+        .await;
     let claim = || async {
         match deliveries::claim(
             &p.pool,

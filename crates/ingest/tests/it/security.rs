@@ -600,11 +600,9 @@ fn violations(err: &tonic::Status) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sensitive_data_is_rejected_by_default_and_masked_when_the_type_says_so() {
     // Callers are not authenticated here: the guard applies to every caller alike.
-    let p = Platform::start_with(Options {
-        workers: vec![notify_core::Channel::Line, notify_core::Channel::InApp],
-        ..Default::default()
-    })
-    .await;
+    let p =
+        Platform::start_with_workers(&[notify_core::Channel::Line, notify_core::Channel::InApp])
+            .await;
     let admin = key(&p, "ops-admin", &["*"], true, 1000, 1000).await;
     let user = setup(&p, &admin, &[("kyc_check", ""), ("order_paid", "mask")]).await;
     // A valid Thai id (check digit 8), with dashes, nested; a card with spaces in Thai text.
@@ -731,14 +729,9 @@ async fn sensitive_data_is_rejected_by_default_and_masked_when_the_type_says_so(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn links_must_be_https_and_oversized_or_deep_input_is_refused() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     p.add_type("order_paid", &["inapp"]).await;
-    let user = uniq("u");
-    p.add_recipient(&user, "", "", "").await;
+    let user = p.add_bare_recipient("u").await;
     let send = |req: pb::CreateEventRequest| {
         let mut c = p.ingest();
         async move { c.create_event(req).await }

@@ -489,8 +489,7 @@ async fn metrics_count_exactly_the_deliveries_sent_and_logs_carry_ids_but_no_con
         p.add_recipient(u, "", "", l).await;
     }
     // A sixth recipient whose LINE account rejects the message for good.
-    let (bad, bad_line) = (uniq("u"), line_id());
-    p.add_recipient(&bad, "", "", &bad_line).await;
+    let (bad, bad_line) = p.add_line_recipient("u").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": bad_line, "status": 400,
         "body": {"message": "The request body has 1 error(s)"}}),
@@ -628,8 +627,7 @@ async fn on_sigterm_ingest_reports_not_serving_before_it_stops_accepting() {
     );
     wait_serving(&p).await;
     p.add_type("order_paid", &["inapp"]).await;
-    let u = uniq("u");
-    p.add_recipient(&u, "", "", "").await;
+    let u = p.add_bare_recipient("u").await;
     // Ready once the relay holds its broker connection.
     wait_ready(&format!("http://{admin}/readyz")).await;
 

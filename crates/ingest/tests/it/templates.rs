@@ -6,7 +6,7 @@ use crate::support;
 
 use notify_proto::v1 as pb;
 use serde_json::Value;
-use support::{Platform, line_id, uniq};
+use support::{Platform, assert_all_sent, line_id, uniq};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -88,11 +88,7 @@ async fn thai_templates_with_thai_money_and_dates_and_an_english_fallback() {
         r#"{"order_id": 1001, "total": "1250", "paid_at": "2026-11-30T18:30:00Z"}"#.into();
     let ev = p.ingest().create_event(req).await.unwrap().into_inner();
     let done = p.wait_final(&ev.event_id, 30).await;
-    assert!(
-        done.deliveries.iter().all(|d| d.status == "sent"),
-        "{:?}",
-        done.deliveries
-    );
+    assert_all_sent(&done);
 
     // Thai email: Thai subject, amount in baht, date in the Buddhist era (01:30 on 1 December
     // in Bangkok).
@@ -166,11 +162,7 @@ async fn thai_templates_with_thai_money_and_dates_and_an_english_fallback() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_type_file_loads_once_per_version_and_all_or_nothing() {
     use ingest::types_file::{LoadError, Loaded, load};
-    let p = Platform::start_with(support::Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with_workers(&[]).await;
     let file = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../deploy/notification-types.json"
@@ -340,11 +332,7 @@ async fn five_replies_in_one_window_become_one_digest_per_channel() {
     assert!(p.mails_to(&mail).await.is_empty());
     assert!(p.sim_requests("line").await.is_empty());
     let done = p.wait_final(&first.event_id, 30).await;
-    assert!(
-        done.deliveries.iter().all(|d| d.status == "sent"),
-        "{:?}",
-        done.deliveries
-    );
+    assert_all_sent(&done);
 
     let mails = p.mails_to(&mail).await;
     assert_eq!(mails.len(), 1, "one email");

@@ -3,19 +3,48 @@
 //! Each test gets its own database, its own exchange/queue prefix and its own provider
 //! simulator, so tests never see each other's work.
 
+mod http;
+mod observe;
+mod process;
+mod seed;
+mod wait;
+mod workers;
+
+pub use http::{
+    SendExt, console_login, csrf_token, hs256, line_webhook, no_redirects, session_cookie,
+};
+pub use process::free_addr;
+pub use wait::{eventually, settle};
+
 use notify_broker::Topology;
-use notify_core::{Channel, RetryPolicy};
+use notify_core::Channel;
 use notify_proto::v1 as pb;
-use notify_worker::WorkerConfig;
 use serde_json::Value;
 use sqlx::PgPool;
 use std::collections::HashMap;
-use std::fmt::Debug;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+
+/// Asserts that `delivery` was sent, showing it whole otherwise.
+pub fn assert_sent(delivery: &pb::Delivery) {
+    assert_eq!(delivery.status, "sent", "{delivery:?}");
+}
+
+/// A delivery's status and attempt count, to assert both in one `assert_eq!`.
+pub fn status_attempts(delivery: &pb::Delivery) -> (&str, u32) {
+    (delivery.status.as_str(), delivery.attempts)
+}
+
+/// Asserts that every delivery of `event` was sent, showing them all otherwise.
+pub fn assert_all_sent(event: &pb::GetEventResponse) {
+    assert!(
+        event.deliveries.iter().all(|d| d.status == "sent"),
+        "{:?}",
+        event.deliveries
+    );
+}
 
 /// Addresses of the local stack.
 #[derive(Debug, Clone)]
@@ -239,10 +268,24 @@ mod tempfile_path {
 }
 
 impl Platform {
+    /// Starts a platform with the default [`Options`]: every channel's worker.
     pub async fn start() -> Platform {
         Self::start_with(Options::default()).await
     }
 
+    /// Starts a platform with the default [`Options`] but only the workers of `workers`
+    /// (none for `&[]`: deliveries are planned and queued, never sent).
+    pub async fn start_with_workers(workers: &[Channel]) -> Platform {
+        Self::start_with(Options {
+            workers: workers.to_vec(),
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// Starts a platform as `opts` says: a new migrated database, its own broker prefix,
+    /// provider simulator and SMTP simulator, ingest in-process (unless
+    /// `opts.ingest_in_process` is false) and http-api, then the workers of `opts.workers`.
     pub async fn start_with(opts: Options) -> Platform {
         notify_telemetry::init_for_tests();
         let stack = Stack::get();
@@ -377,234 +420,30 @@ impl Platform {
         url
     }
 
-    pub fn worker_config(&self) -> WorkerConfig {
-        WorkerConfig {
-            amqp_url: self.stack.amqp_url.clone(),
-            topology: self.topology.clone(),
-            concurrency: self.opts.concurrency,
-            lease: self.opts.lease,
-            retry: RetryPolicy {
-                delays: self.opts.retry_delays.clone(),
-                ..RetryPolicy::default()
-            },
-            shutdown_grace: Duration::from_secs(10),
-            worker_id: "test-worker".into(),
-            rate_limits: self.opts.rate_limits.clone(),
-        }
-    }
-
-    /// Starts one channel's worker in-process.
-    pub fn start_worker(&mut self, channel: Channel) {
-        self.start_worker_named(channel, "test-worker");
-    }
-
-    /// Starts one channel's worker in-process, recording `worker_id` on its attempts.
-    pub fn start_worker_named(&mut self, channel: Channel, worker_id: &str) {
-        let mut cfg = self.worker_config();
-        cfg.worker_id = worker_id.into();
-        let pool = match self.opts.worker_pool_size {
-            Some(n) => {
-                let mut c = notify_store::PoolConfig::new(self.db_url.clone());
-                c.max_connections = n;
-                notify_store::connect(&c).expect("worker pool")
-            }
-            None => self.pool.clone(),
-        };
-        let s = self.worker_shutdown.clone();
-        let task = match channel {
-            Channel::InApp => {
-                let sender = Arc::new(worker_inapp::InAppSender::new(pool.clone()));
-                tokio::spawn(async move {
-                    notify_worker::run(cfg, pool, sender, Default::default(), s)
-                        .await
-                        .unwrap()
-                })
-            }
-            Channel::Email => {
-                let sender = Arc::new(
-                    worker_email::EmailSender::new(worker_email::EmailConfig {
-                        smtp_url: if self.opts.smtp_sim {
-                            self.smtp_sim_url.clone()
-                        } else {
-                            self.stack.smtp_url.clone()
-                        },
-                        from: lettre::message::Mailbox::new(
-                            Some("ฝ่ายบริการลูกค้า, ร้านตัวอย่าง".into()),
-                            "noreply@example.test".parse().unwrap(),
-                        ),
-                        message_id_domain: "example.test".into(),
-                        timeout: Duration::from_secs(10),
-                        unsubscribe_url: format!("{}/unsubscribe", self.http_url),
-                        unsubscribe_secret: UNSUBSCRIBE_SECRET.into(),
-                    })
-                    .unwrap(),
-                );
-                tokio::spawn(async move {
-                    notify_worker::run(cfg, pool, sender, Default::default(), s)
-                        .await
-                        .unwrap()
-                })
-            }
-            Channel::Line => {
-                let sender = Arc::new(
-                    worker_line::LineSender::new(worker_line::LineConfig {
-                        api_base: self.sim_url.clone(),
-                        channel_token: LINE_TOKEN.into(),
-                        timeout: Duration::from_secs(5),
-                    })
-                    .unwrap(),
-                );
-                tokio::spawn(async move {
-                    notify_worker::run(cfg, pool, sender, Default::default(), s)
-                        .await
-                        .unwrap()
-                })
-            }
-            Channel::Push => {
-                let sender = Arc::new(
-                    worker_push::PushSender::new(worker_push::PushConfig {
-                        fcm_api_base: self.sim_url.clone(),
-                        fcm_service_account_file: self.service_account_file.0.display().to_string(),
-                        fcm_project_id: None,
-                        timeout: Duration::from_secs(5),
-                        apns: Some(worker_push::apns::ApnsConfig {
-                            api_base: self.sim_url.clone(),
-                            key_pem: std::fs::read_to_string(&self.stack.apns_key_file)
-                                .expect("apns key"),
-                            key_id: APNS_KEY_ID.into(),
-                            team_id: APNS_TEAM_ID.into(),
-                            topic: APNS_TOPIC.into(),
-                            timeout: Duration::from_secs(5),
-                        }),
-                        webpush: Some(worker_push::webpush::WebPushConfig {
-                            vapid_key_pem: std::fs::read_to_string(&self.stack.vapid_key_file)
-                                .expect("vapid key"),
-                            vapid_subject: VAPID_SUBJECT.into(),
-                            base_override: format!("{}/webpush", self.sim_url),
-                            ttl: Duration::from_secs(3600),
-                            timeout: Duration::from_secs(5),
-                        }),
-                    })
-                    .unwrap(),
-                );
-                tokio::spawn(async move {
-                    notify_worker::run(cfg, pool, sender, Default::default(), s)
-                        .await
-                        .unwrap()
-                })
-            }
-        };
-        self.workers.push(task);
-    }
-
+    /// A client of ingest's `IngestService` on this platform.
     pub fn ingest(
         &self,
     ) -> pb::ingest_service_client::IngestServiceClient<tonic::transport::Channel> {
         pb::ingest_service_client::IngestServiceClient::new(self.grpc.clone())
     }
 
+    /// A client of ingest's `RecipientService` on this platform.
     pub fn recipients(
         &self,
     ) -> pb::recipient_service_client::RecipientServiceClient<tonic::transport::Channel> {
         pb::recipient_service_client::RecipientServiceClient::new(self.grpc.clone())
     }
 
+    /// A client of ingest's `TopicService` on this platform.
     pub fn topics(
         &self,
     ) -> pb::topic_service_client::TopicServiceClient<tonic::transport::Channel> {
         pb::topic_service_client::TopicServiceClient::new(self.grpc.clone())
     }
 
+    /// A client of ingest's `TypeService` on this platform.
     pub fn types(&self) -> pb::type_service_client::TypeServiceClient<tonic::transport::Channel> {
         pb::type_service_client::TypeServiceClient::new(self.grpc.clone())
-    }
-
-    /// Registers a type with every channel (or `channels`).
-    pub async fn add_type(&self, key: &str, channels: &[&str]) {
-        self.types()
-            .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-                key: key.into(),
-                priority: "normal".into(),
-                default_channels: channels.iter().map(|c| c.to_string()).collect(),
-                critical: false,
-                ..Default::default()
-            })
-            .await
-            .expect("upsert type");
-    }
-
-    pub async fn add_recipient(&self, user_id: &str, name: &str, email: &str, line: &str) {
-        self.recipients()
-            .upsert_recipient(pb::UpsertRecipientRequest {
-                user_id: user_id.into(),
-                display_name: name.into(),
-                email: email.into(),
-                line_user_id: line.into(),
-                ..Default::default()
-            })
-            .await
-            .expect("upsert recipient");
-    }
-
-    pub async fn add_device(&self, user_id: &str, token: &str) -> String {
-        self.add_endpoint(user_id, "fcm", token).await
-    }
-
-    /// Registers a push endpoint of `platform` (`fcm` or `apns`) for `user_id`.
-    pub async fn add_endpoint(&self, user_id: &str, platform: &str, token: &str) -> String {
-        self.recipients()
-            .register_endpoint(pb::RegisterEndpointRequest {
-                user_id: user_id.into(),
-                platform: platform.into(),
-                token: token.into(),
-                web_push: None,
-            })
-            .await
-            .expect("register endpoint")
-            .into_inner()
-            .endpoint_id
-    }
-
-    /// Subscribes `endpoint` at the simulator's push service (as a browser would) and
-    /// registers the subscription for `user_id`; returns the endpoint id.
-    pub async fn add_webpush(&self, user_id: &str, endpoint: &str) -> String {
-        let sub: Value = self
-            .http
-            .post(format!("{}/_sim/webpush/subscriptions", self.sim_url))
-            .json(&serde_json::json!({"endpoint": endpoint}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        self.recipients()
-            .register_endpoint(pb::RegisterEndpointRequest {
-                user_id: user_id.into(),
-                platform: "webpush".into(),
-                token: String::new(),
-                web_push: Some(pb::WebPushSubscription {
-                    endpoint: endpoint.into(),
-                    p256dh: sub["keys"]["p256dh"].as_str().unwrap().into(),
-                    auth: sub["keys"]["auth"].as_str().unwrap().into(),
-                }),
-            })
-            .await
-            .expect("register endpoint")
-            .into_inner()
-            .endpoint_id
-    }
-
-    /// The user unsubscribed `endpoint` in the browser: the push service answers 410.
-    pub async fn webpush_unsubscribe(&self, endpoint: &str) {
-        let r = self
-            .http
-            .post(format!("{}/_sim/webpush/unsubscribe", self.sim_url))
-            .json(&serde_json::json!({"endpoint": endpoint}))
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success(), "{}", r.status());
     }
 
     /// `CreateEvent` for the standard request [`Platform::event`]; panics on an error.
@@ -621,6 +460,9 @@ impl Platform {
             .into_inner()
     }
 
+    /// The standard `CreateEvent` request: key `key`, type `type_key`, `recipients`, actor
+    /// `tests`, the order-paid payload and Thai content with an https link; no channels,
+    /// topic or aggregate key.
     pub fn event(&self, key: &str, type_key: &str, recipients: &[&str]) -> pb::CreateEventRequest {
         pb::CreateEventRequest {
             event_key: key.into(),
@@ -671,86 +513,6 @@ impl Platform {
             .into_inner()
     }
 
-    /// Requests the simulator recorded for `provider`.
-    pub async fn sim_requests(&self, provider: &str) -> Vec<Value> {
-        self.http
-            .get(format!(
-                "{}/_sim/requests?provider={provider}",
-                self.sim_url
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-
-    pub async fn sim_fault(&self, fault: Value) {
-        let r = self
-            .http
-            .post(format!("{}/_sim/faults", self.sim_url))
-            .json(&fault)
-            .send()
-            .await
-            .unwrap();
-        assert!(r.status().is_success());
-    }
-
-    /// Emails in MailDev addressed to `address`.
-    pub async fn mails_to(&self, address: &str) -> Vec<Value> {
-        let all: Vec<Value> = self
-            .http
-            .get(format!("{}/api/email", self.stack.maildev_url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        all.into_iter()
-            .filter(|m| {
-                m["to"]
-                    .as_array()
-                    .is_some_and(|t| t.iter().any(|a| a["address"] == address))
-            })
-            .collect()
-    }
-
-    /// Row count of `table`.
-    pub async fn count(&self, table: &str) -> i64 {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
-    }
-
-    /// An AMQP channel on the stack's broker.
-    pub async fn amqp(&self) -> (lapin::Connection, lapin::Channel) {
-        let conn = notify_broker::connect(&self.stack.amqp_url, "tests")
-            .await
-            .unwrap();
-        let ch = conn.create_channel().await.unwrap();
-        (conn, ch)
-    }
-
-    /// Messages ready in `queue` (passive declare).
-    pub async fn queue_depth(&self, queue: &str) -> u32 {
-        let (_conn, ch) = self.amqp().await;
-        let q = ch
-            .queue_declare(
-                queue.into(),
-                lapin::options::QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                Default::default(),
-            )
-            .await
-            .unwrap();
-        q.message_count()
-    }
-
     /// Stops the workers gracefully (as on SIGTERM) and waits until they returned; new
     /// workers can be started afterwards.
     pub async fn stop_workers(&mut self) {
@@ -789,103 +551,6 @@ impl Platform {
     }
 }
 
-/// A platform binary run as its own process (`ingest`, `worker-line`, ...), killed on
-/// drop. Its stdout (the JSON log lines) is collected in [`Proc::log`].
-pub struct Proc {
-    pub child: tokio::process::Child,
-    log: Arc<std::sync::Mutex<String>>,
-}
-
-impl Proc {
-    /// Everything the process wrote to stdout so far.
-    pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// The process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id().expect("running")
-    }
-
-    /// Sends SIGTERM.
-    pub fn terminate(&self) {
-        let ok = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .expect("kill")
-            .success();
-        assert!(ok, "kill -TERM failed");
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-    }
-}
-
-/// A free port on 127.0.0.1.
-pub fn free_addr() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-impl Platform {
-    /// The environment a platform binary needs to run against this platform: its
-    /// database, broker prefix, simulator and keys.
-    pub fn process_env(&self) -> HashMap<String, String> {
-        let vars = [
-            ("NOTIFY_DATABASE_URL", self.db_url.clone()),
-            ("NOTIFY_AMQP_URL", self.stack.amqp_url.clone()),
-            ("NOTIFY_AMQP_PREFIX", self.amqp_prefix.clone()),
-            ("NOTIFY_GRPC_ADDR", self.grpc_addr.to_string()),
-            ("NOTIFY_LINE_API_BASE", self.sim_url.clone()),
-            ("NOTIFY_LINE_CHANNEL_TOKEN", LINE_TOKEN.into()),
-            ("NOTIFY_RETRY_DELAYS", "1s".into()),
-            ("NOTIFY_LOG_FORMAT", "json".into()),
-            ("NOTIFY_GRPC_AUTH", "off".into()),
-            ("RUST_LOG", "info".into()),
-        ];
-        vars.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
-    }
-
-    /// Starts the binary `name` from this build (`ingest` takes `args` such as `serve`)
-    /// with [`Platform::process_env`] plus `extra`.
-    pub fn spawn(&self, name: &str, args: &[&str], extra: &[(&str, String)]) -> Proc {
-        use tokio::io::AsyncBufReadExt;
-        let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ingest")).with_file_name(name);
-        assert!(
-            bin.exists(),
-            "{} is not built: run `cargo build --workspace --bins` (make test does)",
-            bin.display()
-        );
-        let mut cmd = tokio::process::Command::new(&bin);
-        cmd.args(args)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .envs(self.process_env())
-            .envs(extra.iter().map(|(k, v)| (k.to_string(), v.clone())))
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .kill_on_drop(true);
-        let mut child = cmd.spawn().expect("spawn");
-        let log = Arc::new(std::sync::Mutex::new(String::new()));
-        let out = child.stdout.take().unwrap();
-        let l = log.clone();
-        tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(out).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let mut log = l.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        Proc { child, log }
-    }
-}
-
 impl Platform {
     /// Starts another in-process ingest replica on the same database and broker; returns
     /// a channel to it. It stops with the platform.
@@ -900,53 +565,5 @@ impl Platform {
         tonic::transport::Endpoint::from_shared(url)
             .unwrap()
             .connect_lazy()
-    }
-}
-
-/// How often [`eventually`] and [`settle`] look again.
-const POLL_EVERY: Duration = Duration::from_millis(25);
-
-/// Waits for a condition: calls `probe` at once and then every 25 ms until it returns
-/// `Ok(value)`, and returns that value. `probe` returns `Err(observed)` while the
-/// condition does not hold yet; when `within` has passed, this panics with `what` and the
-/// last observed state. A probe may itself panic (assert) on a state that must never be
-/// seen on the way.
-pub async fn eventually<T, S: Debug>(
-    what: &str,
-    within: Duration,
-    mut probe: impl AsyncFnMut() -> Result<T, S>,
-) -> T {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let observed = match probe().await {
-            Ok(value) => return value,
-            Err(observed) => observed,
-        };
-        if tokio::time::Instant::now() >= deadline {
-            panic!("{what}: not within {within:?}; last observed: {observed:#?}");
-        }
-        tokio::time::sleep(POLL_EVERY).await;
-    }
-}
-
-/// Asserts that nothing more happens within `within`: calls `probe` every 25 ms for the
-/// whole of `within`, and once more at its end, and panics with `what` and the observed
-/// state as soon as `probe` returns `Err(observed)`. For promises of the form "no second
-/// send within X"; prefer [`eventually`] on a positive signal where the system offers one.
-pub async fn settle<S: Debug>(
-    what: &str,
-    within: Duration,
-    mut probe: impl AsyncFnMut() -> Result<(), S>,
-) {
-    let end = tokio::time::Instant::now() + within;
-    loop {
-        if let Err(observed) = probe().await {
-            panic!("{what}: broken within {within:?}; observed: {observed:#?}");
-        }
-        let now = tokio::time::Instant::now();
-        if now >= end {
-            return;
-        }
-        tokio::time::sleep(POLL_EVERY.min(end - now)).await;
     }
 }

@@ -1,0 +1,91 @@
+//! Clients of the in-process http-api: the console's sign-in, session cookie and CSRF
+//! token, inbox bearer tokens, and signed LINE webhooks.
+
+use super::{CONSOLE_PASSWORD, CONSOLE_USER, LINE_SECRET, Platform};
+use serde_json::Value;
+
+/// An HTTP client that does not follow redirects, so a test sees the console's 303s.
+pub fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// The console's sign-in form (`POST {base}/console/login`) with the test staff account
+/// ([`CONSOLE_USER`], [`CONSOLE_PASSWORD`]), not sent yet: the caller may add headers.
+/// A sign-in that succeeds answers 303 with the session cookie.
+pub fn console_login(http: &reqwest::Client, base: &str) -> reqwest::RequestBuilder {
+    http.post(format!("{base}/console/login"))
+        .form(&[("user", CONSOLE_USER), ("password", CONSOLE_PASSWORD)])
+}
+
+/// The cookie `r` sets, as `name=value` (what a browser sends back); panics if it sets
+/// none.
+pub fn session_cookie(r: &reqwest::Response) -> String {
+    r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// The CSRF token of the first form in a console page (its hidden `csrf` field).
+pub fn csrf_token(page: &str) -> String {
+    page.split("name=\"csrf\" value=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// An HS256 JWT of `claims` signed with `secret` (the inbox API's tokens use
+/// [`super::INBOX_SECRET`]).
+pub fn hs256(claims: &Value, secret: &str) -> String {
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        claims,
+        &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).unwrap(),
+    )
+    .unwrap()
+}
+
+/// `POST {base}/webhooks/line` with `body` and the `x-line-signature` LINE computes over
+/// it with [`LINE_SECRET`]; returns the response.
+pub async fn line_webhook(p: &Platform, base: &str, body: &str) -> reqwest::Response {
+    p.http
+        .post(format!("{base}/webhooks/line"))
+        .header(
+            "x-line-signature",
+            notify_core::signed::line_signature(LINE_SECRET, body.as_bytes()),
+        )
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Sending a request and reading its whole body, for tests that read the body whatever
+/// the status: `req.json_body().await` instead of
+/// `req.send().await.unwrap().json().await.unwrap()`.
+pub trait SendExt {
+    /// Sends the request and parses the body as JSON; panics on a transport error or a
+    /// body that is not `T`.
+    fn json_body<T: serde::de::DeserializeOwned>(self) -> impl Future<Output = T> + Send;
+    /// Sends the request and returns the body as text; panics on a transport error.
+    fn text_body(self) -> impl Future<Output = String> + Send;
+}
+
+impl SendExt for reqwest::RequestBuilder {
+    async fn json_body<T: serde::de::DeserializeOwned>(self) -> T {
+        self.send().await.unwrap().json().await.unwrap()
+    }
+
+    async fn text_body(self) -> String {
+        self.send().await.unwrap().text().await.unwrap()
+    }
+}

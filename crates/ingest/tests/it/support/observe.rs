@@ -1,0 +1,85 @@
+//! What reached the outside: the simulator's recorded requests (and its faults), MailDev's
+//! mail, table row counts and queue depths.
+
+use super::{Platform, SendExt};
+use serde_json::Value;
+
+impl Platform {
+    /// Requests the simulator recorded for `provider`.
+    pub async fn sim_requests(&self, provider: &str) -> Vec<Value> {
+        self.http
+            .get(format!(
+                "{}/_sim/requests?provider={provider}",
+                self.sim_url
+            ))
+            .json_body()
+            .await
+    }
+
+    /// How many requests the simulator recorded for `provider`.
+    pub async fn sim_count(&self, provider: &str) -> usize {
+        self.sim_requests(provider).await.len()
+    }
+
+    /// Installs a fault at the simulator (`POST /_sim/faults`); panics unless it is taken.
+    pub async fn sim_fault(&self, fault: Value) {
+        let r = self
+            .http
+            .post(format!("{}/_sim/faults", self.sim_url))
+            .json(&fault)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+    }
+
+    /// Emails in MailDev addressed to `address`.
+    pub async fn mails_to(&self, address: &str) -> Vec<Value> {
+        let all: Vec<Value> = self
+            .http
+            .get(format!("{}/api/email", self.stack.maildev_url))
+            .json_body()
+            .await;
+        all.into_iter()
+            .filter(|m| {
+                m["to"]
+                    .as_array()
+                    .is_some_and(|t| t.iter().any(|a| a["address"] == address))
+            })
+            .collect()
+    }
+
+    /// Row count of `table`.
+    pub async fn count(&self, table: &str) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// An AMQP channel on the stack's broker.
+    pub async fn amqp(&self) -> (lapin::Connection, lapin::Channel) {
+        let conn = notify_broker::connect(&self.stack.amqp_url, "tests")
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        (conn, ch)
+    }
+
+    /// Messages ready in `queue` (passive declare).
+    pub async fn queue_depth(&self, queue: &str) -> u32 {
+        let (_conn, ch) = self.amqp().await;
+        let q = ch
+            .queue_declare(
+                queue.into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        q.message_count()
+    }
+}

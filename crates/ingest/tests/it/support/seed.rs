@@ -1,0 +1,132 @@
+//! What a test registers before it sends: notification types, recipients and their push
+//! endpoints (FCM, APNs, Web Push subscriptions at the simulator).
+
+use super::{Platform, SendExt, line_id, uniq};
+use notify_proto::v1 as pb;
+use serde_json::Value;
+
+impl Platform {
+    /// Registers a type with every channel (or `channels`).
+    pub async fn add_type(&self, key: &str, channels: &[&str]) {
+        self.types()
+            .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+                key: key.into(),
+                priority: "normal".into(),
+                default_channels: channels.iter().map(|c| c.to_string()).collect(),
+                critical: false,
+                ..Default::default()
+            })
+            .await
+            .expect("upsert type");
+    }
+
+    /// Registers (or updates) a recipient with these addresses; an empty string is none.
+    pub async fn add_recipient(&self, user_id: &str, name: &str, email: &str, line: &str) {
+        self.recipients()
+            .upsert_recipient(pb::UpsertRecipientRequest {
+                user_id: user_id.into(),
+                display_name: name.into(),
+                email: email.into(),
+                line_user_id: line.into(),
+                ..Default::default()
+            })
+            .await
+            .expect("upsert recipient");
+    }
+
+    /// Registers a recipient `uniq(prefix)` whose only address is a new LINE user id;
+    /// returns (user id, LINE user id).
+    pub async fn add_line_recipient(&self, prefix: &str) -> (String, String) {
+        let (user_id, line) = (uniq(prefix), line_id());
+        self.add_recipient(&user_id, "", "", &line).await;
+        (user_id, line)
+    }
+
+    /// Registers a recipient `uniq(prefix)` with no email and no LINE id (reached in-app,
+    /// or by push once an endpoint is added); returns the user id.
+    pub async fn add_bare_recipient(&self, prefix: &str) -> String {
+        let user_id = uniq(prefix);
+        self.add_recipient(&user_id, "", "", "").await;
+        user_id
+    }
+
+    /// Registers an FCM device token for `user_id`; returns the endpoint id.
+    pub async fn add_device(&self, user_id: &str, token: &str) -> String {
+        self.add_endpoint(user_id, "fcm", token).await
+    }
+
+    /// Registers a push endpoint of `platform` (`fcm` or `apns`) for `user_id`.
+    pub async fn add_endpoint(&self, user_id: &str, platform: &str, token: &str) -> String {
+        self.recipients()
+            .register_endpoint(pb::RegisterEndpointRequest {
+                user_id: user_id.into(),
+                platform: platform.into(),
+                token: token.into(),
+                web_push: None,
+            })
+            .await
+            .expect("register endpoint")
+            .into_inner()
+            .endpoint_id
+    }
+
+    /// Subscribes `endpoint` at the simulator's push service (as a browser would) and
+    /// registers the subscription for `user_id`; returns the endpoint id.
+    pub async fn add_webpush(&self, user_id: &str, endpoint: &str) -> String {
+        let sub: Value = self
+            .http
+            .post(format!("{}/_sim/webpush/subscriptions", self.sim_url))
+            .json(&serde_json::json!({"endpoint": endpoint}))
+            .json_body()
+            .await;
+        self.recipients()
+            .register_endpoint(pb::RegisterEndpointRequest {
+                user_id: user_id.into(),
+                platform: "webpush".into(),
+                token: String::new(),
+                web_push: Some(pb::WebPushSubscription {
+                    endpoint: endpoint.into(),
+                    p256dh: sub["keys"]["p256dh"].as_str().unwrap().into(),
+                    auth: sub["keys"]["auth"].as_str().unwrap().into(),
+                }),
+            })
+            .await
+            .expect("register endpoint")
+            .into_inner()
+            .endpoint_id
+    }
+
+    /// The user unsubscribed `endpoint` in the browser: the push service answers 410.
+    pub async fn webpush_unsubscribe(&self, endpoint: &str) {
+        let r = self
+            .http
+            .post(format!("{}/_sim/webpush/unsubscribe", self.sim_url))
+            .json(&serde_json::json!({"endpoint": endpoint}))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+
+    /// Sets one quiet-hours window for `user_id` on every channel, from `start` to `end`
+    /// (their wall-clock `HH:MM` in the time zone they carry); panics on an error.
+    pub async fn set_quiet_hours(
+        &self,
+        user_id: &str,
+        start: chrono::DateTime<chrono_tz::Tz>,
+        end: chrono::DateTime<chrono_tz::Tz>,
+    ) {
+        let hhmm = |t: chrono::DateTime<chrono_tz::Tz>| t.format("%H:%M").to_string();
+        self.recipients()
+            .set_quiet_hours(pb::SetQuietHoursRequest {
+                user_id: user_id.into(),
+                windows: vec![pb::QuietWindow {
+                    start: hhmm(start),
+                    end: hhmm(end),
+                    channels: vec![],
+                }],
+            })
+            .await
+            .unwrap();
+    }
+}

@@ -1,0 +1,76 @@
+//! Waiting on conditions with a deadline instead of sleeping a fixed time.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+/// How often [`eventually`] and [`settle`] look again.
+const POLL_EVERY: Duration = Duration::from_millis(25);
+
+/// Waits for a condition: calls `probe` at once and then every 25 ms until it returns
+/// `Ok(value)`, and returns that value. `probe` returns `Err(observed)` while the
+/// condition does not hold yet; when `within` has passed, this panics with `what` and the
+/// last observed state. A probe may itself panic (assert) on a state that must never be
+/// seen on the way.
+pub async fn eventually<T, S: Debug>(
+    what: &str,
+    within: Duration,
+    mut probe: impl AsyncFnMut() -> Result<T, S>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let observed = match probe().await {
+            Ok(value) => return value,
+            Err(observed) => observed,
+        };
+        if tokio::time::Instant::now() >= deadline {
+            panic!("{what}: not within {within:?}; last observed: {observed:#?}");
+        }
+        tokio::time::sleep(POLL_EVERY).await;
+    }
+}
+
+/// Asserts that nothing more happens within `within`: calls `probe` every 25 ms for the
+/// whole of `within`, and once more at its end, and panics with `what` and the observed
+/// state as soon as `probe` returns `Err(observed)`. For promises of the form "no second
+/// send within X"; prefer [`eventually`] on a positive signal where the system offers one.
+pub async fn settle<S: Debug>(
+    what: &str,
+    within: Duration,
+    mut probe: impl AsyncFnMut() -> Result<(), S>,
+) {
+    let end = tokio::time::Instant::now() + within;
+    loop {
+        if let Err(observed) = probe().await {
+            panic!("{what}: broken within {within:?}; observed: {observed:#?}");
+        }
+        let now = tokio::time::Instant::now();
+        if now >= end {
+            return;
+        }
+        tokio::time::sleep(POLL_EVERY.min(end - now)).await;
+    }
+}
+
+impl super::Platform {
+    /// Waits (at most `within`, else panics naming `what`) until the relay has published
+    /// every outbox row: the outbox table is empty.
+    pub async fn wait_outbox_empty(&self, what: &str, within: Duration) {
+        eventually(what, within, async || match self.count("outbox").await {
+            0 => Ok(()),
+            n => Err(n),
+        })
+        .await;
+    }
+}
+
+impl super::Platform {
+    /// Waits (at most `within`, else panics naming `what`) until `queue` holds exactly
+    /// `n` ready messages.
+    pub async fn wait_queue_depth(&self, queue: &str, n: u32, what: &str, within: Duration) {
+        eventually(what, within, async || match self.queue_depth(queue).await {
+            depth if depth == n => Ok(()),
+            depth => Err(depth),
+        })
+        .await;
+    }
+}
