@@ -5,7 +5,7 @@ use super::{CONSOLE_PASSWORD, CONSOLE_USER, LINE_SECRET, Platform};
 use serde_json::Value;
 
 /// An HTTP client that does not follow redirects, so a test sees the console's 303s.
-pub fn no_redirects() -> reqwest::Client {
+pub(crate) fn no_redirects() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -15,14 +15,14 @@ pub fn no_redirects() -> reqwest::Client {
 /// The console's sign-in form (`POST {base}/console/login`) with the test staff account
 /// ([`CONSOLE_USER`], [`CONSOLE_PASSWORD`]), not sent yet: the caller may add headers.
 /// A sign-in that succeeds answers 303 with the session cookie.
-pub fn console_login(http: &reqwest::Client, base: &str) -> reqwest::RequestBuilder {
+pub(crate) fn console_login(http: &reqwest::Client, base: &str) -> reqwest::RequestBuilder {
     http.post(format!("{base}/console/login"))
         .form(&[("user", CONSOLE_USER), ("password", CONSOLE_PASSWORD)])
 }
 
 /// The cookie `r` sets, as `name=value` (what a browser sends back); panics if it sets
 /// none.
-pub fn session_cookie(r: &reqwest::Response) -> String {
+pub(crate) fn session_cookie(r: &reqwest::Response) -> String {
     r.headers()["set-cookie"]
         .to_str()
         .unwrap()
@@ -33,7 +33,7 @@ pub fn session_cookie(r: &reqwest::Response) -> String {
 }
 
 /// The CSRF token of the first form in a console page (its hidden `csrf` field).
-pub fn csrf_token(page: &str) -> String {
+pub(crate) fn csrf_token(page: &str) -> String {
     page.split("name=\"csrf\" value=\"")
         .nth(1)
         .unwrap()
@@ -45,7 +45,7 @@ pub fn csrf_token(page: &str) -> String {
 
 /// An HS256 JWT of `claims` signed with `secret` (the inbox API's tokens use
 /// [`super::INBOX_SECRET`]).
-pub fn hs256(claims: &Value, secret: &str) -> String {
+pub(crate) fn hs256(claims: &Value, secret: &str) -> String {
     jsonwebtoken::encode(
         &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
         claims,
@@ -56,7 +56,7 @@ pub fn hs256(claims: &Value, secret: &str) -> String {
 
 /// `POST {base}/webhooks/line` with `body` and the `x-line-signature` LINE computes over
 /// it with [`LINE_SECRET`]; returns the response.
-pub async fn line_webhook(p: &Platform, base: &str, body: &str) -> reqwest::Response {
+pub(crate) async fn line_webhook(p: &Platform, base: &str, body: &str) -> reqwest::Response {
     p.http
         .post(format!("{base}/webhooks/line"))
         .header(
@@ -72,7 +72,7 @@ pub async fn line_webhook(p: &Platform, base: &str, body: &str) -> reqwest::Resp
 /// Sending a request and reading its whole body, for tests that read the body whatever
 /// the status: `req.json_body().await` instead of
 /// `req.send().await.unwrap().json().await.unwrap()`.
-pub trait SendExt {
+pub(crate) trait SendExt {
     /// Sends the request and parses the body as JSON; panics on a transport error or a
     /// body that is not `T`.
     fn json_body<T: serde::de::DeserializeOwned>(self) -> impl Future<Output = T> + Send;

@@ -10,11 +10,11 @@ mod seed;
 mod wait;
 mod workers;
 
-pub use http::{
+pub(crate) use http::{
     SendExt, console_login, csrf_token, hs256, line_webhook, no_redirects, session_cookie,
 };
-pub use process::free_addr;
-pub use wait::{eventually, settle};
+pub(crate) use process::free_addr;
+pub(crate) use wait::{eventually, settle};
 
 use notify_broker::Topology;
 use notify_core::Channel;
@@ -28,17 +28,17 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// Asserts that `delivery` was sent, showing it whole otherwise.
-pub fn assert_sent(delivery: &pb::Delivery) {
+pub(crate) fn assert_sent(delivery: &pb::Delivery) {
     assert_eq!(delivery.status, "sent", "{delivery:?}");
 }
 
 /// A delivery's status and attempt count, to assert both in one `assert_eq!`.
-pub fn status_attempts(delivery: &pb::Delivery) -> (&str, u32) {
+pub(crate) fn status_attempts(delivery: &pb::Delivery) -> (&str, u32) {
     (delivery.status.as_str(), delivery.attempts)
 }
 
 /// Asserts that every delivery of `event` was sent, showing them all otherwise.
-pub fn assert_all_sent(event: &pb::GetEventResponse) {
+pub(crate) fn assert_all_sent(event: &pb::GetEventResponse) {
     assert!(
         event.deliveries.iter().all(|d| d.status == "sent"),
         "{:?}",
@@ -48,7 +48,7 @@ pub fn assert_all_sent(event: &pb::GetEventResponse) {
 
 /// Addresses of the local stack.
 #[derive(Debug, Clone)]
-pub struct Stack {
+pub(crate) struct Stack {
     pub admin_db_url: String,
     pub amqp_url: String,
     pub smtp_url: String,
@@ -79,7 +79,7 @@ fn stack_env() -> HashMap<String, String> {
 impl Stack {
     /// Reads the stack's addresses from the environment or `.stack/env`. Panics with the
     /// command to run when the stack is not up: these tests never skip.
-    pub fn get() -> Stack {
+    pub(crate) fn get() -> Stack {
         let vars = stack_env();
         let get = |k: &str| {
             vars.get(k).cloned().unwrap_or_else(|| {
@@ -102,30 +102,30 @@ impl Stack {
     }
 }
 
-pub const LINE_TOKEN: &str = "test-line-channel-token";
-pub const APNS_KEY_ID: &str = "TESTKEY001";
-pub const APNS_TEAM_ID: &str = "TESTTEAM01";
-pub const APNS_TOPIC: &str = "th.example.shop";
-pub const LINE_SECRET: &str = "test-line-channel-secret";
-pub const CONSOLE_USER: &str = "ops";
-pub const CONSOLE_PASSWORD: &str = "correct horse battery staple";
-pub const INBOX_SECRET: &str = "test-inbox-jwt-secret-at-least-32-bytes";
-pub const UNSUBSCRIBE_SECRET: &str = "test-unsubscribe-signing-secret";
-pub const VAPID_SUBJECT: &str = "mailto:ops@shop.example.test";
+pub(crate) const LINE_TOKEN: &str = "test-line-channel-token";
+pub(crate) const APNS_KEY_ID: &str = "TESTKEY001";
+pub(crate) const APNS_TEAM_ID: &str = "TESTTEAM01";
+pub(crate) const APNS_TOPIC: &str = "th.example.shop";
+pub(crate) const LINE_SECRET: &str = "test-line-channel-secret";
+pub(crate) const CONSOLE_USER: &str = "ops";
+pub(crate) const CONSOLE_PASSWORD: &str = "correct horse battery staple";
+pub(crate) const INBOX_SECRET: &str = "test-inbox-jwt-secret-at-least-32-bytes";
+pub(crate) const UNSUBSCRIBE_SECRET: &str = "test-unsubscribe-signing-secret";
+pub(crate) const VAPID_SUBJECT: &str = "mailto:ops@shop.example.test";
 
 /// A unique id with a readable prefix, so tests sharing MailDev never collide.
-pub fn uniq(prefix: &str) -> String {
+pub(crate) fn uniq(prefix: &str) -> String {
     format!("{prefix}-{}", &Uuid::new_v4().simple().to_string()[..8])
 }
 
 /// A random, well-formed LINE user id.
-pub fn line_id() -> String {
+pub(crate) fn line_id() -> String {
     format!("U{}", Uuid::new_v4().simple())
 }
 
 /// What to start.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     pub workers: Vec<Channel>,
     pub retry_delays: Vec<Duration>,
     pub lease: Duration,
@@ -203,7 +203,7 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
 
 /// The in-process http-api's settings for a platform (the console's session cookie
 /// without `Secure`: tests and the browser speak plain http to 127.0.0.1).
-pub fn http_config(stack: &Stack, topology: &Topology) -> http_api::HttpConfig {
+pub(crate) fn http_config(stack: &Stack, topology: &Topology) -> http_api::HttpConfig {
     http_api::HttpConfig {
         line_channel_secret: LINE_SECRET.into(),
         unsubscribe_secret: UNSUBSCRIBE_SECRET.into(),
@@ -231,7 +231,7 @@ pub fn http_config(stack: &Stack, topology: &Topology) -> http_api::HttpConfig {
 }
 
 /// A running platform.
-pub struct Platform {
+pub(crate) struct Platform {
     pub stack: Stack,
     pub db_name: String,
     pub db_url: String,
@@ -259,7 +259,7 @@ pub struct Platform {
 
 mod tempfile_path {
     /// A file deleted on drop.
-    pub struct TempPath(pub std::path::PathBuf);
+    pub(super) struct TempPath(pub std::path::PathBuf);
     impl Drop for TempPath {
         fn drop(&mut self) {
             let _ = std::fs::remove_file(&self.0);
@@ -269,13 +269,13 @@ mod tempfile_path {
 
 impl Platform {
     /// Starts a platform with the default [`Options`]: every channel's worker.
-    pub async fn start() -> Platform {
+    pub(crate) async fn start() -> Platform {
         Self::start_with(Options::default()).await
     }
 
     /// Starts a platform with the default [`Options`] but only the workers of `workers`
     /// (none for `&[]`: deliveries are planned and queued, never sent).
-    pub async fn start_with_workers(workers: &[Channel]) -> Platform {
+    pub(crate) async fn start_with_workers(workers: &[Channel]) -> Platform {
         Self::start_with(Options {
             workers: workers.to_vec(),
             ..Default::default()
@@ -286,7 +286,7 @@ impl Platform {
     /// Starts a platform as `opts` says: a new migrated database, its own broker prefix,
     /// provider simulator and SMTP simulator, ingest in-process (unless
     /// `opts.ingest_in_process` is false) and http-api, then the workers of `opts.workers`.
-    pub async fn start_with(opts: Options) -> Platform {
+    pub(crate) async fn start_with(opts: Options) -> Platform {
         notify_telemetry::init_for_tests();
         let stack = Stack::get();
         let id = Uuid::new_v4().simple().to_string()[..12].to_string();
@@ -410,7 +410,7 @@ impl Platform {
     /// Starts another http-api on this platform's database with `cfg` (a replica, or the
     /// service after a restart: nothing of the first one's memory) and returns its base
     /// URL. It stops with the platform.
-    pub async fn start_http_api(&mut self, cfg: http_api::HttpConfig) -> String {
+    pub(crate) async fn start_http_api(&mut self, cfg: http_api::HttpConfig) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (p, s) = (self.pool.clone(), self.shutdown.clone());
@@ -421,33 +421,35 @@ impl Platform {
     }
 
     /// A client of ingest's `IngestService` on this platform.
-    pub fn ingest(
+    pub(crate) fn ingest(
         &self,
     ) -> pb::ingest_service_client::IngestServiceClient<tonic::transport::Channel> {
         pb::ingest_service_client::IngestServiceClient::new(self.grpc.clone())
     }
 
     /// A client of ingest's `RecipientService` on this platform.
-    pub fn recipients(
+    pub(crate) fn recipients(
         &self,
     ) -> pb::recipient_service_client::RecipientServiceClient<tonic::transport::Channel> {
         pb::recipient_service_client::RecipientServiceClient::new(self.grpc.clone())
     }
 
     /// A client of ingest's `TopicService` on this platform.
-    pub fn topics(
+    pub(crate) fn topics(
         &self,
     ) -> pb::topic_service_client::TopicServiceClient<tonic::transport::Channel> {
         pb::topic_service_client::TopicServiceClient::new(self.grpc.clone())
     }
 
     /// A client of ingest's `TypeService` on this platform.
-    pub fn types(&self) -> pb::type_service_client::TypeServiceClient<tonic::transport::Channel> {
+    pub(crate) fn types(
+        &self,
+    ) -> pb::type_service_client::TypeServiceClient<tonic::transport::Channel> {
         pb::type_service_client::TypeServiceClient::new(self.grpc.clone())
     }
 
     /// `CreateEvent` for the standard request [`Platform::event`]; panics on an error.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         key: &str,
         type_key: &str,
@@ -463,7 +465,12 @@ impl Platform {
     /// The standard `CreateEvent` request: key `key`, type `type_key`, `recipients`, actor
     /// `tests`, the order-paid payload and Thai content with an https link; no channels,
     /// topic or aggregate key.
-    pub fn event(&self, key: &str, type_key: &str, recipients: &[&str]) -> pb::CreateEventRequest {
+    pub(crate) fn event(
+        &self,
+        key: &str,
+        type_key: &str,
+        recipients: &[&str],
+    ) -> pb::CreateEventRequest {
         pb::CreateEventRequest {
             event_key: key.into(),
             r#type: type_key.into(),
@@ -484,7 +491,7 @@ impl Platform {
     }
 
     /// Polls GetEvent until no delivery is pending or sending (at most `secs`).
-    pub async fn wait_final(&self, event_id: &str, secs: u64) -> pb::GetEventResponse {
+    pub(crate) async fn wait_final(&self, event_id: &str, secs: u64) -> pb::GetEventResponse {
         let what = format!("every delivery of event {event_id} final");
         eventually(&what, Duration::from_secs(secs), async || {
             let ev = self.get_event(event_id).await;
@@ -502,7 +509,7 @@ impl Platform {
     }
 
     /// GetEvent by id (first page of deliveries); panics on an error.
-    pub async fn get_event(&self, event_id: &str) -> pb::GetEventResponse {
+    pub(crate) async fn get_event(&self, event_id: &str) -> pb::GetEventResponse {
         self.ingest()
             .get_event(pb::GetEventRequest {
                 selector: Some(pb::get_event_request::Selector::EventId(event_id.into())),
@@ -515,7 +522,7 @@ impl Platform {
 
     /// Stops the workers gracefully (as on SIGTERM) and waits until they returned; new
     /// workers can be started afterwards.
-    pub async fn stop_workers(&mut self) {
+    pub(crate) async fn stop_workers(&mut self) {
         self.worker_shutdown.cancel();
         for w in self.workers.drain(..) {
             tokio::time::timeout(Duration::from_secs(20), w)
@@ -527,7 +534,7 @@ impl Platform {
     }
 
     /// Stops everything and removes the database and broker objects.
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.worker_shutdown.cancel();
         self.shutdown.cancel();
         for t in self.workers.into_iter().chain(self.tasks) {
@@ -554,7 +561,7 @@ impl Platform {
 impl Platform {
     /// Starts another in-process ingest replica on the same database and broker; returns
     /// a channel to it. It stops with the platform.
-    pub async fn start_ingest_replica(&mut self) -> tonic::transport::Channel {
+    pub(crate) async fn start_ingest_replica(&mut self) -> tonic::transport::Channel {
         let cfg = ingest_config(&self.stack, &self.topology, &self.opts);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 impl Platform {
     /// Requests the simulator recorded for `provider`.
-    pub async fn sim_requests(&self, provider: &str) -> Vec<Value> {
+    pub(crate) async fn sim_requests(&self, provider: &str) -> Vec<Value> {
         self.http
             .get(format!(
                 "{}/_sim/requests?provider={provider}",
@@ -17,12 +17,12 @@ impl Platform {
     }
 
     /// How many requests the simulator recorded for `provider`.
-    pub async fn sim_count(&self, provider: &str) -> usize {
+    pub(crate) async fn sim_count(&self, provider: &str) -> usize {
         self.sim_requests(provider).await.len()
     }
 
     /// Installs a fault at the simulator (`POST /_sim/faults`); panics unless it is taken.
-    pub async fn sim_fault(&self, fault: Value) {
+    pub(crate) async fn sim_fault(&self, fault: Value) {
         let r = self
             .http
             .post(format!("{}/_sim/faults", self.sim_url))
@@ -34,7 +34,7 @@ impl Platform {
     }
 
     /// Emails in MailDev addressed to `address`.
-    pub async fn mails_to(&self, address: &str) -> Vec<Value> {
+    pub(crate) async fn mails_to(&self, address: &str) -> Vec<Value> {
         let all: Vec<Value> = self
             .http
             .get(format!("{}/api/email", self.stack.maildev_url))
@@ -50,7 +50,7 @@ impl Platform {
     }
 
     /// Row count of `table`.
-    pub async fn count(&self, table: &str) -> i64 {
+    pub(crate) async fn count(&self, table: &str) -> i64 {
         sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
             .fetch_one(&self.pool)
             .await
@@ -58,7 +58,7 @@ impl Platform {
     }
 
     /// An AMQP channel on the stack's broker.
-    pub async fn amqp(&self) -> (lapin::Connection, lapin::Channel) {
+    pub(crate) async fn amqp(&self) -> (lapin::Connection, lapin::Channel) {
         let conn = notify_broker::connect(&self.stack.amqp_url, "tests")
             .await
             .unwrap();
@@ -67,7 +67,7 @@ impl Platform {
     }
 
     /// Messages ready in `queue` (passive declare).
-    pub async fn queue_depth(&self, queue: &str) -> u32 {
+    pub(crate) async fn queue_depth(&self, queue: &str) -> u32 {
         let (_conn, ch) = self.amqp().await;
         let q = ch
             .queue_declare(

@@ -6,24 +6,24 @@ use std::sync::Arc;
 
 /// A platform binary run as its own process (`ingest`, `worker-line`, ...), killed on
 /// drop. Its stdout (the JSON log lines) is collected in [`Proc::log`].
-pub struct Proc {
+pub(crate) struct Proc {
     pub child: tokio::process::Child,
     log: Arc<std::sync::Mutex<String>>,
 }
 
 impl Proc {
     /// Everything the process wrote to stdout so far.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
 
     /// The process id.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id().expect("running")
     }
 
     /// Sends SIGTERM.
-    pub fn terminate(&self) {
+    pub(crate) fn terminate(&self) {
         let ok = std::process::Command::new("kill")
             .args(["-TERM", &self.pid().to_string()])
             .status()
@@ -40,7 +40,7 @@ impl Drop for Proc {
 }
 
 /// A free port on 127.0.0.1.
-pub fn free_addr() -> std::net::SocketAddr {
+pub(crate) fn free_addr() -> std::net::SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -50,7 +50,7 @@ pub fn free_addr() -> std::net::SocketAddr {
 impl Platform {
     /// The environment a platform binary needs to run against this platform: its
     /// database, broker prefix, simulator and keys.
-    pub fn process_env(&self) -> HashMap<String, String> {
+    pub(crate) fn process_env(&self) -> HashMap<String, String> {
         let vars = [
             ("NOTIFY_DATABASE_URL", self.db_url.clone()),
             ("NOTIFY_AMQP_URL", self.stack.amqp_url.clone()),
@@ -68,7 +68,7 @@ impl Platform {
 
     /// Starts the binary `name` from this build (`ingest` takes `args` such as `serve`)
     /// with [`Platform::process_env`] plus `extra`.
-    pub fn spawn(&self, name: &str, args: &[&str], extra: &[(&str, String)]) -> Proc {
+    pub(crate) fn spawn(&self, name: &str, args: &[&str], extra: &[(&str, String)]) -> Proc {
         use tokio::io::AsyncBufReadExt;
         let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ingest")).with_file_name(name);
         assert!(

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 impl Platform {
     /// Registers a type with every channel (or `channels`).
-    pub async fn add_type(&self, key: &str, channels: &[&str]) {
+    pub(crate) async fn add_type(&self, key: &str, channels: &[&str]) {
         self.types()
             .upsert_notification_type(pb::UpsertNotificationTypeRequest {
                 key: key.into(),
@@ -21,7 +21,7 @@ impl Platform {
     }
 
     /// Registers (or updates) a recipient with these addresses; an empty string is none.
-    pub async fn add_recipient(&self, user_id: &str, name: &str, email: &str, line: &str) {
+    pub(crate) async fn add_recipient(&self, user_id: &str, name: &str, email: &str, line: &str) {
         self.recipients()
             .upsert_recipient(pb::UpsertRecipientRequest {
                 user_id: user_id.into(),
@@ -36,7 +36,7 @@ impl Platform {
 
     /// Registers a recipient `uniq(prefix)` whose only address is a new LINE user id;
     /// returns (user id, LINE user id).
-    pub async fn add_line_recipient(&self, prefix: &str) -> (String, String) {
+    pub(crate) async fn add_line_recipient(&self, prefix: &str) -> (String, String) {
         let (user_id, line) = (uniq(prefix), line_id());
         self.add_recipient(&user_id, "", "", &line).await;
         (user_id, line)
@@ -44,19 +44,19 @@ impl Platform {
 
     /// Registers a recipient `uniq(prefix)` with no email and no LINE id (reached in-app,
     /// or by push once an endpoint is added); returns the user id.
-    pub async fn add_bare_recipient(&self, prefix: &str) -> String {
+    pub(crate) async fn add_bare_recipient(&self, prefix: &str) -> String {
         let user_id = uniq(prefix);
         self.add_recipient(&user_id, "", "", "").await;
         user_id
     }
 
     /// Registers an FCM device token for `user_id`; returns the endpoint id.
-    pub async fn add_device(&self, user_id: &str, token: &str) -> String {
+    pub(crate) async fn add_device(&self, user_id: &str, token: &str) -> String {
         self.add_endpoint(user_id, "fcm", token).await
     }
 
     /// Registers a push endpoint of `platform` (`fcm` or `apns`) for `user_id`.
-    pub async fn add_endpoint(&self, user_id: &str, platform: &str, token: &str) -> String {
+    pub(crate) async fn add_endpoint(&self, user_id: &str, platform: &str, token: &str) -> String {
         self.recipients()
             .register_endpoint(pb::RegisterEndpointRequest {
                 user_id: user_id.into(),
@@ -72,7 +72,7 @@ impl Platform {
 
     /// Subscribes `endpoint` at the simulator's push service (as a browser would) and
     /// registers the subscription for `user_id`; returns the endpoint id.
-    pub async fn add_webpush(&self, user_id: &str, endpoint: &str) -> String {
+    pub(crate) async fn add_webpush(&self, user_id: &str, endpoint: &str) -> String {
         let sub: Value = self
             .http
             .post(format!("{}/_sim/webpush/subscriptions", self.sim_url))
@@ -97,7 +97,7 @@ impl Platform {
     }
 
     /// The user unsubscribed `endpoint` in the browser: the push service answers 410.
-    pub async fn webpush_unsubscribe(&self, endpoint: &str) {
+    pub(crate) async fn webpush_unsubscribe(&self, endpoint: &str) {
         let r = self
             .http
             .post(format!("{}/_sim/webpush/unsubscribe", self.sim_url))
@@ -110,7 +110,7 @@ impl Platform {
 
     /// Sets one quiet-hours window for `user_id` on every channel, from `start` to `end`
     /// (their wall-clock `HH:MM` in the time zone they carry); panics on an error.
-    pub async fn set_quiet_hours(
+    pub(crate) async fn set_quiet_hours(
         &self,
         user_id: &str,
         start: chrono::DateTime<chrono_tz::Tz>,

@@ -11,7 +11,7 @@ const POLL_EVERY: Duration = Duration::from_millis(25);
 /// condition does not hold yet; when `within` has passed, this panics with `what` and the
 /// last observed state. A probe may itself panic (assert) on a state that must never be
 /// seen on the way.
-pub async fn eventually<T, S: Debug>(
+pub(crate) async fn eventually<T, S: Debug>(
     what: &str,
     within: Duration,
     mut probe: impl AsyncFnMut() -> Result<T, S>,
@@ -33,7 +33,7 @@ pub async fn eventually<T, S: Debug>(
 /// whole of `within`, and once more at its end, and panics with `what` and the observed
 /// state as soon as `probe` returns `Err(observed)`. For promises of the form "no second
 /// send within X"; prefer [`eventually`] on a positive signal where the system offers one.
-pub async fn settle<S: Debug>(
+pub(crate) async fn settle<S: Debug>(
     what: &str,
     within: Duration,
     mut probe: impl AsyncFnMut() -> Result<(), S>,
@@ -54,7 +54,7 @@ pub async fn settle<S: Debug>(
 impl super::Platform {
     /// Waits (at most `within`, else panics naming `what`) until the relay has published
     /// every outbox row: the outbox table is empty.
-    pub async fn wait_outbox_empty(&self, what: &str, within: Duration) {
+    pub(crate) async fn wait_outbox_empty(&self, what: &str, within: Duration) {
         eventually(what, within, async || match self.count("outbox").await {
             0 => Ok(()),
             n => Err(n),
@@ -66,7 +66,7 @@ impl super::Platform {
 impl super::Platform {
     /// Waits (at most `within`, else panics naming `what`) until `queue` holds exactly
     /// `n` ready messages.
-    pub async fn wait_queue_depth(&self, queue: &str, n: u32, what: &str, within: Duration) {
+    pub(crate) async fn wait_queue_depth(&self, queue: &str, n: u32, what: &str, within: Duration) {
         eventually(what, within, async || match self.queue_depth(queue).await {
             depth if depth == n => Ok(()),
             depth => Err(depth),

@@ -13,7 +13,7 @@ use std::time::Duration;
 impl Platform {
     /// The settings of a worker of this platform: its broker prefix and the test
     /// [`super::Options`] (concurrency, lease, retry delays, rate limits).
-    pub fn worker_config(&self) -> WorkerConfig {
+    pub(crate) fn worker_config(&self) -> WorkerConfig {
         WorkerConfig {
             amqp_url: self.stack.amqp_url.clone(),
             topology: self.topology.clone(),
@@ -30,12 +30,12 @@ impl Platform {
     }
 
     /// Starts one channel's worker in-process.
-    pub fn start_worker(&mut self, channel: Channel) {
+    pub(crate) fn start_worker(&mut self, channel: Channel) {
         self.start_worker_named(channel, "test-worker");
     }
 
     /// Starts one channel's worker in-process, recording `worker_id` on its attempts.
-    pub fn start_worker_named(&mut self, channel: Channel, worker_id: &str) {
+    pub(crate) fn start_worker_named(&mut self, channel: Channel, worker_id: &str) {
         let mut cfg = self.worker_config();
         cfg.worker_id = worker_id.into();
         let pool = match self.opts.worker_pool_size {
