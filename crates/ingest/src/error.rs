@@ -149,9 +149,8 @@ fn store_status(e: &notify_store::StoreError) -> Status {
     use notify_store::StoreError;
     match e {
         StoreError::NotFound(what) => Status::not_found(format!("{what} not found")),
-        StoreError::Db(
-            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed,
-        ) => {
+        // The store's one classification (`StoreError::is_transient`), as HTTP uses it.
+        e if e.is_transient() => {
             tracing::error!(error = %e, "database unavailable");
             Status::unavailable("database unavailable; retry with the same event_key")
         }
@@ -200,6 +199,24 @@ mod tests {
         assert_eq!(
             status.get_details_resource_info().unwrap().resource_name,
             id.to_string()
+        );
+    }
+
+    #[test]
+    fn store_errors_are_sorted_by_the_stores_own_transient_rule() {
+        use notify_store::StoreError;
+        let code = |e: StoreError| Status::from(ApiError::Store(e)).code();
+        assert_eq!(
+            code(StoreError::Db(sqlx::Error::PoolTimedOut)),
+            Code::Unavailable
+        );
+        assert_eq!(code(StoreError::NotFound("type x".into())), Code::NotFound);
+        assert_eq!(
+            code(StoreError::BadValue {
+                column: "channel",
+                message: "sms is not a channel".into(),
+            }),
+            Code::Internal
         );
     }
 }

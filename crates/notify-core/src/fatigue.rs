@@ -25,14 +25,6 @@ crate::named::named_enum! {
     }
 }
 
-impl OverCap {
-    /// The stored name parsed, `None` for anything else (the same as `FromStr`, kept
-    /// for callers that want an `Option`).
-    pub fn parse(s: &str) -> Option<Self> {
-        s.parse().ok()
-    }
-}
-
 /// The earliest instant at or after `base` at which one more notification keeps every
 /// rolling hour that contains it within `cap`, given the scheduled times already counted.
 pub fn next_free_slot(

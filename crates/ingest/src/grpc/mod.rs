@@ -14,16 +14,11 @@ mod types;
 use crate::auth::{Auth, Caller, Need};
 use crate::error::ApiError;
 use crate::writer::{EventWriter, WriterConfig};
+use notify_core::links::LinkPolicy;
 use notify_store::PgPool;
 use std::future::Future;
 use std::sync::Arc;
 use tonic::{Request, Response, Status};
-
-/// Moved to [`crate::planning::new_deliveries`]; kept here for the integration tests that
-/// still name it by this path.
-#[doc(hidden)]
-pub use crate::planning::new_deliveries;
-pub use notify_core::links::LinkPolicy;
 
 /// Shared state of the services.
 #[derive(Clone)]

@@ -238,7 +238,7 @@ async fn rows_claimed_by_a_relay_that_died_before_the_confirm_are_published_agai
     notify_store::events::insert_deliveries(
         &mut tx,
         event_id,
-        &ingest::grpc::new_deliveries(planned, 5),
+        &ingest::planning::new_deliveries(planned, 5),
     )
     .await
     .unwrap();

@@ -1067,3 +1067,163 @@ async fn events_from_before_keys_were_scoped_stay_duplicates_for_their_caller() 
         .await
         .unwrap();
 }
+
+/// Every method but health goes through the one authenticate-then-call wrapper: each of
+/// the 13 refuses a call without a key, and each method that changes recipients, types
+/// or topics refuses a key that may not manage, before looking at the request (the
+/// requests here are empty, so a handler that ran first would answer INVALID_ARGUMENT).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_method_authenticates_and_manage_methods_refuse_a_sending_key() {
+    use pb::recipient_service_client::RecipientServiceClient as Recipients;
+    use pb::topic_service_client::TopicServiceClient as Topics;
+    use pb::type_service_client::TypeServiceClient as Types;
+    let p = Platform::start_with(secured()).await;
+    let admin = key(&p, "ops-admin", &["*"], true, 1000, 1000).await;
+    let sender = key(&p, "shop-orders", &["order_*"], false, 1000, 1000).await;
+    wait_key_works(&p.grpc, &admin).await;
+    let ch = &p.grpc;
+    // (method, needs manage, the code for this key or none)
+    let codes = async |key: Option<&str>| -> Vec<(&'static str, bool, Code)> {
+        vec![
+            (
+                "CreateEvent",
+                false,
+                code_of(ingest(ch).create_event(req(Default::default(), key)).await),
+            ),
+            (
+                "GetEvent",
+                false,
+                code_of(ingest(ch).get_event(req(Default::default(), key)).await),
+            ),
+            (
+                "ExplainDelivery",
+                false,
+                code_of(
+                    ingest(ch)
+                        .explain_delivery(req(Default::default(), key))
+                        .await,
+                ),
+            ),
+            (
+                "UpsertRecipient",
+                true,
+                code_of(
+                    Recipients::new(ch.clone())
+                        .upsert_recipient(req(Default::default(), key))
+                        .await,
+                ),
+            ),
+            (
+                "RegisterEndpoint",
+                true,
+                code_of(
+                    Recipients::new(ch.clone())
+                        .register_endpoint(req(Default::default(), key))
+                        .await,
+                ),
+            ),
+            (
+                "RevokeEndpoint",
+                true,
+                code_of(
+                    Recipients::new(ch.clone())
+                        .revoke_endpoint(req(Default::default(), key))
+                        .await,
+                ),
+            ),
+            (
+                "SetPreference",
+                true,
+                code_of(
+                    Recipients::new(ch.clone())
+                        .set_preference(req(Default::default(), key))
+                        .await,
+                ),
+            ),
+            (
+                "GetPreferences",
+                true,
+                code_of(
+                    Recipients::new(ch.clone())
+                        .get_preferences(req(Default::default(), key))
+                        .await,
+                ),
+            ),
+            (
+                "SetQuietHours",
+                true,
+                code_of(
+                    Recipients::new(ch.clone())
+                        .set_quiet_hours(req(Default::default(), key))
+                        .await,
+                ),
+            ),
+            (
+                "CreateTopic",
+                true,
+                code_of(
+                    Topics::new(ch.clone())
+                        .create_topic(req(Default::default(), key))
+                        .await,
+                ),
+            ),
+            (
+                "Subscribe",
+                true,
+                code_of(
+                    Topics::new(ch.clone())
+                        .subscribe(req(Default::default(), key))
+                        .await,
+                ),
+            ),
+            (
+                "Unsubscribe",
+                true,
+                code_of(
+                    Topics::new(ch.clone())
+                        .unsubscribe(req(Default::default(), key))
+                        .await,
+                ),
+            ),
+            (
+                "UpsertNotificationType",
+                true,
+                code_of(
+                    Types::new(ch.clone())
+                        .upsert_notification_type(req(Default::default(), key))
+                        .await,
+                ),
+            ),
+        ]
+    };
+    for (method, _, code) in codes(None).await {
+        assert_eq!(code, Code::Unauthenticated, "{method} without a key");
+    }
+    for (method, manage, code) in codes(Some(&sender)).await {
+        if manage {
+            assert_eq!(code, Code::PermissionDenied, "{method} with a sending key");
+        } else {
+            // Authenticated; CreateEvent then checks the (empty) type against the key's
+            // scope, the read methods let the key through.
+            assert_ne!(code, Code::Unauthenticated, "{method} with a sending key");
+        }
+    }
+    for (method, _, code) in codes(Some(&admin)).await {
+        assert_ne!(code, Code::Unauthenticated, "{method} with the admin key");
+        assert_ne!(code, Code::PermissionDenied, "{method} with the admin key");
+    }
+    p.stop().await;
+}
+
+/// `msg` with `key` as the bearer token, or with no credentials.
+fn req<T>(msg: T, key: Option<&str>) -> tonic::Request<T> {
+    match key {
+        Some(k) => with_key(msg, k),
+        None => tonic::Request::new(msg),
+    }
+}
+
+/// The status code of a call's outcome (`Ok` for an answer).
+fn code_of<R>(res: Result<tonic::Response<R>, tonic::Status>) -> Code {
+    res.map_or_else(|s| s.code(), |_| Code::Ok)
+}

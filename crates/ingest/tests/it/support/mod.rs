@@ -195,7 +195,7 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
         metrics_interval: Duration::from_secs(15),
         auth: opts.auth,
         tls: opts.tls.clone(),
-        links: ingest::grpc::LinkPolicy::default(),
+        links: notify_core::links::LinkPolicy::default(),
         max_message_bytes: 1 << 20,
         clock: opts.clock.clone(),
     }
