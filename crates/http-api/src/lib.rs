@@ -362,9 +362,9 @@ async fn unsubscribe_page(State(app): State<AppState>, Query(q): Query<TokenQuer
          <form method=\"post\" action=\"/unsubscribe?token={}\">\
          <input type=\"hidden\" name=\"List-Unsubscribe\" value=\"One-Click\">\
          <button type=\"submit\">ยืนยัน / Unsubscribe</button></form></html>",
-        notify_core::event::escape_html(&t.type_key),
-        notify_core::event::escape_html(&t.type_key),
-        notify_core::event::escape_html(&q.token),
+        notify_core::content::escape_html(&t.type_key),
+        notify_core::content::escape_html(&t.type_key),
+        notify_core::content::escape_html(&q.token),
     ))
     .into_response()
 }

@@ -2,7 +2,10 @@
 //! the gRPC services.
 
 use chrono::{DateTime, Utc};
-use notify_core::{Channel, Content, DeliveryStatus, SkippedDelivery};
+use notify_core::template::Template;
+use notify_core::{
+    Action, Badge, Channel, Content, DeliveryStatus, FieldViolation, Overrides, SkippedDelivery,
+};
 use notify_proto::v1 as pb;
 use notify_store::events::{self, DeliveryRecord, NewDelivery};
 
@@ -14,21 +17,152 @@ pub(crate) fn ts(t: DateTime<Utc>) -> prost_types::Timestamp {
     }
 }
 
-/// The domain content of a request (all fields empty when absent).
-pub(crate) fn content_from_pb(c: Option<pb::Content>) -> Content {
+/// Most bytes of `content.overrides.line_messages_json` (LINE allows 2 MB per request; a
+/// Flex bubble is at most 30 KB, so five messages fit well within this).
+pub(crate) const MAX_LINE_MESSAGES_JSON_BYTES: usize = 256 * 1024;
+
+/// The domain actions of proto actions.
+fn actions_from_pb(actions: Vec<pb::Action>) -> Vec<Action> {
+    actions
+        .into_iter()
+        .map(|a| Action {
+            id: a.id,
+            label: a.label,
+            url: a.url,
+        })
+        .collect()
+}
+
+fn actions_to_pb(actions: Vec<Action>) -> Vec<pb::Action> {
+    actions
+        .into_iter()
+        .map(|a| pb::Action {
+            id: a.id,
+            label: a.label,
+            url: a.url,
+        })
+        .collect()
+}
+
+fn badge_from_pb(policy: i32, count: u32) -> Badge {
+    match pb::BadgePolicy::try_from(policy) {
+        Ok(pb::BadgePolicy::UnreadCount) => Badge::UnreadCount,
+        Ok(pb::BadgePolicy::Count) => Badge::Count(count),
+        _ => Badge::Unchanged,
+    }
+}
+
+fn badge_to_pb(badge: Badge) -> (i32, u32) {
+    match badge {
+        Badge::Unchanged => (pb::BadgePolicy::Unspecified as i32, 0),
+        Badge::UnreadCount => (pb::BadgePolicy::UnreadCount as i32, 0),
+        Badge::Count(n) => (pb::BadgePolicy::Count as i32, n),
+    }
+}
+
+/// The domain overrides of proto overrides, with a violation at `field` when the LINE
+/// messages are not a JSON array of objects (or too large).
+fn overrides_from_pb(
+    o: Option<pb::ChannelOverrides>,
+    field: &str,
+    bad: &mut Vec<FieldViolation>,
+) -> Overrides {
+    let o = o.unwrap_or_default();
+    let line_messages = if o.line_messages_json.trim().is_empty() {
+        Vec::new()
+    } else if o.line_messages_json.len() > MAX_LINE_MESSAGES_JSON_BYTES {
+        bad.push(FieldViolation::new(
+            field,
+            format!("must be at most {MAX_LINE_MESSAGES_JSON_BYTES} bytes of JSON"),
+        ));
+        Vec::new()
+    } else {
+        match serde_json::from_str::<Vec<serde_json::Map<String, serde_json::Value>>>(
+            &o.line_messages_json,
+        ) {
+            Ok(list) if list.is_empty() => {
+                bad.push(FieldViolation::new(
+                    field,
+                    "must hold 1 to 5 LINE message objects (or be empty)",
+                ));
+                Vec::new()
+            }
+            Ok(list) => list.into_iter().map(serde_json::Value::Object).collect(),
+            Err(e) => {
+                bad.push(FieldViolation::new(
+                    field,
+                    format!("must be a JSON array of LINE message objects: {e}"),
+                ));
+                Vec::new()
+            }
+        }
+    };
+    Overrides {
+        line_messages,
+        fcm_data: o.fcm_data.into_iter().collect(),
+        android_channel_id: o.android_channel_id,
+        apns_category: o.apns_category,
+        apns_thread_id: o.apns_thread_id,
+        apns_sound: o.apns_sound,
+        apns_interruption_level: o.apns_interruption_level,
+        webpush_icon: o.webpush_icon,
+        webpush_image: o.webpush_image,
+        webpush_actions: actions_from_pb(o.webpush_actions),
+    }
+}
+
+fn overrides_to_pb(o: Overrides) -> Option<pb::ChannelOverrides> {
+    if o.is_empty() {
+        return None;
+    }
+    Some(pb::ChannelOverrides {
+        line_messages_json: if o.line_messages.is_empty() {
+            String::new()
+        } else {
+            serde_json::Value::Array(o.line_messages).to_string()
+        },
+        fcm_data: o.fcm_data.into_iter().collect(),
+        android_channel_id: o.android_channel_id,
+        apns_category: o.apns_category,
+        apns_thread_id: o.apns_thread_id,
+        apns_sound: o.apns_sound,
+        apns_interruption_level: o.apns_interruption_level,
+        webpush_icon: o.webpush_icon,
+        webpush_image: o.webpush_image,
+        webpush_actions: actions_to_pb(o.webpush_actions),
+    })
+}
+
+/// The domain content of a request (all fields empty when absent), and the violations
+/// found while converting (LINE messages that are not a JSON array of objects), to be
+/// reported with those of [`notify_core::NewEvent::parse`].
+pub(crate) fn content_from_pb(c: Option<pb::Content>) -> (Content, Vec<FieldViolation>) {
     let c = c.unwrap_or_default();
-    Content {
+    let mut bad = Vec::new();
+    let overrides = overrides_from_pb(
+        c.overrides,
+        "content.overrides.line_messages_json",
+        &mut bad,
+    );
+    let content = Content {
         title: c.title,
         body: c.body,
         url: c.url,
         email_subject: c.email_subject,
         email_html: c.email_html,
         email_text: c.email_text,
-    }
+        image_url: c.image_url,
+        actions: actions_from_pb(c.actions),
+        badge: badge_from_pb(c.badge, c.badge_count),
+        thread: c.thread,
+        overrides,
+    };
+    (content, bad)
 }
 
 /// The proto content of a stored event.
 pub(crate) fn content_to_pb(c: Content) -> pb::Content {
+    let (badge, badge_count) = badge_to_pb(c.badge);
     pb::Content {
         title: c.title,
         body: c.body,
@@ -36,6 +170,59 @@ pub(crate) fn content_to_pb(c: Content) -> pb::Content {
         email_subject: c.email_subject,
         email_html: c.email_html,
         email_text: c.email_text,
+        image_url: c.image_url,
+        actions: actions_to_pb(c.actions),
+        badge,
+        badge_count,
+        thread: c.thread,
+        overrides: overrides_to_pb(c.overrides),
+    }
+}
+
+/// The domain template of the `i`-th proto template, with a violation when its LINE
+/// messages are not a JSON array of objects.
+pub(crate) fn template_from_pb(
+    i: usize,
+    t: pb::Template,
+    bad: &mut Vec<FieldViolation>,
+) -> Template {
+    Template {
+        channel: t.channel,
+        locale: t.locale,
+        title: t.title,
+        body: t.body,
+        email_subject: t.email_subject,
+        email_html: t.email_html,
+        url: t.url,
+        image_url: t.image_url,
+        thread: t.thread,
+        actions: actions_from_pb(t.actions),
+        badge: badge_from_pb(t.badge, t.badge_count),
+        overrides: overrides_from_pb(
+            t.overrides,
+            &format!("templates[{i}].overrides.line_messages_json"),
+            bad,
+        ),
+    }
+}
+
+/// The proto form of a domain template (the type file's templates are sent this way).
+pub(crate) fn template_to_pb(t: Template) -> pb::Template {
+    let (badge, badge_count) = badge_to_pb(t.badge);
+    pb::Template {
+        channel: t.channel,
+        locale: t.locale,
+        title: t.title,
+        body: t.body,
+        email_subject: t.email_subject,
+        email_html: t.email_html,
+        url: t.url,
+        image_url: t.image_url,
+        thread: t.thread,
+        actions: actions_to_pb(t.actions),
+        badge,
+        badge_count,
+        overrides: overrides_to_pb(t.overrides),
     }
 }
 

@@ -129,7 +129,8 @@ impl IngestConfig {
     /// (4), `NOTIFY_INGEST_BATCH` (200), `NOTIFY_FATIGUE_CAPS` (empty: no caps; e.g.
     /// `email=5,line=10,push=10` per user per rolling hour), `NOTIFY_DRAIN_SECONDS` (5),
     /// `NOTIFY_METRICS_INTERVAL` (15s), `NOTIFY_GRPC_AUTH` (`api_key`), the TLS files (see
-    /// [`TlsFiles::from_env`]), `NOTIFY_DEV_HTTP_HOSTS` (empty), `NOTIFY_GRPC_MAX_MESSAGE_BYTES`
+    /// [`TlsFiles::from_env`]), `NOTIFY_DEV_HTTP_HOSTS` and
+    /// `NOTIFY_DEEP_LINK_SCHEMES` (empty; [`notify_core::links::LinkPolicy::from_env`]), `NOTIFY_GRPC_MAX_MESSAGE_BYTES`
     /// (1 MiB).
     ///
     /// # Errors
@@ -184,14 +185,7 @@ impl IngestConfig {
                 .max(Duration::from_secs(1)),
             auth: env.parse("NOTIFY_GRPC_AUTH", auth::AuthMode::ApiKey),
             tls: TlsFiles::from_env(env),
-            links: notify_core::links::LinkPolicy {
-                http_hosts: env
-                    .string("NOTIFY_DEV_HTTP_HOSTS", "")
-                    .split(',')
-                    .map(|h| h.trim().to_ascii_lowercase())
-                    .filter(|h| !h.is_empty())
-                    .collect(),
-            },
+            links: notify_core::links::LinkPolicy::from_env(env),
             max_message_bytes: env.number(
                 "NOTIFY_GRPC_MAX_MESSAGE_BYTES",
                 1 << 20,

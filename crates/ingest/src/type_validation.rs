@@ -88,18 +88,14 @@ pub fn validate_type(
     if r.templates.len() > 100 {
         v.add("templates", "at most 100 templates per type");
     }
+    let mut bad_json = Vec::new();
     let templates: Vec<notify_core::template::Template> = r
         .templates
         .into_iter()
-        .map(|t| notify_core::template::Template {
-            channel: t.channel,
-            locale: t.locale,
-            title: t.title,
-            body: t.body,
-            email_subject: t.email_subject,
-            email_html: t.email_html,
-        })
+        .enumerate()
+        .map(|(i, t)| crate::convert::template_from_pb(i, t, &mut bad_json))
         .collect();
+    v.0.append(&mut bad_json);
     let mut seen = std::collections::HashSet::new();
     for (i, t) in templates.iter().enumerate() {
         if !seen.insert((t.channel.clone(), t.locale.to_ascii_lowercase())) {
@@ -111,11 +107,13 @@ pub fn validate_type(
                 ),
             );
         }
+        let rich = t.rich_json().to_string();
         for (field, text) in [
             ("title", &t.title),
             ("body", &t.body),
             ("email_subject", &t.email_subject),
             ("email_html", &t.email_html),
+            ("overrides", &rich),
         ] {
             if text.len() > notify_core::template::MAX_TEMPLATE_BYTES {
                 v.add(
@@ -136,11 +134,13 @@ pub fn validate_type(
         );
     }
     for (i, t) in templates.iter().enumerate() {
+        let rich = t.rich_json().to_string();
         for (field, text) in [
             ("title", &t.title),
             ("body", &t.body),
             ("email_subject", &t.email_subject),
             ("email_html", &t.email_html),
+            ("overrides", &rich),
         ] {
             for kind in notify_core::guard::scan_text(text) {
                 v.add(

@@ -57,22 +57,7 @@ pub struct TypeSpec {
     #[serde(default)]
     sensitive_data: String,
     #[serde(default)]
-    templates: Vec<TemplateSpec>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TemplateSpec {
-    channel: String,
-    locale: String,
-    #[serde(default)]
-    title: String,
-    #[serde(default)]
-    body: String,
-    #[serde(default)]
-    email_subject: String,
-    #[serde(default)]
-    email_html: String,
+    templates: Vec<notify_core::template::Template>,
 }
 
 /// What loading did.
@@ -162,14 +147,7 @@ pub async fn load(pool: &PgPool, text: &str) -> Result<Loaded, LoadError> {
             templates: spec
                 .templates
                 .into_iter()
-                .map(|t| pb::Template {
-                    channel: t.channel,
-                    locale: t.locale,
-                    title: t.title,
-                    body: t.body,
-                    email_subject: t.email_subject,
-                    email_html: t.email_html,
-                })
+                .map(crate::convert::template_to_pb)
                 .collect(),
         };
         match crate::type_validation::validate_type(request) {

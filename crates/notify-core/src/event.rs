@@ -1,8 +1,8 @@
 //! A validated `CreateEvent` request and its fingerprint.
 
 use crate::channel::Channel;
+use crate::content::Content;
 use crate::validate::{FieldViolation, Violations};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use unicode_normalization::UnicodeNormalization;
 
@@ -26,100 +26,6 @@ pub fn json_depth(value: &serde_json::Value) -> usize {
         _ => 0,
     }
 }
-/// Most characters of a title or an email subject.
-pub const MAX_TITLE_CHARS: usize = 255;
-/// Most characters of a body.
-pub const MAX_BODY_CHARS: usize = 20_000;
-/// Most characters of an email HTML or text part.
-pub const MAX_EMAIL_PART_CHARS: usize = 256 * 1024;
-
-/// What a notification says. Email fields fall back to title/body when empty.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Content {
-    /// Short title (inbox, device, default email subject).
-    pub title: String,
-    /// Main text.
-    pub body: String,
-    /// Optional link, empty if none.
-    #[serde(default)]
-    pub url: String,
-    /// Email subject; empty = title.
-    #[serde(default)]
-    pub email_subject: String,
-    /// Email HTML part; empty = escaped text part.
-    #[serde(default)]
-    pub email_html: String,
-    /// Email text part; empty = body and url.
-    #[serde(default)]
-    pub email_text: String,
-}
-
-impl Content {
-    /// The email subject to send: `email_subject`, else `title`.
-    pub fn subject(&self) -> &str {
-        if self.email_subject.is_empty() {
-            &self.title
-        } else {
-            &self.email_subject
-        }
-    }
-
-    /// The email text part to send: `email_text`, else `body` followed by the url.
-    pub fn text_part(&self) -> String {
-        if !self.email_text.is_empty() {
-            return self.email_text.clone();
-        }
-        if self.url.is_empty() {
-            self.body.clone()
-        } else {
-            format!("{}\n\n{}", self.body, self.url)
-        }
-    }
-
-    /// The email HTML part to send: `email_html`, else the text part escaped into `<p>`s.
-    pub fn html_part(&self) -> String {
-        if !self.email_html.is_empty() {
-            return self.email_html.clone();
-        }
-        let mut html = String::from("<!doctype html><html><body>");
-        for para in self.text_part().split("\n\n") {
-            html.push_str("<p>");
-            html.push_str(&escape_html(para).replace('\n', "<br>"));
-            html.push_str("</p>");
-        }
-        html.push_str("</body></html>");
-        html
-    }
-
-    /// Plain message text for chat channels (LINE): title, body and url on their own lines.
-    pub fn chat_text(&self) -> String {
-        let mut parts: Vec<&str> = vec![&self.title];
-        if !self.body.is_empty() {
-            parts.push(&self.body);
-        }
-        if !self.url.is_empty() {
-            parts.push(&self.url);
-        }
-        parts.join("\n")
-    }
-}
-
-/// Escapes `& < > " '` for HTML text and attribute values.
-pub fn escape_html(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            _ => out.push(c),
-        }
-    }
-    out
-}
-
 /// A `CreateEvent` request exactly as received (before validation).
 #[derive(Debug, Clone, Default)]
 pub struct CreateEventInput {
@@ -325,18 +231,7 @@ impl NewEvent {
             }
         };
 
-        let c = &input.content;
-        if c.title.trim().is_empty() {
-            v.add("content.title", "is required");
-        }
-        v.check_len("content.title", &c.title, MAX_TITLE_CHARS);
-        v.check_len("content.body", &c.body, MAX_BODY_CHARS);
-        v.check_url("content.url", &c.url);
-        v.check_len("content.email_subject", &c.email_subject, MAX_TITLE_CHARS);
-        v.check_len("content.email_html", &c.email_html, MAX_EMAIL_PART_CHARS);
-        v.check_len("content.email_text", &c.email_text, MAX_EMAIL_PART_CHARS);
-        v.check_single_line("content.title", &c.title);
-        v.check_single_line("content.email_subject", &c.email_subject);
+        input.content.check(&mut v);
 
         let mut channels = Vec::new();
         for (i, name) in input.channels.iter().enumerate() {
@@ -354,7 +249,7 @@ impl NewEvent {
             actor_id: input.actor_id,
             recipients,
             payload,
-            content: input.content,
+            content: input.content.normalized(),
             channels,
             topic,
             line_multicast: input.line_multicast,
@@ -572,23 +467,5 @@ mod tests {
         let mut i = input();
         i.content.body = "คำสั่งซื้อ #124".into();
         assert_ne!(a.fingerprint(), NewEvent::parse(i).unwrap().fingerprint());
-    }
-
-    #[test]
-    fn email_parts_fall_back_to_title_body_and_escape_html() {
-        let c = Content {
-            title: "สวัสดี <ลูกค้า>".into(),
-            body: "a & b\nline2".into(),
-            url: "https://x.test/o?a=1&b=2".into(),
-            ..Default::default()
-        };
-        assert_eq!(c.subject(), "สวัสดี <ลูกค้า>");
-        assert_eq!(c.text_part(), "a & b\nline2\n\nhttps://x.test/o?a=1&b=2");
-        assert!(c.html_part().contains("<p>a &amp; b<br>line2</p>"));
-        assert!(c.html_part().contains("a=1&amp;b=2"));
-        assert_eq!(
-            c.chat_text(),
-            "สวัสดี <ลูกค้า>\na & b\nline2\nhttps://x.test/o?a=1&b=2"
-        );
     }
 }

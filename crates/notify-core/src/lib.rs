@@ -3,6 +3,7 @@
 
 pub mod channel;
 pub mod config;
+pub mod content;
 pub mod due;
 pub mod event;
 pub mod explain;
@@ -25,7 +26,8 @@ pub mod text;
 pub mod validate;
 
 pub use channel::{Channel, DeliveryStatus, Provider};
-pub use event::{Content, NewEvent};
+pub use content::{Action, Badge, Content, Overrides};
+pub use event::NewEvent;
 pub use named::UnknownValue;
 pub use notification_type::{Category, Priority, SensitiveData};
 pub use outcome::{AttemptOutcome, ErrorClass};

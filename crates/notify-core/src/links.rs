@@ -1,8 +1,12 @@
-//! The link policy: which URLs an event may carry in `content.url` and in its payload.
+//! The link policy: which URLs an event may carry in its content (`content.url`, the image,
+//! the actions, the per-channel overrides: [`crate::Content::links`]) and in its payload.
 //!
 //! A link must be `https://` with a host, without `user:password@`, backslashes,
 //! whitespace or control characters; plain `http://` only for the development hosts of
-//! [`LinkPolicy::http_hosts`]. `javascript:`, `data:` and every other scheme are refused.
+//! [`LinkPolicy::http_hosts`]. A deep link into an app (`myshop://orders/1001`) only with a
+//! scheme the operator listed in [`LinkPolicy::deep_link_schemes`], and only where a tap
+//! opens it (`content.url`, actions, LINE actions); never for images or in the payload.
+//! `javascript:`, `data:` and every other scheme are refused.
 //! The host itself is not judged (a private, loopback or link-local address over https is
 //! accepted): links are for recipients to open, the platform never fetches them.
 //!
@@ -17,12 +21,91 @@ pub struct LinkPolicy {
     /// Hosts (lowercase, without port) allowed over plain http, e.g. `localhost`; an entry
     /// starting with `.` allows that domain's subdomains (`.test`).
     pub http_hosts: Vec<String>,
+    /// URL schemes of the operator's apps allowed as deep links (lowercase, without
+    /// `:`), e.g. `myshop`; [`LinkPolicy::from_env`] refuses the schemes that run code or
+    /// read files (`javascript`, `data`, `file`, `vbscript`, `blob`, `about`).
+    pub deep_link_schemes: Vec<String>,
+}
+
+/// Schemes never allowed as deep links, whatever the configuration says.
+pub const FORBIDDEN_SCHEMES: [&str; 8] = [
+    "javascript",
+    "data",
+    "file",
+    "vbscript",
+    "blob",
+    "about",
+    "http",
+    "https",
+];
+
+/// Whether `field` names a place where a tap opens the link, so an app deep link may
+/// stand there: `content.url`, an action's URL, a LINE message's `uri`.
+fn opens_on_tap(field: &str) -> bool {
+    field == "content.url"
+        || (field.contains("actions[") && field.ends_with(".url"))
+        || (field.starts_with("content.overrides.line_messages_json") && field.ends_with("uri"))
 }
 
 /// The rule as told to the caller.
 const RULE: &str = "must be an https:// URL with a host (http:// only for the development hosts in NOTIFY_DEV_HTTP_HOSTS; no javascript:, data: or other schemes)";
 
 impl LinkPolicy {
+    /// Reads `NOTIFY_DEV_HTTP_HOSTS` (comma-separated hosts allowed over plain http;
+    /// empty) and `NOTIFY_DEEP_LINK_SCHEMES` (comma-separated app schemes; empty). A
+    /// scheme in [`FORBIDDEN_SCHEMES`] or not of RFC 3986 scheme characters is an error
+    /// recorded in `env`.
+    pub fn from_env(env: &mut crate::config::Env) -> Self {
+        let list = |s: String| -> Vec<String> {
+            s.split(',')
+                .map(|h| h.trim().to_ascii_lowercase())
+                .filter(|h| !h.is_empty())
+                .collect()
+        };
+        let http_hosts = list(env.string("NOTIFY_DEV_HTTP_HOSTS", ""));
+        let deep_link_schemes = list(env.string("NOTIFY_DEEP_LINK_SCHEMES", ""));
+        for s in &deep_link_schemes {
+            let scheme_chars = s.starts_with(|c: char| c.is_ascii_alphabetic())
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+            if !scheme_chars || FORBIDDEN_SCHEMES.contains(&s.as_str()) {
+                env.error(format!(
+                    "NOTIFY_DEEP_LINK_SCHEMES: {s:?} is not an app scheme (RFC 3986 scheme characters; not one of {})",
+                    FORBIDDEN_SCHEMES.join(", ")
+                ));
+            }
+        }
+        LinkPolicy {
+            http_hosts,
+            deep_link_schemes,
+        }
+    }
+
+    /// Why `url`, standing at `field`, is not an acceptable link: [`Self::problem`], except
+    /// that where a tap opens it ([`opens_on_tap`]) a deep link with an allowed scheme
+    /// passes.
+    pub fn problem_at(&self, field: &str, url: &str) -> Result<(), String> {
+        if opens_on_tap(field)
+            && let Some((scheme, rest)) = url.split_once(':')
+            && self
+                .deep_link_schemes
+                .iter()
+                .any(|s| s.eq_ignore_ascii_case(scheme))
+        {
+            if rest.is_empty()
+                || rest
+                    .chars()
+                    .any(|c| c.is_whitespace() || c.is_control() || c == '\\')
+            {
+                return Err(format!(
+                    "{RULE}; a deep link needs a path and no whitespace, control characters or backslashes"
+                ));
+            }
+            return Ok(());
+        }
+        self.problem(url)
+    }
+
     /// Why `url` is not an acceptable link, if it is not (the description of the
     /// violation, never echoing the URL).
     pub fn problem(&self, url: &str) -> Result<(), String> {
@@ -69,24 +152,18 @@ impl LinkPolicy {
     }
 
     /// Every link of `event` that breaks the policy, one violation per field path.
-    /// Checked: `content.url`, and every payload string under a key that names a link
+    /// Checked: every link of the content ([`crate::Content::links`]), and every payload string under a key that names a link
     /// ([`is_link_key`]), in lists and objects under such a key too. An empty link is no
     /// link.
     pub fn check(&self, event: &NewEvent) -> Result<(), Vec<FieldViolation>> {
         let mut v = Violations::default();
-        let mut check = |field: String, url: &str| {
-            if let Err(why) = self.problem(url) {
+        let mut links = event.content.links();
+        walk("payload", &event.payload, false, &mut links);
+        for (field, url) in links {
+            if !url.is_empty()
+                && let Err(why) = self.problem_at(&field, &url)
+            {
                 v.add(field, why);
-            }
-        };
-        if !event.content.url.is_empty() {
-            check("content.url".into(), &event.content.url);
-        }
-        let mut urls = Vec::new();
-        walk("payload", &event.payload, false, &mut urls);
-        for (field, url) in urls {
-            if !url.is_empty() {
-                check(field, &url);
             }
         }
         v.into_result(())
@@ -132,7 +209,7 @@ pub fn is_link_key(k: &str) -> bool {
 }
 
 /// Collects `(path, string)` for every string at or under a link key.
-fn walk(path: &str, v: &serde_json::Value, link: bool, out: &mut Vec<(String, String)>) {
+pub(crate) fn walk(path: &str, v: &serde_json::Value, link: bool, out: &mut Vec<(String, String)>) {
     match v {
         serde_json::Value::Object(map) => {
             for (k, x) in map {
@@ -157,6 +234,7 @@ mod tests {
     fn dev() -> LinkPolicy {
         LinkPolicy {
             http_hosts: vec!["localhost".into(), ".test".into()],
+            deep_link_schemes: vec!["myshop".into()],
         }
     }
 
@@ -299,6 +377,44 @@ mod tests {
         assert_eq!(
             p.check(&event("", json!({"url": "https://ok.example/"}))),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn deep_links_only_with_a_listed_scheme_and_only_where_a_tap_opens_them() {
+        let mut e = event("myshop://orders/1001", json!({"link": "myshop://x"}));
+        e.content.actions = vec![
+            crate::Action {
+                id: "a".into(),
+                label: "ดู".into(),
+                url: "myshop://orders/1001".into(),
+            },
+            crate::Action {
+                id: "b".into(),
+                label: "โทร".into(),
+                url: "otherapp://x".into(),
+            },
+        ];
+        e.content.image_url = "myshop://logo.png".into();
+        let errs = dev().check(&e).unwrap_err();
+        let fields: Vec<&str> = errs.iter().map(|f| f.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "content.image_url",
+                "content.actions[1].url",
+                "payload.link"
+            ],
+            "the listed scheme passes on content.url and actions[0], nowhere else"
+        );
+        let mut env =
+            crate::config::Env::from_vars([("NOTIFY_DEEP_LINK_SCHEMES", "myshop, javascript")]);
+        let p = LinkPolicy::from_env(&mut env);
+        assert_eq!(p.deep_link_schemes, ["myshop", "javascript"]);
+        let problems = env.finish().unwrap_err();
+        assert!(
+            problems.contains("\"javascript\" is not an app scheme"),
+            "{problems}"
         );
     }
 }

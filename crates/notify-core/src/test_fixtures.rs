@@ -1,6 +1,7 @@
 //! Values the unit tests of several modules build alike.
 
-use crate::event::{Content, NewEvent};
+use crate::content::Content;
+use crate::event::NewEvent;
 
 /// A validated event as the link and sensitive-data checks see it: key `event_key`, type
 /// `type_key`, one recipient `u1`, `payload` and `content`; no actor, channels, topic,

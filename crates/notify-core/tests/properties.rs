@@ -89,10 +89,8 @@ proptest! {
         let t = Template {
             channel: "*".into(),
             locale: "th-TH".into(),
-            title: String::new(),
             body: source,
-            email_subject: String::new(),
-            email_html: String::new(),
+            ..Default::default()
         };
         let _ = validate("prop_type", &[t], &serde_json::json!({"amount": amount}));
     }

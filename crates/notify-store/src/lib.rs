@@ -5,6 +5,7 @@
 
 pub mod api_keys;
 pub mod catalog;
+pub mod clicks;
 pub mod console;
 pub mod deliveries;
 pub mod events;

@@ -25,6 +25,9 @@ pub struct WorkerConfig {
     /// Most provider calls per second of this process, per provider (`line`, `fcm`,
     /// `apns`, `webpush`, `smtp`, `inbox`); providers not named are not limited.
     pub rate_limits: std::collections::BTreeMap<String, u32>,
+    /// The link policy rendered content must obey (as ingest applies it to what callers
+    /// send): a template can put a payload value into a link.
+    pub links: notify_core::links::LinkPolicy,
 }
 
 /// Default [`WorkerConfig::rate_limits`]: LINE allows 2,000 push requests a second per
@@ -47,7 +50,8 @@ impl WorkerConfig {
     /// Reads `NOTIFY_AMQP_URL` (required), `NOTIFY_AMQP_PREFIX` (""),
     /// `NOTIFY_WORKER_CONCURRENCY` (16), `NOTIFY_LEASE` (60s), `NOTIFY_RETRY_DELAYS`
     /// (30s,2m,10m,1h,6h), `NOTIFY_SHUTDOWN_GRACE` (30s), `NOTIFY_WORKER_ID` (`$HOSTNAME-pid`),
-    /// `NOTIFY_RATE_LIMITS` ([`DEFAULT_RATE_LIMITS`]; calls per second per process). The attempt budget is the
+    /// `NOTIFY_RATE_LIMITS` ([`DEFAULT_RATE_LIMITS`]; calls per second per process),
+    /// `NOTIFY_DEV_HTTP_HOSTS` and `NOTIFY_DEEP_LINK_SCHEMES` (the link policy). The attempt budget is the
     /// delivery's own `max_attempts`, set by ingest.
     ///
     /// # Errors
@@ -81,7 +85,9 @@ impl WorkerConfig {
             parse_rate_limits(DEFAULT_RATE_LIMITS).expect("valid defaults"),
             parse_rate_limits,
         );
+        let links = notify_core::links::LinkPolicy::from_env(env);
         Ok(Self {
+            links,
             rate_limits,
             amqp_url: amqp_url?,
             topology: Topology::new(prefix),

@@ -48,7 +48,7 @@ pub async fn run<S: ChannelSender>(
     let ctx = Arc::new(Ctx {
         db: DbBatches::start(&pool, sender.channel(), cfg.lease),
         limits: Arc::new(limit::RateLimits::new(&cfg.rate_limits)),
-        templates: Arc::new(templates::TemplateCache::default()),
+        templates: Arc::new(templates::TemplateCache::new(cfg.links.clone())),
         pool,
         sender,
         cfg,

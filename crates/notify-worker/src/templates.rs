@@ -2,10 +2,12 @@
 //! call (`notify_core::template`). Templates are read from Postgres per type and kept for
 //! [`CACHE_TTL`], so a saved change reaches every worker within that time.
 
+use notify_core::links::LinkPolicy;
 use notify_core::template::{
     self, DigestContext, DigestItem, EventContext, RecipientContext, RenderContext,
 };
-use notify_core::{AttemptOutcome, ErrorClass};
+use notify_core::validate::Violations;
+use notify_core::{AttemptOutcome, Content, ErrorClass, FieldViolation};
 use notify_store::PgPool;
 use notify_store::deliveries::DeliveryJob;
 use std::collections::HashMap;
@@ -17,13 +19,35 @@ pub const CACHE_TTL: Duration = Duration::from_secs(10);
 
 type Entry = (Instant, Arc<(String, Vec<template::Template>)>);
 
-/// Per-type template cache.
+/// Per-type template cache, and the checks rendered content must pass.
 #[derive(Default)]
 pub struct TemplateCache {
     types: Mutex<HashMap<String, Entry>>,
+    links: LinkPolicy,
+}
+
+/// Every rule rendered `content` breaks: the content rules of ingest
+/// ([`notify_core::Content::check`]) and the link policy over its links.
+pub fn rendered_problems(content: &Content, links: &LinkPolicy) -> Vec<FieldViolation> {
+    let mut v = Violations::default();
+    content.check(&mut v);
+    for (field, url) in content.links() {
+        if let Err(why) = links.problem_at(&field, &url) {
+            v.add(field, why);
+        }
+    }
+    v.0
 }
 
 impl TemplateCache {
+    /// An empty cache whose rendered content must obey `links`.
+    pub fn new(links: LinkPolicy) -> Self {
+        Self {
+            types: Mutex::default(),
+            links,
+        }
+    }
+
     async fn load(
         &self,
         pool: &PgPool,
@@ -124,6 +148,25 @@ impl TemplateCache {
                     if !notify_core::guard::scan_text(text).is_empty() {
                         *text = notify_core::guard::mask_text(text);
                     }
+                }
+                for a in &mut content.actions {
+                    if !notify_core::guard::scan_text(&a.label).is_empty() {
+                        a.label = notify_core::guard::mask_text(&a.label);
+                    }
+                }
+                let problems = rendered_problems(&content, &self.links);
+                if !problems.is_empty() {
+                    let listed: Vec<String> = problems
+                        .iter()
+                        .map(|f| format!("{}: {}", f.field, f.description))
+                        .collect();
+                    return Err(AttemptOutcome::failed(
+                        ErrorClass::Permanent,
+                        "content_invalid",
+                        serde_json::json!({"fields": problems.iter().map(|f| &f.field).collect::<Vec<_>>()}),
+                    )
+                    .with_response(listed.join("; "))
+                    .quoting_response());
                 }
                 job.content = content;
                 Ok(())

@@ -7,7 +7,7 @@ use crate::AppState;
 use axum::extract::{Form, Path, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Redirect};
-use notify_core::event::escape_html as esc;
+use notify_core::content::escape_html as esc;
 use uuid::Uuid;
 
 /// What a `POST /console/actions/<action>/{id}` does to its target.

@@ -8,7 +8,7 @@ use crate::AppState;
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use notify_core::DeliveryStatus;
-use notify_core::event::escape_html as esc;
+use notify_core::content::escape_html as esc;
 use notify_store::events::{self, EventSelector};
 use serde::Deserialize;
 

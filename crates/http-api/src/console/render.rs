@@ -6,7 +6,7 @@ use crate::error::{ApiError, log_store_error, store_status};
 use crate::staff;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Redirect, Response};
-use notify_core::event::escape_html as esc;
+use notify_core::content::escape_html as esc;
 
 /// What a console handler answers: a page, or an error rendered as a page.
 pub(super) type Page = Result<Response, HtmlError>;

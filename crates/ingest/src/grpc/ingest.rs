@@ -76,19 +76,27 @@ impl Services {
         self.auth
             .check_send(&caller, r.r#type.trim(), r.recipients.len())?;
         let requested_names = r.channels.clone();
-        let mut event = NewEvent::parse(CreateEventInput {
+        let (content, mut bad_content) = content_from_pb(r.content);
+        let parsed = NewEvent::parse(CreateEventInput {
             event_key: r.event_key,
             type_key: r.r#type,
             actor_id: r.actor_id,
             recipients: r.recipients,
             payload: r.payload,
-            content: content_from_pb(r.content),
+            content,
             channels: r.channels,
             topic: r.topic,
             line_multicast: r.line_multicast,
             aggregate_key: r.aggregate_key,
-        })
-        .map_err(ApiError::Invalid)?;
+        });
+        let mut event = match parsed {
+            Ok(event) if bad_content.is_empty() => event,
+            Ok(_) => return Err(ApiError::Invalid(bad_content)),
+            Err(mut violations) => {
+                violations.append(&mut bad_content);
+                return Err(ApiError::Invalid(violations));
+            }
+        };
         // The server span's context: the relay continues this trace for every publish.
         event.trace_context =
             notify_telemetry::propagation::traceparent_of(&tracing::Span::current());

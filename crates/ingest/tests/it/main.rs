@@ -17,6 +17,7 @@ mod pipeline;
 mod promises;
 mod push;
 mod recovery;
+mod rich;
 mod security;
 mod telemetry;
 mod templates;

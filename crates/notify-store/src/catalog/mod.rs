@@ -62,8 +62,10 @@ pub async fn upsert_type_with_templates(
             templates.iter().map(f).collect()
         };
         sqlx::query(
-            "INSERT INTO notification_templates (type, channel, locale, title, body, email_subject, email_html)
-             SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])",
+            "INSERT INTO notification_templates
+                 (type, channel, locale, title, body, email_subject, email_html, rich)
+             SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                                      $7::text[], $8::jsonb[])",
         )
         .bind(&t.key)
         .bind(col(|x| &x.channel))
@@ -72,6 +74,7 @@ pub async fn upsert_type_with_templates(
         .bind(col(|x| &x.body))
         .bind(col(|x| &x.email_subject))
         .bind(col(|x| &x.email_html))
+        .bind(templates.iter().map(|t| t.rich_json()).collect::<Vec<_>>())
         .execute(&mut *tx)
         .await?;
     }
@@ -117,23 +120,30 @@ pub async fn get_templates(
         return Ok(None);
     };
     let rows = sqlx::query(
-        "SELECT channel, locale, title, body, email_subject, email_html
+        "SELECT channel, locale, title, body, email_subject, email_html, rich
          FROM notification_templates WHERE type = $1 ORDER BY channel, locale",
     )
     .bind(type_key)
     .fetch_all(db)
     .await?;
-    let templates = rows
-        .into_iter()
-        .map(|r| notify_core::template::Template {
+    let mut templates = Vec::with_capacity(rows.len());
+    for r in rows {
+        let mut t = notify_core::template::Template {
             channel: r.get("channel"),
             locale: r.get("locale"),
             title: r.get("title"),
             body: r.get("body"),
             email_subject: r.get("email_subject"),
             email_html: r.get("email_html"),
-        })
-        .collect();
+            ..Default::default()
+        };
+        t.set_rich_json(r.get("rich"))
+            .map_err(|e| crate::StoreError::BadValue {
+                column: "notification_templates.rich",
+                message: e.to_string(),
+            })?;
+        templates.push(t);
+    }
     Ok(Some((default_locale, templates)))
 }
 

@@ -149,6 +149,9 @@ pub(crate) struct Options {
     pub tls: Option<ingest::TlsFiles>,
     /// The instant the in-process ingest plans at (the database's clock by default).
     pub clock: ingest::clock::Clock,
+    /// The link policy of ingest and the workers: https only, and the app scheme
+    /// `myshop` for deep links.
+    pub links: notify_core::links::LinkPolicy,
 }
 
 impl Default for Options {
@@ -167,6 +170,10 @@ impl Default for Options {
             auth: ingest::auth::AuthMode::Off,
             tls: None,
             clock: ingest::clock::Clock::Database,
+            links: notify_core::links::LinkPolicy {
+                http_hosts: Vec::new(),
+                deep_link_schemes: vec!["myshop".into()],
+            },
         }
     }
 }
@@ -195,7 +202,7 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
         metrics_interval: Duration::from_secs(15),
         auth: opts.auth,
         tls: opts.tls.clone(),
-        links: notify_core::links::LinkPolicy::default(),
+        links: opts.links.clone(),
         max_message_bytes: 1 << 20,
         clock: opts.clock.clone(),
     }
@@ -488,6 +495,33 @@ impl Platform {
             line_multicast: false,
             aggregate_key: String::new(),
         }
+    }
+
+    /// [`Platform::event`] with rich content: an https image and two actions (a "view
+    /// order" link and a `myshop://` deep link), as every channel's rich-content test
+    /// sends it.
+    pub(crate) fn rich_event(
+        &self,
+        key: &str,
+        type_key: &str,
+        recipients: &[&str],
+    ) -> pb::CreateEventRequest {
+        let mut r = self.event(key, type_key, recipients);
+        let c = r.content.as_mut().expect("content");
+        c.image_url = "https://cdn.shop.example.test/orders/1001.png".into();
+        c.actions = vec![
+            pb::Action {
+                id: "view".into(),
+                label: "ดูคำสั่งซื้อ".into(),
+                url: "https://shop.example.test/orders/1001".into(),
+            },
+            pb::Action {
+                id: "track".into(),
+                label: "ติดตามพัสดุ".into(),
+                url: "myshop://orders/1001/track".into(),
+            },
+        ];
+        r
     }
 
     /// Polls GetEvent until no delivery is pending or sending (at most `secs`).

@@ -26,6 +26,7 @@ impl Platform {
             shutdown_grace: Duration::from_secs(10),
             worker_id: "test-worker".into(),
             rate_limits: self.opts.rate_limits.clone(),
+            links: self.opts.links.clone(),
         }
     }
 

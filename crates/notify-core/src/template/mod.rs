@@ -1,7 +1,9 @@
 //! Templates per notification type x channel x locale, rendered with minijinja.
 //!
-//! A template gives any of `title`, `body`, `email_subject` and `email_html` (empty
-//! fields keep the caller's content). The context is `payload` (the event's payload),
+//! A template gives any of `title`, `body`, `email_subject`, `email_html`, and the rich
+//! fields `url`, `image_url`, `thread`, `actions`, `badge` and `overrides` (empty fields
+//! keep the caller's content). Every string of the rich fields is a template too, down to
+//! each text of a LINE Flex card given as JSON in `overrides.line_messages`. The context is `payload` (the event's payload),
 //! `content` (what the caller sent), `recipient` (`user_id`, `display_name`, `locale`,
 //! `timezone`), `event` (`id`, `key`, `type`) and `digest` (`count`, `items`: each with
 //! `event_key`, `payload`, `content`; one item, this event, when not a digest). Undefined variables are errors (strict),
@@ -22,16 +24,18 @@
 //! Rendering is sandboxed: no file or network access, at most 50,000 instructions
 //! (minijinja fuel) and 20 levels of nesting per render.
 
-use crate::event::Content;
+use crate::content::Content;
 use crate::validate::FieldViolation;
-use chrono::{DateTime, Datelike, Timelike, Utc};
 use minijinja::value::Value as JValue;
-use minijinja::{Environment, Error, ErrorKind, State, UndefinedBehavior};
+use minijinja::{Environment, State, UndefinedBehavior};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod filters;
+
 /// One template: a type's wording for one channel (or `*`) and one locale.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Template {
     /// Channel name or `*`.
     pub channel: String,
@@ -49,6 +53,79 @@ pub struct Template {
     /// Email HTML part (auto-escaped).
     #[serde(default)]
     pub email_html: String,
+    /// The tap link.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub url: String,
+    /// The image URL.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub image_url: String,
+    /// The thread key.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub thread: String,
+    /// The actions; each label, URL and id is a template. Non-empty = replaces the
+    /// caller's actions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub actions: Vec<crate::Action>,
+    /// The badge policy; unchanged = the caller's.
+    #[serde(default, skip_serializing_if = "crate::Badge::is_unchanged")]
+    pub badge: crate::Badge,
+    /// Per-channel overrides; every string in them is a template (in the LINE messages,
+    /// every string value of the JSON tree, so a Flex card's structure is plain JSON and
+    /// its texts are templates). A non-empty field replaces the caller's.
+    #[serde(default, skip_serializing_if = "crate::Overrides::is_empty")]
+    pub overrides: crate::Overrides,
+}
+
+impl Template {
+    /// The fields beyond title, body, email subject and HTML (`url`, `image_url`,
+    /// `thread`, `actions`, `badge`, `overrides`) as one JSON object, as the store keeps
+    /// them; `{}` when none is set.
+    pub fn rich_json(&self) -> Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        if let Some(m) = v.as_object_mut() {
+            for k in [
+                "channel",
+                "locale",
+                "title",
+                "body",
+                "email_subject",
+                "email_html",
+            ] {
+                m.remove(k);
+            }
+        }
+        v
+    }
+
+    /// Sets the fields [`Template::rich_json`] gives from such an object.
+    ///
+    /// # Errors
+    /// The object does not have that shape.
+    pub fn set_rich_json(&mut self, rich: Value) -> Result<(), serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Rich {
+            #[serde(default)]
+            url: String,
+            #[serde(default)]
+            image_url: String,
+            #[serde(default)]
+            thread: String,
+            #[serde(default)]
+            actions: Vec<crate::Action>,
+            #[serde(default)]
+            badge: crate::Badge,
+            #[serde(default)]
+            overrides: crate::Overrides,
+        }
+        let r: Rich = serde_json::from_value(rich)?;
+        self.url = r.url;
+        self.image_url = r.image_url;
+        self.thread = r.thread;
+        self.actions = r.actions;
+        self.badge = r.badge;
+        self.overrides = r.overrides;
+        Ok(())
+    }
 }
 
 /// Who and what a template is rendered for.
@@ -160,49 +237,6 @@ pub const MAX_TEMPLATE_BYTES: usize = 64 * 1024;
 /// Most minijinja instructions one render may run.
 pub const FUEL: u64 = 50_000;
 
-const TH_MONTHS: [&str; 12] = [
-    "มกราคม",
-    "กุมภาพันธ์",
-    "มีนาคม",
-    "เมษายน",
-    "พฤษภาคม",
-    "มิถุนายน",
-    "กรกฎาคม",
-    "สิงหาคม",
-    "กันยายน",
-    "ตุลาคม",
-    "พฤศจิกายน",
-    "ธันวาคม",
-];
-const TH_MONTHS_SHORT: [&str; 12] = [
-    "ม.ค.",
-    "ก.พ.",
-    "มี.ค.",
-    "เม.ย.",
-    "พ.ค.",
-    "มิ.ย.",
-    "ก.ค.",
-    "ส.ค.",
-    "ก.ย.",
-    "ต.ค.",
-    "พ.ย.",
-    "ธ.ค.",
-];
-const EN_MONTHS: [&str; 12] = [
-    "January",
-    "February",
-    "March",
-    "April",
-    "May",
-    "June",
-    "July",
-    "August",
-    "September",
-    "October",
-    "November",
-    "December",
-];
-
 fn language(locale: &str) -> &str {
     locale.split(['-', '_']).next().unwrap_or(locale)
 }
@@ -231,97 +265,6 @@ pub fn pick<'a>(
     })
 }
 
-fn recipient_attr(state: &State, attr: &str, default: &str) -> String {
-    state
-        .lookup("recipient")
-        .and_then(|r| r.get_attr(attr).ok())
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_else(|| default.to_string())
-}
-
-/// `1234567.5` -> `1,234,567.50`.
-fn group_digits(amount: f64) -> String {
-    let cents = (amount.abs() * 100.0).round() as u128;
-    let (units, frac) = (cents / 100, cents % 100);
-    let digits = units.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    format!("{}{out}.{frac:02}", if amount < 0.0 { "-" } else { "" })
-}
-
-fn money(state: &State, value: JValue, currency: Option<String>) -> Result<String, Error> {
-    let amount = match value.as_str() {
-        Some(s) => s.replace(',', "").trim().parse::<f64>().ok(),
-        None => f64::try_from(value.clone()).ok(),
-    }
-    .ok_or_else(|| {
-        Error::new(
-            ErrorKind::InvalidOperation,
-            format!("money: {value} is not an amount"),
-        )
-    })?;
-    let currency = currency
-        .unwrap_or_else(|| "THB".into())
-        .to_ascii_uppercase();
-    let locale = recipient_attr(state, "locale", "th-TH");
-    Ok(if language(&locale) == "th" && currency == "THB" {
-        format!("{} บาท", group_digits(amount))
-    } else {
-        format!("{currency} {}", group_digits(amount))
-    })
-}
-
-fn instant(value: &JValue) -> Option<DateTime<Utc>> {
-    match value.as_str() {
-        Some(s) => s.parse::<DateTime<Utc>>().ok(),
-        None => i64::try_from(value.clone())
-            .ok()
-            .and_then(|s| DateTime::from_timestamp(s, 0)),
-    }
-}
-
-fn format_date(
-    state: &State,
-    value: JValue,
-    style: &str,
-    with_time: bool,
-) -> Result<String, Error> {
-    let at = instant(&value).ok_or_else(|| {
-        Error::new(
-            ErrorKind::InvalidOperation,
-            format!("date: {value} is not an RFC 3339 time or Unix seconds"),
-        )
-    })?;
-    let tz = crate::validate::parse_timezone(&recipient_attr(state, "timezone", "Asia/Bangkok"))
-        .unwrap_or(chrono_tz::Asia::Bangkok);
-    let local = at.with_timezone(&tz);
-    let m = local.month0() as usize;
-    let thai = language(&recipient_attr(state, "locale", "th-TH")) == "th";
-    let mut out = match (thai, style) {
-        (true, "short") => format!(
-            "{} {} {}",
-            local.day(),
-            TH_MONTHS_SHORT[m],
-            local.year() + 543
-        ),
-        (true, _) => format!("{} {} {}", local.day(), TH_MONTHS[m], local.year() + 543),
-        (false, "short") => format!("{} {} {}", local.day(), &EN_MONTHS[m][..3], local.year()),
-        (false, _) => format!("{} {} {}", local.day(), EN_MONTHS[m], local.year()),
-    };
-    if with_time {
-        out.push_str(&format!(" {:02}:{:02}", local.hour(), local.minute()));
-        if thai {
-            out.push_str(" น.");
-        }
-    }
-    Ok(out)
-}
-
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::Strict);
@@ -334,14 +277,14 @@ fn environment() -> Environment<'static> {
             minijinja::AutoEscape::None
         }
     });
-    env.add_filter("money", money);
+    env.add_filter("money", filters::money);
     env.add_filter("date", |state: &State, v: JValue, style: Option<String>| {
-        format_date(state, v, style.as_deref().unwrap_or("long"), false)
+        filters::format_date(state, v, style.as_deref().unwrap_or("long"), false)
     });
     env.add_filter(
         "datetime",
         |state: &State, v: JValue, style: Option<String>| {
-            format_date(state, v, style.as_deref().unwrap_or("long"), true)
+            filters::format_date(state, v, style.as_deref().unwrap_or("long"), true)
         },
     );
     env
@@ -387,7 +330,108 @@ pub fn render(
             })?;
         *slot = rendered;
     }
+    render_rich(&env, type_key, template, &context, &mut out)?;
     Ok(out)
+}
+
+/// Renders every string of `value` (a JSON tree) as a plain-text template named
+/// `<prefix><path>`, leaving the structure as it is.
+fn render_tree(
+    env: &Environment,
+    prefix: &str,
+    path: &str,
+    value: &mut Value,
+    context: &JValue,
+) -> Result<(), TemplateError> {
+    match value {
+        Value::String(source) if source.contains("{{") || source.contains("{%") => {
+            let name = format!("{prefix}{path}");
+            *source = env
+                .render_named_str(&name, source, context.clone())
+                .map_err(|e| TemplateError {
+                    line: e.line().unwrap_or(0),
+                    message: e
+                        .detail()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| e.kind().to_string()),
+                    name: name.clone(),
+                })?;
+        }
+        Value::Array(items) => {
+            for (i, x) in items.iter_mut().enumerate() {
+                render_tree(env, prefix, &format!("{path}[{i}]"), x, context)?;
+            }
+        }
+        Value::Object(map) => {
+            for (k, x) in map.iter_mut() {
+                render_tree(env, prefix, &format!("{path}.{k}"), x, context)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Renders the template's rich fields (every string a template) and puts each non-empty
+/// one in place of the caller's.
+fn render_rich(
+    env: &Environment,
+    type_key: &str,
+    template: &Template,
+    context: &JValue,
+    out: &mut Content,
+) -> Result<(), TemplateError> {
+    let mut rich = template.rich_json();
+    if rich.as_object().is_none_or(|m| m.is_empty()) {
+        return Ok(());
+    }
+    let prefix = format!("{type_key}/{}/{}:", template.channel, template.locale);
+    if let Some(m) = rich.as_object_mut() {
+        for (k, x) in m.iter_mut() {
+            if k != "badge" {
+                render_tree(env, &prefix, k, x, context)?;
+            }
+        }
+    }
+    let mut rendered = Template::default();
+    rendered.set_rich_json(rich).map_err(|e| TemplateError {
+        name: format!("{prefix}overrides"),
+        line: 0,
+        message: e.to_string(),
+    })?;
+    let replace = |slot: &mut String, new: String| {
+        if !new.is_empty() {
+            *slot = new;
+        }
+    };
+    replace(&mut out.url, rendered.url);
+    replace(&mut out.image_url, rendered.image_url);
+    replace(&mut out.thread, rendered.thread);
+    if !rendered.actions.is_empty() {
+        out.actions = rendered.actions;
+    }
+    if !rendered.badge.is_unchanged() {
+        out.badge = rendered.badge;
+    }
+    let (o, r) = (&mut out.overrides, rendered.overrides);
+    if !r.line_messages.is_empty() {
+        o.line_messages = r.line_messages;
+    }
+    if !r.fcm_data.is_empty() {
+        o.fcm_data = r.fcm_data;
+    }
+    replace(&mut o.android_channel_id, r.android_channel_id);
+    replace(&mut o.apns_category, r.apns_category);
+    replace(&mut o.apns_thread_id, r.apns_thread_id);
+    replace(&mut o.apns_sound, r.apns_sound);
+    replace(&mut o.apns_interruption_level, r.apns_interruption_level);
+    replace(&mut o.webpush_icon, r.webpush_icon);
+    replace(&mut o.webpush_image, r.webpush_image);
+    if !r.webpush_actions.is_empty() {
+        o.webpush_actions = r.webpush_actions;
+    }
+    *out = std::mem::take(out).normalized();
+    Ok(())
 }
 
 /// Checks every template of a type by rendering it against `sample_payload` for a Thai
@@ -443,133 +487,32 @@ pub fn validate(
                 ],
             },
         };
-        if let Err(e) = render(type_key, t, &ctx) {
-            let field = e.name.rsplit(':').next().unwrap_or("body").to_string();
-            out.push(FieldViolation::new(
-                format!("templates[{i}].{field}"),
-                format!(
-                    "line {}: {} (rendered against sample_payload)",
-                    e.line, e.message
-                ),
-            ));
+        match render(type_key, t, &ctx) {
+            Ok(rendered) => {
+                let mut v = crate::validate::Violations::default();
+                rendered.check(&mut v);
+                out.extend(v.0.into_iter().map(|f| {
+                    let field = f.field.strip_prefix("content.").unwrap_or(&f.field);
+                    FieldViolation::new(
+                        format!("templates[{i}].{field}"),
+                        format!("{} (rendered against sample_payload)", f.description),
+                    )
+                }));
+            }
+            Err(e) => {
+                let field = e.name.rsplit(':').next().unwrap_or("body").to_string();
+                out.push(FieldViolation::new(
+                    format!("templates[{i}].{field}"),
+                    format!(
+                        "line {}: {} (rendered against sample_payload)",
+                        e.line, e.message
+                    ),
+                ));
+            }
         }
     }
     out
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn t(channel: &str, locale: &str, body: &str) -> Template {
-        Template {
-            channel: channel.into(),
-            locale: locale.into(),
-            body: body.into(),
-            ..Default::default()
-        }
-    }
-
-    fn ctx<'a>(payload: &'a Value, content: &'a Content, locale: &'a str) -> RenderContext<'a> {
-        RenderContext {
-            payload,
-            content,
-            recipient: RecipientContext {
-                user_id: "u1",
-                display_name: "สมชาย",
-                locale,
-                timezone: "Asia/Bangkok",
-            },
-            event: EventContext {
-                id: "e1".into(),
-                key: "order:1001:paid",
-                type_key: "order_paid",
-            },
-            digest: DigestContext {
-                count: 0,
-                items: vec![],
-            },
-        }
-    }
-
-    #[test]
-    fn the_locale_chain_falls_back_to_the_language_then_the_default() {
-        let ts = [
-            t("email", "th", "th email"),
-            t("*", "th-TH", "th-TH any"),
-            t("*", "en", "en any"),
-        ];
-        assert_eq!(pick(&ts, "line", "th-TH", "en").unwrap().body, "th-TH any");
-        assert_eq!(
-            pick(&ts, "email", "th-TH", "en").unwrap().body,
-            "th-TH any",
-            "locale before channel"
-        );
-        assert_eq!(pick(&ts, "email", "th", "en").unwrap().body, "th email");
-        assert_eq!(pick(&ts, "email", "ja-JP", "en").unwrap().body, "en any");
-        assert!(pick(&ts, "email", "ja-JP", "fr").is_none());
-    }
-
-    #[test]
-    fn thai_money_and_buddhist_era_dates_in_the_recipients_zone() {
-        let payload = json!({"total": "1250", "paid_at": "2026-11-30T18:30:00Z", "items": 3});
-        let content = Content::default();
-        let tpl = Template {
-            channel: "*".into(),
-            locale: "th".into(),
-            title: "ชำระเงิน {{ payload.total|money }} แล้ว".into(),
-            body: "วันที่ {{ payload.paid_at|date }} ({{ payload.paid_at|date('short') }}) เวลา {{ payload.paid_at|datetime }}".into(),
-            ..Default::default()
-        };
-        let out = render("order_paid", &tpl, &ctx(&payload, &content, "th-TH")).unwrap();
-        assert_eq!(out.title, "ชำระเงิน 1,250.00 บาท แล้ว");
-        // 18:30 UTC is 01:30 on 1 December in Bangkok; 2026 CE is 2569 BE.
-        assert_eq!(
-            out.body,
-            "วันที่ 1 ธันวาคม 2569 (1 ธ.ค. 2569) เวลา 1 ธันวาคม 2569 01:30 น."
-        );
-        let en = render(
-            "order_paid",
-            &Template {
-                locale: "en".into(),
-                ..tpl
-            },
-            &ctx(&payload, &content, "en-US"),
-        )
-        .unwrap();
-        assert_eq!(en.title, "ชำระเงิน THB 1,250.00 แล้ว");
-        assert!(en.body.contains("1 December 2026"), "{}", en.body);
-        assert_eq!(group_digits(1234567.5), "1,234,567.50");
-        assert_eq!(group_digits(-5.0), "-5.00");
-    }
-
-    #[test]
-    fn errors_name_the_template_and_line_and_html_is_escaped() {
-        let payload = json!({"name": "<b>สมชาย</b>"});
-        let content = Content::default();
-        let broken = t("email", "th", "สวัสดี\n{{ payload.missing.deeper }}");
-        let e = render("order_paid", &broken, &ctx(&payload, &content, "th")).unwrap_err();
-        assert_eq!(e.name, "order_paid/email/th:body");
-        assert_eq!(e.line, 2);
-        let html = Template {
-            email_html: "<p>{{ payload.name }}</p>".into(),
-            ..t("email", "th", "{{ payload.name }}")
-        };
-        let out = render("order_paid", &html, &ctx(&payload, &content, "th")).unwrap();
-        assert_eq!(out.email_html, "<p>&lt;b&gt;สมชาย&lt;&#x2f;b&gt;</p>");
-        assert_eq!(out.body, "<b>สมชาย</b>", "plain text is not escaped");
-        let endless = t("*", "th", "{% for i in range(100000) %}{{ i }}{% endfor %}");
-        assert!(
-            render("order_paid", &endless, &ctx(&payload, &content, "th")).is_err(),
-            "fuel runs out"
-        );
-        let v = validate(
-            "order_paid",
-            &[t("*", "th", "ok"), broken, t("fax", "th", "x")],
-            &payload,
-        );
-        let fields: Vec<&str> = v.iter().map(|f| f.field.as_str()).collect();
-        assert_eq!(fields, ["templates[1].body", "templates[2].channel"]);
-    }
-}
+mod tests;

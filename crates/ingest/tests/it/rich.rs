@@ -1,0 +1,135 @@
+//! Rich content at the edge: images, actions, badge, thread and per-channel overrides are
+//! accepted and kept as sent, and bad rich content is refused field by field with nothing
+//! stored. Each channel's rendering of the same content is tested with that channel
+//! (`line`, `push`, `email_format`, `inbox`, `browser`).
+
+use crate::support::Platform;
+use notify_proto::v1 as pb;
+use tonic::Code;
+use tonic_types::StatusExt;
+
+fn fields(err: &tonic::Status) -> Vec<String> {
+    err.get_details_bad_request()
+        .unwrap_or_else(|| panic!("no BadRequest detail: {err:?}"))
+        .field_violations
+        .into_iter()
+        .map(|v| v.field)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_rich_content_names_the_field_and_writes_nothing() {
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("order_paid", &["inapp", "email", "line", "push"])
+        .await;
+    let base = || p.rich_event("k:1", "order_paid", &["u1"]);
+    let mut cases: Vec<(&str, pb::CreateEventRequest, Vec<&str>)> = Vec::new();
+
+    let mut r = base();
+    let c = r.content.as_mut().unwrap();
+    c.actions.push(c.actions[0].clone());
+    c.actions.push(c.actions[1].clone());
+    cases.push(("4 actions", r, vec!["content.actions"]));
+    let mut r = base();
+    r.content.as_mut().unwrap().actions[1].label = String::new();
+    cases.push((
+        "an action without a label",
+        r,
+        vec!["content.actions[1].label"],
+    ));
+    let mut r = base();
+    r.content.as_mut().unwrap().image_url = "http://cdn.shop.example.test/a.png".into();
+    cases.push(("a non-https image", r, vec!["content.image_url"]));
+    let mut r = base();
+    r.content.as_mut().unwrap().actions[0].url = "otherapp://x".into();
+    cases.push((
+        "a deep link with a scheme not listed",
+        r,
+        vec!["content.actions[0].url"],
+    ));
+    let mut r = base();
+    r.content.as_mut().unwrap().actions[0].url = "javascript:alert(1)".into();
+    cases.push(("a script action", r, vec!["content.actions[0].url"]));
+    let mut r = base();
+    r.content.as_mut().unwrap().overrides = Some(pb::ChannelOverrides {
+        line_messages_json: r#"{"type":"text","text":"not an array"}"#.into(),
+        ..Default::default()
+    });
+    cases.push((
+        "LINE messages that are not an array",
+        r,
+        vec!["content.overrides.line_messages_json"],
+    ));
+    let mut r = base();
+    r.content.as_mut().unwrap().overrides = Some(pb::ChannelOverrides {
+        fcm_data: [("from".to_string(), "x".to_string())].into(),
+        apns_interruption_level: "loud".into(),
+        ..Default::default()
+    });
+    cases.push((
+        "a reserved FCM key and an unknown APNs interruption level",
+        r,
+        vec![
+            "content.overrides.fcm_data[from]",
+            "content.overrides.apns_interruption_level",
+        ],
+    ));
+    let mut r = base();
+    r.content.as_mut().unwrap().title = String::new();
+    r.content.as_mut().unwrap().overrides = Some(pb::ChannelOverrides {
+        line_messages_json: "[".into(),
+        ..Default::default()
+    });
+    cases.push((
+        "every violation at once, conversion and rules",
+        r,
+        vec!["content.title", "content.overrides.line_messages_json"],
+    ));
+
+    for (name, req, want) in cases {
+        let err = p.ingest().create_event(req).await.expect_err(name);
+        assert_eq!(err.code(), Code::InvalidArgument, "{name}: {err:?}");
+        assert_eq!(fields(&err), want, "{name}");
+    }
+    for table in ["notification_events", "notification_deliveries", "outbox"] {
+        assert_eq!(p.count(table).await, 0, "{table} must stay empty");
+    }
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rich_content_is_kept_as_sent_and_shown_by_get_event() {
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("order_paid", &["inapp"]).await;
+    let mut r = p.rich_event("order:1001:paid", "order_paid", &["u1"]);
+    let c = r.content.as_mut().unwrap();
+    c.badge = pb::BadgePolicy::UnreadCount as i32;
+    c.thread = "order:1001".into();
+    c.actions[0].id = String::new();
+    c.overrides = Some(pb::ChannelOverrides {
+        fcm_data: [("order_id".to_string(), "1001".to_string())].into(),
+        apns_category: "ORDER".into(),
+        line_messages_json: r#"[{"type":"text","text":"ชำระเงินแล้ว"}]"#.into(),
+        ..Default::default()
+    });
+    let created = p
+        .ingest()
+        .create_event(r.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let got = p.get_event(&created.event_id).await;
+    let mut content = got.content.unwrap();
+    let mut want = r.content.clone().unwrap();
+    want.actions[0].id = "action1".into();
+    let json = |c: &mut pb::Content| -> serde_json::Value {
+        let o = c.overrides.as_mut().unwrap();
+        serde_json::from_str(&std::mem::take(&mut o.line_messages_json)).unwrap()
+    };
+    assert_eq!(json(&mut content), json(&mut want), "the LINE messages as sent");
+    assert_eq!(content, want, "an action without an id gets its position");
+
+    let again = p.ingest().create_event(r).await.unwrap().into_inner();
+    assert!(again.duplicate, "the same rich request is an honest retry");
+    p.stop().await;
+}
