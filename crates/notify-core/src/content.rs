@@ -14,7 +14,8 @@ pub const MAX_BODY_CHARS: usize = 20_000;
 /// Most characters of an email HTML or text part.
 pub const MAX_EMAIL_PART_CHARS: usize = 256 * 1024;
 
-/// What a notification says. Email fields fall back to title/body when empty.
+/// What a notification says. The email parts fall back to title and body when empty (the
+/// email layout of `worker-email` builds them).
 ///
 /// New fields serialise only when set, so the stored content and the fingerprint of an
 /// event without them are what they were before the fields existed.
@@ -30,10 +31,11 @@ pub struct Content {
     /// Email subject; empty = title.
     #[serde(default)]
     pub email_subject: String,
-    /// Email HTML part; empty = escaped text part.
+    /// Email HTML part: a fragment shown in the email layout in place of the body, or a
+    /// whole document (with `<html`) sent as it is; empty = the body as paragraphs.
     #[serde(default)]
     pub email_html: String,
-    /// Email text part; empty = body and url.
+    /// Email text part; empty = title, body, actions (or url) as text (`worker-email`).
     #[serde(default)]
     pub email_text: String,
     /// An https image shown with the notification (push big picture, LINE hero image,
@@ -63,33 +65,6 @@ impl Content {
         } else {
             &self.email_subject
         }
-    }
-
-    /// The email text part to send: `email_text`, else `body` followed by the url.
-    pub fn text_part(&self) -> String {
-        if !self.email_text.is_empty() {
-            return self.email_text.clone();
-        }
-        if self.url.is_empty() {
-            self.body.clone()
-        } else {
-            format!("{}\n\n{}", self.body, self.url)
-        }
-    }
-
-    /// The email HTML part to send: `email_html`, else the text part escaped into `<p>`s.
-    pub fn html_part(&self) -> String {
-        if !self.email_html.is_empty() {
-            return self.email_html.clone();
-        }
-        let mut html = String::from("<!doctype html><html><body>");
-        for para in self.text_part().split("\n\n") {
-            html.push_str("<p>");
-            html.push_str(&escape_html(para).replace('\n', "<br>"));
-            html.push_str("</p>");
-        }
-        html.push_str("</body></html>");
-        html
     }
 
     /// Plain message text for chat channels (LINE): title, body and url on their own lines.
@@ -445,7 +420,7 @@ mod tests {
     use crate::event::{CreateEventInput, NewEvent};
 
     #[test]
-    fn email_parts_fall_back_to_title_body_and_escape_html() {
+    fn chat_text_puts_title_body_and_url_on_their_own_lines() {
         let c = Content {
             title: "สวัสดี <ลูกค้า>".into(),
             body: "a & b\nline2".into(),
@@ -453,12 +428,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(c.subject(), "สวัสดี <ลูกค้า>");
-        assert_eq!(c.text_part(), "a & b\nline2\n\nhttps://x.test/o?a=1&b=2");
-        assert!(c.html_part().contains("<p>a &amp; b<br>line2</p>"));
-        assert!(c.html_part().contains("a=1&amp;b=2"));
         assert_eq!(
             c.chat_text(),
             "สวัสดี <ลูกค้า>\na & b\nline2\nhttps://x.test/o?a=1&b=2"
+        );
+        assert_eq!(
+            escape_html("<a href='x'>&</a>"),
+            "&lt;a href=&#39;x&#39;&gt;&amp;&lt;/a&gt;"
         );
     }
 

@@ -33,6 +33,7 @@ use serde_json::json;
 use std::time::Duration;
 use unicode_segmentation::UnicodeSegmentation;
 
+pub mod layout;
 pub mod smtp;
 
 /// Settings of the email channel.
@@ -54,13 +55,16 @@ pub struct EmailConfig {
     pub unsubscribe_url: String,
     /// Secret that signs unsubscribe tokens (the HTTP service verifies with the same).
     pub unsubscribe_secret: String,
+    /// The HTML layout ([`layout`]; `NOTIFY_EMAIL_LAYOUT`, else the shipped one).
+    pub layout: std::sync::Arc<layout::Layout>,
 }
 
 impl EmailConfig {
     /// Reads `NOTIFY_SMTP_URL` (required), `NOTIFY_EMAIL_FROM` (required),
     /// `NOTIFY_EMAIL_MESSAGE_ID_DOMAIN` (sender's domain), `NOTIFY_SMTP_TIMEOUT` (15s),
     /// `NOTIFY_UNSUBSCRIBE_URL` (required, http(s) URL) and `NOTIFY_UNSUBSCRIBE_SECRET`
-    /// (required, at least 16 characters).
+    /// (required, at least 16 characters), `NOTIFY_EMAIL_LAYOUT` (a minijinja HTML layout
+    /// file; the shipped [`layout::DEFAULT_LAYOUT`]).
     /// `None` when a variable is missing or bad; every problem is recorded in `env`.
     pub fn from_env(env: &mut notify_core::config::Env) -> Option<Self> {
         let smtp_url = env.required("NOTIFY_SMTP_URL");
@@ -94,7 +98,9 @@ impl EmailConfig {
         if unsubscribe_secret.as_ref().is_ok_and(|s| s.len() < 16) {
             env.error("NOTIFY_UNSUBSCRIBE_SECRET must be at least 16 characters".to_string());
         }
+        let layout = std::sync::Arc::new(layout::Layout::from_env(env));
         Some(Self {
+            layout,
             unsubscribe_url: unsubscribe_url.ok()?,
             unsubscribe_secret: unsubscribe_secret.ok()?,
             smtp_url: smtp_url.ok()?,
@@ -153,12 +159,24 @@ impl EmailSender {
                 builder = builder.raw_header(value);
             }
         }
+        let (text, html) = self.parts(job)?;
         builder
-            .multipart(MultiPart::alternative_plain_html(
-                job.content.text_part(),
-                job.content.html_part(),
-            ))
+            .multipart(MultiPart::alternative_plain_html(text, html))
             .map_err(|e| format!("cannot build message: {e}"))
+    }
+
+    /// The text and HTML parts of `job`'s email ([`layout`]).
+    ///
+    /// # Errors
+    /// The layout fails to render.
+    pub fn parts(&self, job: &Job) -> Result<(String, String), String> {
+        let unsubscribe = self.unsubscribe_link(job);
+        let parts = layout::Parts {
+            content: &job.content,
+            locale: &job.locale,
+            unsubscribe_url: unsubscribe.as_deref(),
+        };
+        Ok((layout::text_part(parts), self.cfg.layout.html(parts)?))
     }
 }
 
@@ -203,14 +221,25 @@ impl ChannelSender for EmailSender {
     }
 
     async fn send(&self, job: &Job, lease: &Lease) -> AttemptOutcome {
+        let (text, html) = match self.parts(job) {
+            Ok(parts) => parts,
+            Err(e) => {
+                return AttemptOutcome::failed(
+                    ErrorClass::Permanent,
+                    "template_error",
+                    json!({"layout": "NOTIFY_EMAIL_LAYOUT"}),
+                )
+                .with_response(e);
+            }
+        };
         let content = json!({
             "to": job.address,
             "display_name": job.display_name,
             "from": self.cfg.from.to_string(),
             "message_id": message_id(job, &self.cfg.message_id_domain),
             "subject": job.content.subject(),
-            "text": job.content.text_part(),
-            "html": job.content.html_part(),
+            "text": text,
+            "html": html,
             "list_unsubscribe": self.unsubscribe_link(job),
         });
         let message = match self.build_message(job) {

@@ -19,6 +19,7 @@ fn sender(sim: &Sim) -> EmailSender {
         timeout: TIMEOUT,
         unsubscribe_url: "https://notify.example.test/unsubscribe".into(),
         unsubscribe_secret: "adapter-test-unsubscribe-secret".into(),
+        layout: Default::default(),
     })
     .unwrap()
 }

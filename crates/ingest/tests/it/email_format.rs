@@ -195,3 +195,60 @@ async fn thai_subject_sender_and_long_body_survive_email_intact() {
     );
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rich_email_shows_the_image_and_buttons_and_its_text_part_says_the_same() {
+    let p = Platform::start_with_workers(&[Channel::Email]).await;
+    p.add_type("order_paid", &["email"]).await;
+    let user = uniq("u");
+    let address = format!("{user}@example.test");
+    p.add_recipient(&user, "สมชาย", &address, "").await;
+    let mut req = p.rich_event("order:1001:paid", "order_paid", &[&user]);
+    req.content.as_mut().unwrap().actions[1].url = "https://shop.example.test/track/1001".into();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(done.deliveries[0].status, "sent");
+
+    let mails = p.mails_to(&address).await;
+    assert_eq!(mails.len(), 1);
+    assert_eq!(
+        mails[0]["text"].as_str().unwrap().replace("\r\n", "\n"),
+        "ชำระเงินแล้ว #1001\n\nขอบคุณที่ใช้บริการ\n\n\
+         ดูคำสั่งซื้อ: https://shop.example.test/orders/1001\n\
+         ติดตามพัสดุ: https://shop.example.test/track/1001",
+        "title, body and each action as label: url"
+    );
+    let html = mails[0]["html"].as_str().unwrap();
+    let between = |start: &str, end: &str| -> Vec<String> {
+        html.split(start)
+            .skip(1)
+            .map(|s| s.split(end).next().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        between("<img src=\"", "\""),
+        ["https://cdn.shop.example.test/orders/1001.png"]
+    );
+    assert_eq!(
+        between("<a class=\"button\" href=\"", "\""),
+        [
+            "https://shop.example.test/orders/1001",
+            "https://shop.example.test/track/1001"
+        ],
+        "one button per action, in order"
+    );
+    let labels: Vec<String> = between("<a class=\"button\"", "</a>")
+        .iter()
+        .map(|a| a.rsplit('>').next().unwrap().to_string())
+        .collect();
+    assert_eq!(labels, ["ดูคำสั่งซื้อ", "ติดตามพัสดุ"]);
+    assert_eq!(between("<h1", "</h1>").len(), 1);
+    assert!(html.contains(">ชำระเงินแล้ว #1001</h1>"), "{html}");
+    assert!(html.contains(">ขอบคุณที่ใช้บริการ</p>"), "{html}");
+    assert!(html.contains("<html lang=\"th\">"), "{html}");
+    assert!(
+        !html.contains("ยกเลิกการรับอีเมล"),
+        "a transactional type has no unsubscribe footer"
+    );
+    p.stop().await;
+}

@@ -958,6 +958,7 @@ async fn an_smtp_server_that_never_answers_after_data_ends_each_attempt_at_the_d
             timeout: Duration::from_secs(1),
             unsubscribe_url: format!("{}/unsubscribe", p.http_url),
             unsubscribe_secret: support::UNSUBSCRIBE_SECRET.into(),
+            layout: Default::default(),
         })
         .unwrap(),
     );

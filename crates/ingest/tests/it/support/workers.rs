@@ -69,6 +69,7 @@ impl Platform {
                         timeout: Duration::from_secs(10),
                         unsubscribe_url: format!("{}/unsubscribe", self.http_url),
                         unsubscribe_secret: UNSUBSCRIBE_SECRET.into(),
+                        layout: Default::default(),
                     })
                     .unwrap(),
                 );
