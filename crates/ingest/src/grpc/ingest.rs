@@ -199,7 +199,8 @@ impl Services {
                 None => String::new(),
             };
             let attempts = events::attempts_of(&self.pool, d.id).await?;
-            found.push((d, endpoint, attempts));
+            let clicks = notify_store::clicks::clicks_of(&self.pool, d.id).await?;
+            found.push((d, endpoint, attempts, clicks));
         }
         let trail = explain::trail(
             &type_defaults,
@@ -209,7 +210,7 @@ impl Services {
             }),
             &found
                 .iter()
-                .map(|(d, endpoint, attempts)| explain::DeliveryFacts {
+                .map(|(d, endpoint, attempts, _)| explain::DeliveryFacts {
                     decision: &d.decision,
                     endpoint,
                     attempts: attempts
@@ -228,9 +229,18 @@ impl Services {
         );
         let deliveries = found
             .into_iter()
-            .map(|(d, endpoint, attempts)| pb::ExplainedDelivery {
+            .map(|(d, endpoint, attempts, clicks)| pb::ExplainedDelivery {
                 endpoint,
                 attempts: attempts.into_iter().map(attempt_to_pb).collect(),
+                clicks: clicks
+                    .into_iter()
+                    .map(|c| pb::Click {
+                        user_id: c.user_id,
+                        action_id: c.action_id,
+                        source: c.source,
+                        at: Some(ts(c.at)),
+                    })
+                    .collect(),
                 delivery: Some(delivery_to_pb(d)),
             })
             .collect();

@@ -137,3 +137,59 @@ async fn rich_content_is_kept_as_sent_and_shown_by_get_event() {
     assert!(again.duplicate, "the same rich request is an honest retry");
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_click_counts_once_per_callback_and_explain_delivery_shows_it() {
+    use notify_store::clicks::{ClickSource, NewClick, record_click};
+    let p = Platform::start_with_workers(&[notify_core::Channel::InApp]).await;
+    p.add_type("order_paid", &["inapp"]).await;
+    let ev = p
+        .ingest()
+        .create_event(p.rich_event("order:1001:paid", "order_paid", &["u1"]))
+        .await
+        .unwrap()
+        .into_inner();
+    let done = p.wait_final(&ev.event_id, 30).await;
+    let delivery: uuid::Uuid = done.deliveries[0].delivery_id.parse().unwrap();
+    let click = |delivery_id, key| NewClick {
+        delivery_id,
+        user_id: "u1",
+        action_id: "view",
+        source: ClickSource::Line,
+        dedup_key: key,
+    };
+    assert!(
+        record_click(&p.pool, &click(delivery, Some("line:evt-1")))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !record_click(&p.pool, &click(delivery, Some("line:evt-1")))
+            .await
+            .unwrap(),
+        "a redelivered callback changes nothing"
+    );
+    assert!(
+        !record_click(&p.pool, &click(uuid::Uuid::now_v7(), None))
+            .await
+            .unwrap(),
+        "a callback naming no delivery of ours is dropped"
+    );
+    let explained = p
+        .ingest()
+        .explain_delivery(pb::ExplainDeliveryRequest {
+            event_id: ev.event_id.clone(),
+            user_id: "u1".into(),
+            channel: "inapp".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let clicks = &explained.deliveries[0].clicks;
+    assert_eq!(clicks.len(), 1);
+    assert_eq!(
+        (clicks[0].action_id.as_str(), clicks[0].source.as_str()),
+        ("view", "line")
+    );
+    p.stop().await;
+}
