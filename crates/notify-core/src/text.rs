@@ -1,13 +1,35 @@
-//! Text that must fit a provider's limits without breaking a character a reader sees.
+//! Text that must fit a provider's limits, cut where a reader would cut it.
 //!
-//! Cuts fall only on extended grapheme cluster boundaries (Unicode UAX #29, through the
-//! `unicode-segmentation` crate), so a Thai vowel or tone mark never starts a piece, a
-//! surrogate pair (in UTF-16 terms) is never split and an emoji sequence stays whole.
+//! Cuts fall on word boundaries: Unicode UAX #29 word boundaries from ICU4X's
+//! `icu_segmenter` ([`WordSegmenter::new_dictionary`] with its compiled data), which for
+//! Thai, Lao, Khmer, Burmese, Chinese and Japanese (scripts written without spaces) finds
+//! the words with ICU's dictionaries, not a word list of ours. So a Thai cut never leaves a
+//! leading vowel (เ แ โ ใ ไ) without its consonant (`…แจ้งเ…` becomes `…แจ้ง…`), and an
+//! English word is not cut while a space is in reach.
+//!
+//! Only a word longer than a whole piece (the `max_units` of [`split_utf16`], the whole
+//! budget of [`shorten_to_fit`]) is cut inside, and then between extended grapheme
+//! clusters (UAX #29, through the `unicode-segmentation` crate): a Thai vowel or tone mark
+//! never starts a piece, a surrogate pair (in UTF-16 terms) is never split and an emoji
+//! sequence stays whole. Every word boundary used is also a grapheme boundary.
+//!
+//! The segmenter is built once per process ([`LazyLock`]); its data is compiled in.
 
+use std::sync::LazyLock;
+
+use icu_segmenter::options::WordBreakInvariantOptions;
+use icu_segmenter::{WordSegmenter, WordSegmenterBorrowed};
 use unicode_segmentation::UnicodeSegmentation;
+
+#[cfg(test)]
+mod tests;
 
 /// The ellipsis appended to shortened text (U+2026, 3 UTF-8 bytes).
 pub const ELLIPSIS: &str = "\u{2026}";
+
+/// UAX #29 word segmentation with ICU's compiled dictionaries for complex scripts.
+static WORDS: LazyLock<WordSegmenterBorrowed<'static>> =
+    LazyLock::new(|| WordSegmenter::new_dictionary(WordBreakInvariantOptions::default()));
 
 /// Text longer than the allowed number of pieces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -23,11 +45,58 @@ pub struct TooLong {
     pub max_parts: usize,
 }
 
+/// The words of `text` in order, concatenating to `text`: the pieces between consecutive
+/// word boundaries (see the module doc), spaces and punctuation being pieces of their own.
+/// `"ขอบคุณที่ใช้บริการ"` gives `["ขอบคุณ", "ที่", "ใช้", "บริการ"]`. Empty text gives none.
+pub fn words(text: &str) -> Vec<&str> {
+    let bounds: Vec<usize> = cuts(text)
+        .into_iter()
+        .filter(|c| c.is_word)
+        .map(|c| c.byte)
+        .collect();
+    bounds.windows(2).map(|w| &text[w[0]..w[1]]).collect()
+}
+
+/// A grapheme cluster boundary of the text being cut.
+#[derive(Debug, Clone, Copy)]
+struct Cut {
+    /// Byte offset in the text.
+    byte: usize,
+    /// UTF-16 code units before `byte`.
+    units: usize,
+    /// Whether this is also a word boundary (the start and the end of the text are).
+    is_word: bool,
+}
+
+/// Every grapheme boundary of `text` (with 0 and `text.len()`), marked where it is also a
+/// word boundary.
+fn cuts(text: &str) -> Vec<Cut> {
+    let mut word_bounds = WORDS.segment_str(text).peekable();
+    let mut out = Vec::with_capacity(text.len() / 3 + 2);
+    let mut units = 0usize;
+    let ends = text
+        .grapheme_indices(true)
+        .chain(std::iter::once((text.len(), "")));
+    for (byte, g) in ends {
+        while word_bounds.next_if(|&w| w < byte).is_some() {}
+        let is_word = word_bounds.next_if_eq(&byte).is_some() || byte == 0 || byte == text.len();
+        out.push(Cut {
+            byte,
+            units,
+            is_word,
+        });
+        units += g.encode_utf16().count();
+    }
+    out
+}
+
 /// Splits `text` into at most `max_parts` pieces of at most `max_units` UTF-16 code units
 /// each (LINE counts text length this way: developers.line.biz, "text character count"),
-/// cutting only between grapheme clusters. Within a piece's last fifth, a cut after a
-/// line break, or else after a space, is preferred, so words of spaced scripts stay whole.
-/// Text that fits is returned as one piece; empty text as one empty piece.
+/// cutting only at word boundaries (see the module doc). Within a piece's last fifth, a cut
+/// after a line break, or else after a space, is preferred; otherwise the piece ends at its
+/// last word boundary, and a word longer than `max_units` is cut between grapheme clusters
+/// at the limit. The pieces concatenate to `text`. Text that fits is returned as one piece;
+/// empty text as one empty piece.
 ///
 /// # Errors
 /// [`TooLong`] when more than `max_parts` pieces would be needed (or a single grapheme
@@ -42,160 +111,95 @@ pub fn split_utf16(text: &str, max_units: usize, max_parts: usize) -> Result<Vec
     if total <= max_units {
         return Ok(vec![text.to_string()]);
     }
+    let cuts = cuts(text);
+    let ends_with =
+        |c: &Cut, p: fn(char) -> bool| text[..c.byte].chars().next_back().is_some_and(p);
     let mut parts: Vec<String> = Vec::new();
-    let mut current = String::new();
-    let mut units = 0usize;
-    // Byte offset in `current` just after the last preferred break and its kind.
-    let mut newline_cut: Option<usize> = None;
-    let mut space_cut: Option<usize> = None;
-    for g in text.graphemes(true) {
-        let g_units = g.encode_utf16().count();
-        if g_units > max_units {
+    let mut start = 0usize; // index into `cuts`
+    while start + 1 < cuts.len() {
+        if parts.len() >= max_parts {
             return Err(too_long);
         }
-        if units + g_units > max_units {
-            let floor = max_units - max_units / 5;
-            let cut = newline_cut
-                .filter(|&b| current[..b].encode_utf16().count() >= floor)
-                .or(space_cut.filter(|&b| current[..b].encode_utf16().count() >= floor))
-                .unwrap_or(current.len());
-            let rest = current.split_off(cut);
-            parts.push(std::mem::replace(&mut current, rest));
-            if parts.len() >= max_parts {
-                return Err(too_long);
-            }
-            units = current.encode_utf16().count();
-            newline_cut = None;
-            space_cut = None;
+        let base = cuts[start].units;
+        // The furthest grapheme boundary within the limit.
+        let limit = start + cuts[start..].partition_point(|c| c.units - base <= max_units) - 1;
+        if limit == cuts.len() - 1 {
+            parts.push(text[cuts[start].byte..].to_string());
+            break;
         }
-        current.push_str(g);
-        units += g_units;
-        if g == "\n" || g == "\r\n" {
-            newline_cut = Some(current.len());
-        } else if g.chars().all(char::is_whitespace) {
-            space_cut = Some(current.len());
+        if limit == start {
+            return Err(too_long); // one grapheme cluster is longer than a piece
         }
-    }
-    if !current.is_empty() {
-        parts.push(current);
-    }
-    if parts.len() > max_parts {
-        return Err(too_long);
+        let floor = base + max_units - max_units / 5;
+        let last_word = |p: &dyn Fn(&Cut) -> bool| {
+            (start + 1..=limit)
+                .rev()
+                .find(|&i| cuts[i].is_word && p(&cuts[i]))
+        };
+        let preferred = |ch: fn(char) -> bool| {
+            last_word(&|c| c.units >= floor && ends_with(c, ch)).filter(|&i| i > start)
+        };
+        let end = preferred(|c| c == '\n')
+            .or_else(|| preferred(char::is_whitespace))
+            .or_else(|| {
+                // The word that crosses the limit goes whole to the next piece when it fits
+                // in one; else it is cut here, between grapheme clusters.
+                let word_start = last_word(&|_| true).unwrap_or(start);
+                let word_end = (limit + 1..cuts.len())
+                    .find(|&i| cuts[i].is_word)
+                    .unwrap_or(cuts.len() - 1);
+                let fits_a_piece = cuts[word_end].units - cuts[word_start].units <= max_units;
+                (word_start > start && fits_a_piece).then_some(word_start)
+            })
+            .unwrap_or(limit);
+        parts.push(text[cuts[start].byte..cuts[end].byte].to_string());
+        start = end;
     }
     Ok(parts)
 }
 
 /// The longest version of `text` that `fits` accepts: `text` itself, or else the longest
-/// prefix of whole grapheme clusters followed by [`ELLIPSIS`]. `fits` is called O(log n)
-/// times (binary search over the grapheme count) and must be monotonic: a shorter text
-/// fits whenever a longer one does. `None` when even the ellipsis alone does not fit.
+/// prefix of whole words followed by [`ELLIPSIS`] (trailing whitespace dropped before it).
+/// Only when the first word that does not fit would not fit even alone (a word longer than
+/// the whole budget, such as a long URL) is it cut, between grapheme clusters. `fits` is
+/// called O(log n) times (binary searches over the word and grapheme boundaries) and must
+/// be monotonic: a shorter text fits whenever a longer one does. `None` when even the
+/// ellipsis alone does not fit.
 pub fn shorten_to_fit(text: &str, fits: impl Fn(&str) -> bool) -> Option<String> {
     if fits(text) {
         return Some(text.to_string());
     }
-    let bounds: Vec<usize> = text.grapheme_indices(true).map(|(i, _)| i).collect();
-    let candidate = |n: usize| -> String {
-        let end = bounds.get(n).copied().unwrap_or(text.len());
-        format!("{}{ELLIPSIS}", text[..end].trim_end())
-    };
-    // Largest n in 0..len with candidate(n) fitting.
-    let (mut lo, mut hi) = (0usize, bounds.len());
+    let cuts = cuts(text);
+    let with_ellipsis = |s: &str| format!("{}{ELLIPSIS}", s.trim_end());
+    let candidate = |i: usize| with_ellipsis(&text[..cuts[i].byte]);
     if !fits(&candidate(0)) {
         return None;
     }
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if fits(&candidate(mid)) {
-            lo = mid;
-        } else {
-            hi = mid;
+    // Largest index in `among` (ascending indices into `cuts`, the first known to fit)
+    // whose candidate fits.
+    let largest_fitting = |among: &[usize]| -> usize {
+        let (mut lo, mut hi) = (0usize, among.len());
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if fits(&candidate(among[mid])) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
         }
+        among[lo]
+    };
+    // The whole text does not fit, so the last boundary is left out of both searches.
+    let word_cuts: Vec<usize> = (0..cuts.len() - 1).filter(|&i| cuts[i].is_word).collect();
+    let kept = largest_fitting(&word_cuts);
+    let next_word = (kept + 1..cuts.len())
+        .find(|&i| cuts[i].is_word)
+        .unwrap_or(cuts.len() - 1);
+    let word = &text[cuts[kept].byte..cuts[next_word].byte];
+    if kept > 0 && fits(&with_ellipsis(word)) {
+        return Some(candidate(kept));
     }
-    Some(candidate(lo))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const THAI: &str = "ขอบคุณที่ใช้บริการ"; // has combining vowels and tone marks
-
-    fn starts_with_combining_mark(s: &str) -> bool {
-        s.chars().next().is_some_and(
-            |c| matches!(c, '\u{0E31}' | '\u{0E34}'..='\u{0E3A}' | '\u{0E47}'..='\u{0E4E}'),
-        )
-    }
-
-    #[test]
-    fn short_text_is_one_piece() {
-        assert_eq!(split_utf16("สวัสดี", 5000, 5).unwrap(), vec!["สวัสดี"]);
-        assert_eq!(split_utf16("", 5000, 5).unwrap(), vec![""]);
-    }
-
-    #[test]
-    fn long_thai_splits_on_grapheme_boundaries_and_round_trips() {
-        let text = THAI.repeat(700); // 12,600 UTF-16 units
-        let parts = split_utf16(&text, 5000, 5).unwrap();
-        assert_eq!(parts.len(), 3);
-        assert_eq!(parts.concat(), text, "nothing lost or added");
-        for p in &parts {
-            assert!(p.encode_utf16().count() <= 5000);
-            assert!(
-                !starts_with_combining_mark(p),
-                "a piece starts with a mark: {:?}",
-                &p[..12]
-            );
-        }
-    }
-
-    #[test]
-    fn surrogate_pairs_and_emoji_sequences_are_never_split() {
-        // 4 units per family emoji part pair; make the limit land inside one.
-        let text = "👨‍👩‍👧".repeat(10); // each cluster: 8 UTF-16 units
-        let parts = split_utf16(&text, 12, 10).unwrap();
-        assert_eq!(parts.concat(), text);
-        assert!(parts.iter().all(|p| p == "👨‍👩‍👧"), "{parts:?}");
-        let parts = split_utf16(&"😀".repeat(5), 3, 5).unwrap();
-        assert_eq!(parts, vec!["😀"; 5]);
-    }
-
-    #[test]
-    fn a_line_break_near_the_end_is_preferred() {
-        let text = format!("{}\n{}", "a".repeat(90), "b".repeat(50));
-        let parts = split_utf16(&text, 100, 5).unwrap();
-        assert_eq!(parts[0], format!("{}\n", "a".repeat(90)));
-        assert_eq!(parts[1], "b".repeat(50));
-    }
-
-    #[test]
-    fn more_than_the_allowed_pieces_is_an_error() {
-        let text = THAI.repeat(1500); // 27,000 units > 5 x 5,000
-        let e = split_utf16(&text, 5000, 5).unwrap_err();
-        assert_eq!(e.needed_units, 27_000);
-        assert!(
-            split_utf16(&"😀".repeat(3), 1, 5).is_err(),
-            "a pair cannot fit in 1 unit"
-        );
-    }
-
-    #[test]
-    fn shortening_keeps_whole_graphemes_and_adds_an_ellipsis() {
-        let text = THAI.repeat(10);
-        let out = shorten_to_fit(&text, |s| s.len() <= 100).unwrap();
-        assert!(out.len() <= 100);
-        assert!(out.ends_with(ELLIPSIS));
-        let kept = out.trim_end_matches(ELLIPSIS);
-        assert!(text.starts_with(kept));
-        // Whole clusters: the kept prefix ends on a grapheme boundary of the input.
-        assert!(text.grapheme_indices(true).any(|(i, _)| i == kept.len()));
-        // The longest such prefix: one more cluster would not fit.
-        let next = text[kept.len()..].graphemes(true).next().unwrap();
-        assert!(format!("{kept}{next}{ELLIPSIS}").len() > 100);
-    }
-
-    #[test]
-    fn shortening_returns_fitting_text_unchanged_and_none_when_nothing_fits() {
-        assert_eq!(shorten_to_fit("short", |s| s.len() <= 10).unwrap(), "short");
-        assert_eq!(shorten_to_fit("long text", |s| s.len() <= 2), None);
-    }
+    // A word longer than the budget: whole grapheme clusters of it.
+    let inside: Vec<usize> = (kept..next_word).collect();
+    Some(candidate(largest_fitting(&inside)))
 }

@@ -27,6 +27,7 @@ use base64::Engine;
 use lettre::Message;
 use lettre::message::header::{HeaderName, HeaderValue};
 use lettre::message::{Mailbox, MultiPart};
+use notify_core::text::words;
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
 use notify_worker::{ChannelSender, Job, Lease};
 use serde_json::json;
@@ -324,22 +325,35 @@ fn code_number(code: &str) -> i32 {
 /// `=?utf-8?b?` and `?=` the word is 72 characters, so `From: ` plus a word fits in 78.
 const WORD_BYTES: usize = 45;
 
-/// Splits `text` into RFC 2047 base64 encoded-words of whole grapheme clusters (a cluster
-/// longer than [`WORD_BYTES`] is split between characters).
+/// Splits `text` into RFC 2047 base64 encoded-words ("=?utf-8?b?…?=", RFC 2047 §2, §4.1)
+/// of whole words ([`notify_core::text::words`]: dictionary word boundaries in Thai, so a
+/// reader's client that shows the words apart never shows a word broken). A word longer
+/// than [`WORD_BYTES`] is split between grapheme clusters, and a cluster longer than that
+/// between characters, so no word ever holds part of a UTF-8 character (RFC 2047 §5 (3)).
 pub fn encoded_words(text: &str) -> Vec<String> {
+    let pieces = words(text).into_iter().flat_map(|w| -> Vec<&str> {
+        if w.len() <= WORD_BYTES {
+            return vec![w];
+        }
+        w.graphemes(true)
+            .flat_map(|g| -> Vec<&str> {
+                if g.len() <= WORD_BYTES {
+                    vec![g]
+                } else {
+                    g.char_indices()
+                        .map(|(i, c)| &g[i..i + c.len_utf8()])
+                        .collect()
+                }
+            })
+            .collect()
+    });
     let mut chunks: Vec<String> = vec![String::new()];
-    for g in text.graphemes(true) {
-        for piece in if g.len() <= WORD_BYTES {
-            vec![g.to_string()]
+    for piece in pieces {
+        let last = chunks.last_mut().expect("never empty");
+        if !last.is_empty() && last.len() + piece.len() > WORD_BYTES {
+            chunks.push(piece.to_string());
         } else {
-            g.chars().map(String::from).collect()
-        } {
-            let last = chunks.last_mut().expect("never empty");
-            if !last.is_empty() && last.len() + piece.len() > WORD_BYTES {
-                chunks.push(piece);
-            } else {
-                last.push_str(&piece);
-            }
+            last.push_str(piece);
         }
     }
     chunks
@@ -383,26 +397,75 @@ mod tests {
         assert!(!mailbox_does_not_exist("550 5.1.12 other"));
     }
 
-    #[test]
-    fn encoded_words_hold_whole_graphemes_and_stay_short() {
-        let name = "ฝ่ายบริการลูกค้า, ร้านตัวอย่าง 👨‍👩‍👧";
-        let words = encoded_words(name);
-        let mut joined = String::new();
-        for w in &words {
-            assert!(w.len() <= 72, "{w}");
-            let b64 = w.trim_start_matches("=?utf-8?b?").trim_end_matches("?=");
-            let text = String::from_utf8(
-                base64::engine::general_purpose::STANDARD
+    /// The text of each encoded-word, checked to be whole UTF-8 within the header limits.
+    fn decoded(words: &[String]) -> Vec<String> {
+        words
+            .iter()
+            .map(|w| {
+                assert!(w.len() <= 72, "{w}");
+                let b64 = w
+                    .strip_prefix("=?utf-8?b?")
+                    .unwrap()
+                    .strip_suffix("?=")
+                    .unwrap();
+                let bytes = base64::engine::general_purpose::STANDARD
                     .decode(b64)
-                    .unwrap(),
-            )
-            .expect("whole UTF-8 characters");
-            // No word starts with a Thai vowel or tone mark cut from its consonant.
-            let first = text.chars().next().unwrap();
-            assert!(!('\u{0E47}'..='\u{0E4E}').contains(&first) && first != '\u{0E31}');
-            joined.push_str(&text);
+                    .unwrap();
+                assert!(bytes.len() <= WORD_BYTES);
+                String::from_utf8(bytes).expect("whole UTF-8 characters")
+            })
+            .collect()
+    }
+
+    /// Byte offsets of the word boundaries of `text`.
+    fn word_bounds(text: &str) -> Vec<usize> {
+        let mut at = 0;
+        let mut bounds = vec![0];
+        for w in words(text) {
+            at += w.len();
+            bounds.push(at);
         }
-        assert_eq!(joined, name);
-        assert!(words.len() >= 2);
+        bounds
+    }
+
+    #[test]
+    fn encoded_words_carry_whole_thai_words() {
+        let name = "ฝ่ายบริการลูกค้า, ร้านตัวอย่าง 👨‍👩‍👧";
+        // Hand-checked: a cut at 45 bytes would fall inside "ลูกค้า"; the words stay whole.
+        assert_eq!(
+            decoded(&encoded_words(name)),
+            ["ฝ่ายบริการ", "ลูกค้า, ร้าน", "ตัวอย่าง 👨‍👩‍👧"]
+        );
+        for text in [
+            "เราได้รับชำระเงินเรียบร้อยแล้ว ขอบคุณที่ใช้บริการ แจ้งเตือนการเข้าสู่ระบบใหม่จากอุปกรณ์ที่ไม่รู้จัก",
+            "คำสั่งซื้อหมายเลข 12345 ของคุณถูกจัดส่งแล้ว พัสดุจะถึงภายในวันพรุ่งนี้ ติดตามสถานะได้ที่แอป",
+        ] {
+            let parts = decoded(&encoded_words(text));
+            assert!(parts.len() >= 5);
+            assert_eq!(parts.concat(), text);
+            let bounds = word_bounds(text);
+            let mut at = 0;
+            for p in &parts {
+                at += p.len();
+                assert!(bounds.contains(&at), "a word is cut after {p:?}");
+                assert!(!p.ends_with(['เ', 'แ', 'โ', 'ใ', 'ไ']), "{p:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_word_longer_than_an_encoded_word_is_cut_between_grapheme_clusters() {
+        // One word of 30 clusters "é" (e + U+0301, 3 bytes each): 15 clusters per word.
+        let name = "e\u{301}".repeat(30);
+        assert_eq!(words(&name).len(), 1);
+        assert_eq!(
+            decoded(&encoded_words(&name)),
+            vec!["e\u{301}".repeat(15); 2]
+        );
+        // A cluster longer than a word is split between characters, never inside one.
+        let long = format!("a{}", "\u{301}".repeat(30)); // one cluster of 61 bytes
+        let parts = decoded(&encoded_words(&long));
+        assert_eq!(parts.concat(), long);
+        assert_eq!(parts.len(), 2);
     }
 }

@@ -105,3 +105,61 @@ async fn a_success_and_a_resent_retry_key_are_both_sent() {
     let odd = line.send(&line_job(), &lease()).await;
     assert!(sent_id(&odd).is_some_and(|id| id.is_some()), "{odd:?}");
 }
+
+/// The requests the simulator recorded for `provider`, oldest first.
+async fn recorded(sim: &Sim, provider: &str) -> Vec<serde_json::Value> {
+    let url = format!("{}/_sim/requests?provider={provider}", sim.url);
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_long_thai_text_is_sent_as_objects_cut_between_dictionary_words() {
+    let sim = Sim::start().await;
+    let line = sender(&sim);
+    let mut j = line_job();
+    j.content.title = "แจ้งเตือน".into();
+    // Payment received, thank you, new-device sign-in: run together with no space, so
+    // only the dictionary finds where a word ends. About 7,900 UTF-16 units.
+    j.content.body =
+        "เราได้รับชำระเงินเรียบร้อยแล้วขอบคุณที่ใช้บริการแจ้งเตือนการเข้าสู่ระบบใหม่จากอุปกรณ์ที่ไม่รู้จัก".repeat(85);
+    j.content.url = String::new();
+    let out = line.send(&j, &lease()).await;
+    assert!(sent_id(&out).is_some_and(|id| id.is_some()), "{out:?}");
+
+    let reqs = recorded(&sim, "line").await;
+    let texts: Vec<&str> = reqs[0]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["text"].as_str().unwrap())
+        .collect();
+    let whole = j.content.chat_text();
+    assert!(whole.encode_utf16().count() > 6_000);
+    assert_eq!(texts.len(), 2);
+    assert_eq!(texts.concat(), whole, "the objects join back into the text");
+    // Hand-checked: the limit falls inside "บริการ" ("service"), which goes whole.
+    assert!(
+        texts[0].ends_with("ขอบคุณที่ใช้"),
+        "…{}",
+        &texts[0][texts[0].len() - 30..]
+    );
+    assert!(texts[1].starts_with("บริการแจ้งเตือน"));
+    let mut bounds = vec![0];
+    for w in notify_core::text::words(&whole) {
+        bounds.push(bounds.last().unwrap() + w.len());
+    }
+    let cut = texts[0].len();
+    assert!(
+        bounds.contains(&cut),
+        "cut inside a word: …{}",
+        &texts[0][cut - 30..]
+    );
+    assert!(texts[0].encode_utf16().count() <= 5000);
+    assert!(
+        !texts[0].ends_with(['เ', 'แ', 'โ', 'ใ', 'ไ']),
+        "a dangling leading vowel"
+    );
+    // As full as whole words allow: the next word would not have fitted.
+    let next = bounds.iter().find(|&&b| b > cut).unwrap();
+    assert!(whole[..*next].encode_utf16().count() > 5000);
+}

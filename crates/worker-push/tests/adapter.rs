@@ -213,3 +213,47 @@ async fn web_push_answers_map_to_typed_outcomes() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_long_thai_apns_body_is_cut_after_a_whole_word() {
+    let sim = Sim::start().await;
+    let push = sender(&sim);
+    let mut j = push_job("apns", &"a1".repeat(32));
+    // "…completed, thank you for using the service, new-device sign-in alert…" with no
+    // spaces, about 9 KB of UTF-8; the title makes the byte budget end 2 bytes after
+    // "แจ้งเ", where a cut between grapheme clusters gave the measured `…แจ้งเ…`.
+    j.content.title = "Your order was paid".into();
+    let run = "เราได้รับชำระเงินเรียบร้อยแล้วขอบคุณที่ใช้บริการแจ้งเตือนการเข้าสู่ระบบใหม่จากอุปกรณ์ที่ไม่รู้จัก";
+    let body = run.repeat(32)["เราได้รับชำระเงิน".len()..].to_string();
+    j.content.body = body.clone();
+    let out = push.send(&j, &lease()).await;
+    assert!(sent_id(&out).is_some(), "{out:?}");
+
+    let url = format!("{}/_sim/requests?provider=apns", sim.url);
+    let reqs: Vec<serde_json::Value> = reqwest::get(url).await.unwrap().json().await.unwrap();
+    let payload = &reqs[0]["body"];
+    assert!(payload.to_string().len() <= 4096, "APNs allows 4,096 bytes");
+    let shown = payload["aps"]["alert"]["body"].as_str().unwrap();
+    let kept = shown.strip_suffix('…').expect("ends with an ellipsis");
+    assert!(body.starts_with(kept));
+    // Hand-checked: "แจ้งเตือน" is "แจ้ง" (notify) + "เตือน" (warn); the cut keeps
+    // "แจ้ง" whole and leaves no เ behind.
+    assert!(kept.ends_with("บริการแจ้ง"), "…{}", &kept[kept.len() - 30..]);
+    assert!(body[kept.len()..].starts_with("เตือนการ"));
+    let mut bounds = vec![0];
+    for w in notify_core::text::words(&body) {
+        bounds.push(bounds.last().unwrap() + w.len());
+    }
+    assert!(
+        bounds.contains(&kept.len()),
+        "cut inside a word: …{}",
+        &kept[kept.len() - 30..]
+    );
+    assert!(
+        !kept.ends_with(['เ', 'แ', 'โ', 'ใ', 'ไ']),
+        "a dangling leading vowel"
+    );
+    // As much as whole words allow: with the next word the payload would not fit.
+    let next = bounds.iter().find(|&&b| b > kept.len()).unwrap();
+    assert!(payload.to_string().len() + (next - kept.len()) > 4096);
+}
