@@ -302,7 +302,7 @@ pub(crate) fn check_message(msg: &Value) -> Option<(u16, Value)> {
     }
     let notification = &msg["android"]["notification"];
     let count = &notification["notification_count"];
-    if !count.is_null() && !count.as_i64().is_some_and(|n| i32::try_from(n).is_ok()) {
+    if !count.is_null() && count.as_i64().is_none_or(|n| i32::try_from(n).is_err()) {
         return Some(invalid_value(
             "message.android.notification.notification_count",
             "TYPE_INT32",
