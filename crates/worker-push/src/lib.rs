@@ -30,6 +30,9 @@ pub mod fcm;
 pub mod fit;
 pub mod webpush;
 
+#[cfg(test)]
+mod payload_tests;
+
 pub use fcm::{FCM_MAX_PAYLOAD_BYTES, classify_fcm_error};
 
 use gcp_auth::{CustomServiceAccount, TokenProvider};

@@ -156,3 +156,43 @@ async fn a_rich_event_reaches_fcm_apns_and_web_push_with_every_field() {
     );
     p.stop().await;
 }
+
+/// This event's in-app row counts in the badge before the in-app worker wrote it (here
+/// no in-app worker runs at all, so its delivery stays pending): the badge is what the
+/// inbox shows once the row is there, not what it showed a moment earlier.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_badge_counts_this_events_inbox_row_before_it_is_written() {
+    let p = Platform::start_with_workers(&[Channel::Push]).await;
+    p.add_type("order_paid", &["push", "inapp"]).await;
+    let u = p.add_bare_recipient("badge-pending").await;
+    p.add_endpoint(&u, "apns", &format!("apns-badge-{u}")).await;
+    let mut req = p.rich_event("badge-pending:1", "order_paid", &[&u]);
+    req.content.as_mut().unwrap().badge = pb::BadgePolicy::UnreadCount as i32;
+    let ev = p
+        .ingest()
+        .create_event(req)
+        .await
+        .expect("CreateEvent")
+        .into_inner();
+    let sent = support::eventually(
+        "the APNs send",
+        std::time::Duration::from_secs(30),
+        async || {
+            let seen = p.sim_requests("apns").await;
+            if seen.is_empty() { Err(seen) } else { Ok(seen) }
+        },
+    )
+    .await;
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0]["body"]["aps"]["badge"], 1, "{}", sent[0]);
+    assert_eq!(unread(&p, &u).await, 0, "no inbox row was written");
+    let inapp: String = sqlx::query_scalar(
+        "SELECT status FROM notification_deliveries WHERE event_id = $1::uuid AND channel = 'inapp'",
+    )
+    .bind(&ev.event_id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(inapp, "pending");
+    p.stop().await;
+}
