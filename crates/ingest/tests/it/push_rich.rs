@@ -154,6 +154,17 @@ async fn a_rich_event_reaches_fcm_apns_and_web_push_with_every_field() {
                      "actions": {"view": link, "track": "myshop://orders/1001/track"}},
         })
     );
+    let recorded: Value = sqlx::query_scalar(
+        "SELECT content_json FROM delivery_attempts WHERE delivery_id = $1::uuid",
+    )
+    .bind(delivery(&web))
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        recorded["payload"], w["body"]["payload"],
+        "decrypted = recorded"
+    );
     p.stop().await;
 }
 
