@@ -42,6 +42,42 @@ fn check_apns_token(cfg: &SimConfig, token: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Most bytes of an APNs alert payload (Apple, "Sending notification requests to APNs":
+/// 4 KB, 4,096 bytes, for a regular remote notification; 5 KB for VoIP).
+pub(crate) const APNS_MAX_PAYLOAD_BYTES: usize = 4096;
+
+/// What APNs refuses in a payload, as `(status, reason)`:
+/// - over [`APNS_MAX_PAYLOAD_BYTES`]: 413 `PayloadTooLarge`;
+/// - no JSON object with an `aps` dictionary: 400 `PayloadEmpty`;
+/// - an `aps` key of the wrong type or value (Apple, "Generating a remote notification":
+///   `badge` a non-negative number, `mutable-content` and `content-available` the number
+///   1 (or 0), `interruption-level` one of `passive`, `active`, `time-sensitive`,
+///   `critical`, `thread-id` / `category` strings, `sound` a string or dictionary, `alert`
+///   a string or dictionary): 400 `BadPayload`. Apple's reason table has no entry for
+///   these (a real APNs may drop such a notification without an error); the simulator is
+///   stricter, with its own reason name, so a wrong payload fails in tests.
+pub(crate) fn check_payload(bytes: &[u8]) -> Result<(), (u16, &'static str)> {
+    if bytes.len() > APNS_MAX_PAYLOAD_BYTES {
+        return Err((413, "PayloadTooLarge"));
+    }
+    let body: Value = serde_json::from_slice(bytes).map_err(|_| (400, "PayloadEmpty"))?;
+    let aps = body["aps"].as_object().ok_or((400, "PayloadEmpty"))?;
+    let bad = (400, "BadPayload");
+    let ok = aps.iter().all(|(key, v)| match key.as_str() {
+        "badge" => v.as_u64().is_some(),
+        "mutable-content" | "content-available" => matches!(v.as_u64(), Some(0 | 1)),
+        "interruption-level" => matches!(
+            v.as_str(),
+            Some("passive" | "active" | "time-sensitive" | "critical")
+        ),
+        "thread-id" | "category" | "target-content-id" => v.is_string(),
+        "sound" | "alert" => v.is_string() || v.is_object(),
+        "relevance-score" => v.is_number(),
+        _ => true,
+    });
+    if ok { Ok(()) } else { Err(bad) }
+}
+
 /// `POST /3/device/{token}`: APNs over HTTP/2 only. Device tokens starting with
 /// `unregistered-<millis>-` answer 410 with that timestamp, `bad-` 400 BadDeviceToken.
 pub(crate) async fn apns_send(
@@ -110,11 +146,8 @@ pub(crate) async fn apns_send(
         if header("apns-collapse-id").is_some_and(|c| c.len() > 64) {
             break 'done (400, reason("BadCollapseId"));
         }
-        if bytes.len() > 4096 {
-            break 'done (413, reason("PayloadTooLarge"));
-        }
-        if !body["aps"].is_object() {
-            break 'done (400, reason("PayloadEmpty"));
+        if let Err((status, r)) = check_payload(&bytes) {
+            break 'done (status, reason(r));
         }
         if let Some(f) = sim.take_fault("apns", &device) {
             sim.record("apns", &path, &headers, &body, f.status);
@@ -138,4 +171,57 @@ pub(crate) async fn apns_send(
         return (StatusCode::OK, [("apns-id", apns_id)]).into_response();
     }
     answer(status, resp, &extra)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(v: Value) -> Result<(), (u16, &'static str)> {
+        check_payload(&serde_json::to_vec(&v).unwrap())
+    }
+
+    #[test]
+    fn apns_accepts_a_rich_alert() {
+        assert_eq!(
+            check(
+                json!({"aps": {"alert": {"title": "t", "body": "b"}, "badge": 3, "sound": "default",
+                "category": "ORDER", "thread-id": "order-1001", "mutable-content": 1,
+                "interruption-level": "time-sensitive"}, "image_url": "https://cdn.example.test/a.png"})
+            ),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn apns_rejects_a_payload_over_4096_bytes_with_413() {
+        let pad = |n: usize| json!({"aps": {"alert": "x".repeat(n)}});
+        let base = serde_json::to_vec(&pad(0)).unwrap().len();
+        assert_eq!(check(pad(APNS_MAX_PAYLOAD_BYTES - base)), Ok(()));
+        assert_eq!(
+            check(pad(APNS_MAX_PAYLOAD_BYTES - base + 1)),
+            Err((413, "PayloadTooLarge"))
+        );
+    }
+
+    #[test]
+    fn apns_rejects_malformed_aps() {
+        assert_eq!(check_payload(b"not json"), Err((400, "PayloadEmpty")));
+        assert_eq!(check(json!({"url": "x"})), Err((400, "PayloadEmpty")));
+        assert_eq!(check(json!({"aps": "alert"})), Err((400, "PayloadEmpty")));
+        for aps in [
+            json!({"badge": "3"}),
+            json!({"badge": -1}),
+            json!({"mutable-content": true}),
+            json!({"interruption-level": "urgent"}),
+            json!({"thread-id": 7}),
+            json!({"alert": ["t"]}),
+        ] {
+            assert_eq!(
+                check(json!({"aps": aps})),
+                Err((400, "BadPayload")),
+                "{aps}"
+            );
+        }
+    }
 }

@@ -216,29 +216,8 @@ pub(crate) async fn fcm_send(
                 {"@type": "type.googleapis.com/google.rpc.BadRequest", "fieldViolations": [{"field": "message.token", "description": "Invalid registration token"}]}]}}),
             );
         };
-        if let Some(data) = msg["data"].as_object()
-            && data.values().any(|v| !v.is_string())
-        {
-            break 'done (
-                400,
-                fcm_error(
-                    400,
-                    "INVALID_ARGUMENT",
-                    "Invalid value at 'message.data': values must be strings",
-                    "INVALID_ARGUMENT",
-                ),
-            );
-        }
-        if serde_json::to_vec(msg).map(|b| b.len()).unwrap_or(0) > 4096 {
-            break 'done (
-                400,
-                fcm_error(
-                    400,
-                    "INVALID_ARGUMENT",
-                    "Message is too big",
-                    "INVALID_ARGUMENT",
-                ),
-            );
+        if let Some(rejected) = check_message(msg) {
+            break 'done rejected;
         }
         if let Some(f) = sim.take_fault("fcm", token) {
             sim.record("fcm", &path, &headers, &body, f.status);
@@ -264,6 +243,108 @@ pub(crate) async fn fcm_send(
     answer(status, resp, &[])
 }
 
+/// Most bytes of an FCM message (firebase.google.com/docs/cloud-messaging/concept-options:
+/// "Maximum payload for both message types is 4096 bytes").
+pub(crate) const FCM_MAX_MESSAGE_BYTES: usize = 4096;
+
+/// The answer FCM gives a proto-JSON value of the wrong type: the parse error names the
+/// field path (`message.data[0].value`) and the expected type.
+fn invalid_value(path: &str, proto_type: &str, got: &Value) -> (u16, Value) {
+    let text = format!("Invalid value at '{path}' ({proto_type}), {got}");
+    (
+        400,
+        json!({"error": {"code": 400, "message": text, "status": "INVALID_ARGUMENT", "details": [
+            {"@type": "type.googleapis.com/google.rpc.BadRequest", "fieldViolations": [{"field": path, "description": text}]}]}}),
+    )
+}
+
+/// What FCM refuses in a `message` (besides the token and auth), as `(status, body)`:
+/// - a `data` value that is not a string (`Message.data` is `map<string, string>`), and
+///   the same for `android.data`;
+/// - a reserved `data` key: "from", "message_type", "notification" or any key starting
+///   with "google" or "gcm" (FCM v1 reference, `Message.data`: "The key should not be a
+///   reserved word"); FCM's own wording of this answer is not documented, the simulator
+///   says `Invalid data key: <key> is reserved`;
+/// - `android.notification.notification_count` that is not an integer (int32), and
+///   `channel_id` / `tag` / `click_action` / `image` that are not strings;
+/// - `apns.payload.aps` that is present but not an object;
+/// - a `message` over [`FCM_MAX_MESSAGE_BYTES`] as JSON: "Message is too big".
+pub(crate) fn check_message(msg: &Value) -> Option<(u16, Value)> {
+    for (path, data) in [
+        ("message.data", &msg["data"]),
+        ("message.android.data", &msg["android"]["data"]),
+    ] {
+        let Some(data) = data.as_object() else {
+            continue;
+        };
+        for (i, (key, value)) in data.iter().enumerate() {
+            if !value.is_string() {
+                return Some(invalid_value(
+                    &format!("{path}[{i}].value"),
+                    "TYPE_STRING",
+                    value,
+                ));
+            }
+            let lower = key.to_ascii_lowercase();
+            if matches!(lower.as_str(), "from" | "message_type" | "notification")
+                || lower.starts_with("google")
+                || lower.starts_with("gcm")
+            {
+                let text = format!("Invalid data key: {key} is reserved");
+                return Some((
+                    400,
+                    json!({"error": {"code": 400, "message": "Request contains an invalid argument.", "status": "INVALID_ARGUMENT", "details": [
+                        {"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": "INVALID_ARGUMENT"},
+                        {"@type": "type.googleapis.com/google.rpc.BadRequest", "fieldViolations": [{"field": path, "description": text}]}]}}),
+                ));
+            }
+        }
+    }
+    let notification = &msg["android"]["notification"];
+    let count = &notification["notification_count"];
+    if !count.is_null() && count.as_i64().is_none_or(|n| i32::try_from(n).is_err()) {
+        return Some(invalid_value(
+            "message.android.notification.notification_count",
+            "TYPE_INT32",
+            count,
+        ));
+    }
+    for key in ["channel_id", "tag", "click_action", "image"] {
+        let v = &notification[key];
+        if !v.is_null() && !v.is_string() {
+            return Some(invalid_value(
+                &format!("message.android.notification.{key}"),
+                "TYPE_STRING",
+                v,
+            ));
+        }
+    }
+    let aps = &msg["apns"]["payload"]["aps"];
+    if !aps.is_null() && !aps.is_object() {
+        return Some((
+            400,
+            fcm_error(
+                400,
+                "INVALID_ARGUMENT",
+                "Request contains an invalid argument.",
+                "INVALID_ARGUMENT",
+            ),
+        ));
+    }
+    if serde_json::to_vec(msg).map(|b| b.len()).unwrap_or(0) > FCM_MAX_MESSAGE_BYTES {
+        return Some((
+            400,
+            fcm_error(
+                400,
+                "INVALID_ARGUMENT",
+                "Message is too big",
+                "INVALID_ARGUMENT",
+            ),
+        ));
+    }
+    None
+}
+
 /// Revokes every FCM access token handed out so far (as a key rotation would).
 pub(crate) async fn revoke_tokens(State(sim): State<Sim>) -> StatusCode {
     sim.inner.lock().expect("sim lock").access_tokens.clear();
@@ -285,5 +366,76 @@ mod tests {
         );
         assert_eq!(m["assertion"], "a.b.c");
         assert_eq!(m["x"], "1 2");
+    }
+
+    fn rejected(msg: Value) -> (u16, String) {
+        let (status, body) = check_message(&msg).expect("rejected");
+        (
+            status,
+            body["error"]["message"].as_str().unwrap().to_string(),
+        )
+    }
+
+    #[test]
+    fn fcm_accepts_a_rich_message_within_the_limit() {
+        let msg = json!({"token": "t", "notification": {"title": "ชำระเงินแล้ว", "body": "ขอบคุณ", "image": "https://cdn.example.test/a.png"},
+            "data": {"url": "https://shop.example.test/o/1", "actions": "[]"},
+            "android": {"notification": {"channel_id": "orders", "tag": "order-1001", "notification_count": 3}},
+            "apns": {"payload": {"aps": {"badge": 3, "mutable-content": 1}}}});
+        assert_eq!(check_message(&msg), None);
+    }
+
+    #[test]
+    fn fcm_rejects_a_non_string_data_value_naming_its_path() {
+        let (status, text) = rejected(json!({"token": "t", "data": {"a": "x", "count": 3}}));
+        assert_eq!(status, 400);
+        assert_eq!(
+            text,
+            "Invalid value at 'message.data[1].value' (TYPE_STRING), 3"
+        );
+    }
+
+    #[test]
+    fn fcm_rejects_reserved_data_keys() {
+        for key in [
+            "from",
+            "message_type",
+            "google.sent_time",
+            "gcm.notification.title",
+            "Notification",
+        ] {
+            let msg = json!({"token": "t", "data": {key: "x"}});
+            let (status, body) = check_message(&msg).expect(key);
+            assert_eq!(status, 400, "{key}");
+            assert_eq!(body["error"]["status"], "INVALID_ARGUMENT", "{key}");
+            assert_eq!(
+                body["error"]["details"][1]["fieldViolations"][0]["description"],
+                format!("Invalid data key: {key} is reserved")
+            );
+        }
+    }
+
+    #[test]
+    fn fcm_rejects_a_badge_that_is_not_an_int32() {
+        let (status, text) = rejected(
+            json!({"token": "t", "android": {"notification": {"notification_count": "3"}}}),
+        );
+        assert_eq!(status, 400);
+        assert!(text.contains("notification_count' (TYPE_INT32)"), "{text}");
+    }
+
+    #[test]
+    fn fcm_rejects_a_message_over_4096_bytes_as_too_big() {
+        let pad = |n: usize| json!({"token": "t", "notification": {"body": "x".repeat(n)}});
+        let base = serde_json::to_vec(&pad(0)).unwrap().len();
+        assert_eq!(
+            check_message(&pad(FCM_MAX_MESSAGE_BYTES - base)),
+            None,
+            "exactly 4,096 bytes"
+        );
+        assert_eq!(
+            rejected(pad(FCM_MAX_MESSAGE_BYTES - base + 1)),
+            (400, "Message is too big".to_string())
+        );
     }
 }

@@ -10,11 +10,16 @@
 //! - `POST /token`: Google OAuth2 JWT-bearer grant (RFC 7523) for the FCM service account;
 //!   the assertion must be RS256-signed by the configured key.
 //! - `POST /v1/projects/{project}/messages:send`: FCM HTTP v1 send (bearer token from
-//!   `/token`); tokens starting with `unregistered` answer 404 UNREGISTERED.
+//!   `/token`); 400 INVALID_ARGUMENT for a non-string or reserved `data` key, a
+//!   non-integer `android.notification.notification_count`, a non-object
+//!   `apns.payload.aps` and a message over 4,096 bytes ("Message is too big"); tokens
+//!   starting with `unregistered` answer 404 UNREGISTERED.
 //! - `POST /3/device/{token}`: APNs, HTTP/2 only (h2c here); the `authorization: bearer`
 //!   provider token must be an ES256 JWT with the configured `kid` and `iss`, at most an
 //!   hour old; `apns-topic`, `apns-push-type`, `apns-priority`, `apns-expiration` and
-//!   `apns-collapse-id` are checked, payloads over 4,096 bytes get 413; device tokens
+//!   `apns-collapse-id` are checked, payloads over 4,096 bytes get 413, a payload without
+//!   an `aps` dictionary 400 PayloadEmpty, wrongly typed `aps` keys 400 BadPayload (a
+//!   simulator-only reason); device tokens
 //!   `unregistered-<millis>-...` answer 410 with that `timestamp`, `bad-...` 400
 //!   BadDeviceToken.
 //! - `POST /webpush/{path}`: a Web Push service (RFC 8030) for the subscriptions issued by

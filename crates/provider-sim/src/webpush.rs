@@ -188,6 +188,23 @@ fn check_vapid(
     Ok(())
 }
 
+/// Most bytes of an encrypted Web Push body a push service must accept (RFC 8030 §7.2:
+/// "a push service MUST support a message body of at least 4096 octets"; services such
+/// as FCM and Mozilla's answer larger ones with 413).
+pub(crate) const WEBPUSH_MAX_RECORD_BYTES: usize = 4096;
+
+/// 413 for an encrypted body over [`WEBPUSH_MAX_RECORD_BYTES`] (RFC 8030 §5: 413 Payload
+/// Too Large).
+pub(crate) fn check_record_size(len: usize) -> Result<(), (u16, Value)> {
+    if len > WEBPUSH_MAX_RECORD_BYTES {
+        return Err((
+            413,
+            json!({"reason": format!("payload of {len} bytes is larger than {WEBPUSH_MAX_RECORD_BYTES}")}),
+        ));
+    }
+    Ok(())
+}
+
 /// `POST /webpush/{*path}`: a push message to a subscription the simulator issued.
 pub(crate) async fn push(
     State(sim): State<Sim>,
@@ -245,8 +262,8 @@ pub(crate) async fn push(
         if header("content-encoding") != Some("aes128gcm") {
             break 'done (400, json!({"reason": "Content-Encoding must be aes128gcm"}));
         }
-        if bytes.len() > 4096 {
-            break 'done (413, json!({"reason": "payload larger than 4096 bytes"}));
+        if let Err(rejected) = check_record_size(bytes.len()) {
+            break 'done rejected;
         }
         let auth = web_push_native::Auth::from(auth);
         let plaintext = match web_push_native::decrypt(bytes.to_vec(), &secret, &auth) {
@@ -288,4 +305,17 @@ pub(crate) async fn push(
         return answer(201, Value::Null, &[("location", location)]);
     }
     answer(status, resp, &[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn web_push_rejects_a_body_over_4096_bytes_with_413() {
+        assert!(check_record_size(WEBPUSH_MAX_RECORD_BYTES).is_ok());
+        let (status, body) = check_record_size(WEBPUSH_MAX_RECORD_BYTES + 1).unwrap_err();
+        assert_eq!(status, 413);
+        assert_eq!(body["reason"], "payload of 4097 bytes is larger than 4096");
+    }
 }

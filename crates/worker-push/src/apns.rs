@@ -111,22 +111,22 @@ impl Apns {
         Ok(token)
     }
 
-    /// Sends `job` to the device `device_token`.
-    pub async fn send(&self, job: &Job, device_token: &str, lease: &Lease) -> AttemptOutcome {
-        let payload = |text: &str| {
-            json!({
-                "aps": {
-                    "alert": {"title": job.content.title, "body": text},
-                    "sound": "default",
-                },
-                "url": job.content.url,
-                "delivery_id": job.id.to_string(),
-                "event_id": job.event_id.to_string(),
-                "type": job.type_key,
-            })
+    /// Sends `job` to the device `device_token` with `badge` as `aps.badge` (none when
+    /// `None`).
+    pub async fn send(
+        &self,
+        job: &Job,
+        device_token: &str,
+        badge: Option<u32>,
+        lease: &Lease,
+    ) -> AttemptOutcome {
+        let fit = crate::fit::Fit {
+            provider: "APNs",
+            limit: APNS_MAX_PAYLOAD_BYTES,
+            build: payload(job, badge),
+            parts: APNS_PARTS,
         };
-        let body = match crate::fit_json(&job.content.body, "APNs", APNS_MAX_PAYLOAD_BYTES, payload)
-        {
+        let body = match fit.fit_json(&job.content.body) {
             Ok(body) => body,
             Err(too_large) => return *too_large,
         };
@@ -195,6 +195,50 @@ impl Apns {
                 .with_invalid_since(invalid_since)
         };
         out.with_status(status as i32).with_response(answer.body)
+    }
+}
+
+/// The parts of an APNs payload named when it does not fit.
+const APNS_PARTS: &[&str] = &[
+    "/aps/alert/title",
+    "/aps/alert/body",
+    "/aps",
+    "/actions",
+    "/image_url",
+    "/url",
+];
+
+/// The APNs payload for `job` with `text` as the body (Apple, "Generating a remote
+/// notification": the `aps` dictionary keys; custom keys sit beside `aps`):
+/// `aps.alert` (`title`, `body`) plus [`crate::fcm::aps_extras`] (`category`,
+/// `thread-id`, `sound`, `interruption-level`, `badge`, `mutable-content`), and the
+/// custom keys `url`, `delivery_id`, `event_id`, `type`, `image_url` (for the app's
+/// notification service extension, which downloads and attaches it: that is what
+/// `mutable-content: 1` lets it do) and `actions` (`[{"id","label","url"}]`: the buttons
+/// come from the category the app registered; this maps each button's action id to its
+/// link).
+pub(crate) fn payload(job: &Job, badge: Option<u32>) -> impl Fn(&str) -> Value {
+    let c = &job.content;
+    let extras = crate::fcm::aps_extras(job, badge);
+    let mut custom = json!({
+        "url": c.url,
+        "delivery_id": job.id.to_string(),
+        "event_id": job.event_id.to_string(),
+        "type": job.type_key,
+    });
+    if !c.image_url.is_empty() {
+        custom["image_url"] = json!(c.image_url);
+    }
+    if !c.actions.is_empty() {
+        custom["actions"] = crate::fcm::actions_json(job);
+    }
+    let title = c.title.clone();
+    move |text: &str| {
+        let mut aps = extras.clone();
+        aps.insert("alert".into(), json!({"title": title, "body": text}));
+        let mut body = custom.clone();
+        body["aps"] = Value::Object(aps);
+        body
     }
 }
 

@@ -2,7 +2,8 @@
 //! (`POST {base}/v1/projects/{project}/messages:send`,
 //! firebase.google.com/docs/reference/fcm/rest/v1/projects.messages/send) with an OAuth2
 //! access token obtained from the service-account key by gcp_auth (signed JWT grant to the
-//! key's `token_uri`, cached and refreshed by gcp_auth before expiry).
+//! key's `token_uri`, cached and refreshed by gcp_auth before expiry); the message itself
+//! is built in [`fcm`].
 //!
 //! Answers are sorted per the FCM error-code table: UNREGISTERED (404), SENDER_ID_MISMATCH
 //! (403) and an invalid registration token (400 on `message.token`) deactivate the
@@ -15,25 +16,31 @@
 //!
 //! The type's priority sets the platform overrides: FCM `android.priority` (`high` for
 //! high, else `normal`), APNs `apns-priority` (10, or 5 for low) and Web Push `Urgency`.
+//! The badge ([`badge`]) is read just before the FCM or APNs call.
 //!
 //! FCM limits a message's payload to 4,096 bytes (firebase.google.com/docs/cloud-messaging/concept-options,
 //! "notification messages with optional data payload"). We count the whole `message`
-//! object as JSON, which is stricter; a body that does not fit is shortened at a grapheme
-//! boundary with an ellipsis, and a message that cannot fit even with no body fails
-//! permanently with `payload_too_large`.
+//! object as JSON, which is stricter. What gives way when a payload does not fit is
+//! [`fit`]'s rule for every provider: the body is shortened down to a minimum, and then
+//! the delivery fails with `payload_too_large` naming the largest parts.
 
 pub mod apns;
+pub mod badge;
+pub mod fcm;
+pub mod fit;
 pub mod webpush;
 
-use gcp_auth::{CustomServiceAccount, TokenProvider};
-use notify_core::text::shorten_to_fit;
-use notify_core::{AttemptOutcome, Channel, ErrorClass, Priority};
-use notify_worker::{ChannelSender, Job, Lease};
-use serde_json::{Value, json};
-use std::time::Duration;
+#[cfg(test)]
+mod payload_tests;
 
-/// Most bytes of an FCM message (the `message` object as JSON).
-pub const FCM_MAX_PAYLOAD_BYTES: usize = 4096;
+pub use fcm::{FCM_MAX_PAYLOAD_BYTES, classify_fcm_error};
+
+use gcp_auth::{CustomServiceAccount, TokenProvider};
+use notify_core::{AttemptOutcome, Channel, ErrorClass};
+use notify_store::PgPool;
+use notify_worker::{ChannelSender, Job, Lease};
+use serde_json::json;
+use std::time::Duration;
 
 /// OAuth2 scope for FCM sends.
 pub const FCM_SCOPE: &str = "https://www.googleapis.com/auth/firebase.messaging";
@@ -166,6 +173,9 @@ pub struct PushSender {
     webpush: Option<webpush::WebPush>,
     /// Total deadline of one send (OAuth token included): `NOTIFY_HTTP_TIMEOUT`.
     timeout: Duration,
+    /// Where the unread in-app count for [`notify_core::content::Badge::UnreadCount`] is
+    /// read; `None` fails such deliveries (`badge_unavailable`).
+    inbox: Option<PgPool>,
 }
 
 impl PushSender {
@@ -190,6 +200,7 @@ impl PushSender {
         let apns = cfg.apns.clone().map(apns::Apns::new).transpose()?;
         let webpush = cfg.webpush.clone().map(webpush::WebPush::new).transpose()?;
         Ok(Self {
+            inbox: None,
             timeout: cfg.timeout,
             apns,
             webpush,
@@ -203,44 +214,48 @@ impl PushSender {
         })
     }
 
-    async fn send_fcm(&self, job: &Job, token: &str, lease: &Lease) -> AttemptOutcome {
-        let collapse = job.event_id.to_string();
-        let (android_priority, apns_priority, urgency) = match job.priority {
-            Priority::High => ("high", "10", "high"),
-            Priority::Low => ("normal", "5", "low"),
-            Priority::Normal => ("normal", "10", "normal"),
-        };
-        let mut webpush = json!({
-            "headers": {"Topic": job.event_id.simple().to_string(), "Urgency": urgency},
-        });
-        // FCM takes only an https link here.
-        if job.content.url.starts_with("https://") {
-            webpush["fcm_options"] = json!({"link": job.content.url});
-        }
-        let message = |text: &str| {
-            json!({
-                "message": {
-                    "token": token,
-                    "notification": {"title": job.content.title, "body": text},
-                    "data": {
-                        "delivery_id": job.id.to_string(),
-                        "event_id": job.event_id.to_string(),
-                        "type": job.type_key,
-                        "url": job.content.url,
-                    },
-                    "android": {"collapse_key": collapse, "priority": android_priority},
-                    "apns": {"headers": {"apns-collapse-id": collapse, "apns-priority": apns_priority}},
-                    "webpush": webpush,
-                }
+    /// Reads the unread in-app count for the badge from `pool` (the notifications
+    /// database); see [`badge`].
+    pub fn with_inbox(mut self, pool: PgPool) -> Self {
+        self.inbox = Some(pool);
+        self
+    }
+
+    /// The badge to send with `job`, read now; `Err` is the attempt's outcome when it
+    /// cannot be read (transient for a database error).
+    pub(crate) async fn badge(
+        &self,
+        job: &Job,
+        content: &serde_json::Value,
+    ) -> Result<Option<u32>, Box<AttemptOutcome>> {
+        badge::badge_for(self.inbox.as_ref(), job)
+            .await
+            .map_err(|e| {
+                let class = match e {
+                    badge::BadgeError::NoDatabase => ErrorClass::Permanent,
+                    badge::BadgeError::Db(_) => ErrorClass::Transient,
+                };
+                Box::new(
+                    AttemptOutcome::failed(class, "badge_unavailable", content.clone())
+                        .with_response(e.to_string()),
+                )
             })
+    }
+
+    async fn send_fcm(
+        &self,
+        job: &Job,
+        token: &str,
+        badge: Option<u32>,
+        lease: &Lease,
+    ) -> AttemptOutcome {
+        let fit = fit::Fit {
+            provider: "FCM",
+            limit: FCM_MAX_PAYLOAD_BYTES,
+            build: fcm::message(job, token, badge),
+            parts: fcm::FCM_PARTS,
         };
-        let body = match fit_payload(
-            &job.content.body,
-            "FCM",
-            FCM_MAX_PAYLOAD_BYTES,
-            message,
-            |v| v["message"].to_string().len(),
-        ) {
+        let body = match fit.fit(&job.content.body, |v| v["message"].to_string().len()) {
             Ok(body) => body,
             Err(too_large) => return *too_large,
         };
@@ -286,105 +301,6 @@ impl PushSender {
     }
 }
 
-/// The payload `build` makes for the longest version of `body` whose `size` fits `limit`
-/// bytes: the whole body, or whole grapheme clusters and an ellipsis. The title and the
-/// rest of the payload are never cut. `Err` is the attempt's permanent
-/// `payload_too_large` outcome when even an empty body does not fit.
-pub(crate) fn fit_payload(
-    body: &str,
-    provider: &str,
-    limit: usize,
-    build: impl Fn(&str) -> Value,
-    size: impl Fn(&Value) -> usize,
-) -> Result<Value, Box<AttemptOutcome>> {
-    match shorten_to_fit(body, |b| size(&build(b)) <= limit) {
-        Some(fitted) => Ok(build(&fitted)),
-        None => {
-            let bare = build("");
-            let bytes = size(&bare);
-            Err(Box::new(
-                AttemptOutcome::failed(
-                    ErrorClass::Permanent,
-                    "payload_too_large",
-                    json!({"request": bare}),
-                )
-                .with_response(format!(
-                    "the payload is {bytes} bytes without any body; {provider} allows {limit}"
-                )),
-            ))
-        }
-    }
-}
-
-/// [`fit_payload`] for a payload whose size is its JSON text.
-pub(crate) fn fit_json(
-    body: &str,
-    provider: &str,
-    limit: usize,
-    build: impl Fn(&str) -> Value,
-) -> Result<Value, Box<AttemptOutcome>> {
-    fit_payload(body, provider, limit, build, |v| v.to_string().len())
-}
-
-/// Sorts an FCM v1 error answer (HTTP status + `google.rpc.Status` body with an
-/// `FcmError.errorCode` detail) into a class and a normalised code.
-pub fn classify_fcm_error(status: u16, body: &Value) -> (ErrorClass, String) {
-    let details = body["error"]["details"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let fcm_code = details
-        .iter()
-        .find_map(|d| d["errorCode"].as_str())
-        .or_else(|| body["error"]["status"].as_str())
-        .unwrap_or("")
-        .to_string();
-    let bad_token = details.iter().any(|d| {
-        d["fieldViolations"].as_array().is_some_and(|v| {
-            v.iter()
-                .any(|f| f["field"].as_str() == Some("message.token"))
-        })
-    });
-    // FCM answers a message over its size limit with a plain INVALID_ARGUMENT whose text
-    // says so ("Message is too big", "Android message is too big"; FCM v1 ErrorCode
-    // reference, INVALID_ARGUMENT: "message too big"), in the status message or a
-    // BadRequest field violation.
-    let too_big = |text: &str| text.to_ascii_lowercase().contains("too big");
-    let message_too_big = body["error"]["message"].as_str().is_some_and(too_big)
-        || details.iter().any(|d| {
-            d["fieldViolations"].as_array().is_some_and(|v| {
-                v.iter()
-                    .any(|f| f["description"].as_str().is_some_and(too_big))
-            })
-        });
-    let name = if fcm_code.is_empty() {
-        format!("fcm_{status}")
-    } else {
-        format!("fcm_{}", fcm_code.to_ascii_lowercase())
-    };
-    match (status, fcm_code.as_str()) {
-        // One code for every dead token, as for APNs; the FCM error code stays in the raw
-        // answer kept with the attempt.
-        (_, "UNREGISTERED" | "SENDER_ID_MISMATCH") => {
-            (ErrorClass::InvalidEndpoint, "invalid_token".into())
-        }
-        (400, "INVALID_ARGUMENT") if bad_token => {
-            (ErrorClass::InvalidEndpoint, "invalid_token".into())
-        }
-        // The same code as when the adapter itself finds the payload too large.
-        (400, "INVALID_ARGUMENT") if message_too_big => {
-            (ErrorClass::Permanent, "payload_too_large".into())
-        }
-        (429, _) | (_, "QUOTA_EXCEEDED") => (ErrorClass::RateLimited, "fcm_quota_exceeded".into()),
-        // A stale or revoked access token: retried with a fresh one.
-        (401, "UNAUTHENTICATED") | (401, "") => {
-            (ErrorClass::Transient, "fcm_unauthenticated".into())
-        }
-        (500..=599, _) | (_, "UNAVAILABLE") | (_, "INTERNAL") => (ErrorClass::Transient, name),
-        _ => (ErrorClass::Permanent, name),
-    }
-}
-
 impl ChannelSender for PushSender {
     fn channel(&self) -> Channel {
         Channel::Push
@@ -401,117 +317,35 @@ impl ChannelSender for PushSender {
         if job.endpoint_status.as_deref() != Some("active") {
             return AttemptOutcome::failed(ErrorClass::Permanent, "endpoint_revoked", content);
         }
+        // Actions without an id get `action<N>`, as at ingest (a template may render one).
+        let job = &Job {
+            content: job.content.clone().normalized(),
+            ..job.clone()
+        };
+        let not_configured = || {
+            AttemptOutcome::failed(
+                ErrorClass::Permanent,
+                "provider_not_configured",
+                content.clone(),
+            )
+        };
         match (platform, job.endpoint_token.as_deref()) {
-            ("fcm", Some(token)) => self.send_fcm(job, token, lease).await,
+            ("fcm", Some(token)) => match self.badge(job, &content).await {
+                Ok(badge) => self.send_fcm(job, token, badge, lease).await,
+                Err(failed) => *failed,
+            },
             ("apns", Some(token)) => match &self.apns {
-                Some(apns) => apns.send(job, token, lease).await,
-                None => AttemptOutcome::failed(
-                    ErrorClass::Permanent,
-                    "provider_not_configured",
-                    content,
-                ),
+                Some(apns) => match self.badge(job, &content).await {
+                    Ok(badge) => apns.send(job, token, badge, lease).await,
+                    Err(failed) => *failed,
+                },
+                None => not_configured(),
             },
             ("webpush", Some(endpoint)) => match &self.webpush {
                 Some(webpush) => webpush.send(job, endpoint, lease).await,
-                None => AttemptOutcome::failed(
-                    ErrorClass::Permanent,
-                    "provider_not_configured",
-                    content,
-                ),
+                None => not_configured(),
             },
-            _ => AttemptOutcome::failed(ErrorClass::Permanent, "provider_not_configured", content),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn err(status: u16, code: &str, detail: Value) -> Value {
-        json!({"error": {"code": status, "status": code, "message": "x", "details": [detail]}})
-    }
-
-    #[test]
-    fn fcm_errors_are_sorted_per_the_error_code_table() {
-        let fcm = |c: &str| json!({"@type": "type.googleapis.com/google.firebase.fcm.v1.FcmError", "errorCode": c});
-        let cases = [
-            (
-                404,
-                err(404, "NOT_FOUND", fcm("UNREGISTERED")),
-                ErrorClass::InvalidEndpoint,
-                "invalid_token",
-            ),
-            (
-                403,
-                err(403, "PERMISSION_DENIED", fcm("SENDER_ID_MISMATCH")),
-                ErrorClass::InvalidEndpoint,
-                "invalid_token",
-            ),
-            (
-                400,
-                err(
-                    400,
-                    "INVALID_ARGUMENT",
-                    json!({"@type": "type.googleapis.com/google.rpc.BadRequest", "fieldViolations": [{"field": "message.token", "description": "bad"}]}),
-                ),
-                ErrorClass::InvalidEndpoint,
-                "invalid_token",
-            ),
-            (
-                400,
-                err(400, "INVALID_ARGUMENT", fcm("INVALID_ARGUMENT")),
-                ErrorClass::Permanent,
-                "fcm_invalid_argument",
-            ),
-            (
-                400,
-                json!({"error": {"code": 400, "status": "INVALID_ARGUMENT", "message": "Android message is too big", "details": [fcm("INVALID_ARGUMENT")]}}),
-                ErrorClass::Permanent,
-                "payload_too_large",
-            ),
-            (
-                400,
-                err(
-                    400,
-                    "INVALID_ARGUMENT",
-                    json!({"@type": "type.googleapis.com/google.rpc.BadRequest", "fieldViolations": [{"field": "message", "description": "Message is too big. Limit is 4096 bytes."}]}),
-                ),
-                ErrorClass::Permanent,
-                "payload_too_large",
-            ),
-            (
-                429,
-                err(429, "RESOURCE_EXHAUSTED", fcm("QUOTA_EXCEEDED")),
-                ErrorClass::RateLimited,
-                "fcm_quota_exceeded",
-            ),
-            (
-                503,
-                err(503, "UNAVAILABLE", fcm("UNAVAILABLE")),
-                ErrorClass::Transient,
-                "fcm_unavailable",
-            ),
-            (500, Value::Null, ErrorClass::Transient, "fcm_500"),
-            (
-                401,
-                json!({"error": {"code": 401, "status": "UNAUTHENTICATED"}}),
-                ErrorClass::Transient,
-                "fcm_unauthenticated",
-            ),
-            (
-                401,
-                err(401, "UNAUTHENTICATED", fcm("THIRD_PARTY_AUTH_ERROR")),
-                ErrorClass::Permanent,
-                "fcm_third_party_auth_error",
-            ),
-        ];
-        for (status, body, class, code) in cases {
-            assert_eq!(
-                classify_fcm_error(status, &body),
-                (class, code.to_string()),
-                "status {status}"
-            );
+            _ => not_configured(),
         }
     }
 }

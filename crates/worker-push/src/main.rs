@@ -2,11 +2,15 @@
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    notify_worker::main_with("worker-push", |env, _pool| {
+    notify_worker::main_with("worker-push", |env, pool| {
         // A missing variable is already recorded in `env`.
         let cfg = worker_push::PushConfig::from_env(env).ok()?;
         match worker_push::PushSender::new(cfg) {
-            Ok(s) => Some(s),
+            // The badge's unread count is read from the same database.
+            Ok(s) => Some(match pool {
+                Some(pool) => s.with_inbox(pool.clone()),
+                None => s,
+            }),
             Err(e) => {
                 env.error(e.to_string());
                 None

@@ -8,10 +8,10 @@
 //! 12 hours ahead and `sub` = the configured contact; one JWT per origin is reused until
 //! it has less than an hour left.
 //!
-//! The plaintext is the JSON `{"title","body","url","data":{...}}`. A push service
+//! The plaintext is the JSON of [`notification`]. A push service
 //! accepts a 4,096-byte record; the aes128gcm header (86 bytes with a 65-byte key id),
 //! the padding delimiter and the 16-byte tag leave at most 3,993 bytes of plaintext
-//! (RFC 8291 §4), so the body is shortened to fit that.
+//! (RFC 8291 §4); what gives way when it does not fit is [`crate::fit`]'s rule.
 //!
 //! Answers (RFC 8030 §5, RFC 8292 §4): 201 (or any 2xx) sent, with `Location` as the
 //! message id; 404 and 410 mean the subscription is gone: the endpoint is deactivated
@@ -178,24 +178,13 @@ impl WebPush {
 
     /// Sends `job` to the subscription at `endpoint`.
     pub async fn send(&self, job: &Job, endpoint: &str, lease: &Lease) -> AttemptOutcome {
-        let message = |text: &str| {
-            json!({
-                "title": job.content.title,
-                "body": text,
-                "url": job.content.url,
-                "data": {
-                    "delivery_id": job.id.to_string(),
-                    "event_id": job.event_id.to_string(),
-                    "type": job.type_key,
-                },
-            })
+        let fit = crate::fit::Fit {
+            provider: "Web Push",
+            limit: WEBPUSH_MAX_PLAINTEXT_BYTES,
+            build: notification(job),
+            parts: WEBPUSH_PARTS,
         };
-        let payload = match crate::fit_json(
-            &job.content.body,
-            "Web Push",
-            WEBPUSH_MAX_PLAINTEXT_BYTES,
-            message,
-        ) {
+        let payload = match fit.fit_json(&job.content.body) {
             Ok(p) => p,
             Err(too_large) => return *too_large,
         };
@@ -272,6 +261,68 @@ impl WebPush {
             AttemptOutcome::failed(class, code, content).with_retry_after(answer.retry_after)
         };
         out.with_status(status as i32).with_response(answer.body)
+    }
+}
+
+/// The parts of a Web Push message named when it does not fit.
+const WEBPUSH_PARTS: &[&str] = &[
+    "/title", "/body", "/icon", "/image", "/actions", "/data", "/url",
+];
+
+/// The plaintext JSON for `job` with `text` as the body: the shape a service worker
+/// hands to `showNotification(msg.title, msg)` (WHATWG Notifications API,
+/// `NotificationOptions`: `body`, `icon`, `image`, `tag`, `data`, `actions` of
+/// `{action, title}`): `title`, `body`, `url`, `tag` (the thread), `icon` (override),
+/// `image` (override, else the content's image), `actions` (override, else the
+/// content's, as `{"action": id, "title": label}`) and `data` with `delivery_id`,
+/// `event_id`, `type`, `url` and `actions` (`{id: url}`: where each button goes; the
+/// `notificationclick` handler gets the pressed button's id as `event.action`).
+pub(crate) fn notification(job: &Job) -> impl Fn(&str) -> Value {
+    let c = &job.content;
+    let o = &c.overrides;
+    let actions = if o.webpush_actions.is_empty() {
+        &c.actions
+    } else {
+        &o.webpush_actions
+    };
+    let mut data = json!({
+        "delivery_id": job.id.to_string(),
+        "event_id": job.event_id.to_string(),
+        "type": job.type_key,
+        "url": c.url,
+    });
+    let mut base = json!({"title": c.title, "url": c.url});
+    if !actions.is_empty() {
+        data["actions"] = Value::Object(
+            actions
+                .iter()
+                .map(|a| (a.id.clone(), json!(a.url)))
+                .collect(),
+        );
+        base["actions"] = actions
+            .iter()
+            .map(|a| json!({"action": a.id, "title": a.label}))
+            .collect();
+    }
+    base["data"] = data;
+    let image = if o.webpush_image.is_empty() {
+        &c.image_url
+    } else {
+        &o.webpush_image
+    };
+    for (key, value) in [
+        ("tag", &c.thread),
+        ("icon", &o.webpush_icon),
+        ("image", image),
+    ] {
+        if !value.is_empty() {
+            base[key] = json!(value);
+        }
+    }
+    move |text: &str| {
+        let mut msg = base.clone();
+        msg["body"] = json!(text);
+        msg
     }
 }
 

@@ -257,3 +257,152 @@ async fn a_long_thai_apns_body_is_cut_after_a_whole_word() {
     let next = bounds.iter().find(|&&b| b > kept.len()).unwrap();
     assert!(payload.to_string().len() + (next - kept.len()) > 4096);
 }
+
+/// The rich content of these tests: an image, two actions (a link and a deep link), a
+/// thread, a fixed badge and an override for every push field.
+fn rich(mut j: notify_worker::Job) -> notify_worker::Job {
+    use notify_core::content::{Action, Badge};
+    let c = &mut j.content;
+    c.url = "https://shop.example.test/orders/1001".into();
+    c.image_url = "https://cdn.shop.example.test/orders/1001.png".into();
+    c.actions = vec![
+        Action {
+            id: "view".into(),
+            label: "ดูคำสั่งซื้อ".into(),
+            url: "https://shop.example.test/orders/1001".into(),
+        },
+        Action {
+            id: String::new(),
+            label: "ติดตามพัสดุ".into(),
+            url: "myshop://orders/1001/track".into(),
+        },
+    ];
+    c.thread = "order-1001".into();
+    c.badge = Badge::Count(7);
+    let o = &mut c.overrides;
+    o.fcm_data.insert("order_id".into(), "1001".into());
+    o.android_channel_id = "orders".into();
+    o.apns_category = "ORDER_UPDATE".into();
+    o.apns_sound = "chime.caf".into();
+    o.apns_interruption_level = "time-sensitive".into();
+    o.webpush_icon = "https://cdn.shop.example.test/icon-192.png".into();
+    j
+}
+
+#[tokio::test]
+async fn rich_content_is_accepted_by_every_service_with_each_field_in_place() {
+    let sim = Sim::start().await;
+    let push = sender(&sim);
+    let actions = json!([
+        {"id": "view", "label": "ดูคำสั่งซื้อ", "url": "https://shop.example.test/orders/1001"},
+        {"id": "action2", "label": "ติดตามพัสดุ", "url": "myshop://orders/1001/track"},
+    ]);
+
+    let fcm = push
+        .send(&rich(push_job("fcm", "fcm-token-1")), &lease())
+        .await;
+    assert!(sent_id(&fcm).is_some_and(|id| id.is_some()), "{fcm:?}");
+    let m = &fcm.content["request"]["message"];
+    assert_eq!(
+        m["notification"]["image"],
+        "https://cdn.shop.example.test/orders/1001.png"
+    );
+    assert_eq!(m["data"]["order_id"], "1001");
+    assert_eq!(m["data"]["url"], "https://shop.example.test/orders/1001");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(m["data"]["actions"].as_str().unwrap()).unwrap(),
+        actions,
+        "an action without an id gets action<N>"
+    );
+    assert_eq!(
+        m["android"]["notification"],
+        json!({"channel_id": "orders", "tag": "order-1001", "notification_count": 7})
+    );
+    assert_eq!(m["android"]["notification"].get("click_action"), None);
+    assert_eq!(
+        m["apns"]["payload"]["aps"],
+        json!({"category": "ORDER_UPDATE", "thread-id": "order-1001", "sound": "chime.caf",
+               "interruption-level": "time-sensitive", "badge": 7, "mutable-content": 1})
+    );
+    assert_eq!(
+        m["webpush"]["fcm_options"]["link"],
+        "https://shop.example.test/orders/1001"
+    );
+
+    let apns = push
+        .send(&rich(push_job("apns", &"a1".repeat(32))), &lease())
+        .await;
+    assert_eq!(apns.provider_status, Some(200), "{apns:?}");
+    let p = &apns.content["payload"];
+    assert_eq!(p["aps"]["badge"], 7);
+    assert_eq!(p["aps"]["mutable-content"], 1);
+    assert_eq!(p["aps"]["category"], "ORDER_UPDATE");
+    assert_eq!(
+        p["image_url"],
+        "https://cdn.shop.example.test/orders/1001.png"
+    );
+    assert_eq!(p["actions"], actions);
+
+    let issued = sim
+        .control("/_sim/webpush/subscriptions", json!({"endpoint": ENDPOINT}))
+        .await;
+    let mut wp = rich(push_job("webpush", ENDPOINT));
+    wp.endpoint_subscription = Some(issued["keys"].clone());
+    let web = push.send(&wp, &lease()).await;
+    assert_eq!(web.provider_status, Some(201), "{web:?}");
+    let n = &web.content["payload"];
+    assert_eq!(
+        n["actions"],
+        json!([{"action": "view", "title": "ดูคำสั่งซื้อ"}, {"action": "action2", "title": "ติดตามพัสดุ"}])
+    );
+    assert_eq!(n["icon"], "https://cdn.shop.example.test/icon-192.png");
+    assert_eq!(n["image"], "https://cdn.shop.example.test/orders/1001.png");
+    assert_eq!(n["tag"], "order-1001");
+    assert_eq!(
+        n["data"]["actions"],
+        json!({"view": "https://shop.example.test/orders/1001", "action2": "myshop://orders/1001/track"})
+    );
+    assert_eq!(n.get("badge"), None, "Web Push has no badge");
+}
+
+#[tokio::test]
+async fn fcm_refuses_a_reserved_data_key_and_the_adapter_fails_without_retry() {
+    let sim = Sim::start().await;
+    let push = sender(&sim);
+    let mut j = push_job("fcm", "fcm-token-1");
+    j.content
+        .overrides
+        .fcm_data
+        .insert("google.sent_time".into(), "1".into());
+    let out = push.send(&j, &lease()).await;
+    Expect::failed(Permanent, "fcm_invalid_argument", Some(400)).check("reserved key", &out);
+}
+
+#[tokio::test]
+async fn an_unread_count_badge_without_a_database_fails_before_any_call() {
+    let sim = Sim::start().await;
+    let push = sender(&sim);
+    let mut j = push_job("apns", &"a1".repeat(32));
+    j.content.badge = notify_core::content::Badge::UnreadCount;
+    let out = push.send(&j, &lease()).await;
+    Expect::failed(Permanent, "badge_unavailable", None).check("no database", &out);
+}
+
+#[tokio::test]
+async fn data_that_leaves_no_room_for_the_body_fails_naming_the_largest_part() {
+    let sim = Sim::start().await;
+    let push = sender(&sim);
+    let mut j = rich(push_job("fcm", "fcm-token-1"));
+    j.content.body = "ขอบคุณที่สั่งซื้อกับร้านของเรา คำสั่งซื้อของคุณกำลังจัดเตรียมและจะจัดส่งภายในสองวัน".into();
+    j.content
+        .overrides
+        .fcm_data
+        .insert("blob".into(), "x".repeat(3600));
+    let out = push.send(&j, &lease()).await;
+    Expect::failed(Permanent, "payload_too_large", None).check("too large", &out);
+    let why = out.provider_response.as_deref().unwrap();
+    assert!(
+        why.contains("FCM allows 4096") && why.contains("its largest parts: /message/data "),
+        "{why}"
+    );
+}

@@ -16,6 +16,7 @@ mod inbox;
 mod pipeline;
 mod promises;
 mod push;
+mod push_rich;
 mod recovery;
 mod rich;
 mod security;

@@ -111,7 +111,8 @@ impl Platform {
                             timeout: Duration::from_secs(5),
                         }),
                     })
-                    .unwrap(),
+                    .unwrap()
+                    .with_inbox(pool.clone()),
                 );
                 spawn_worker(cfg, pool, sender, s)
             }
