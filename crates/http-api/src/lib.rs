@@ -218,7 +218,8 @@ async fn inbox_example() -> Response {
             (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
             (
                 axum::http::header::CONTENT_SECURITY_POLICY,
-                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'",
+                // Notification images are https links on the sender's hosts.
+                "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'self' https: data:",
             ),
         ],
         include_str!("../static/inbox.html"),

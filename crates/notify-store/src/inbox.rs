@@ -4,9 +4,12 @@
 //! position that commits in order (see [`changes_since`]).
 
 use crate::Result;
+use crate::clicks::{ClickSource, NewClick, record_click};
 use crate::row::parse;
 use chrono::{DateTime, Utc};
 use notify_core::InboxStatus;
+use notify_core::content::Action;
+use sqlx::types::Json;
 use sqlx::{PgExecutor, PgPool, Row};
 use uuid::Uuid;
 
@@ -24,6 +27,15 @@ pub struct InboxItem {
     pub body: String,
     /// Link, if any.
     pub url: Option<String>,
+    /// The https image shown with it, if any.
+    pub image_url: Option<String>,
+    /// Its buttons (`id`, `label`, `url`), in order; empty when none.
+    pub actions: Vec<Action>,
+    /// The id of the last action clicked (`""`: the notification itself); `None` when
+    /// never clicked.
+    pub clicked_action: Option<String>,
+    /// When [`Self::clicked_action`] was clicked.
+    pub clicked_at: Option<DateTime<Utc>>,
     /// The event's payload.
     pub data: serde_json::Value,
     /// Where it stands (serialised as `unread`, `read` or `archived`).
@@ -37,6 +49,9 @@ pub struct InboxItem {
     /// Position in the user's change feed.
     #[serde(skip)]
     pub seq: i64,
+    /// The delivery whose content the item shows (a digest group's latest one).
+    #[serde(skip)]
+    pub delivery_id: Uuid,
 }
 
 fn item(r: sqlx::postgres::PgRow) -> Result<InboxItem> {
@@ -46,17 +61,23 @@ fn item(r: sqlx::postgres::PgRow) -> Result<InboxItem> {
         title: r.get("title"),
         body: r.get("body"),
         url: r.get("url"),
+        image_url: r.get("image_url"),
+        actions: r.try_get::<Json<Vec<Action>>, _>("actions")?.0,
+        clicked_action: r.get("clicked_action"),
+        clicked_at: r.get("clicked_at"),
         data: r.get("data_json"),
         status: parse(&r, "status")?,
         created_at: r.get("created_at"),
         updated_at: r.get("updated_at"),
         item_count: r.get("item_count"),
         seq: r.get("seq"),
+        delivery_id: r.get("shown_delivery_id"),
     })
 }
 
-const COLUMNS: &str =
-    "id, type, title, body, url, data_json, status, created_at, updated_at, item_count, seq";
+const COLUMNS: &str = "id, type, title, body, url, image_url, actions, clicked_action, clicked_at,
+     data_json, status, created_at, updated_at, item_count, seq,
+     coalesce(delivery_ids[cardinality(delivery_ids)], delivery_id) AS shown_delivery_id";
 
 /// Which items to list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +165,7 @@ pub async fn set_status(
                  read_at = CASE WHEN $3 = 'unread' THEN NULL ELSE coalesce(read_at, now()) END,
                  updated_at = now()
              WHERE id = $2 AND user_id = $1 AND status <> $3
-             RETURNING {COLUMNS})
+             RETURNING *)
          SELECT {COLUMNS} FROM changed
          UNION ALL
          SELECT {COLUMNS} FROM notifications WHERE id = $2 AND user_id = $1 AND status = $3"
@@ -156,6 +177,99 @@ pub async fn set_status(
     .await?;
     tx.commit().await?;
     row.map(item).transpose()
+}
+
+/// What [`click`] did.
+#[derive(Debug, Clone)]
+pub enum ClickOutcome {
+    /// The click is recorded: the item after it (read unless archived, with
+    /// `clicked_action` set) and the link to open (the action's, or the item's own for
+    /// `""`; `None` when the item has none).
+    Opened {
+        /// The item after the click.
+        item: Box<InboxItem>,
+        /// Where the click goes.
+        url: Option<String>,
+        /// False when this action of this content was clicked before (counted once).
+        counted: bool,
+    },
+    /// The item has no action with that id: nothing changed. Carries the ids it has.
+    UnknownAction(Vec<String>),
+}
+
+/// Records that `user_id` clicked action `action_id` of item `id` (`""`: the item
+/// itself): marks it read (an archived item stays archived), stores `clicked_action` and
+/// `clicked_at`, and records the click against the delivery the item shows
+/// ([`record_click`], source in-app, dedup key `inapp:<delivery id>:<action id>`, so a
+/// double click counts once). The change takes the user's next `seq` unless the item was
+/// already read with that action clicked. `None` when the user has no such item.
+pub async fn click(
+    db: &PgPool,
+    user_id: &str,
+    id: Uuid,
+    action_id: &str,
+) -> Result<Option<ClickOutcome>> {
+    let mut tx = db.begin().await?;
+    lock_feed(&mut tx, user_id).await?;
+    let Some(row) = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT {COLUMNS} FROM notifications WHERE id = $2 AND user_id = $1 FOR UPDATE"
+    )))
+    .bind(user_id)
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let before = item(row)?;
+    let url = if action_id.is_empty() {
+        before.url.clone()
+    } else {
+        match before.actions.iter().find(|a| a.id == action_id) {
+            Some(a) => Some(a.url.clone()),
+            None => {
+                return Ok(Some(ClickOutcome::UnknownAction(
+                    before.actions.iter().map(|a| a.id.clone()).collect(),
+                )));
+            }
+        }
+    };
+    let changed = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE notifications SET
+             status = CASE WHEN status = 'unread' THEN 'read' ELSE status END,
+             read_at = coalesce(read_at, now()),
+             clicked_action = $3, clicked_at = now(), updated_at = now()
+         WHERE id = $2 AND user_id = $1
+           AND (status = 'unread' OR clicked_action IS DISTINCT FROM $3)
+         RETURNING {COLUMNS}"
+    )))
+    .bind(user_id)
+    .bind(id)
+    .bind(action_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let after = match changed {
+        Some(r) => item(r)?,
+        None => before,
+    };
+    let dedup = format!("inapp:{}:{action_id}", after.delivery_id);
+    let counted = record_click(
+        &mut *tx,
+        &NewClick {
+            delivery_id: after.delivery_id,
+            user_id,
+            action_id,
+            source: ClickSource::InApp,
+            dedup_key: Some(&dedup),
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Some(ClickOutcome::Opened {
+        item: Box::new(after),
+        url,
+        counted,
+    }))
 }
 
 /// Marks every unread item of `user_id` read, up to and including the newest one the

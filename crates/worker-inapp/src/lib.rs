@@ -1,6 +1,8 @@
 //! The in-app channel: writes the recipient's inbox row (`notifications`), idempotent on
 //! the delivery id, so a redelivered message never shows a notification twice. Rows of
-//! concurrent deliveries are written together, in one statement per batch.
+//! concurrent deliveries are written together, in one statement per batch. The row keeps
+//! the rendered content: title, body, link, image and actions (the inbox shows them and
+//! a click on an action is recorded against the delivery).
 
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
 use notify_store::PgPool;
@@ -48,6 +50,8 @@ impl ChannelSender for InAppSender {
             "title": job.content.title,
             "body": job.content.body,
             "url": job.content.url,
+            "image_url": job.content.image_url,
+            "actions": job.content.actions,
         });
         if let Err(lost) = lease.confirm().await {
             return lost.outcome(content);

@@ -100,7 +100,11 @@ fn filter_of(status: Option<&str>) -> Result<Filter, ApiError> {
     }
 }
 
-/// `GET /v1/inbox/notifications?status=unread|read|archived&limit=1..100&cursor=`.
+/// `GET /v1/inbox/notifications?status=unread|read|archived&limit=1..100&cursor=`:
+/// `{"items", "next_cursor", "feed_seq", "timezone"}`. `feed_seq` is the user's feed
+/// position read just before the page (open the stream with it as `Last-Event-ID` to
+/// miss nothing that arrives after the page); `timezone` is the user's, which the
+/// `group` labels follow.
 pub(super) async fn list(
     State(app): State<AppState>,
     User(user): User,
@@ -124,6 +128,9 @@ pub(super) async fn list(
                 ApiError::invalid("cursor", "must be a next_cursor from this API")
             })?),
         };
+    // Read before the page: every change up to it is committed (seq commits in order),
+    // so the page holds it; a stream resumed from it replays whatever came after.
+    let feed_seq = inbox::latest_seq(&app.pool, &user).await?;
     let items = inbox::list(&app.pool, &user, filter, after, limit + 1).await?;
     let more = items.len() as i64 > limit;
     let items = &items[..items.len().min(limit as usize)];
@@ -131,6 +138,8 @@ pub(super) async fn list(
     Ok(Json(json!({
         "items": items.iter().map(|i| item_json(i, now, tz)).collect::<Vec<_>>(),
         "next_cursor": if more { items.last().map(encode_cursor) } else { None },
+        "feed_seq": feed_seq,
+        "timezone": tz.name(),
     })))
 }
 
@@ -209,12 +218,17 @@ mod tests {
             title: String::new(),
             body: String::new(),
             url: None,
+            image_url: None,
+            actions: Vec::new(),
+            clicked_action: None,
+            clicked_at: None,
             data: json!({}),
             status: InboxStatus::Unread,
             created_at: "2026-11-30T18:00:00.123456Z".parse().unwrap(),
             updated_at: Utc::now(),
             item_count: 1,
             seq: 1,
+            delivery_id: Uuid::from_u128(8),
         };
         assert_eq!(
             decode_cursor(&encode_cursor(&i)),

@@ -13,10 +13,17 @@
 //! only: another user's notification is 404, never shown. Each user may make `NOTIFY_INBOX_RATE` requests a second (429 with
 //! `Retry-After` beyond that).
 //!
+//! Items carry their image and actions (`[{id, label, url}]`); `POST
+//! /v1/inbox/notifications/{id}/click` marks one read, records which action was clicked
+//! (`clicked_action`, and a row in `delivery_clicks`, once per action) and answers the
+//! link to open.
+//!
 //! Live updates: `GET /v1/inbox/stream` is a Server-Sent Events stream of `notification`
 //! events (the changed item, its `seq` as the event id) and `unread_count` events, within
 //! a second of the in-app worker's commit (Postgres `LISTEN inbox`, so any replica serves
-//! any user). Reconnecting with `Last-Event-ID` replays every change after that id. The
+//! any user). Reconnecting with `Last-Event-ID` replays every change after that id; a
+//! page of the list carries `feed_seq`, the feed position when it was read, so a client
+//! that opens the stream with it misses nothing that arrived in between. The
 //! id (`seq`) is a per-user position whose values commit in order, however many workers
 //! write, so a stream that moved past an id never misses a change below it.
 
@@ -30,6 +37,7 @@ use axum::routing::{MethodRouter, delete, get, post, put};
 use feed::Change;
 use std::sync::Arc;
 
+mod click;
 mod devices;
 mod extract;
 mod feed;
@@ -185,6 +193,11 @@ pub const ROUTES: &[Route] = &[
         method: Method::POST,
         path: "/v1/inbox/notifications/{id}/unarchive",
         handler: || post(|s, u, p| feed::change(s, u, p, Change::Unarchive)),
+    },
+    Route {
+        method: Method::POST,
+        path: "/v1/inbox/notifications/{id}/click",
+        handler: || post(click::click),
     },
     Route {
         method: Method::POST,

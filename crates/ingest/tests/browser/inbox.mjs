@@ -23,8 +23,8 @@ try {
   // The second notification arrives live, without a reload.
   await page.waitForFunction(() => document.querySelectorAll("li").length === 2, null, { timeout: 10000 });
   await page.waitForFunction(() => document.getElementById("badge").dataset.count === "2");
-  const groups = await page.$$eval("h2.group", hs => hs.map(h => h.textContent));
-  if (groups.join() !== "Today") throw new Error(`group labels: ${groups}`);
+  const groups = await page.$$eval("h2.group .label", hs => hs.map(h => h.textContent));
+  if (groups.join() !== "วันนี้") throw new Error(`group labels: ${groups}`);
   const first = await page.$eval("li .title", e => e.textContent);
   if (first !== "ข้อความใหม่แบบสด") throw new Error(`newest first: ${first}`);
   await page.screenshot({ path: `${SHOTS}/inbox-2-live.png`, fullPage: true });

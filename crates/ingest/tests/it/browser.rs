@@ -1,6 +1,7 @@
 //! Browser tests in headless Chromium (Debian's package, driven by playwright-core; the
 //! local stack installs both): the example inbox page and the operations console, against
-//! an in-process platform. Screenshots are saved under `.stack/screenshots/`.
+//! an in-process platform. Screenshots are saved under `<target dir>/screenshots/` (each
+//! test prints the folder) for a person to look at.
 
 use crate::support;
 
@@ -8,7 +9,8 @@ use notify_core::Channel;
 use serde_json::json;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 use support::{Platform, hs256, status_attempts, uniq};
 
 /// Copies `script` next to playwright-core (ES modules resolve packages from the script's
@@ -16,8 +18,12 @@ use support::{Platform, hs256, status_attempts, uniq};
 fn node(p: &Platform, script: &str) -> (Command, PathBuf) {
     let modules = PathBuf::from(&p.stack.browser_modules);
     let dir = modules.parent().unwrap().to_path_buf();
-    let shots = dir.parent().unwrap().join("screenshots");
+    let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .unwrap()
+        .join("screenshots");
     std::fs::create_dir_all(&shots).unwrap();
+    println!("screenshots of {script}: {}", shots.display());
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/browser")
         .join(script);
@@ -133,5 +139,138 @@ async fn an_operator_retries_a_failed_line_delivery_in_chromium() {
     assert!(shots.join("console-3-sent.png").exists());
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(status_attempts(&done.deliveries[0]), ("sent", 2));
+    p.stop().await;
+}
+
+/// A running browser script that reports steps as lines on stdout and waits for a line
+/// on stdin to go on.
+struct Script {
+    child: Child,
+    lines: tokio::sync::mpsc::UnboundedReceiver<String>,
+}
+
+impl Script {
+    fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd.stdin(Stdio::piped()).spawn().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Script { child, lines }
+    }
+
+    /// The next line starting with `prefix` (earlier lines are echoed); panics with the
+    /// script's error output when it ends first or takes over a minute.
+    async fn expect(&mut self, prefix: &str) -> String {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(60), self.lines.recv()).await {
+                Ok(Some(line)) if line.starts_with(prefix) => return line,
+                Ok(Some(line)) => println!("browser: {line}"),
+                other => {
+                    let _ = self.child.kill();
+                    let mut err = String::new();
+                    if let Some(mut e) = self.child.stderr.take() {
+                        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                    }
+                    panic!("the browser script stopped before {prefix} ({other:?}):\n{err}");
+                }
+            }
+        }
+    }
+
+    fn go(&mut self) {
+        writeln!(self.child.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+}
+
+/// Where the user's inbox row with `title` stands: (status, clicked action).
+async fn row(p: &Platform, user: &str, title: &str) -> (String, Option<String>) {
+    sqlx::query_as(
+        "SELECT status, clicked_action FROM notifications WHERE user_id = $1 AND title = $2",
+    )
+    .bind(user)
+    .bind(title)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_inbox_shows_thai_dates_rich_items_pages_and_misses_nothing_in_chromium() {
+    let p = Platform::start_with_workers(&[Channel::InApp]).await;
+    p.add_type("news", &["inapp"]).await;
+    p.add_type("order_paid", &["inapp"]).await;
+    let u = p.add_bare_recipient("u").await;
+    let notify = async |key: &str, title: &str| {
+        let mut req = p.event(key, "news", &[&u]);
+        let c = req.content.as_mut().unwrap();
+        c.title = title.into();
+        c.body = "มีข่าวใหม่จากร้านค้า".into();
+        let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+        p.wait_final(&ev.event_id, 30).await;
+    };
+    for n in 1..=5 {
+        notify(&format!("news:{n}"), &format!("ข่าวที่ {n}")).await;
+    }
+    // 00:30 on 29 November 2026 in Bangkok, still the 28th in UTC (the browser's zone).
+    sqlx::query(
+        "UPDATE notifications SET created_at = '2026-11-28T17:30:00Z'
+         WHERE user_id = $1 AND title = 'ข่าวที่ 1'",
+    )
+    .bind(&u)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let rich = p
+        .ingest()
+        .create_event(p.rich_event("order:1001:paid", "order_paid", &[&u]))
+        .await
+        .unwrap()
+        .into_inner();
+    let rich = p.wait_final(&rich.event_id, 30).await;
+
+    let (mut cmd, shots) = node(&p, "inbox_rich.mjs");
+    cmd.env("TOKEN", token(&u));
+    let mut script = Script::spawn(cmd);
+    // The page listed its first page and holds its stream: this one falls in the gap.
+    script.expect("LISTED").await;
+    notify("news:gap", "มาระหว่างรอ").await;
+    script.go();
+    script.expect("ARCHIVED").await;
+    assert_eq!(row(&p, &u, "ข่าวที่ 3").await.0, "archived");
+    script.go();
+    let nav = script.expect("NAVIGATED").await;
+    assert_eq!(nav, "NAVIGATED https://shop.example.test/orders/1001");
+    assert_eq!(
+        row(&p, &u, "ชำระเงินแล้ว #1001").await,
+        ("read".to_string(), Some("view".to_string()))
+    );
+    let delivery: uuid::Uuid = rich.deliveries[0].delivery_id.parse().unwrap();
+    let clicks = notify_store::clicks::clicks_of(&p.pool, delivery)
+        .await
+        .unwrap();
+    let clicks: Vec<(&str, &str, &str)> = clicks
+        .iter()
+        .map(|c| (c.user_id.as_str(), c.action_id.as_str(), c.source.as_str()))
+        .collect();
+    assert_eq!(clicks, [(u.as_str(), "view", "inapp")]);
+    script.expect("OK").await;
+    let status = script.child.wait().unwrap();
+    assert!(status.success(), "the browser script failed");
+    assert_eq!(row(&p, &u, "ข่าวที่ 3").await.0, "read", "unarchived");
+    for name in [
+        "1-first-page",
+        "2-second-page",
+        "3-archived",
+        "4-action-focused",
+        "5-after-click",
+    ] {
+        assert!(shots.join(format!("inbox-{name}.png")).exists(), "{name}");
+    }
     p.stop().await;
 }

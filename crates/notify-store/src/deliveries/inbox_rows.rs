@@ -5,6 +5,7 @@ use super::DeliveryJob;
 use crate::Result;
 use crate::row::column;
 use sqlx::PgPool;
+use sqlx::types::Json;
 use uuid::Uuid;
 
 /// Writes the in-app notifications of several deliveries in one statement, each
@@ -40,12 +41,14 @@ pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> R
         return Ok(out);
     }
     let written: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO notifications (id, delivery_id, event_id, user_id, type, title, body, url, data_json)
+        "INSERT INTO notifications (id, delivery_id, event_id, user_id, type, title, body, url,
+                                    data_json, image_url, actions)
          SELECT t.id, t.delivery_id, t.event_id, t.user_id, t.type, t.title, t.body,
-                NULLIF(t.url, ''), t.data
+                NULLIF(t.url, ''), t.data, NULLIF(t.image_url, ''), t.actions
          FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[],
-                     $7::text[], $8::text[], $9::jsonb[])
-              AS t(id, delivery_id, event_id, user_id, type, title, body, url, data)
+                     $7::text[], $8::text[], $9::jsonb[], $10::text[], $11::jsonb[])
+              AS t(id, delivery_id, event_id, user_id, type, title, body, url, data,
+                   image_url, actions)
          ORDER BY t.user_id
          ON CONFLICT (delivery_id) DO NOTHING
          RETURNING delivery_id",
@@ -59,6 +62,8 @@ pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> R
     .bind(column(jobs, |j| j.content.body.as_str()))
     .bind(column(jobs, |j| j.content.url.as_str()))
     .bind(column(jobs, |j| &j.payload))
+    .bind(column(jobs, |j| j.content.image_url.as_str()))
+    .bind(column(jobs, |j| Json(&j.content.actions)))
     .fetch_all(db)
     .await?;
     let written: std::collections::HashSet<Uuid> = written.into_iter().collect();
@@ -66,17 +71,22 @@ pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> R
 }
 
 /// Writes a digest group's one inbox row: created by its first delivery, then updated in
-/// place by each later one (latest title and body, one more item, unread again). A
+/// place by each later one (latest title, body, image and actions, one more item, unread
+/// again, the earlier click forgotten since the content it was on is gone). A
 /// delivery already counted changes nothing, so a redelivered message is harmless.
 /// Returns whether this delivery changed the row. Like every inbox write it takes the
 /// user's next `seq` under the user's counter lock (taken before the row's lock).
 pub async fn upsert_grouped_inbox_row(db: &PgPool, job: &DeliveryJob, group: &str) -> Result<bool> {
     let changed: Option<Uuid> = sqlx::query_scalar(
         "INSERT INTO notifications (id, delivery_id, event_id, user_id, type, title, body, url,
-                                    data_json, group_key, item_count, delivery_ids)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9, $10, 1, ARRAY[$2])
+                                    data_json, group_key, item_count, delivery_ids, image_url,
+                                    actions)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), $9, $10, 1, ARRAY[$2],
+                 NULLIF($11, ''), $12)
          ON CONFLICT (user_id, group_key) WHERE group_key IS NOT NULL DO UPDATE
              SET title = EXCLUDED.title, body = EXCLUDED.body, url = EXCLUDED.url,
+                 image_url = EXCLUDED.image_url, actions = EXCLUDED.actions,
+                 clicked_action = NULL, clicked_at = NULL,
                  data_json = EXCLUDED.data_json, event_id = EXCLUDED.event_id,
                  item_count = notifications.item_count + 1,
                  delivery_ids = notifications.delivery_ids || EXCLUDED.delivery_id,
@@ -94,6 +104,8 @@ pub async fn upsert_grouped_inbox_row(db: &PgPool, job: &DeliveryJob, group: &st
     .bind(&job.content.url)
     .bind(&job.payload)
     .bind(group)
+    .bind(&job.content.image_url)
+    .bind(Json(&job.content.actions))
     .fetch_optional(db)
     .await?;
     Ok(changed.is_some())
