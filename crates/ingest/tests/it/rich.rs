@@ -126,7 +126,11 @@ async fn rich_content_is_kept_as_sent_and_shown_by_get_event() {
         let o = c.overrides.as_mut().unwrap();
         serde_json::from_str(&std::mem::take(&mut o.line_messages_json)).unwrap()
     };
-    assert_eq!(json(&mut content), json(&mut want), "the LINE messages as sent");
+    assert_eq!(
+        json(&mut content),
+        json(&mut want),
+        "the LINE messages as sent"
+    );
     assert_eq!(content, want, "an action without an id gets its position");
 
     let again = p.ingest().create_event(r).await.unwrap().into_inner();
