@@ -13,6 +13,7 @@ mod docs;
 mod email_format;
 mod fanout;
 mod inbox;
+mod line_rich;
 mod pipeline;
 mod promises;
 mod push;
