@@ -161,3 +161,52 @@ async fn a_card_over_line_limits_fails_at_render_naming_the_rule_and_line_is_not
     assert!(calls.is_empty(), "LINE was never called: {calls:?}");
     p.stop().await;
 }
+
+/// The shipped type file's Thai LINE template (what `make demo` sends): its sample payload
+/// renders into a Flex card LINE accepts, with the amount in baht, the paid time in Thai
+/// with the Buddhist-era year in Bangkok time, and a "view order" button to the order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_thai_order_paid_card_renders_from_the_sample_payload() {
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
+    let file = include_str!("../../../../deploy/notification-types.json");
+    ingest::types_file::load(&p.pool, file).await.unwrap();
+    let (u, lid) = (support::uniq("u"), support::line_id());
+    p.recipients()
+        .upsert_recipient(pb::UpsertRecipientRequest {
+            user_id: u.clone(),
+            line_user_id: lid.clone(),
+            locale: "th-TH".into(),
+            timezone: "Asia/Bangkok".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let sample: Value =
+        serde_json::from_str::<Value>(file).unwrap()["types"][0]["sample_payload"].clone();
+    let mut req = p.event("order:1001:paid", "order_paid", &[&u]);
+    req.payload = sample.to_string();
+    req.channels = vec!["line".into()];
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    support::assert_all_sent(&p.wait_final(&ev.event_id, 30).await);
+
+    let reqs = p.sim_requests("line").await;
+    assert_eq!(reqs[0]["status"], 200);
+    let card = &reqs[0]["body"]["messages"][0];
+    assert_eq!(card["type"], "flex");
+    assert_eq!(
+        card["altText"],
+        "ชำระเงินสำเร็จ คำสั่งซื้อ #1001 ยอด 1,250.00 บาท"
+    );
+    let rows = &card["contents"]["body"]["contents"];
+    assert_eq!(rows[1]["text"], "คำสั่งซื้อ #1001");
+    assert_eq!(rows[3]["contents"][1]["text"], "1,250.00 บาท");
+    assert_eq!(
+        rows[4]["contents"][1]["text"], "1 ธันวาคม 2569 01:30 น.",
+        "18:30 UTC on 30 November is 01:30 on 1 December in Bangkok, year 2026 + 543"
+    );
+    assert_eq!(
+        card["contents"]["footer"]["contents"][0]["action"],
+        json!({"type": "uri", "label": "ดูคำสั่งซื้อ", "uri": "https://shop.example/orders/1001"})
+    );
+    p.stop().await;
+}
