@@ -6,8 +6,13 @@
 //!   developers.line.biz/en/reference/messaging-api/#signature-validation), else 401 and
 //!   nothing is recorded. `follow` and `unfollow` events from users update
 //!   `line_followers` (newest event timestamp wins, so redeliveries are harmless); LINE
-//!   deliveries to a user who unfollowed are then skipped with `line_unfollowed`. Other
-//!   event types are acknowledged and ignored. Answers 200 `{}`.
+//!   deliveries to a user who unfollowed are then skipped with `line_unfollowed`. A
+//!   `postback` event whose `postback.data` is a button of a card the LINE worker built
+//!   (`d=<delivery id>&a=<action id>`, [`notify_core::line::parse_postback_data`]) is
+//!   recorded as a click of that action on that delivery by the event's `source.userId`
+//!   (`delivery_clicks`, source `line`, once per `webhookEventId`, so LINE's redelivery
+//!   changes nothing). Other postbacks and event types are acknowledged and ignored.
+//!   Answers 200 `{}`.
 //! - `GET /unsubscribe?token=…`: a confirmation page (a GET never changes anything, since
 //!   mail scanners fetch links); `POST /unsubscribe?token=…` with the body
 //!   `List-Unsubscribe=One-Click` (RFC 8058) or from that page turns the token's type off
@@ -279,6 +284,10 @@ async fn line_webhook(
         let following = match ev["type"].as_str() {
             Some("follow") => true,
             Some("unfollow") => false,
+            Some("postback") => {
+                line_postback(&app, ev).await?;
+                continue;
+            }
             _ => continue,
         };
         let (Some("user"), Some(user)) = (
@@ -309,6 +318,46 @@ async fn line_webhook(
         );
     }
     Ok(Json(json!({})))
+}
+
+/// Records a LINE `postback` event from a card's button as a click (see the module docs);
+/// postbacks that name no delivery of ours, or come without a user or event id, are
+/// ignored.
+async fn line_postback(app: &AppState, ev: &Value) -> Result<(), ApiError> {
+    let Some((delivery_id, action_id)) = ev["postback"]["data"]
+        .as_str()
+        .and_then(notify_core::line::parse_postback_data)
+    else {
+        return Ok(());
+    };
+    let (Some(user), Some(event_id)) = (
+        ev["source"]["userId"].as_str().filter(|u| !u.is_empty()),
+        ev["webhookEventId"].as_str().filter(|e| !e.is_empty()),
+    ) else {
+        return Ok(());
+    };
+    // Namespaced, so a LINE event id can never meet another source's dedup key.
+    let dedup = format!("line:{event_id}");
+    let recorded = notify_store::clicks::record_click(
+        &app.pool,
+        &notify_store::clicks::NewClick {
+            delivery_id,
+            user_id: user,
+            action_id: &action_id,
+            source: notify_store::clicks::ClickSource::Line,
+            dedup_key: Some(&dedup),
+        },
+    )
+    .await?;
+    // The LINE user id is not logged (logs hold no addresses).
+    tracing::info!(
+        %delivery_id,
+        action_id,
+        recorded,
+        webhook_event_id = event_id,
+        "LINE postback click"
+    );
+    Ok(())
 }
 
 #[derive(Deserialize)]

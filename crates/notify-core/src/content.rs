@@ -115,7 +115,7 @@ pub const MAX_THREAD_BYTES: usize = 64;
 pub const MAX_FCM_DATA_KEYS: usize = 100;
 /// Most LINE message objects in one request (Messaging API reference, push message:
 /// `messages` 1 to 5).
-pub const MAX_LINE_MESSAGES: usize = 5;
+pub const MAX_LINE_MESSAGES: usize = crate::line::MAX_MESSAGES;
 
 /// One button of a notification.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -277,8 +277,9 @@ impl Content {
     /// icon and image https; at most [`MAX_ACTIONS`] actions, each with a label of 1 to
     /// [`MAX_ACTION_LABEL_CHARS`] characters and a URL; `thread` at most
     /// [`MAX_THREAD_BYTES`] without control characters; FCM `data` keys not reserved; APNs
-    /// interruption level one of [`APNS_INTERRUPTION_LEVELS`]; LINE messages 1 to
-    /// [`MAX_LINE_MESSAGES`] objects, each with a `type`. Which schemes a link may use is
+    /// interruption level one of [`APNS_INTERRUPTION_LEVELS`]; LINE messages within LINE's
+    /// documented limits ([`crate::line::check_messages`]: 1 to [`MAX_LINE_MESSAGES`]
+    /// objects, `altText`, Flex size, labels, URI schemes, image URLs). Which schemes a link may use is
     /// the link policy's rule ([`crate::links::LinkPolicy::check`]).
     pub fn check(&self, v: &mut Violations) {
         if self.title.trim().is_empty() {
@@ -305,22 +306,12 @@ impl Content {
             );
         }
         let o = &self.overrides;
-        if o.line_messages.len() > MAX_LINE_MESSAGES {
-            v.add(
+        if !o.line_messages.is_empty() {
+            crate::line::check_messages(
                 "content.overrides.line_messages_json",
-                format!(
-                    "must have 1 to {MAX_LINE_MESSAGES} message objects (LINE push), got {}",
-                    o.line_messages.len()
-                ),
+                &o.line_messages,
+                v,
             );
-        }
-        for (i, m) in o.line_messages.iter().enumerate() {
-            if !m.get("type").is_some_and(serde_json::Value::is_string) {
-                v.add(
-                    format!("content.overrides.line_messages_json[{i}]"),
-                    "must be a LINE message object with a \"type\"",
-                );
-            }
         }
         if o.fcm_data.len() > MAX_FCM_DATA_KEYS {
             v.add(

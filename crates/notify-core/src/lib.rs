@@ -9,6 +9,7 @@ pub mod event;
 pub mod explain;
 pub mod fatigue;
 pub mod guard;
+pub mod line;
 pub mod links;
 pub mod named;
 pub mod notification_type;

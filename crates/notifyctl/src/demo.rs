@@ -1,6 +1,7 @@
 //! The demo scenario: one `order_paid` event to three Thai recipients on in-app, email,
 //! LINE and push (FCM phones, an APNs iPhone and a Web Push browser), sent twice, then every outcome read back and checked against what the
-//! real SMTP server (MailDev), the provider simulator and Postgres received.
+//! real SMTP server (MailDev), the provider simulator and Postgres received; last, the
+//! shipped type file's Thai LINE Flex card ([`line_card`]).
 
 use anyhow::{Context, bail};
 use notify_core::{Channel, DeliveryStatus};
@@ -11,6 +12,8 @@ use pb::type_service_client::TypeServiceClient;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
+
+mod line_card;
 
 // The names `GetEvent` answers with (proto fields are text).
 const PENDING: &str = DeliveryStatus::Pending.as_str();
@@ -378,6 +381,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
 
     quiet_hours_part(&mut ingest, &mut recipients, &pool, &mut failures).await?;
     let inbox_link = inbox_part(cfg, &mut failures).await?;
+    let card_link = line_card::run(&mut ingest, &pool, &observed, cfg, &mut failures).await?;
 
     println!();
     println!("Read the emails in MailDev: {}/", cfg.maildev_url);
@@ -386,6 +390,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         cfg.http_url
     );
     println!("somchai's inbox (token valid 24 h): {inbox_link}");
+    println!("The Thai order-paid LINE Flex card as LINE received it: {card_link}");
     println!(
         "What LINE, FCM, APNs and Web Push received: {}/_sim/requests",
         cfg.sim_url

@@ -5,7 +5,8 @@
 //! Provider endpoints:
 //! - `POST /v2/bot/message/push`: LINE Messaging API push (bearer channel token,
 //!   `X-Line-Retry-Key` dedup with 409 + `x-line-accepted-request-id`, 1 to 5 messages,
-//!   text at most 5,000 UTF-16 units, `to` a LINE user id);
+//!   text at most 5,000 UTF-16 units, `to` a LINE user id; Flex `altText`, bubble and
+//!   carousel sizes, action labels, URI schemes and https image URLs as LINE limits them);
 //!   `POST /v2/bot/message/multicast`: the same with `to` 1 to 500 user ids, answered `{}`.
 //! - `POST /token`: Google OAuth2 JWT-bearer grant (RFC 7523) for the FCM service account;
 //!   the assertion must be RS256-signed by the configured key.

@@ -1,5 +1,8 @@
 //! LINE Messaging API: push and multicast (developers.line.biz/en/reference/messaging-api/#send-push-message),
-//! and the signed webhook sender of `POST /_sim/line/webhook`.
+//! and the signed webhook sender of `POST /_sim/line/webhook`. Message objects are
+//! checked as LINE checks them ([`rules`]: Flex `altText` and size, labels, URI schemes,
+//! image URLs), answered with LINE's 400 shape `{"message", "details": [{"message",
+//! "property"}]}`.
 
 use super::{Sim, answer, apply_fault, bearer, json_body, rand_id};
 use axum::Json;
@@ -9,6 +12,8 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use uuid::Uuid;
+
+mod rules;
 
 fn is_line_user_id(s: &str) -> bool {
     s.len() == 33 && s.starts_with('U') && s[1..].chars().all(|c| c.is_ascii_hexdigit())
@@ -70,6 +75,17 @@ fn check_line_messages(multicast: bool, body: &Value) -> Result<(), Value> {
                 json!([{"message": "Length must be between 0 and 5000", "property": format!("messages[{i}].text")}]),
             );
         }
+    }
+    let details: Vec<Value> = messages
+        .iter()
+        .enumerate()
+        .flat_map(|(i, m)| rules::message_details(&format!("messages[{i}]"), m))
+        .collect();
+    if !details.is_empty() {
+        return bad(
+            &format!("The request body has {} error(s)", details.len()),
+            Value::Array(details),
+        );
     }
     if let Some(i) = to.iter().position(|id| !is_line_user_id(id)) {
         if multicast {
@@ -235,6 +251,16 @@ mod tests {
         assert_eq!(
             check_line_messages(true, &one_bad).unwrap_err()["details"][0]["property"],
             "to[1]"
+        );
+        let two_bad = json!({"to": id, "messages": [
+            {"type": "flex", "contents": {"type": "bubble"}},
+            {"type": "image", "originalContentUrl": "http://a.example/a.png", "previewImageUrl": "https://a.example/p.png"}]});
+        assert_eq!(
+            check_line_messages(false, &two_bad).unwrap_err(),
+            json!({"message": "The request body has 2 error(s)", "details": [
+                {"message": "must be specified", "property": "messages[0].altText"},
+                {"message": "must be a valid HTTPS URL", "property": "messages[1].originalContentUrl"}]}),
+            "every problem of every message in one 400, as LINE lists them"
         );
         let unknown = json!({"to": "user-1", "messages": [{"type": "text", "text": "x"}]});
         assert_eq!(

@@ -5,26 +5,33 @@
 //! delivery before the first call), so LINE itself drops a resend of an accepted request
 //! and answers 409 with `x-line-accepted-request-id`: we count that as sent.
 //!
-//! Text longer than one text object allows is split at grapheme-cluster boundaries into
-//! up to five text objects of one push (LINE allows 1 to 5 messages per push); longer
-//! text fails permanently with `content_too_long`.
+//! What is sent ([`messages`]): the content's `overrides.line_messages` when set; else a
+//! Flex Message card when the content has an image or actions (hero image, title, body,
+//! one button per action: a `uri` action for a link, a `postback` naming the delivery
+//! and action for an app deep link, recorded as a click by the webhook); else text, split
+//! at grapheme-cluster boundaries into up to five text objects of one push (LINE allows 1
+//! to 5 messages per push); longer text fails permanently with `content_too_long`. The
+//! messages are checked against LINE's documented limits ([`notify_core::line`]) before
+//! the call: a card over a limit fails permanently with `content_invalid`, naming the
+//! field and the rule, and LINE is not called.
 //!
 //! A delivery of provider `line_multicast` (a topic event sent with `line_multicast`)
 //! holds up to 500 LINE user ids and goes to `POST {base}/v2/bot/message/multicast` with
 //! `"to": [ids]` and its own retry key. LINE answers `{}` for the whole batch: it states
 //! no per-recipient result, so the batch is sent or failed as one delivery.
 
-use notify_core::text::split_utf16;
 use notify_core::{AttemptOutcome, Channel, ErrorClass};
 use notify_worker::{ChannelSender, Job, Lease};
 use serde_json::json;
 use std::time::Duration;
 
+pub mod messages;
+
 /// Most UTF-16 code units in one LINE text message object (LINE text-character-count).
-pub const MAX_TEXT_UTF16: usize = 5_000;
+pub const MAX_TEXT_UTF16: usize = notify_core::line::MAX_TEXT_UTF16;
 
 /// Most message objects in one push request (LINE Messaging API, push message: 1 to 5).
-pub const MAX_MESSAGES: usize = 5;
+pub const MAX_MESSAGES: usize = notify_core::line::MAX_MESSAGES;
 
 /// Settings of the LINE channel.
 #[derive(Debug, Clone)]
@@ -98,20 +105,32 @@ impl ChannelSender for LineSender {
     }
 
     async fn send(&self, job: &Job, lease: &Lease) -> AttemptOutcome {
-        let text = job.content.chat_text();
         let retry_key = job.retry_key.unwrap_or(job.id);
-        let pieces = match split_utf16(&text, MAX_TEXT_UTF16, MAX_MESSAGES) {
-            Ok(pieces) => pieces,
+        let messages = match messages::build(&job.content, job.id) {
+            Ok(m) => m,
             Err(too_long) => {
-                let content = json!({"retry_key": retry_key, "text": text});
+                let content = json!({"retry_key": retry_key, "text": job.content.chat_text()});
                 return AttemptOutcome::failed(ErrorClass::Permanent, "content_too_long", content)
                     .with_response(too_long.to_string());
             }
         };
-        let messages: Vec<serde_json::Value> = pieces
-            .iter()
-            .map(|p| json!({"type": "text", "text": p}))
-            .collect();
+        let mut limits = notify_core::validate::Violations::default();
+        notify_core::line::check_messages("messages", &messages, &mut limits);
+        if !limits.0.is_empty() {
+            let listed: Vec<String> = limits
+                .0
+                .iter()
+                .map(|f| format!("{}: {}", f.field, f.description))
+                .collect();
+            let content = json!({
+                "retry_key": retry_key,
+                "fields": limits.0.iter().map(|f| &f.field).collect::<Vec<_>>(),
+                "messages": messages,
+            });
+            return AttemptOutcome::failed(ErrorClass::Permanent, "content_invalid", content)
+                .with_response(listed.join("; "))
+                .quoting_response();
+        }
         let multicast = matches!(job.provider, notify_core::Provider::LineMulticast);
         let body = if multicast {
             let to: Vec<&str> = job

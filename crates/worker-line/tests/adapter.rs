@@ -163,3 +163,71 @@ async fn a_long_thai_text_is_sent_as_objects_cut_between_dictionary_words() {
     let next = bounds.iter().find(|&&b| b > cut).unwrap();
     assert!(whole[..*next].encode_utf16().count() > 5000);
 }
+
+async fn line_requests(sim: &Sim) -> Vec<serde_json::Value> {
+    reqwest::get(format!("{}/_sim/requests?provider=line", sim.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn rich_content_is_one_flex_card_and_a_card_over_line_limits_is_never_sent() {
+    let sim = Sim::start().await;
+    let line = sender(&sim);
+    let mut rich = line_job();
+    rich.content.image_url = "https://cdn.shop.example/orders/1234.png".into();
+    rich.content.actions = vec![notify_core::Action {
+        id: "view".into(),
+        label: "ดูคำสั่งซื้อ".into(),
+        url: "https://shop.example/orders/1234".into(),
+    }];
+    let out = line.send(&rich, &lease()).await;
+    assert_eq!(out.provider_status, Some(200), "{out:?}");
+    let sent = line_requests(&sim).await;
+    assert_eq!(sent.len(), 1);
+    let card = &sent[0]["body"]["messages"][0];
+    assert_eq!(card["type"], "flex");
+    assert_eq!(card["altText"], "Order paid\nYour order 1234 is paid.");
+    assert_eq!(
+        card["contents"]["hero"]["url"],
+        "https://cdn.shop.example/orders/1234.png"
+    );
+
+    // Cards the simulator (like LINE) would refuse with a 400: refused before the call,
+    // permanently, the field and the rule named.
+    let flex = |alt: String, uri: &str| {
+        json!({"type": "flex", "altText": alt, "contents": {"type": "bubble",
+            "footer": {"type": "box", "layout": "vertical", "contents": [
+                {"type": "button", "action": {"type": "uri", "label": "ดู", "uri": uri}}]}}})
+    };
+    for (card, field) in [
+        (
+            flex("ก".repeat(1_501), "https://shop.example/o/1"),
+            "messages[0].altText: must be at most 1500 characters",
+        ),
+        (
+            flex("ok".into(), "myshop://orders/1"),
+            "messages[0].contents.footer.contents[0].action.uri: must use a scheme LINE opens",
+        ),
+    ] {
+        let mut j = line_job();
+        j.content.overrides.line_messages = vec![card];
+        let out = line.send(&j, &lease()).await;
+        let got = failure(&out);
+        assert_eq!(
+            (got.class.clone(), got.code.as_str()),
+            (ErrorClass::Permanent, "content_invalid")
+        );
+        let said = out.provider_response.clone().unwrap_or_default();
+        assert!(said.starts_with(field), "{said}");
+        assert_eq!(out.provider_status, None, "no provider answer");
+    }
+    assert_eq!(
+        line_requests(&sim).await.len(),
+        1,
+        "LINE was not called again"
+    );
+}

@@ -14,6 +14,7 @@ mod email_format;
 mod fanout;
 mod inbox;
 mod inbox_rich;
+mod line_rich;
 mod pipeline;
 mod promises;
 mod push;

@@ -74,6 +74,45 @@ async fn bad_rich_content_names_the_field_and_writes_nothing() {
             "content.overrides.apns_interruption_level",
         ],
     ));
+    let big_card = serde_json::json!([{"type": "flex", "altText": "ชำระเงินแล้ว", "contents": {
+        "type": "bubble", "body": {"type": "box", "layout": "vertical", "contents": [
+            {"type": "text", "text": "ก".repeat(10_000), "wrap": true}]}}}]);
+    let mut r = base();
+    r.content.as_mut().unwrap().overrides = Some(pb::ChannelOverrides {
+        line_messages_json: big_card.to_string(),
+        ..Default::default()
+    });
+    cases.push((
+        "a Flex card over LINE's 30 KB bubble size",
+        r,
+        vec!["content.overrides.line_messages_json[0].contents"],
+    ));
+    let long_alt = serde_json::json!([{"type": "flex", "altText": "ก".repeat(1_501), "contents": {
+        "type": "bubble", "body": {"type": "box", "layout": "vertical", "contents": [
+            {"type": "text", "text": "ชำระเงินแล้ว"}]}}}]);
+    let mut r = base();
+    r.content.as_mut().unwrap().overrides = Some(pb::ChannelOverrides {
+        line_messages_json: long_alt.to_string(),
+        ..Default::default()
+    });
+    cases.push((
+        "altText over LINE's 1,500 characters",
+        r,
+        vec!["content.overrides.line_messages_json[0].altText"],
+    ));
+    let deep_link_button = serde_json::json!([{"type": "flex", "altText": "x", "contents": {
+        "type": "bubble", "footer": {"type": "box", "layout": "vertical", "contents": [
+            {"type": "button", "action": {"type": "uri", "label": "ติดตาม", "uri": "myshop://orders/1"}}]}}}]);
+    let mut r = base();
+    r.content.as_mut().unwrap().overrides = Some(pb::ChannelOverrides {
+        line_messages_json: deep_link_button.to_string(),
+        ..Default::default()
+    });
+    cases.push((
+        "an app deep link LINE cannot open in a URI action (the link policy allows myshop)",
+        r,
+        vec!["content.overrides.line_messages_json[0].contents.footer.contents[0].action.uri"],
+    ));
     let mut r = base();
     r.content.as_mut().unwrap().title = String::new();
     r.content.as_mut().unwrap().overrides = Some(pb::ChannelOverrides {
