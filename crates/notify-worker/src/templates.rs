@@ -1,6 +1,8 @@
 //! Rendering a delivery's content from its type's templates just before the provider
-//! call (`notify_core::template`). Templates are read from Postgres per type and kept for
-//! [`CACHE_TTL`], so a saved change reaches every worker within that time.
+//! call (`notify_core::template`). Templates are read from Postgres per type and kept
+//! with the type's `updated_at` as the claim read it: a delivery claimed after the type was
+//! saved carries the new `updated_at` and so never renders with templates cached before
+//! the save (a cache by time alone sent the old wording for up to its lifetime).
 
 use notify_core::links::LinkPolicy;
 use notify_core::template::{
@@ -12,12 +14,13 @@ use notify_store::PgPool;
 use notify_store::deliveries::DeliveryJob;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
-/// How long a type's templates are cached.
-pub const CACHE_TTL: Duration = Duration::from_secs(10);
-
-type Entry = (Instant, Arc<(String, Vec<template::Template>)>);
+/// What a type's cache entry holds: the type's `updated_at` it was loaded for, and the
+/// default locale with the templates.
+type Entry = (
+    Option<chrono::DateTime<chrono::Utc>>,
+    Arc<(String, Vec<template::Template>)>,
+);
 
 /// Per-type template cache, and the checks rendered content must pass.
 #[derive(Default)]
@@ -52,13 +55,15 @@ impl TemplateCache {
         &self,
         pool: &PgPool,
         type_key: &str,
+        version: Option<chrono::DateTime<chrono::Utc>>,
     ) -> notify_store::Result<Arc<(String, Vec<template::Template>)>> {
-        if let Some((at, entry)) = self
+        if let Some((loaded_for, entry)) = self
             .types
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(type_key)
-            && at.elapsed() < CACHE_TTL
+            && *loaded_for == version
+            && version.is_some()
         {
             return Ok(entry.clone());
         }
@@ -69,7 +74,7 @@ impl TemplateCache {
         self.types
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(type_key.to_string(), (Instant::now(), entry.clone()));
+            .insert(type_key.to_string(), (version, entry.clone()));
         Ok(entry)
     }
 
@@ -78,14 +83,17 @@ impl TemplateCache {
     /// template fails (permanent, `template_error`, naming the template and line) or the
     /// templates cannot be read (transient).
     pub async fn apply(&self, pool: &PgPool, job: &mut DeliveryJob) -> Result<(), AttemptOutcome> {
-        let entry = self.load(pool, &job.type_key).await.map_err(|e| {
-            AttemptOutcome::failed(
-                ErrorClass::Transient,
-                "templates_unavailable",
-                serde_json::json!({}),
-            )
-            .with_response(e.to_string())
-        })?;
+        let entry = self
+            .load(pool, &job.type_key, job.type_updated_at)
+            .await
+            .map_err(|e| {
+                AttemptOutcome::failed(
+                    ErrorClass::Transient,
+                    "templates_unavailable",
+                    serde_json::json!({}),
+                )
+                .with_response(e.to_string())
+            })?;
         let (default_locale, templates) = (&entry.0, &entry.1);
         // A digest lists the events attached to it; any other delivery, its own event.
         let is_digest = job.digest_key.is_some() && job.channel != notify_core::Channel::InApp;

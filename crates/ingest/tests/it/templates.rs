@@ -370,3 +370,45 @@ async fn five_replies_in_one_window_become_one_digest_per_channel() {
     assert_eq!(rows[0].0, 5, "updated in place five times");
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saved_template_applies_to_the_next_delivery_at_once() {
+    let p = Platform::start_with_workers(&[notify_core::Channel::Line]).await;
+    let wording = |title: &str| pb::Template {
+        title: title.into(),
+        body: String::new(),
+        ..tpl("line", "th")
+    };
+    let save = |title: &'static str| {
+        let mut t = order_paid_type(vec![wording(title)]);
+        t.default_channels = vec!["line".into()];
+        t
+    };
+    p.types()
+        .upsert_notification_type(save("เดิม #{{ payload.order_id }}"))
+        .await
+        .unwrap();
+    let user = uniq("u");
+    p.add_recipient(&user, "", "", &line_id()).await;
+    let first = p.send("tpl:old", "order_paid", &[&user]).await;
+    assert_all_sent(&p.wait_final(&first.event_id, 30).await);
+    // Saved right after the worker cached the first wording: the next delivery must not
+    // wait out any cache lifetime.
+    p.types()
+        .upsert_notification_type(save("ใหม่ #{{ payload.order_id }}"))
+        .await
+        .unwrap();
+    let second = p.send("tpl:new", "order_paid", &[&user]).await;
+    assert_all_sent(&p.wait_final(&second.event_id, 30).await);
+    let titles: Vec<String> = p
+        .sim_requests("line")
+        .await
+        .iter()
+        .map(|r| {
+            let text = r["body"]["messages"][0]["text"].as_str().unwrap();
+            text.lines().next().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(titles, ["เดิม #1001", "ใหม่ #1001"]);
+    p.stop().await;
+}

@@ -89,7 +89,8 @@ pub async fn claim_many(
                 ep.platform, ep.token, ep.subscription_json, ep.status AS endpoint_status,
                 coalesce(t.priority, 'normal') AS priority,
                 coalesce(t.category, 'transactional') AS category, c.digest_key,
-                coalesce(t.critical, false) AS critical, r.quiet_hours_json
+                coalesce(t.critical, false) AS critical, r.quiet_hours_json,
+                t.updated_at AS type_updated_at
          FROM c JOIN notification_events e ON e.id = c.event_id
               LEFT JOIN notification_types t ON t.key = e.type
               LEFT JOIN recipients r ON r.user_id = c.user_id
@@ -109,6 +110,7 @@ pub async fn claim_many(
                 event_id: r.get("event_id"),
                 event_key: r.get("event_key"),
                 type_key: r.get("type"),
+                type_updated_at: r.get("type_updated_at"),
                 priority: parse(&r, "priority")?,
                 category: parse(&r, "category")?,
                 digest_key: r.get("digest_key"),

@@ -37,6 +37,9 @@ pub struct DeliveryJob {
     pub event_key: String,
     /// Notification type key.
     pub type_key: String,
+    /// When the type (and so its templates) was last saved; `None` when the type is gone.
+    /// Workers reuse cached templates only for the same value.
+    pub type_updated_at: Option<chrono::DateTime<chrono::Utc>>,
     /// The type's priority (drives APNs priority, FCM Android priority and Web Push
     /// `Urgency`); `normal` when the type is gone.
     pub priority: Priority,
