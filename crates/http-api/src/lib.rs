@@ -321,13 +321,11 @@ async fn line_webhook(
 }
 
 /// Records a LINE `postback` event from a card's button as a click (see the module docs);
-/// postbacks that name no delivery of ours, or come without a user or event id, are
-/// ignored.
+/// postbacks that are not of our format, name no LINE delivery of that user, name an
+/// action its card did not have, or come without a user or event id, are ignored.
 async fn line_postback(app: &AppState, ev: &Value) -> Result<(), ApiError> {
-    let Some((delivery_id, action_id)) = ev["postback"]["data"]
-        .as_str()
-        .and_then(notify_core::line::parse_postback_data)
-    else {
+    let data = ev["postback"]["data"].as_str().unwrap_or("");
+    let Some((delivery_id, action_id)) = notify_core::line::parse_postback_data(data) else {
         return Ok(());
     };
     let (Some(user), Some(event_id)) = (
@@ -338,15 +336,13 @@ async fn line_postback(app: &AppState, ev: &Value) -> Result<(), ApiError> {
     };
     // Namespaced, so a LINE event id can never meet another source's dedup key.
     let dedup = format!("line:{event_id}");
-    let recorded = notify_store::clicks::record_click(
+    let recorded = notify_store::clicks::record_line_postback(
         &app.pool,
-        &notify_store::clicks::NewClick {
-            delivery_id,
-            user_id: user,
-            action_id: &action_id,
-            source: notify_store::clicks::ClickSource::Line,
-            dedup_key: Some(&dedup),
-        },
+        delivery_id,
+        &action_id,
+        data,
+        user,
+        &dedup,
     )
     .await?;
     // The LINE user id is not logged (logs hold no addresses).

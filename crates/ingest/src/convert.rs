@@ -44,11 +44,19 @@ fn actions_to_pb(actions: Vec<Action>) -> Vec<pb::Action> {
         .collect()
 }
 
-fn badge_from_pb(policy: i32, count: u32) -> Badge {
+/// The badge policy, with a violation at `field` for a value the enum does not have.
+fn badge_from_pb(policy: i32, count: u32, field: &str, bad: &mut Vec<FieldViolation>) -> Badge {
     match pb::BadgePolicy::try_from(policy) {
         Ok(pb::BadgePolicy::UnreadCount) => Badge::UnreadCount,
         Ok(pb::BadgePolicy::Count) => Badge::Count(count),
-        _ => Badge::Unchanged,
+        Ok(pb::BadgePolicy::Unspecified) => Badge::Unchanged,
+        Err(_) => {
+            bad.push(FieldViolation::new(
+                field,
+                "must be BADGE_POLICY_UNSPECIFIED, BADGE_POLICY_UNREAD_COUNT or BADGE_POLICY_COUNT",
+            ));
+            Badge::Unchanged
+        }
     }
 }
 
@@ -153,7 +161,7 @@ pub(crate) fn content_from_pb(c: Option<pb::Content>) -> (Content, Vec<FieldViol
         email_text: c.email_text,
         image_url: c.image_url,
         actions: actions_from_pb(c.actions),
-        badge: badge_from_pb(c.badge, c.badge_count),
+        badge: badge_from_pb(c.badge, c.badge_count, "content.badge", &mut bad),
         thread: c.thread,
         overrides,
     };
@@ -197,7 +205,12 @@ pub(crate) fn template_from_pb(
         image_url: t.image_url,
         thread: t.thread,
         actions: actions_from_pb(t.actions),
-        badge: badge_from_pb(t.badge, t.badge_count),
+        badge: badge_from_pb(
+            t.badge,
+            t.badge_count,
+            &format!("templates[{i}].badge"),
+            bad,
+        ),
         overrides: overrides_from_pb(
             t.overrides,
             &format!("templates[{i}].overrides.line_messages_json"),

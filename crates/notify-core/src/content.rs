@@ -111,6 +111,9 @@ pub const MAX_IMAGE_URL_CHARS: usize = 2_000;
 /// Most bytes of a thread key. APNs `apns-collapse-id` allows 64 bytes; the thread key
 /// also becomes the Android and Web Push `tag`, so the same bound keeps it portable.
 pub const MAX_THREAD_BYTES: usize = 64;
+/// Largest fixed badge number (APNs `badge` and Android `notification_count` are ints;
+/// no launcher shows more than a few digits).
+pub const MAX_BADGE: u32 = 99_999;
 /// Most keys of the FCM `data` override.
 pub const MAX_FCM_DATA_KEYS: usize = 100;
 /// Most LINE message objects in one request (Messaging API reference, push message:
@@ -128,6 +131,15 @@ pub struct Action {
     pub label: String,
     /// Where it goes: an https link, or a deep link whose scheme the link policy allows.
     pub url: String,
+}
+
+impl Action {
+    /// Whether the action opens a web page (`https://` or `http://`), as opposed to an app
+    /// deep link, which email and browsers cannot open.
+    pub fn is_web_link(&self) -> bool {
+        let lower = self.url.get(..8).unwrap_or(&self.url).to_ascii_lowercase();
+        lower.starts_with("https://") || lower.starts_with("http://")
+    }
 }
 
 /// What the app icon's badge shows (APNs `aps.badge`, FCM Android `notification_count`).
@@ -208,7 +220,9 @@ pub fn is_reserved_fcm_key(key: &str) -> bool {
         || lower.starts_with("gcm")
 }
 
-fn is_action_id(id: &str) -> bool {
+/// Whether `id` is a valid action id: 1 to [`MAX_ACTION_ID_BYTES`] characters of
+/// `[A-Za-z0-9_.:-]`.
+pub fn is_action_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= MAX_ACTION_ID_BYTES
         && id
@@ -247,8 +261,20 @@ fn check_actions(v: &mut Violations, field: &str, actions: &[Action]) {
     let mut ids = std::collections::HashSet::new();
     for (i, a) in actions.iter().enumerate() {
         let at = format!("{field}[{i}]");
-        if a.label.trim().is_empty() {
-            v.add(format!("{at}.label"), "is required");
+        if a.label
+            .chars()
+            .all(|c| c.is_whitespace() || crate::validate::is_invisible(c))
+        {
+            v.add(format!("{at}.label"), "is required and must not be blank");
+        } else if a
+            .label
+            .chars()
+            .any(|c| crate::validate::is_invisible(c) || crate::validate::is_bidi_control(c))
+        {
+            v.add(
+                format!("{at}.label"),
+                "must not contain invisible or bidirectional control characters",
+            );
         } else {
             v.check_len(&format!("{at}.label"), &a.label, MAX_ACTION_LABEL_CHARS);
             v.check_single_line(&format!("{at}.label"), &a.label);
@@ -256,15 +282,21 @@ fn check_actions(v: &mut Violations, field: &str, actions: &[Action]) {
         if a.url.is_empty() {
             v.add(format!("{at}.url"), "is required");
         }
-        if !a.id.is_empty() && !is_action_id(&a.id) {
+        // The id the action will have: its own, or `action<N>` (Content::normalized).
+        let id = if a.id.is_empty() {
+            format!("action{}", i + 1)
+        } else {
+            a.id.clone()
+        };
+        if !is_action_id(&id) {
             v.add(
                 format!("{at}.id"),
                 format!("must be 1 to {MAX_ACTION_ID_BYTES} characters of [A-Za-z0-9_.:-]"),
             );
-        } else if !ids.insert(a.id.clone()) && !a.id.is_empty() {
+        } else if !ids.insert(id) {
             v.add(
                 format!("{at}.id"),
-                "must differ from the other actions' ids",
+                "must differ from the other actions' ids (an action without an id is action<N> by its position)",
             );
         }
     }
@@ -303,6 +335,14 @@ impl Content {
             v.add(
                 "content.thread",
                 format!("must be at most {MAX_THREAD_BYTES} bytes without control characters"),
+            );
+        }
+        if let Badge::Count(n) = self.badge
+            && n > MAX_BADGE
+        {
+            v.add(
+                "content.badge_count",
+                format!("must be at most {MAX_BADGE}"),
             );
         }
         let o = &self.overrides;

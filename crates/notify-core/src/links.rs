@@ -4,8 +4,9 @@
 //! A link must be `https://` with a host, without `user:password@`, backslashes,
 //! whitespace or control characters; plain `http://` only for the development hosts of
 //! [`LinkPolicy::http_hosts`]. A deep link into an app (`myshop://orders/1001`) only with a
-//! scheme the operator listed in [`LinkPolicy::deep_link_schemes`], and only where a tap
-//! opens it (`content.url`, actions, LINE actions); never for images or in the payload.
+//! scheme the operator listed in [`LinkPolicy::deep_link_schemes`], and only on a button
+//! (actions, LINE action `uri`s); never for `content.url` (also the link printed in email
+//! and LINE text), images or in the payload.
 //! `javascript:`, `data:` and every other scheme are refused.
 //! The host itself is not judged (a private, loopback or link-local address over https is
 //! accepted): links are for recipients to open, the platform never fetches them.
@@ -39,11 +40,11 @@ pub const FORBIDDEN_SCHEMES: [&str; 8] = [
     "https",
 ];
 
-/// Whether `field` names a place where a tap opens the link, so an app deep link may
-/// stand there: `content.url`, an action's URL, a LINE message's `uri`.
+/// Whether `field` names a button whose tap an app can take, so an app deep link may
+/// stand there: an action's URL, a LINE message's `uri`. Not `content.url`: it is also the
+/// link printed in email and LINE text, which no app opens.
 fn opens_on_tap(field: &str) -> bool {
-    field == "content.url"
-        || (field.contains("actions[") && field.ends_with(".url"))
+    (field.contains("actions[") && field.ends_with(".url"))
         || (field.starts_with("content.overrides.line_messages_json") && field.ends_with("uri"))
 }
 
@@ -82,7 +83,7 @@ impl LinkPolicy {
     }
 
     /// Why `url`, standing at `field`, is not an acceptable link: [`Self::problem`], except
-    /// that where a tap opens it ([`opens_on_tap`]) a deep link with an allowed scheme
+    /// that on a button ([`opens_on_tap`]) a deep link with an allowed scheme
     /// passes.
     pub fn problem_at(&self, field: &str, url: &str) -> Result<(), String> {
         if opens_on_tap(field)
@@ -401,11 +402,12 @@ mod tests {
         assert_eq!(
             fields,
             [
+                "content.url",
                 "content.image_url",
                 "content.actions[1].url",
                 "payload.link"
             ],
-            "the listed scheme passes on content.url and actions[0], nowhere else"
+            "the listed scheme passes on actions[0] only"
         );
         let mut env =
             crate::config::Env::from_vars([("NOTIFY_DEEP_LINK_SCHEMES", "myshop, javascript")]);

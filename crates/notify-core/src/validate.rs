@@ -137,12 +137,12 @@ impl Violations {
 
 /// Bidirectional embedding, override and isolate controls (U+202A to U+202E, U+2066 to
 /// U+2069), which reorder how text is shown.
-fn is_bidi_control(c: char) -> bool {
+pub(crate) fn is_bidi_control(c: char) -> bool {
     matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// Zero-width and byte-order-mark characters that render as nothing.
-fn is_invisible(c: char) -> bool {
+pub(crate) fn is_invisible(c: char) -> bool {
     matches!(c, '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}')
 }
 

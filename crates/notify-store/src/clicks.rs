@@ -80,6 +80,40 @@ pub async fn record_click(db: impl PgExecutor<'_>, click: &NewClick<'_>) -> Resu
     Ok(written.rows_affected() == 1)
 }
 
+/// Records a LINE postback tap as a click, only when it is one of ours: `delivery_id` is
+/// a LINE delivery addressed to `line_user_id` (for a multicast batch, one of its users),
+/// and one of its sent attempts carried a postback action with exactly `data` (so the
+/// action id is one the card had). `dedup_key` (the webhook event id) makes LINE's
+/// redelivery harmless. Returns false, writing nothing, otherwise.
+pub async fn record_line_postback(
+    db: impl PgExecutor<'_>,
+    delivery_id: Uuid,
+    action_id: &str,
+    data: &str,
+    line_user_id: &str,
+    dedup_key: &str,
+) -> Result<bool> {
+    let written = sqlx::query(
+        "INSERT INTO delivery_clicks (delivery_id, user_id, action_id, source, dedup_key)
+         SELECT d.id, $4, $2, 'line', $5 FROM notification_deliveries d
+         WHERE d.id = $1 AND d.channel = 'line'
+           AND $4 = ANY(string_to_array(coalesce(d.address, ''), ','))
+           AND EXISTS (SELECT 1 FROM delivery_attempts a
+                       WHERE a.delivery_id = d.id AND a.outcome = 'sent'
+                         AND jsonb_path_exists(a.content_json, '$.** ? (@.type == \"postback\" && @.data == $d)',
+                                               jsonb_build_object('d', $3::text)))
+         ON CONFLICT (dedup_key) DO NOTHING",
+    )
+    .bind(delivery_id)
+    .bind(action_id)
+    .bind(data)
+    .bind(line_user_id)
+    .bind(dedup_key)
+    .execute(db)
+    .await?;
+    Ok(written.rows_affected() == 1)
+}
+
 /// Every click on `delivery_id`, oldest first.
 pub async fn clicks_of(db: impl PgExecutor<'_>, delivery_id: Uuid) -> Result<Vec<Click>> {
     Ok(sqlx::query_as(

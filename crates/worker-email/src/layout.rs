@@ -10,6 +10,8 @@
 //!
 //! The text part says the same as the HTML part: the title, the body (or `email_text`
 //! when given), each action as `label: url` (or the tap link), and the unsubscribe link.
+//! Actions with an app deep link (`myshop://…`) are left out of both: no mail reader
+//! opens them.
 
 use minijinja::{AutoEscape, Environment, UndefinedBehavior, context};
 use notify_core::Content;
@@ -134,6 +136,7 @@ impl Layout {
         let actions: Vec<_> = c
             .actions
             .iter()
+            .filter(|a| a.is_web_link())
             .map(|a| context! {label => safe(&a.label), url => safe(&a.url), id => safe(&a.id)})
             .collect();
         let template = self.env.get_template(NAME).map_err(|e| e.to_string())?;
@@ -163,10 +166,10 @@ pub fn text_part(parts: Parts) -> String {
         if !c.body.trim().is_empty() {
             blocks.push(c.body.clone());
         }
-        if !c.actions.is_empty() {
+        let web: Vec<_> = c.actions.iter().filter(|a| a.is_web_link()).collect();
+        if !web.is_empty() {
             blocks.push(
-                c.actions
-                    .iter()
+                web.iter()
                     .map(|a| format!("{}: {}", a.label, a.url))
                     .collect::<Vec<_>>()
                     .join("\n"),

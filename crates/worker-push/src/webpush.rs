@@ -274,17 +274,22 @@ const WEBPUSH_PARTS: &[&str] = &[
 /// `NotificationOptions`: `body`, `icon`, `image`, `tag`, `data`, `actions` of
 /// `{action, title}`): `title`, `body`, `url`, `tag` (the thread), `icon` (override),
 /// `image` (override, else the content's image), `actions` (override, else the
-/// content's, as `{"action": id, "title": label}`) and `data` with `delivery_id`,
+/// content's, as `{"action": id, "title": label}`; actions with an app deep link are
+/// left out, a browser cannot open them) and `data` with `delivery_id`,
 /// `event_id`, `type`, `url` and `actions` (`{id: url}`: where each button goes; the
 /// `notificationclick` handler gets the pressed button's id as `event.action`).
 pub(crate) fn notification(job: &Job) -> impl Fn(&str) -> Value {
     let c = &job.content;
     let o = &c.overrides;
-    let actions = if o.webpush_actions.is_empty() {
+    // A browser cannot open an app's deep link: such actions are left out.
+    let actions: Vec<&notify_core::Action> = if o.webpush_actions.is_empty() {
         &c.actions
     } else {
         &o.webpush_actions
-    };
+    }
+    .iter()
+    .filter(|a| a.is_web_link())
+    .collect();
     let mut data = json!({
         "delivery_id": job.id.to_string(),
         "event_id": job.event_id.to_string(),

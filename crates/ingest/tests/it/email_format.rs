@@ -7,6 +7,7 @@ use crate::support;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use notify_core::Channel;
+use notify_proto::v1 as pb;
 use support::{Platform, SendExt, uniq};
 
 /// Decodes one RFC 2047 encoded-word (`=?charset?B|Q?text?=`) to bytes.
@@ -204,7 +205,14 @@ async fn a_rich_email_shows_the_image_and_buttons_and_its_text_part_says_the_sam
     let address = format!("{user}@example.test");
     p.add_recipient(&user, "สมชาย", &address, "").await;
     let mut req = p.rich_event("order:1001:paid", "order_paid", &[&user]);
-    req.content.as_mut().unwrap().actions[1].url = "https://shop.example.test/track/1001".into();
+    let actions = &mut req.content.as_mut().unwrap().actions;
+    actions[1].url = "https://shop.example.test/track/1001".into();
+    // A third action with an app deep link: no mail reader opens it, so it is left out.
+    actions.push(pb::Action {
+        id: "app".into(),
+        label: "เปิดในแอป".into(),
+        url: "myshop://orders/1001".into(),
+    });
     let ev = p.ingest().create_event(req).await.unwrap().into_inner();
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(done.deliveries[0].status, "sent");

@@ -21,6 +21,7 @@ mod push;
 mod push_rich;
 mod recovery;
 mod rich;
+mod rich_edges;
 mod security;
 mod telemetry;
 mod templates;
