@@ -69,7 +69,8 @@ async fn replay_with_different_actions_is_already_exists() {
         .unwrap()
         .into_inner();
     let mut problems = Vec::new();
-    let variants: Vec<(&str, Box<dyn Fn(&mut pb::Content)>)> = vec![
+    type Change = Box<dyn Fn(&mut pb::Content)>;
+    let variants: Vec<(&str, Change)> = vec![
         (
             "other action url",
             Box::new(|c| c.actions[0].url = "https://evil.example.test/x".into()),
