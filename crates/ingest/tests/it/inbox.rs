@@ -8,7 +8,7 @@ use futures_util::StreamExt;
 use notify_core::Channel;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{Options, Platform, eventually, hs256, uniq};
+use support::{InboxClient, Options, Platform, eventually, hs256, uniq};
 
 /// An HS256 inbox token for `user`, signed with `secret`, expiring in `exp_in` seconds.
 fn token(user: &str, secret: &str, exp_in: i64) -> String {
@@ -16,39 +16,6 @@ fn token(user: &str, secret: &str, exp_in: i64) -> String {
         &json!({"sub": user, "exp": chrono::Utc::now().timestamp() + exp_in}),
         secret,
     )
-}
-
-struct Client<'a> {
-    p: &'a Platform,
-    token: String,
-}
-
-impl Client<'_> {
-    async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self
-            .p
-            .http
-            .get(format!("{}{path}", self.p.http_url))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn post(&self, path: &str, body: &str) -> (u16, Value) {
-        let r = self
-            .p
-            .http
-            .post(format!("{}{path}", self.p.http_url))
-            .bearer_auth(&self.token)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-    }
 }
 
 async fn inapp_platform() -> Platform {
@@ -74,11 +41,11 @@ async fn users_see_and_change_only_their_own_notifications() {
         notify(&p, &format!("n{n}"), &a, &format!("ข่าวที่ {n}")).await;
     }
     notify(&p, "nb", &b, "for b").await;
-    let ca = Client {
+    let ca = InboxClient {
         p: &p,
         token: token(&a, support::INBOX_SECRET, 300),
     };
-    let cb = Client {
+    let cb = InboxClient {
         p: &p,
         token: token(&b, support::INBOX_SECRET, 300),
     };
@@ -436,15 +403,15 @@ async fn users_manage_their_preferences_quiet_hours_and_devices() {
     for u in [&a, &b] {
         p.add_recipient(u, "", "", "").await;
     }
-    let ca = Client {
+    let ca = InboxClient {
         p: &p,
         token: token(&a, support::INBOX_SECRET, 300),
     };
-    let cb = Client {
+    let cb = InboxClient {
         p: &p,
         token: token(&b, support::INBOX_SECRET, 300),
     };
-    let put = |c: &Client, path: &str, body: Value| {
+    let put = |c: &InboxClient, path: &str, body: Value| {
         let req =
             c.p.http
                 .put(format!("{}{path}", c.p.http_url))
@@ -538,7 +505,7 @@ async fn users_manage_their_preferences_quiet_hours_and_devices() {
         fields,
         ["web_push.endpoint", "web_push.p256dh", "web_push.auth"]
     );
-    let del = |c: &Client, id: &str| {
+    let del = |c: &InboxClient, id: &str| {
         let req =
             c.p.http
                 .delete(format!("{}/v1/inbox/devices/{id}", c.p.http_url))
@@ -1154,7 +1121,7 @@ async fn read_changes_made_during_a_burst_reach_a_resuming_client_in_order() {
     .execute(&p.pool)
     .await
     .unwrap();
-    let c = Client {
+    let c = InboxClient {
         p: &p,
         token: token(&a, support::INBOX_SECRET, 600),
     };

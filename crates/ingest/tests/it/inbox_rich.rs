@@ -10,65 +10,9 @@ use futures_util::StreamExt;
 use notify_core::Channel;
 use notify_proto::v1 as pb;
 use notify_store::clicks::clicks_of;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::time::Duration;
-use support::{Platform, hs256};
-
-struct Client<'a> {
-    p: &'a Platform,
-    token: String,
-}
-
-impl<'a> Client<'a> {
-    /// A client acting for `user` with a valid token.
-    fn of(p: &'a Platform, user: &str) -> Self {
-        let token = hs256(
-            &json!({"sub": user, "exp": chrono::Utc::now().timestamp() + 300}),
-            support::INBOX_SECRET,
-        );
-        Client { p, token }
-    }
-
-    async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self
-            .p
-            .http
-            .get(format!("{}{path}", self.p.http_url))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn post(&self, path: &str, body: &str) -> (u16, Value) {
-        let r = self
-            .p
-            .http
-            .post(format!("{}{path}", self.p.http_url))
-            .bearer_auth(&self.token)
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-    }
-
-    /// `POST .../{id}/click` with `{"action_id": action}`.
-    async fn click(&self, id: &str, action: &str) -> (u16, Value) {
-        let body = json!({ "action_id": action }).to_string();
-        self.post(&format!("/v1/inbox/notifications/{id}/click"), &body)
-            .await
-    }
-
-    /// The first page of the inbox.
-    async fn page(&self) -> Value {
-        let (status, page) = self.get("/v1/inbox/notifications").await;
-        assert_eq!(status, 200, "{page}");
-        page
-    }
-}
+use support::{InboxClient, Platform};
 
 /// Sends `req` and waits until its deliveries are final; returns the event.
 async fn deliver(p: &Platform, req: pb::CreateEventRequest) -> pb::GetEventResponse {
@@ -92,7 +36,7 @@ async fn an_action_click_marks_the_item_read_answers_its_link_and_is_counted_onc
     let u = p.add_bare_recipient("u").await;
     let ev = deliver(&p, p.rich_event("order:1001:paid", "order_paid", &[&u])).await;
     assert_eq!(ev.deliveries[0].status, "sent");
-    let c = Client::of(&p, &u);
+    let c = InboxClient::of(&p, &u);
 
     let page = c.page().await;
     let item = &page["items"][0];
@@ -159,7 +103,7 @@ async fn a_bad_click_names_the_field_and_changes_nothing() {
         p.add_bare_recipient("o").await,
     );
     let ev = deliver(&p, p.rich_event("order:1001:paid", "order_paid", &[&u])).await;
-    let c = Client::of(&p, &u);
+    let c = InboxClient::of(&p, &u);
     let id = c.page().await["items"][0]["id"]
         .as_str()
         .unwrap()
@@ -183,7 +127,7 @@ async fn a_bad_click_names_the_field_and_changes_nothing() {
     let (status, r) = c.post("/v1/inbox/notifications/nope/click", "").await;
     assert_eq!((status, r["error"]["field"].as_str()), (400, Some("id")));
     // Another user's notification is not there for them.
-    let (status, r) = Client::of(&p, &other).click(&id, "view").await;
+    let (status, r) = InboxClient::of(&p, &other).click(&id, "view").await;
     assert_eq!((status, r["error"]["field"].as_str()), (404, Some("id")));
 
     let item = &c.page().await["items"][0];
@@ -211,7 +155,7 @@ async fn a_digest_row_shows_its_latest_image_and_actions_and_forgets_the_old_cli
         .await
         .unwrap();
     let u = p.add_bare_recipient("u").await;
-    let c = Client::of(&p, &u);
+    let c = InboxClient::of(&p, &u);
     let mut first = p.rich_event("order:1001:packed", "order_update", &[&u]);
     first.aggregate_key = "order:1001".into();
     deliver(&p, first).await;
@@ -262,7 +206,7 @@ async fn a_digest_row_shows_its_latest_image_and_actions_and_forgets_the_old_cli
 /// Opens the stream, resuming after `last` when given; returns the body.
 async fn open_stream(
     p: &Platform,
-    c: &Client<'_>,
+    c: &InboxClient<'_>,
     last: Option<i64>,
 ) -> impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin + use<> {
     let mut r = p
@@ -312,7 +256,7 @@ async fn a_stream_opened_from_the_pages_feed_seq_gets_what_arrived_after_the_pag
     let p = Platform::start_with_workers(&[Channel::InApp]).await;
     p.add_type("news", &["inapp"]).await;
     let u = p.add_bare_recipient("u").await;
-    let c = Client::of(&p, &u);
+    let c = InboxClient::of(&p, &u);
     let mut req = p.event("n1", "news", &[&u]);
     req.content.as_mut().unwrap().title = "ก่อนหน้า".into();
     deliver(&p, req).await;

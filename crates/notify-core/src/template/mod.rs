@@ -318,20 +318,28 @@ pub fn render(
             "{type_key}/{}/{}:{field}",
             template.channel, template.locale
         );
-        let rendered = env
-            .render_named_str(&name, source, context.clone())
-            .map_err(|e| TemplateError {
-                line: e.line().unwrap_or(0),
-                message: e
-                    .detail()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| e.kind().to_string()),
-                name: name.clone(),
-            })?;
-        *slot = rendered;
+        *slot = render_one(&env, name, source, &context)?;
     }
     render_rich(&env, type_key, template, &context, &mut out)?;
     Ok(out)
+}
+
+/// Renders one template text named `name`, an error naming it and the line.
+fn render_one(
+    env: &Environment,
+    name: String,
+    source: &str,
+    context: &JValue,
+) -> Result<String, TemplateError> {
+    env.render_named_str(&name, source, context.clone())
+        .map_err(|e| TemplateError {
+            line: e.line().unwrap_or(0),
+            message: e
+                .detail()
+                .map(str::to_string)
+                .unwrap_or_else(|| e.kind().to_string()),
+            name,
+        })
 }
 
 /// Renders every string of `value` (a JSON tree) as a plain-text template named
@@ -345,17 +353,7 @@ fn render_tree(
 ) -> Result<(), TemplateError> {
     match value {
         Value::String(source) if source.contains("{{") || source.contains("{%") => {
-            let name = format!("{prefix}{path}");
-            *source = env
-                .render_named_str(&name, source, context.clone())
-                .map_err(|e| TemplateError {
-                    line: e.line().unwrap_or(0),
-                    message: e
-                        .detail()
-                        .map(str::to_string)
-                        .unwrap_or_else(|| e.kind().to_string()),
-                    name: name.clone(),
-                })?;
+            *source = render_one(env, format!("{prefix}{path}"), source, context)?;
         }
         Value::Array(items) => {
             for (i, x) in items.iter_mut().enumerate() {

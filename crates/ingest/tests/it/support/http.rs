@@ -89,3 +89,68 @@ impl SendExt for reqwest::RequestBuilder {
         self.send().await.unwrap().text().await.unwrap()
     }
 }
+
+/// A caller of the inbox API acting for one user with a bearer token (`token`).
+pub(crate) struct InboxClient<'a> {
+    pub(crate) p: &'a super::Platform,
+    pub(crate) token: String,
+}
+
+impl<'a> InboxClient<'a> {
+    /// A client acting for `user` with a token valid for 5 minutes.
+    pub(crate) fn of(p: &'a super::Platform, user: &str) -> Self {
+        let token = hs256(
+            &serde_json::json!({"sub": user, "exp": chrono::Utc::now().timestamp() + 300}),
+            super::INBOX_SECRET,
+        );
+        InboxClient { p, token }
+    }
+
+    /// `GET path`: the status and the JSON body (`null` when there is none).
+    pub(crate) async fn get(&self, path: &str) -> (u16, serde_json::Value) {
+        let r = self
+            .p
+            .http
+            .get(format!("{}{path}", self.p.http_url))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .unwrap();
+        (
+            r.status().as_u16(),
+            r.json().await.unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    /// `POST path` with a JSON `body`: the status and the JSON body.
+    pub(crate) async fn post(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
+        let r = self
+            .p
+            .http
+            .post(format!("{}{path}", self.p.http_url))
+            .bearer_auth(&self.token)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        (
+            r.status().as_u16(),
+            r.json().await.unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    /// `POST /v1/inbox/notifications/{id}/click` for `action` (`""` = the notification).
+    pub(crate) async fn click(&self, id: &str, action: &str) -> (u16, serde_json::Value) {
+        let body = serde_json::json!({ "action_id": action }).to_string();
+        self.post(&format!("/v1/inbox/notifications/{id}/click"), &body)
+            .await
+    }
+
+    /// The first page of the inbox (asserting 200).
+    pub(crate) async fn page(&self) -> serde_json::Value {
+        let (status, page) = self.get("/v1/inbox/notifications").await;
+        assert_eq!(status, 200, "{page}");
+        page
+    }
+}

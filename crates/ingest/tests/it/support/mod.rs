@@ -11,7 +11,8 @@ mod wait;
 mod workers;
 
 pub(crate) use http::{
-    SendExt, console_login, csrf_token, hs256, line_webhook, no_redirects, session_cookie,
+    InboxClient, SendExt, console_login, csrf_token, hs256, line_webhook, no_redirects,
+    session_cookie,
 };
 pub(crate) use process::free_addr;
 pub(crate) use wait::{eventually, settle};
