@@ -98,7 +98,11 @@ async fn fan_out(
         let facts = notify_store::catalog::load_recipient_facts(&mut tx, &ty.key, &users).await?;
         // The database clock in production, like due times and leases (never the host's).
         let now = clock.now(&mut tx).await?;
-        let (mut planned, mut skipped) = plan(job.event_id, ty.critical, &channels, &facts, now);
+        // A scheduled event is planned at its due time (the fan-out itself runs at once).
+        let now = job.send_at.map_or(now, |t| t.max(now));
+        let scheduled = job.send_at.is_some();
+        let (mut planned, mut skipped) =
+            plan(job.event_id, ty.critical, &channels, &facts, now, scheduled);
         if !caps.is_empty() {
             let page: Vec<&str> = users.iter().map(String::as_str).collect();
             let mut counted = events::counted_toward_caps(&mut tx, &page).await?;
@@ -114,7 +118,8 @@ async fn fan_out(
             );
         }
         if job.line_multicast {
-            planned = merge_line_multicast(job.event_id, &cursor, planned);
+            let due = scheduled.then_some(now);
+            planned = merge_line_multicast(job.event_id, &cursor, planned, due);
         }
         events::insert_deliveries(
             &mut tx,

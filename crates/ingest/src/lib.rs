@@ -60,6 +60,9 @@ pub struct IngestConfig {
     /// The instant planning decides by (writer and fan-out): the database's `now()` of
     /// the writing transaction in production; tests set it.
     pub clock: clock::Clock,
+    /// Furthest ahead of the planning instant a `CreateEvent` may be scheduled
+    /// (`send_at`, `delay`): `NOTIFY_SCHEDULE_HORIZON`, 1 s to 366 days, default 30 days.
+    pub schedule_horizon: Duration,
 }
 
 /// PEM files for the gRPC listener's TLS.
@@ -193,6 +196,17 @@ impl IngestConfig {
                 16 << 20,
             ),
             clock: clock::Clock::Database,
+            schedule_horizon: env.parse_with(
+                "NOTIFY_SCHEDULE_HORIZON",
+                Duration::from_secs(30 * 86_400),
+                |s| {
+                    notify_core::retry::parse_duration_in(
+                        s,
+                        Duration::from_secs(1),
+                        notify_core::retry::MAX_DURATION,
+                    )
+                },
+            ),
             relay: relay::RelayConfig {
                 topology: Topology::new(env.string("NOTIFY_AMQP_PREFIX", "")),
                 batch: env.number("NOTIFY_RELAY_BATCH", 500, 1, 10_000),
@@ -273,6 +287,7 @@ pub async fn run(
             max_attempts: cfg.max_attempts,
             fatigue_caps: cfg.fatigue_caps.clone(),
             clock: cfg.clock.clone(),
+            horizon: cfg.schedule_horizon,
         },
         auth,
         cfg.links.clone(),

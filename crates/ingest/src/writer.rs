@@ -18,7 +18,7 @@
 
 use crate::clock::Clock;
 use crate::error::ApiError;
-use crate::planning::new_deliveries;
+use crate::planning::{due_times, new_deliveries};
 use notify_core::plan::{effective_channels, plan};
 use notify_core::{Channel, NewEvent, SkippedDelivery};
 use notify_store::events::{self, EventInsert, ExistingEvent, NewDelivery};
@@ -40,6 +40,8 @@ pub enum Written {
         deliveries: Vec<NewDelivery>,
         /// Recipient x channel pairs that got no delivery.
         skipped: Vec<SkippedDelivery>,
+        /// A scheduled event's due time (`None`: sent at once).
+        send_at: Option<chrono::DateTime<chrono::Utc>>,
     },
     /// The key exists: the stored event's id and fingerprint.
     Existing(ExistingEvent),
@@ -65,6 +67,9 @@ pub struct WriterConfig {
     pub fatigue_caps: std::collections::BTreeMap<Channel, u32>,
     /// The planning instant's source: the database's `now()` in production.
     pub clock: Clock,
+    /// Furthest a scheduled event may be due after the planning instant
+    /// (`NOTIFY_SCHEDULE_HORIZON`).
+    pub horizon: std::time::Duration,
 }
 
 /// Handle to the writer tasks; cheap to clone. The tasks stop when every handle is gone.
@@ -169,6 +174,8 @@ struct Ready {
     over_cap: notify_core::fatigue::OverCap,
     digest_window_s: i32,
     dedup_window_s: i64,
+    /// A scheduled event's due time, fixed once per batch by [`due_times`].
+    send_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Joins the batch's digest deliveries to their digests. An event whose digest an earlier
@@ -255,7 +262,8 @@ async fn attach_digests(
             d.endpoint_id.map(|e| format!("/{e}")).unwrap_or_default()
         );
         d.digest_key = None;
-        d.deferred_until = None;
+        // Sent now, or at a scheduled event's due time.
+        d.deferred_until = ready[i].send_at;
         d.decision
             .push_str("\ndigest: its window had just closed; sent on its own");
         own.push((i, d));
@@ -282,7 +290,7 @@ async fn write_batch(pool: &PgPool, cfg: &WriterConfig, jobs: Vec<Job>) {
         return;
     }
     let size = jobs.len();
-    let mut ready = match check_catalogue(pool, jobs).await {
+    let ready = match check_catalogue(pool, jobs).await {
         Ok(ready) => ready,
         Err((jobs, e)) => {
             warn!(error = %e, "catalogue lookup failed");
@@ -292,6 +300,28 @@ async fn write_batch(pool: &PgPool, cfg: &WriterConfig, jobs: Vec<Job>) {
             return;
         }
     };
+    let schedules: Vec<_> = ready.iter().map(|r| r.job.event.schedule).collect();
+    let mut ready: Vec<Ready> = match due_times(pool, &cfg.clock, cfg.horizon, &schedules).await {
+        Ok(dues) => (ready.into_iter().zip(dues))
+            .filter_map(|(r, due)| match due {
+                Ok(t) => Some(Ready { send_at: t, ..r }),
+                Err(v) => {
+                    let _ = r.job.reply.send(Err(ApiError::Invalid(vec![v])));
+                    None
+                }
+            })
+            .collect(),
+        Err(e) => {
+            warn!(error = %e, "planning clock unreadable");
+            for r in ready {
+                let _ = r.job.reply.send(Err(same_error(&e)));
+            }
+            return;
+        }
+    };
+    if ready.is_empty() {
+        return;
+    }
     loop {
         let started = std::time::Instant::now();
         match try_write(pool, cfg, &mut ready).await {
@@ -431,6 +461,7 @@ async fn check_catalogue(
             over_cap: ty.over_cap,
             digest_window_s: ty.digest_window_s,
             dedup_window_s: i64::from(ty.dedup_window_s),
+            send_at: None,
             channels,
             job,
         });
@@ -463,6 +494,7 @@ async fn try_write(
             id: r.id,
             event: &r.job.event,
             channels: &r.channels,
+            send_at: r.send_at,
         })
         .collect();
     let existing = events::insert_events(&mut tx, &inserts).await?;
@@ -489,14 +521,18 @@ async fn try_write(
     };
     for (&i, facts) in direct.iter().zip(facts) {
         let r = &ready[i];
-        let (deliveries, mut skipped) = plan(r.id, r.critical, &r.channels, &facts, now);
+        // A scheduled event is planned at its due time: quiet hours, fatigue and digest
+        // windows of the sending time.
+        let at = r.send_at.map_or(now, |t| t.max(now));
+        let scheduled = r.send_at.is_some();
+        let (deliveries, mut skipped) = plan(r.id, r.critical, &r.channels, &facts, at, scheduled);
         let deliveries = notify_core::fatigue::apply_caps(
             deliveries,
             &mut skipped,
             &cfg.fatigue_caps,
             r.critical,
             r.over_cap,
-            now,
+            at,
             &mut counted,
         );
         let deliveries = match &r.job.event.aggregate_key {
@@ -504,7 +540,7 @@ async fn try_write(
                 deliveries,
                 &r.job.event.type_key,
                 group,
-                notify_core::plan::digest_window(now, i64::from(r.digest_window_s)),
+                notify_core::plan::digest_window(at, i64::from(r.digest_window_s)),
             ),
             _ => deliveries,
         };
@@ -538,6 +574,7 @@ async fn try_write(
                     event_id: ready[i].id,
                     deliveries,
                     skipped,
+                    send_at: ready[i].send_at,
                 }
             }
         })

@@ -70,6 +70,7 @@ proptest! {
             topic: String::new(),
             line_multicast: false,
             aggregate_key: String::new(),
+            ..Default::default()
         };
         if let Ok(e) = NewEvent::parse(input.clone()) {
             prop_assert!(!e.event_key.is_empty() && e.event_key.len() <= 255);

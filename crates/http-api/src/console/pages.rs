@@ -119,6 +119,12 @@ pub(super) async fn event_page(
         esc(&event.content.title),
         esc(&event.content.body),
     );
+    if let Some(due) = event.send_at {
+        body.push_str(&format!(
+            "<p>scheduled: due at <b>{}</b> (its pending deliveries wait until then)</p>",
+            due.to_rfc3339()
+        ));
+    }
     body.push_str("<h2>Recipients x channels</h2><table><tr><th>user</th><th>channel</th><th>provider</th><th>status</th><th>attempts</th><th>next attempt</th><th>deferred until</th><th>last error</th><th>decision</th><th></th></tr>");
     for d in &deliveries {
         let action = if d.status == DeliveryStatus::Failed {

@@ -88,6 +88,8 @@ impl Services {
             topic: r.topic,
             line_multicast: r.line_multicast,
             aggregate_key: r.aggregate_key,
+            send_at: r.send_at,
+            delay: r.delay,
         });
         let mut event = match parsed {
             Ok(event) if bad_content.is_empty() => event,
@@ -106,36 +108,39 @@ impl Services {
         let event_key = event.event_key.clone();
         let fingerprint = event.fingerprint();
         let topic = event.topic.clone();
-        let (event_id, new, skipped) = match self.writer.write(event, requested_names).await? {
-            Written::New {
-                event_id,
-                deliveries,
-                skipped,
-            } => (event_id, deliveries, skipped),
-            Written::Existing(existing) => {
-                if existing.fingerprint != fingerprint {
-                    return Err(ApiError::EventKeyConflict {
-                        event_key,
-                        event_id: existing.id,
+        let (event_id, new, skipped, send_at) =
+            match self.writer.write(event, requested_names).await? {
+                Written::New {
+                    event_id,
+                    deliveries,
+                    skipped,
+                    send_at,
+                } => (event_id, deliveries, skipped, send_at),
+                Written::Existing(existing) => {
+                    if existing.fingerprint != fingerprint {
+                        return Err(ApiError::EventKeyConflict {
+                            event_key,
+                            event_id: existing.id,
+                        });
+                    }
+                    let loaded = self
+                        .load_event(&EventSelector::Id(existing.id), None, PAGE_MAX)
+                        .await?
+                        .ok_or_else(|| ApiError::NotFound {
+                            kind: "notification event",
+                            name: existing.id.to_string(),
+                        })?;
+                    let counts = events::delivery_counts(&self.pool, existing.id).await?;
+                    return Ok(pb::CreateEventResponse {
+                        event_id: existing.id.to_string(),
+                        duplicate: true,
+                        planned: channel_counts(&counts),
+                        skipped: loaded.skipped,
+                        deliveries: loaded.deliveries,
+                        send_at: loaded.event.send_at.map(ts),
                     });
                 }
-                let loaded = self
-                    .load_event(&EventSelector::Id(existing.id), None, PAGE_MAX)
-                    .await?
-                    .ok_or_else(|| ApiError::NotFound {
-                        kind: "notification event",
-                        name: existing.id.to_string(),
-                    })?;
-                let counts = events::delivery_counts(&self.pool, existing.id).await?;
-                return Ok(pb::CreateEventResponse {
-                    event_id: existing.id.to_string(),
-                    duplicate: true,
-                    planned: channel_counts(&counts),
-                    skipped: loaded.skipped,
-                    deliveries: loaded.deliveries,
-                });
-            }
-        };
+            };
 
         let counts: Vec<(Channel, DeliveryStatus, i64)> = new
             .iter()
@@ -151,6 +156,7 @@ impl Services {
             planned: channel_counts(&counts),
             deliveries,
             skipped: skipped.iter().map(planned_skip_to_pb).collect(),
+            send_at: send_at.map(ts),
         })
     }
 
@@ -328,6 +334,7 @@ impl Services {
             topic: ev.topic.unwrap_or_default(),
             fanout_status: ev.fanout_status.as_str().into(),
             fanout_recipients: ev.fanout_recipients.max(0) as u32,
+            send_at: ev.send_at.map(ts),
         })
     }
 }

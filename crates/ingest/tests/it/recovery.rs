@@ -234,6 +234,7 @@ async fn rows_claimed_by_a_relay_that_died_before_the_confirm_are_published_agai
         &[Channel::Line],
         &facts,
         chrono::Utc::now(),
+        false,
     );
     notify_store::events::insert_deliveries(
         &mut tx,

@@ -991,6 +991,7 @@ async fn events_from_before_keys_were_scoped_stay_duplicates_for_their_caller() 
             topic: String::new(),
             line_multicast: false,
             aggregate_key: String::new(),
+            ..Default::default()
         })
         .unwrap();
         e.caller = caller.map(str::to_string);

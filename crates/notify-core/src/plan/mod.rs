@@ -226,13 +226,22 @@ pub fn effective_channels(
 /// channels the given order. Pure: ids come from `event_id` and the facts. A delivery
 /// created inside the recipient's quiet hours is deferred to the window's end unless the
 /// type is critical; in-app is never deferred.
+///
+/// `scheduled`: the event is due later and `now` is its due time (the writer passes
+/// `max(database now, send_at)`), so quiet hours are those of the sending time. Every
+/// delivery then waits until `now` at least (`deferred_until`, trail "scheduled for
+/// <time>"), and a channel the user has turned off is not skipped: the delivery is
+/// written, its trail says "preference: off now; decided again when due at <time>", and
+/// the worker decides the preference again when it is due.
 pub fn plan(
     event_id: Uuid,
     critical: bool,
     channels: &[Channel],
     recipients: &[RecipientFacts],
     now: DateTime<Utc>,
+    scheduled: bool,
 ) -> (Vec<PlannedDelivery>, Vec<SkippedDelivery>) {
+    let due_text = now.to_rfc3339();
     let mut planned = Vec::new();
     let mut skipped = Vec::new();
     for r in recipients {
@@ -244,6 +253,14 @@ pub fn plan(
                 r.channel_prefs.get(&channel).copied(),
             );
             let mut decision = preference_line(on, source, channel);
+            if scheduled {
+                if !on {
+                    let by = decision.trim_start_matches("preference: off ");
+                    decision =
+                        format!("preference: off now; decided again when due at {due_text} ({by})");
+                }
+                decision.push_str(&format!("\nscheduled for {due_text}"));
+            }
             let skip = |reason: SkipReason, decision: &str| SkippedDelivery {
                 user_id: r.user_id.clone(),
                 channel,
@@ -251,7 +268,7 @@ pub fn plan(
                 decision: decision.to_string(),
             };
             let key = format!("{event_id}/{}/{channel}", r.user_id);
-            if !on {
+            if !on && !scheduled {
                 skipped.push(skip(SkipReason::OptedOut, &decision));
                 continue;
             }
@@ -270,6 +287,11 @@ pub fn plan(
                     Some(t)
                 }
                 None => None,
+            };
+            // A scheduled delivery waits until its due time (or the quiet window's end then).
+            let deferred_until = match deferred_until {
+                Some(t) => Some(t.max(now)),
+                None => scheduled.then_some(now),
             };
             if channel != Channel::InApp && !r.exists {
                 skipped.push(skip(SkipReason::RecipientNotFound, &decision));
@@ -393,15 +415,19 @@ pub const LINE_MULTICAST_MAX: usize = 500;
 /// page's cursor), so planning the same page again yields the same keys. Other deliveries,
 /// and LINE deliveries deferred by quiet hours or a fatigue cap, are kept as they are,
 /// before the batches. A batch does not count toward the users' fatigue caps.
+///
+/// `due`: a scheduled event's due time. LINE deliveries waiting exactly until then are
+/// batched too, and each batch waits until then.
 pub fn merge_line_multicast(
     event_id: Uuid,
     page: &str,
     planned: Vec<PlannedDelivery>,
+    due: Option<DateTime<Utc>>,
 ) -> Vec<PlannedDelivery> {
     // Deliveries held by quiet hours or a fatigue cap keep their own time and go alone.
     let (line, mut out): (Vec<_>, Vec<_>) = planned
         .into_iter()
-        .partition(|d| d.provider == Provider::Line && d.deferred_until.is_none());
+        .partition(|d| d.provider == Provider::Line && d.deferred_until == due);
     for (n, batch) in line.chunks(LINE_MULTICAST_MAX).enumerate() {
         let ids: Vec<&str> = batch.iter().filter_map(|d| d.address.as_deref()).collect();
         out.push(PlannedDelivery {
@@ -411,8 +437,15 @@ pub fn merge_line_multicast(
             endpoint_id: None,
             address: Some(ids.join(",")),
             idempotency_key: format!("{event_id}/line-multicast/{page}/{n}"),
-            deferred_until: None,
-            decision: format!("line multicast: {} LINE users in one call", batch.len()),
+            deferred_until: due,
+            decision: match due {
+                Some(t) => format!(
+                    "line multicast: {} LINE users in one call\nscheduled for {}",
+                    batch.len(),
+                    t.to_rfc3339()
+                ),
+                None => format!("line multicast: {} LINE users in one call", batch.len()),
+            },
             throttle_at: None,
             digest_key: None,
         });

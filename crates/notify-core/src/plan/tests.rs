@@ -78,7 +78,7 @@ fn quiet_hours_defer_all_but_in_app_and_critical_types_and_say_why() {
     }];
     let at = "2026-11-30T16:30:00Z".parse().unwrap(); // 23:30 in Bangkok
     let end: DateTime<Utc> = "2026-12-01T00:00:00Z".parse().unwrap();
-    let (p, _) = plan(Uuid::nil(), false, &Channel::ALL, &[r.clone()], at);
+    let (p, _) = plan(Uuid::nil(), false, &Channel::ALL, &[r.clone()], at, false);
     for d in &p {
         let want = (d.channel != Channel::InApp).then_some(end);
         assert_eq!(d.deferred_until, want, "{:?}", d.channel);
@@ -89,7 +89,7 @@ fn quiet_hours_defer_all_but_in_app_and_critical_types_and_say_why() {
         "{}",
         p[1].decision
     );
-    let (p, _) = plan(Uuid::nil(), true, &Channel::ALL, &[r], at);
+    let (p, _) = plan(Uuid::nil(), true, &Channel::ALL, &[r], at, false);
     assert!(p.iter().all(|d| d.deferred_until.is_none()));
     assert!(p[1].decision.contains("critical type, not deferred"));
 }
@@ -97,7 +97,7 @@ fn quiet_hours_defer_all_but_in_app_and_critical_types_and_say_why() {
 #[test]
 fn one_delivery_per_channel_and_per_push_endpoint() {
     let ev = Uuid::from_u128(9);
-    let (p, s) = plan(ev, false, &Channel::ALL, &[somchai()], Utc::now());
+    let (p, s) = plan(ev, false, &Channel::ALL, &[somchai()], Utc::now(), false);
     assert!(s.is_empty());
     let chans: Vec<_> = p.iter().map(|d| d.channel.as_str()).collect();
     assert_eq!(chans, ["inapp", "email", "push", "push", "line"]);
@@ -124,8 +124,9 @@ fn line_deliveries_become_multicast_batches_of_at_most_500() {
         &[Channel::InApp, Channel::Line],
         &users,
         Utc::now(),
+        false,
     );
-    let merged = merge_line_multicast(ev, "u0000", planned);
+    let merged = merge_line_multicast(ev, "u0000", planned, None);
     let inapp = merged
         .iter()
         .filter(|d| d.channel == Channel::InApp)
@@ -145,7 +146,8 @@ fn line_deliveries_become_multicast_batches_of_at_most_500() {
     let again = merge_line_multicast(
         ev,
         "u0000",
-        plan(ev, false, &[Channel::Line], &users, Utc::now()).0,
+        plan(ev, false, &[Channel::Line], &users, Utc::now(), false).0,
+        None,
     );
     assert_eq!(
         again,
@@ -165,6 +167,7 @@ fn a_line_user_who_blocked_the_account_is_skipped_even_for_critical_types() {
             &[Channel::Line],
             &[r.clone()],
             Utc::now(),
+            false,
         );
         assert!(p.is_empty());
         assert_eq!(s[0].reason, SkipReason::LineUnfollowed);
@@ -182,7 +185,14 @@ fn missing_contact_data_and_opt_outs_are_skipped_with_reasons() {
         user_id: "ghost".into(),
         ..Default::default()
     };
-    let (p, s) = plan(Uuid::nil(), false, &Channel::ALL, &[r, unknown], Utc::now());
+    let (p, s) = plan(
+        Uuid::nil(),
+        false,
+        &Channel::ALL,
+        &[r, unknown],
+        Utc::now(),
+        false,
+    );
     let planned: Vec<_> = p
         .iter()
         .map(|d| (d.user_id.as_str(), d.channel.as_str()))
@@ -209,7 +219,14 @@ fn missing_contact_data_and_opt_outs_are_skipped_with_reasons() {
 fn critical_types_ignore_opt_outs() {
     let mut r = somchai();
     r.channel_prefs.insert(Channel::Email, false);
-    let (p, s) = plan(Uuid::nil(), true, &[Channel::Email], &[r], Utc::now());
+    let (p, s) = plan(
+        Uuid::nil(),
+        true,
+        &[Channel::Email],
+        &[r],
+        Utc::now(),
+        false,
+    );
     assert_eq!(p.len(), 1);
     assert!(s.is_empty());
 }
@@ -225,5 +242,47 @@ fn requested_channels_must_be_type_defaults() {
     assert_eq!(
         effective_channels(&defaults, &[], &[], "t").unwrap(),
         [Channel::InApp, Channel::Email]
+    );
+}
+
+#[test]
+fn a_scheduled_event_waits_for_its_due_time_and_decides_preferences_then() {
+    let due: DateTime<Utc> = "2026-12-02T02:00:00Z".parse().unwrap();
+    let mut r = somchai();
+    r.type_prefs.insert(Channel::Email, false);
+    let (p, s) = plan(Uuid::nil(), false, &Channel::ALL, &[r.clone()], due, true);
+    assert!(s.is_empty(), "an opt-out is decided again when due: {s:?}");
+    assert_eq!(p.len(), 5, "inapp, email, line and two push endpoints");
+    assert!(p.iter().all(|d| d.deferred_until == Some(due)), "{p:?}");
+    assert!(p.iter().all(|d| {
+        d.decision
+            .contains("scheduled for 2026-12-02T02:00:00+00:00")
+    }));
+    let email = p.iter().find(|d| d.channel == Channel::Email).unwrap();
+    assert!(
+        email.decision.starts_with(
+            "preference: off now; decided again when due at 2026-12-02T02:00:00+00:00 (by the user's setting for this type on email)"
+        ),
+        "{}",
+        email.decision
+    );
+    // Not scheduled: the same opt-out is a planning skip.
+    let (_, s) = plan(Uuid::nil(), false, &Channel::ALL, &[r.clone()], due, false);
+    assert_eq!(s[0].reason, SkipReason::OptedOut);
+
+    // Quiet hours are those of the due time: 08:00-10:00 Bangkok holds 02:00 UTC (09:00
+    // Bangkok), so the delivery waits until 10:00 Bangkok.
+    r.type_prefs.clear();
+    r.quiet_hours = vec![QuietWindow {
+        start: "08:00".into(),
+        end: "10:00".into(),
+        channels: Vec::new(),
+    }];
+    let (p, _) = plan(Uuid::nil(), false, &[Channel::Email], &[r], due, true);
+    assert_eq!(
+        p[0].deferred_until,
+        Some("2026-12-02T03:00:00Z".parse().unwrap()),
+        "{}",
+        p[0].decision
     );
 }

@@ -22,6 +22,8 @@ pub struct FanoutJob {
     pub cursor: String,
     /// LINE by multicast batches.
     pub line_multicast: bool,
+    /// A scheduled event's due time: its deliveries are planned at it.
+    pub send_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Claims the oldest topic event whose fan-out is pending and not held by a live replica,
@@ -36,7 +38,7 @@ pub async fn claim_fanout(
                WHERE fanout_status = 'pending' AND (fanout_locked_until IS NULL OR fanout_locked_until < now())
                ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED) due
          WHERE e.id = due.id
-         RETURNING e.id, e.type, e.topic, e.channels, e.fanout_cursor, e.line_multicast",
+         RETURNING e.id, e.type, e.topic, e.channels, e.fanout_cursor, e.line_multicast, e.send_at",
     )
     .bind(notify_core::retry::millis(hold))
     .fetch_optional(db)
@@ -49,6 +51,7 @@ pub async fn claim_fanout(
             channels: parse_all(&r, "channels")?,
             cursor: r.get("fanout_cursor"),
             line_multicast: r.get("line_multicast"),
+            send_at: r.get("send_at"),
         })
     })
     .transpose()

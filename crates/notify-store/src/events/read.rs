@@ -36,6 +36,8 @@ pub struct EventRecord {
     pub caller: String,
     /// When it was recorded (database clock).
     pub created_at: DateTime<Utc>,
+    /// A scheduled event's due time; `None` for one sent at once.
+    pub send_at: Option<DateTime<Utc>>,
 }
 
 /// A delivery as `GetEvent` shows it.
@@ -116,7 +118,7 @@ pub async fn get_event(
     };
     let row = sqlx::query(
         "SELECT id, event_key, type, actor_id, recipients, payload_json, content_json, topic,
-                fanout_status, fanout_recipients, created_at, caller
+                fanout_status, fanout_recipients, created_at, caller, send_at
          FROM notification_events
          WHERE id = $1 OR ((event_key = $2 OR caller_key = $2) AND (caller = $3 OR $4))
          ORDER BY (caller = $3) DESC NULLS LAST, created_at DESC LIMIT 1",
@@ -141,6 +143,7 @@ pub async fn get_event(
             fanout_recipients: r.get("fanout_recipients"),
             caller: r.get("caller"),
             created_at: r.get("created_at"),
+            send_at: r.get("send_at"),
         })
     })
     .transpose()

@@ -206,6 +206,7 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
         links: opts.links.clone(),
         max_message_bytes: 1 << 20,
         clock: opts.clock.clone(),
+        schedule_horizon: Duration::from_secs(30 * 86_400),
     }
 }
 
@@ -495,6 +496,7 @@ impl Platform {
             topic: String::new(),
             line_multicast: false,
             aggregate_key: String::new(),
+            ..Default::default()
         }
     }
 
