@@ -69,11 +69,11 @@ pub fn duration_text(d: std::time::Duration) -> String {
     let s = d.as_secs();
     if d.subsec_millis() != 0 || s == 0 {
         format!("{}ms", d.as_millis())
-    } else if s % 86_400 == 0 {
+    } else if s.is_multiple_of(86_400) {
         format!("{}d", s / 86_400)
-    } else if s % 3_600 == 0 {
+    } else if s.is_multiple_of(3_600) {
         format!("{}h", s / 3_600)
-    } else if s % 60 == 0 {
+    } else if s.is_multiple_of(60) {
         format!("{}m", s / 60)
     } else {
         format!("{s}s")

@@ -22,6 +22,7 @@ mod push_rich;
 mod recovery;
 mod rich;
 mod rich_edges;
+mod scheduled;
 mod security;
 mod telemetry;
 mod templates;
