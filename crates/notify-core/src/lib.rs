@@ -17,6 +17,7 @@ pub mod outcome;
 pub mod plan;
 pub mod quiet;
 pub mod retry;
+pub mod schedule;
 pub mod sensitive;
 pub mod signed;
 pub mod status;
