@@ -134,7 +134,7 @@ impl IngestConfig {
     /// `NOTIFY_METRICS_INTERVAL` (15s), `NOTIFY_GRPC_AUTH` (`api_key`), the TLS files (see
     /// [`TlsFiles::from_env`]), `NOTIFY_DEV_HTTP_HOSTS` and
     /// `NOTIFY_DEEP_LINK_SCHEMES` (empty; [`notify_core::links::LinkPolicy::from_env`]), `NOTIFY_GRPC_MAX_MESSAGE_BYTES`
-    /// (1 MiB).
+    /// (1 MiB), `NOTIFY_SCHEDULE_HORIZON` (30d; 1 s to 366 days).
     ///
     /// # Errors
     /// [`Missing`](notify_core::config::Missing) without `NOTIFY_AMQP_URL`; every problem

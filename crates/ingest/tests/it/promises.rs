@@ -271,6 +271,13 @@ async fn a_duration_the_system_cannot_store_or_act_on_is_refused_at_start() {
         ("worker-line", "NOTIFY_HTTP_TIMEOUT", "0s", "must be from"),
         ("ingest", "NOTIFY_REQUEST_TIMEOUT", "0s", "must be from"),
         ("ingest", "NOTIFY_REPUBLISH_AFTER", "0s", "must be from"),
+        ("ingest", "NOTIFY_SCHEDULE_HORIZON", "0s", "must be from"),
+        (
+            "ingest",
+            "NOTIFY_SCHEDULE_HORIZON",
+            "367d",
+            "at most 366 days",
+        ),
     ] {
         let path = std::path::Path::new(env!("CARGO_BIN_EXE_ingest")).with_file_name(bin);
         let out = tokio::process::Command::new(path)

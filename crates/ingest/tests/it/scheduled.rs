@@ -303,11 +303,18 @@ async fn a_scheduled_delivery_survives_a_restart_of_ingest_and_the_workers() {
         })
         .await
     };
-    let mut ingest = p.spawn("ingest", &["serve"], &[]);
+    // A horizon of 2 minutes, as set.
+    let horizon = [("NOTIFY_SCHEDULE_HORIZON", "2m".to_string())];
+    let mut ingest = p.spawn("ingest", &["serve"], &horizon);
     serving(&p).await;
     p.add_type("order_paid", &["line"]).await;
     let (u, line) = p.add_line_recipient("u").await;
     let mut req = p.event(&uniq("order:restart"), "order_paid", &[&u]);
+    req.delay = "121s".into();
+    let err = p.ingest().create_event(req.clone()).await.unwrap_err();
+    let found = violations(&err);
+    assert_eq!(found[0].0, "delay", "{found:?}");
+    assert!(found[0].1.contains("at most 2m ahead"), "{found:?}");
     req.delay = "4s".into();
     let created = p.ingest().create_event(req).await.unwrap().into_inner();
     let due = instant(created.send_at.as_ref().unwrap());
@@ -318,7 +325,7 @@ async fn a_scheduled_delivery_survives_a_restart_of_ingest_and_the_workers() {
     assert!(Utc::now() < due, "restarted before the due time");
     assert!(p.sim_requests("line").await.is_empty());
 
-    ingest = p.spawn("ingest", &["serve"], &[]);
+    ingest = p.spawn("ingest", &["serve"], &horizon);
     p.start_worker(notify_core::Channel::Line);
     serving(&p).await;
     let done = p.wait_final(&created.event_id, 20).await;
