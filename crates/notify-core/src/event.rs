@@ -82,7 +82,13 @@ pub struct NewEvent {
     pub trace_context: Option<String>,
     /// The authenticated caller (API key or client certificate name) that sent it.
     pub caller: Option<String>,
+    /// The caller's grouping key for `CancelEvent` (1 to 255 bytes), if any. Set by the
+    /// API layer after [`NewEvent::parse`], checked like an id (`Violations::check_id`).
+    pub cancellation_key: Option<String>,
 }
+
+/// Most bytes of a cancellation key.
+pub const MAX_CANCELLATION_KEY_BYTES: usize = 255;
 
 /// Start of the dedup bucket holding `now` for a window of `window_s` seconds: buckets
 /// are `[k*W, (k+1)*W)` seconds since the Unix epoch, in UTC.
@@ -257,6 +263,7 @@ impl NewEvent {
             aggregate_key,
             trace_context: None,
             caller: None,
+            cancellation_key: None,
         })
     }
 
@@ -284,6 +291,9 @@ impl NewEvent {
         }
         if let Some(k) = &self.aggregate_key {
             canonical["aggregate_key"] = serde_json::json!(k);
+        }
+        if let Some(k) = &self.cancellation_key {
+            canonical["cancellation_key"] = serde_json::json!(k);
         }
         Sha256::digest(canonical.to_string().as_bytes()).into()
     }

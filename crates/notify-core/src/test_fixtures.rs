@@ -26,5 +26,6 @@ pub(crate) fn new_event(
         aggregate_key: None,
         trace_context: None,
         caller: None,
+        cancellation_key: None,
     }
 }
