@@ -135,16 +135,8 @@ async fn fan_out(
         )
         .await?;
         events::insert_skips(&mut tx, job.event_id, &skipped).await?;
-        if !events::advance_fanout(
-            &mut tx,
-            job.event_id,
-            &cursor,
-            &next,
-            page_len,
-            done,
-            HOLD,
-        )
-        .await?
+        if !events::advance_fanout(&mut tx, job.event_id, &cursor, &next, page_len, done, HOLD)
+            .await?
         {
             tx.rollback().await?;
             warn!(event_id = %job.event_id, "fan-out checkpoint moved by another replica; leaving it");

@@ -187,6 +187,7 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         topic: String::new(),
         line_multicast: false,
         aggregate_key: String::new(),
+        cancellation_key: String::new(),
     };
     println!("== 3. CreateEvent {EVENT_KEY}");
     let first = ingest.create_event(request.clone()).await?.into_inner();

@@ -34,12 +34,19 @@ pub(super) async fn on_target(
     match action {
         Action::Retry => retry(&app, &user, id).await,
         Action::Cancel => {
-            let out = match notify_store::console::cancel_event(&app.pool, &user, id).await {
-                Ok(out) => out,
-                Err(notify_store::StoreError::NotFound(_)) => return Err(HtmlError::not_found()),
+            // An unknown event: nothing to cancel, and its page answers 404.
+            match notify_store::console::cancel_event(&app.pool, &user, id).await {
+                Ok(out) => tracing::info!(
+                    staff = %user,
+                    event_id = %id,
+                    canceled = out.newly_canceled,
+                    in_flight = out.in_flight,
+                    not_created = out.not_created,
+                    "console: cancel"
+                ),
+                Err(notify_store::StoreError::NotFound(_)) => {}
                 Err(e) => return Err(e.into()),
-            };
-            tracing::info!(staff = %user, event_id = %id, canceled = out.newly_canceled, in_flight = out.in_flight, "console: cancel");
+            }
             Ok(Redirect::to(&format!("/console/events/{id}")).into_response())
         }
     }

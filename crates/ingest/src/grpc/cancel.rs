@@ -41,7 +41,10 @@ fn parse(r: pb::CancelEventRequest) -> Result<(CancelSelector, Vec<String>), Api
             }
         }
         None => {
-            v.add("target", "set exactly one of event_id, event_key, cancellation_key");
+            v.add(
+                "target",
+                "set exactly one of event_id, event_key, cancellation_key",
+            );
             None
         }
     };

@@ -495,6 +495,7 @@ impl Platform {
             topic: String::new(),
             line_multicast: false,
             aggregate_key: String::new(),
+            cancellation_key: String::new(),
         }
     }
 
