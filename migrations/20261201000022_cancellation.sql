@@ -32,15 +32,15 @@ ALTER TABLE notification_events ADD CONSTRAINT notification_events_fanout_status
 -- cancel, which cancels every pending delivery again while it waits for those in flight.)
 CREATE FUNCTION deliveries_stay_canceled() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-    by text;
+    who text;
 BEGIN
-    SELECT coalesce(e.canceled_by, c.canceled_by, '') INTO by
+    SELECT coalesce(e.canceled_by, c.canceled_by, '') INTO who
     FROM notification_events e
     LEFT JOIN event_cancellations c ON c.event_id = e.id AND c.user_id = NEW.user_id
     WHERE e.id = NEW.event_id AND (e.canceled_at IS NOT NULL OR c.event_id IS NOT NULL);
     IF FOUND THEN
         NEW.status := 'canceled';
-        NEW.last_error := 'canceled by ' || by;
+        NEW.last_error := 'canceled by ' || who;
         NEW.lease_token := NULL;
         NEW.lease_expires_at := NULL;
     END IF;
