@@ -117,7 +117,7 @@ async fn a_broadcast_canceled_half_way_through_its_fan_out_sends_nothing_after_t
         "canceled while the fan-out ran ({planned})"
     );
     assert_eq!(out.events, 1);
-    assert_eq!(out.event_ids, [ev.event_id.clone()]);
+    assert_eq!(out.event_ids, std::slice::from_ref(&ev.event_id));
     assert_eq!(
         total(&out),
         20_000,
