@@ -609,3 +609,59 @@ async fn the_console_cancels_through_the_same_path() {
     assert_eq!(last_error, format!("canceled by {}", support::CONSOLE_USER));
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipients_canceled_during_a_fan_out_get_no_delivery_and_the_rest_do() {
+    // No worker: every delivery the fan-out writes stays pending, so what it wrote shows.
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("promo", &["inapp"]).await;
+    seed_topic(&p, "shop.news", "n", 5_000).await;
+    let mut req = p.event("news:1", "promo", &[]);
+    req.topic = "shop.news".into();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    // The first and the last subscriber: one the fan-out has likely written, one it has
+    // likely not; either way neither may end with a delivery that can be sent.
+    let named = ["n-000000", "n-004999"];
+    let out = cancel(&p, Target::EventId(ev.event_id.clone()), &named).await;
+    assert_eq!(out.events, 1);
+    assert_eq!(out.canceled + out.not_created, 2, "{out:?}");
+    let done = eventually("fan-out done", Duration::from_secs(60), async || {
+        let e = p.get_event(&ev.event_id).await;
+        if e.fanout_status == "done" {
+            Ok(e)
+        } else {
+            Err(e.fanout_status)
+        }
+    })
+    .await;
+    assert!(done.canceled_at.is_none(), "not the whole event");
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT user_id, status FROM notification_deliveries WHERE event_id = $1::uuid AND status <> 'pending'",
+    )
+    .bind(&ev.event_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    for (user, status) in &rows {
+        assert!(
+            named.contains(&user.as_str()) && status == "canceled",
+            "{user} {status}"
+        );
+    }
+    let pending: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM notification_deliveries WHERE event_id = $1::uuid AND status = 'pending'
+           AND user_id <> ALL($2)",
+    )
+    .bind(&ev.event_id)
+    .bind(&named[..])
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(pending, 4_998, "everyone else is still to be delivered");
+    // After the fan-out passed them: the same counts.
+    assert_eq!(
+        cancel(&p, Target::EventId(ev.event_id.clone()), &named).await,
+        out
+    );
+    p.stop().await;
+}
