@@ -3,7 +3,9 @@
 //! and skipped pairs together with the checkpoint (the last subscriber planned), so a crash
 //! resumes exactly after the last committed batch and never duplicates. Any number of
 //! ingest replicas may run it: an event is held by one replica at a time, and the
-//! checkpoint update is fenced by the previous cursor.
+//! checkpoint update is fenced by the previous cursor. Each page takes the event row
+//! `FOR SHARE` first: a canceled event's fan-out stops (its checkpoint kept, status
+//! `canceled`), and recipients canceled alone get no delivery.
 
 use crate::clock::Clock;
 use crate::planning::new_deliveries;
@@ -92,9 +94,19 @@ async fn fan_out(
             return Ok(());
         }
         let mut tx = pool.begin().await?;
-        let users = events::subscribers_page(&mut tx, &job.topic, &cursor, BATCH).await?;
+        // The cancellation fence: the event row FOR SHARE before anything is planned, so a
+        // cancel either waits for this page or this page sees it (and writes nothing).
+        if events::lock_for_page(&mut tx, job.event_id).await? {
+            tx.rollback().await?;
+            info!(event_id = %job.event_id, "fan-out stopped: the event was canceled");
+            return Ok(());
+        }
+        let mut users = events::subscribers_page(&mut tx, &job.topic, &cursor, BATCH).await?;
         let done = (users.len() as i64) < BATCH;
         let next = users.last().cloned().unwrap_or_else(|| cursor.clone());
+        let page_len = users.len() as i32;
+        let canceled = events::canceled_recipients(&mut tx, job.event_id, &users).await?;
+        users.retain(|u| !canceled.contains(u));
         let facts = notify_store::catalog::load_recipient_facts(&mut tx, &ty.key, &users).await?;
         // The database clock in production, like due times and leases (never the host's).
         let now = clock.now(&mut tx).await?;
@@ -128,16 +140,8 @@ async fn fan_out(
         )
         .await?;
         events::insert_skips(&mut tx, job.event_id, &skipped).await?;
-        if !events::advance_fanout(
-            &mut tx,
-            job.event_id,
-            &cursor,
-            &next,
-            users.len() as i32,
-            done,
-            HOLD,
-        )
-        .await?
+        if !events::advance_fanout(&mut tx, job.event_id, &cursor, &next, page_len, done, HOLD)
+            .await?
         {
             tx.rollback().await?;
             warn!(event_id = %job.event_id, "fan-out checkpoint moved by another replica; leaving it");

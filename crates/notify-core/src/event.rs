@@ -91,7 +91,13 @@ pub struct NewEvent {
     /// When it is due, as asked (`send_at` or `delay`); `None` = now. The writer turns it
     /// into a due time at its planning instant ([`Schedule::due`]).
     pub schedule: Option<Schedule>,
+    /// The caller's grouping key for `CancelEvent` (1 to 255 bytes), if any. Set by the
+    /// API layer after [`NewEvent::parse`], checked like an id (`Violations::check_id`).
+    pub cancellation_key: Option<String>,
 }
+
+/// Most bytes of a cancellation key.
+pub const MAX_CANCELLATION_KEY_BYTES: usize = 255;
 
 /// Start of the dedup bucket holding `now` for a window of `window_s` seconds: buckets
 /// are `[k*W, (k+1)*W)` seconds since the Unix epoch, in UTC.
@@ -271,6 +277,7 @@ impl NewEvent {
             trace_context: None,
             caller: None,
             schedule,
+            cancellation_key: None,
         })
     }
 
@@ -310,6 +317,9 @@ impl NewEvent {
                 canonical["delay_ms"] = serde_json::json!(d.as_millis() as u64)
             }
             None => {}
+        }
+        if let Some(k) = &self.cancellation_key {
+            canonical["cancellation_key"] = serde_json::json!(k);
         }
         Sha256::digest(canonical.to_string().as_bytes()).into()
     }

@@ -25,6 +25,9 @@ named_enum! {
         Pending = "pending",
         /// Every subscriber was planned.
         Done = "done",
+        /// The event was canceled while subscribers remained: the fan-out stopped at its
+        /// checkpoint and plans no one else.
+        Canceled = "canceled",
     }
 }
 

@@ -27,5 +27,6 @@ pub(crate) fn new_event(
         trace_context: None,
         caller: None,
         schedule: None,
+        cancellation_key: None,
     }
 }

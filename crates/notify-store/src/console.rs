@@ -172,14 +172,22 @@ async fn audit(
 }
 
 /// Retries a failed delivery now: back to pending with one more attempt allowed and an
-/// outbox row due now. `NotFound` when it is not failed (or does not exist).
+/// outbox row due now. `NotFound` when it is not failed (or does not exist), or its event
+/// (or recipient) was canceled.
 pub async fn retry_delivery(db: &PgPool, staff: &str, id: Uuid) -> Result<()> {
     let mut tx = db.begin().await?;
     let row: Option<(String,)> = sqlx::query_as(
         "UPDATE notification_deliveries
          SET status = 'pending', next_attempt_at = now(), max_attempts = attempts + 1,
              deferred_until = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-         WHERE id = $1 AND status = 'failed' RETURNING channel",
+         WHERE id = $1 AND status = 'failed'
+           -- never a delivery of a canceled event or recipient
+           AND NOT EXISTS (SELECT 1 FROM notification_events e
+                           WHERE e.id = notification_deliveries.event_id AND e.canceled_at IS NOT NULL)
+           AND NOT EXISTS (SELECT 1 FROM event_cancellations c
+                           WHERE c.event_id = notification_deliveries.event_id
+                             AND c.user_id = notification_deliveries.user_id)
+         RETURNING channel",
     )
     .bind(id)
     .fetch_optional(&mut *tx)
@@ -197,31 +205,43 @@ pub async fn retry_delivery(db: &PgPool, staff: &str, id: Uuid) -> Result<()> {
     Ok(())
 }
 
-/// Cancels an event's pending deliveries (their outbox rows go too). Returns how many.
-pub async fn cancel_event(db: &PgPool, staff: &str, event_id: Uuid) -> Result<u64> {
-    let mut tx = db.begin().await?;
-    let canceled: Vec<Uuid> = sqlx::query_scalar(
-        "UPDATE notification_deliveries SET status = 'canceled', last_error = 'canceled by operator',
-                updated_at = now()
-         WHERE event_id = $1 AND status = 'pending' RETURNING id",
+/// Cancels an event as `CancelEvent` does, through the same path
+/// ([`crate::cancel::cancel`], with `staff` as who canceled and every caller's events
+/// visible): its pending deliveries and every subscriber its fan-out has not planned yet;
+/// deliveries in flight are waited for. Audited with the counts. `NotFound` when the
+/// event does not exist.
+pub async fn cancel_event(
+    db: &PgPool,
+    staff: &str,
+    event_id: Uuid,
+) -> Result<crate::cancel::CancelOutcome> {
+    let out = crate::cancel::cancel(
+        db,
+        &crate::cancel::CancelSelector::Id(event_id),
+        &[],
+        staff,
+        true,
     )
-    .bind(event_id)
-    .fetch_all(&mut *tx)
     .await?;
-    sqlx::query("DELETE FROM outbox WHERE delivery_id = ANY($1)")
-        .bind(&canceled)
-        .execute(&mut *tx)
-        .await?;
+    let mut conn = db.acquire().await?;
     audit(
-        &mut tx,
+        &mut conn,
         staff,
         "cancel_event",
         &event_id.to_string(),
-        &format!("{} pending deliveries canceled", canceled.len()),
+        &format!(
+            "{} pending deliveries canceled; canceled {}, sent {}, failed {}, skipped {}, in flight {}, not created {}",
+            out.newly_canceled,
+            out.canceled,
+            out.sent,
+            out.failed,
+            out.skipped,
+            out.in_flight,
+            out.not_created
+        ),
     )
     .await?;
-    tx.commit().await?;
-    Ok(canceled.len() as u64)
+    Ok(out)
 }
 
 /// Records an action taken outside Postgres (e.g. on RabbitMQ) in the audit log.

@@ -4,6 +4,7 @@
 //! only when [`migrate`] is called (the `ingest migrate` command).
 
 pub mod api_keys;
+pub mod cancel;
 pub mod catalog;
 pub mod clicks;
 pub mod console;

@@ -15,7 +15,8 @@ use uuid::Uuid;
 pub(super) enum Action {
     /// `retry/{delivery id}`: a failed delivery is due again now.
     Retry,
-    /// `cancel/{event id}`: cancels every pending delivery of the event.
+    /// `cancel/{event id}`: cancels the event as `CancelEvent` does (the same store path):
+    /// every pending delivery, and subscribers its fan-out has not planned yet.
     Cancel,
 }
 
@@ -33,8 +34,19 @@ pub(super) async fn on_target(
     match action {
         Action::Retry => retry(&app, &user, id).await,
         Action::Cancel => {
-            let n = notify_store::console::cancel_event(&app.pool, &user, id).await?;
-            tracing::info!(staff = %user, event_id = %id, canceled = n, "console: cancel");
+            // An unknown event: nothing to cancel, and its page answers 404.
+            match notify_store::console::cancel_event(&app.pool, &user, id).await {
+                Ok(out) => tracing::info!(
+                    staff = %user,
+                    event_id = %id,
+                    canceled = out.newly_canceled,
+                    in_flight = out.in_flight,
+                    not_created = out.not_created,
+                    "console: cancel"
+                ),
+                Err(notify_store::StoreError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
             Ok(Redirect::to(&format!("/console/events/{id}")).into_response())
         }
     }

@@ -109,8 +109,25 @@ pub(super) async fn event_page(
     let skips = events::list_skips(&app.pool, id, 1000)
         .await
         .unwrap_or_default();
+    let canceled = match &event.canceled_at {
+        Some(at) => {
+            let c = notify_store::cancel::counts(&app.pool, &[id], &[]).await?;
+            format!(
+                "<p class=\"canceled\">canceled {} by {} · canceled {} · sent {} · failed {} · skipped {} · in flight {} · not created {}</p>",
+                at.to_rfc3339(),
+                esc(event.canceled_by.as_deref().unwrap_or("")),
+                c.canceled,
+                c.sent,
+                c.failed,
+                c.skipped,
+                c.in_flight,
+                c.not_created
+            )
+        }
+        None => String::new(),
+    };
     let mut body = format!(
-        "<p>key <b>{}</b> · type <b>{}</b> · created {} · topic {} · <a href=\"/console/confirm?action=cancel&amp;target={id}\">cancel pending deliveries…</a></p>\
+        "<p>key <b>{}</b> · type <b>{}</b> · created {} · topic {} · <a href=\"/console/confirm?action=cancel&amp;target={id}\">cancel pending deliveries…</a></p>{canceled}\
          <p>Title: {}<br>Body: {}</p>",
         esc(&event.event_key),
         esc(&event.type_key),

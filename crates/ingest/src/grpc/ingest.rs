@@ -1,6 +1,6 @@
 //! `IngestService`: `CreateEvent` (authorised, counted, validated, links and sensitive
-//! data checked, then handed to the group-commit writer), `GetEvent` and
-//! `ExplainDelivery`.
+//! data checked, then handed to the group-commit writer), `GetEvent`, `ExplainDelivery`
+//! and `CancelEvent` (its handler is in `cancel.rs`).
 
 use super::Services;
 use crate::auth::{Caller, Need};
@@ -77,6 +77,21 @@ impl Services {
             .check_send(&caller, r.r#type.trim(), r.recipients.len())?;
         let requested_names = r.channels.clone();
         let (content, mut bad_content) = content_from_pb(r.content);
+        let cancellation_key = match r.cancellation_key.as_str() {
+            "" => None,
+            key => {
+                let mut v = Violations::default();
+                v.check_id(
+                    "cancellation_key",
+                    key,
+                    notify_core::event::MAX_CANCELLATION_KEY_BYTES,
+                );
+                if let Err(mut bad) = v.into_result(()) {
+                    bad_content.append(&mut bad);
+                }
+                Some(r.cancellation_key.clone())
+            }
+        };
         let parsed = NewEvent::parse(CreateEventInput {
             event_key: r.event_key,
             type_key: r.r#type,
@@ -103,6 +118,7 @@ impl Services {
         event.trace_context =
             notify_telemetry::propagation::traceparent_of(&tracing::Span::current());
         event.caller = Some(caller.name.clone());
+        event.cancellation_key = cancellation_key;
         self.check_links(&event)?;
         self.guard_sensitive_data(&mut event).await?;
         let event_key = event.event_key.clone();
@@ -335,6 +351,8 @@ impl Services {
             fanout_status: ev.fanout_status.as_str().into(),
             fanout_recipients: ev.fanout_recipients.max(0) as u32,
             send_at: ev.send_at.map(ts),
+            cancellation_key: ev.cancellation_key.unwrap_or_default(),
+            canceled_at: ev.canceled_at.map(ts),
         })
     }
 }
@@ -382,6 +400,16 @@ impl pb::ingest_service_server::IngestService for Services {
     ) -> Result<Response<pb::GetEventResponse>, Status> {
         self.call(req, Need::Read, |caller, r| {
             Services::get_event(self, caller, r)
+        })
+        .await
+    }
+
+    async fn cancel_event(
+        &self,
+        req: Request<pb::CancelEventRequest>,
+    ) -> Result<Response<pb::CancelEventResponse>, Status> {
+        self.call(req, Need::Read, |caller, r| {
+            Services::cancel_event(self, caller, r)
         })
         .await
     }

@@ -6,6 +6,7 @@
 //! Dependencies point one way: `grpc` -> `writer` -> `planning`; nothing outside this
 //! module imports from it.
 
+mod cancel;
 mod ingest;
 mod recipients;
 mod topics;

@@ -7,6 +7,7 @@ mod support;
 
 mod browser;
 mod callbacks;
+mod cancel;
 mod console;
 mod decisions;
 mod docs;

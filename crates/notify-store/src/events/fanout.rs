@@ -103,3 +103,35 @@ pub async fn advance_fanout(
     .await?;
     Ok(r.rows_affected() == 1)
 }
+
+/// The cancellation fence of a fan-out page: takes the event row `FOR SHARE` until the
+/// page's transaction ends (a cancel's `FOR UPDATE` waits for the page, and the page for
+/// a cancel that came first) and returns whether the whole event is canceled; then the
+/// caller writes nothing and stops. Call it first in the page's transaction.
+pub async fn lock_for_page(db: &mut sqlx::PgConnection, event_id: Uuid) -> Result<bool> {
+    let canceled: Option<bool> = sqlx::query_scalar(
+        "SELECT canceled_at IS NOT NULL OR fanout_status = 'canceled'
+         FROM notification_events WHERE id = $1 FOR SHARE",
+    )
+    .bind(event_id)
+    .fetch_optional(&mut *db)
+    .await?;
+    Ok(canceled.unwrap_or(true))
+}
+
+/// Which of `users` were canceled for this event alone (`event_cancellations`): the page
+/// plans no delivery for them. Read under [`lock_for_page`]'s lock.
+pub async fn canceled_recipients(
+    db: &mut sqlx::PgConnection,
+    event_id: Uuid,
+    users: &[String],
+) -> Result<std::collections::HashSet<String>> {
+    let rows: Vec<String> = sqlx::query_scalar(
+        "SELECT user_id FROM event_cancellations WHERE event_id = $1 AND user_id = ANY($2)",
+    )
+    .bind(event_id)
+    .bind(users)
+    .fetch_all(&mut *db)
+    .await?;
+    Ok(rows.into_iter().collect())
+}

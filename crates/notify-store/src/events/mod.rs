@@ -12,7 +12,9 @@ mod planning;
 mod read;
 mod write;
 
-pub use fanout::{FanoutJob, advance_fanout, claim_fanout, subscribers_page};
+pub use fanout::{
+    FanoutJob, advance_fanout, canceled_recipients, claim_fanout, lock_for_page, subscribers_page,
+};
 pub use planning::{attach_digest_items, counted_toward_caps, digest_items_of};
 pub use read::{
     AttemptRow, DeliveryRecord, EventRecord, EventSelector, SkipRecord, attempts_of, deliveries_of,

@@ -38,6 +38,12 @@ pub struct EventRecord {
     pub created_at: DateTime<Utc>,
     /// A scheduled event's due time; `None` for one sent at once.
     pub send_at: Option<DateTime<Utc>>,
+    /// The caller's cancellation key, if it gave one.
+    pub cancellation_key: Option<String>,
+    /// When the whole event was canceled (not set for cancels of some recipients).
+    pub canceled_at: Option<DateTime<Utc>>,
+    /// Who canceled it (the caller's or the staff member's name).
+    pub canceled_by: Option<String>,
 }
 
 /// A delivery as `GetEvent` shows it.
@@ -119,6 +125,8 @@ pub async fn get_event(
     let row = sqlx::query(
         "SELECT id, event_key, type, actor_id, recipients, payload_json, content_json, topic,
                 fanout_status, fanout_recipients, created_at, caller, send_at
+                fanout_status, fanout_recipients, created_at, caller, cancellation_key,
+                canceled_at, canceled_by
          FROM notification_events
          WHERE id = $1 OR ((event_key = $2 OR caller_key = $2) AND (caller = $3 OR $4))
          ORDER BY (caller = $3) DESC NULLS LAST, created_at DESC LIMIT 1",
@@ -144,6 +152,9 @@ pub async fn get_event(
             caller: r.get("caller"),
             created_at: r.get("created_at"),
             send_at: r.get("send_at"),
+            cancellation_key: r.get("cancellation_key"),
+            canceled_at: r.get("canceled_at"),
+            canceled_by: r.get("canceled_by"),
         })
     })
     .transpose()

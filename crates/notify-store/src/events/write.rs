@@ -89,22 +89,23 @@ pub async fn insert_events(
     let traces = column(batch, |b| b.event.trace_context.as_deref());
     let callers = column(batch, |b| caller_of(b.event));
     let send_at = column(batch, |b| b.send_at);
+    let cancellation_keys = column(batch, |b| b.event.cancellation_key.as_deref());
     let inserted: Vec<(String, String)> = sqlx::query_as(
         "INSERT INTO notification_events
              (id, event_key, type, actor_id, recipients, payload_json, content_json, channels,
               fingerprint, topic, fanout_status, line_multicast, caller_key, aggregate_key,
-              trace_context, caller, send_at)
+              trace_context, caller, cancellation_key, send_at)
          SELECT t.id, t.key, t.type, t.actor,
                 ARRAY(SELECT jsonb_array_elements_text(t.recipients)), t.payload, t.content,
                 ARRAY(SELECT jsonb_array_elements_text(t.channels)), t.fingerprint, t.topic,
                 CASE WHEN t.topic IS NULL THEN 'none' ELSE 'pending' END, t.multicast, t.caller_key,
-                t.aggregate, t.trace, t.caller, t.send_at
+                t.aggregate, t.trace, t.caller, t.cancellation_key, t.send_at
          FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::jsonb[],
                      $7::jsonb[], $8::jsonb[], $9::bytea[], $10::text[], $11::bool[], $12::text[],
-                     $13::text[], $14::text[], $15::text[], $16::timestamptz[])
+                     $13::text[], $14::text[], $15::text[], $16::text[], $17::timestamptz[])
               WITH ORDINALITY
               AS t(id, key, type, actor, recipients, payload, content, channels, fingerprint, topic,
-                   multicast, caller_key, aggregate, trace, caller, send_at, n)
+                   multicast, caller_key, aggregate, trace, caller, cancellation_key, send_at, n)
          ORDER BY t.n
          ON CONFLICT (event_key, caller) DO NOTHING
          RETURNING event_key, caller",
@@ -124,6 +125,7 @@ pub async fn insert_events(
     .bind(&aggregates)
     .bind(&traces)
     .bind(&callers)
+    .bind(&cancellation_keys)
     .bind(&send_at)
     .fetch_all(&mut *db)
     .await?;

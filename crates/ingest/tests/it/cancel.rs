@@ -1,0 +1,667 @@
+//! Cancellation (issue 17, item 2): `CancelEvent` by event id, event key or cancellation
+//! key, for the whole event or some recipients; a topic fan-out canceled half way writes
+//! nothing more; concurrent cancels and replays are harmless; another caller's event is
+//! not found; a delivery in flight finishes and is reported sent; a lost worker's
+//! delivery is not revived; the console cancels through the same path.
+
+use crate::support;
+
+use notify_core::Channel;
+use notify_proto::v1 as pb;
+use notify_proto::v1::cancel_event_request::Target;
+use notify_store::api_keys::{self, NewApiKey};
+use serde_json::json;
+use std::time::Duration;
+use support::{
+    Options, Platform, SendExt, console_login, csrf_token, eventually, no_redirects,
+    session_cookie, settle, uniq,
+};
+use tonic::Code;
+use tonic_types::StatusExt;
+
+fn cancel_req(target: Target, recipients: &[&str]) -> pb::CancelEventRequest {
+    pb::CancelEventRequest {
+        target: Some(target),
+        recipients: recipients.iter().map(|r| r.to_string()).collect(),
+    }
+}
+
+async fn cancel(p: &Platform, target: Target, recipients: &[&str]) -> pb::CancelEventResponse {
+    p.ingest()
+        .cancel_event(cancel_req(target, recipients))
+        .await
+        .expect("CancelEvent")
+        .into_inner()
+}
+
+/// The database clock now (the clock `sent_at` is written on).
+async fn db_now(p: &Platform) -> chrono::DateTime<chrono::Utc> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&p.pool)
+        .await
+        .unwrap()
+}
+
+/// Deliveries of `event_id` by status.
+async fn statuses(p: &Platform, event_id: &str) -> Vec<(String, i64)> {
+    sqlx::query_as(
+        "SELECT status, count(*) FROM notification_deliveries WHERE event_id = $1::uuid
+         GROUP BY status ORDER BY status",
+    )
+    .bind(event_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap()
+}
+
+/// Subscribes `n` users `<prefix>-000000` ... to a new topic `topic`, by SQL.
+async fn seed_topic(p: &Platform, topic: &str, prefix: &str, n: i32) {
+    p.topics()
+        .create_topic(pb::CreateTopicRequest { key: topic.into() })
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO topic_subscriptions (topic, user_id)
+         SELECT $1, $2 || '-' || lpad(i::text, 6, '0') FROM generate_series(0, $3 - 1) i",
+    )
+    .bind(topic)
+    .bind(prefix)
+    .bind(n)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+}
+
+fn total(r: &pb::CancelEventResponse) -> u32 {
+    r.sent + r.canceled + r.not_created + r.in_flight + r.failed + r.skipped
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broadcast_canceled_half_way_through_its_fan_out_sends_nothing_after_the_cancel() {
+    let p = Platform::start_with_workers(&[Channel::InApp]).await;
+    p.add_type("promo", &["inapp"]).await;
+    seed_topic(&p, "shop.sale", "s", 20_000).await;
+    let mut req = p.event("sale:2026-12", "promo", &[]);
+    req.topic = "shop.sale".into();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+
+    // About half written: then cancel.
+    let planned = eventually(
+        "half the fan-out written",
+        Duration::from_secs(120),
+        async || {
+            let e = p
+                .ingest()
+                .get_event(pb::GetEventRequest {
+                    selector: Some(pb::get_event_request::Selector::EventId(
+                        ev.event_id.clone(),
+                    )),
+                    page_size: 1,
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            if e.fanout_recipients >= 10_000 {
+                Ok(e.fanout_recipients)
+            } else {
+                Err(e.fanout_recipients)
+            }
+        },
+    )
+    .await;
+    let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
+    let returned = db_now(&p).await;
+    assert!(
+        planned < 20_000,
+        "canceled while the fan-out ran ({planned})"
+    );
+    assert_eq!(out.events, 1);
+    assert_eq!(out.event_ids, std::slice::from_ref(&ev.event_id));
+    assert_eq!(
+        total(&out),
+        20_000,
+        "every subscriber is counted once: {out:?}"
+    );
+    assert!(out.not_created > 0, "subscribers not planned yet: {out:?}");
+    assert!(out.canceled > 0, "{out:?}");
+    assert_eq!(out.in_flight, 0, "{out:?}");
+
+    // Nothing more is written, nothing canceled is sent, nothing is sent after the return.
+    let rows = 20_000 - i64::from(out.not_created);
+    settle("nothing after the cancel", Duration::from_secs(3), async || {
+        let n = p.count("notification_deliveries").await;
+        let late: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM notification_deliveries WHERE sent_at > $1 OR status IN ('pending', 'sending')",
+        )
+        .bind(returned)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+        if n == rows && late == 0 { Ok(()) } else { Err((n, late)) }
+    })
+    .await;
+    assert_eq!(
+        p.count("notifications").await,
+        i64::from(out.sent),
+        "an in-app notification for each delivery sent, none for the canceled"
+    );
+    let e = p.get_event(&ev.event_id).await;
+    assert_eq!(e.fanout_status, "canceled");
+    assert!(e.canceled_at.is_some());
+    // The same call again: the same answer, nothing new.
+    let again = cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
+    assert_eq!(again, out);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_cancels_and_replays_of_one_key_are_harmless() {
+    let p = Platform::start_with_workers(&[Channel::InApp]).await;
+    p.add_type("promo", &["inapp"]).await;
+    seed_topic(&p, "shop.flash", "f", 5_000).await;
+    let mut req = p.event("flash:1", "promo", &[]);
+    req.topic = "shop.flash".into();
+    req.cancellation_key = "flash:1:all".into();
+    let first = p
+        .ingest()
+        .create_event(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let (mut c, req) = (p.ingest(), req.clone());
+        let pool = p.pool.clone();
+        tasks.push(tokio::spawn(async move {
+            if i % 2 == 0 {
+                let out = c
+                    .cancel_event(cancel_req(Target::EventKey("flash:1".into()), &[]))
+                    .await
+                    .unwrap()
+                    .into_inner();
+                let at: chrono::DateTime<chrono::Utc> =
+                    sqlx::query_scalar("SELECT clock_timestamp()")
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap();
+                (Some((out, at)), None)
+            } else {
+                let r = c.create_event(req).await.unwrap().into_inner();
+                (None, Some(r))
+            }
+        }));
+    }
+    let mut cancels = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            (Some(c), _) => cancels.push(c),
+            (_, Some(r)) => {
+                assert!(r.duplicate, "a replay is a duplicate");
+                assert_eq!(r.event_id, first.event_id);
+            }
+            _ => unreachable!(),
+        }
+    }
+    assert_eq!(p.count("notification_events").await, 1, "one event");
+    let first_return = cancels.iter().map(|(_, at)| *at).min().unwrap();
+    let answer = cancels[0].0.clone();
+    for (out, _) in &cancels {
+        assert_eq!(out.events, 1);
+        assert_eq!(total(out), 5_000, "{out:?}");
+        assert_eq!(out, &answer, "every cancel answers the same counts");
+    }
+    settle("nothing sent after the first cancel returned", Duration::from_secs(2), async || {
+        let late: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM notification_deliveries WHERE sent_at > $1 OR status IN ('pending', 'sending')",
+        )
+        .bind(first_return)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+        if late == 0 { Ok(()) } else { Err(late) }
+    })
+    .await;
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancels_by_event_key_by_cancellation_key_and_for_some_recipients() {
+    // No worker yet: every delivery waits, pending.
+    let mut p = Platform::start_with_workers(&[]).await;
+    p.add_type("reminder", &["inapp"]).await;
+    let (a, b, c) = (uniq("a"), uniq("b"), uniq("c"));
+
+    // By event key: the whole event; GetEvent shows it.
+    let by_key = p.send("remind:1", "reminder", &[&a, &b]).await;
+    let out = cancel(&p, Target::EventKey("remind:1".into()), &[]).await;
+    assert_eq!((out.events, out.canceled, out.sent), (1, 2, 0), "{out:?}");
+    let ev = p.get_event(&by_key.event_id).await;
+    assert!(ev.canceled_at.is_some());
+    for d in &ev.deliveries {
+        assert_eq!(d.status, "canceled");
+        assert_eq!(d.last_error, "canceled by anonymous");
+    }
+    assert_eq!(
+        cancel(&p, Target::EventKey("remind:1".into()), &[]).await,
+        out,
+        "idempotent"
+    );
+
+    // By cancellation key: three events carry it, a fourth another one.
+    let mut carts = Vec::new();
+    for i in 0..3 {
+        let mut req = p.event(&format!("cart:123:r{i}"), "reminder", &[&a]);
+        req.cancellation_key = "cart:123:reminders".into();
+        carts.push(
+            p.ingest()
+                .create_event(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .event_id,
+        );
+    }
+    let mut other = p.event("cart:124:r0", "reminder", &[&a]);
+    other.cancellation_key = "cart:124:reminders".into();
+    let other = p.ingest().create_event(other).await.unwrap().into_inner();
+    assert_eq!(
+        p.get_event(&carts[0]).await.cancellation_key,
+        "cart:123:reminders",
+        "GetEvent shows the key"
+    );
+    let out = cancel(
+        &p,
+        Target::CancellationKey("cart:123:reminders".into()),
+        &[],
+    )
+    .await;
+    carts.sort();
+    assert_eq!((out.events, out.canceled), (3, 3), "{out:?}");
+    assert_eq!(out.event_ids, carts);
+    assert_eq!(statuses(&p, &other.event_id).await, [("pending".into(), 1)]);
+    let none = cancel(
+        &p,
+        Target::CancellationKey("cart:999:reminders".into()),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        none,
+        pb::CancelEventResponse::default(),
+        "an unknown key: no events"
+    );
+
+    // Some recipients only: the others are still delivered.
+    let some = p.send("remind:2", "reminder", &[&a, &b, &c]).await;
+    let out = cancel(&p, Target::EventId(some.event_id.clone()), &[&b]).await;
+    assert_eq!((out.events, out.canceled), (1, 1), "{out:?}");
+    assert!(p.get_event(&some.event_id).await.canceled_at.is_none());
+    p.start_worker(Channel::InApp);
+    let done = p.wait_final(&some.event_id, 30).await;
+    let mut got: Vec<(String, String)> = done
+        .deliveries
+        .iter()
+        .map(|d| (d.user_id.clone(), d.status.clone()))
+        .collect();
+    got.sort();
+    let mut want = vec![
+        (a.clone(), "sent".to_string()),
+        (b.clone(), "canceled".to_string()),
+        (c.clone(), "sent".to_string()),
+    ];
+    want.sort();
+    assert_eq!(got, want);
+    p.wait_final(&other.event_id, 30).await;
+    assert_eq!(statuses(&p, &other.event_id).await, [("sent".into(), 1)]);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_cancels_are_refused_by_field_and_the_key_is_checked_at_create() {
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("reminder", &["inapp"]).await;
+    let violations = |s: tonic::Status| -> Vec<String> {
+        assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+        s.get_details_bad_request()
+            .expect("a BadRequest")
+            .field_violations
+            .into_iter()
+            .map(|v| v.field)
+            .collect()
+    };
+    let refused = |r: pb::CancelEventRequest| {
+        let mut c = p.ingest();
+        async move { violations(c.cancel_event(r).await.unwrap_err()) }
+    };
+    assert_eq!(refused(pb::CancelEventRequest::default()).await, ["target"]);
+    assert_eq!(
+        refused(cancel_req(Target::EventId("nope".into()), &[])).await,
+        ["event_id"]
+    );
+    assert_eq!(
+        refused(cancel_req(
+            Target::CancellationKey("x".repeat(256)),
+            &["u1", " "]
+        ))
+        .await,
+        ["cancellation_key", "recipients[1]"]
+    );
+    assert_eq!(
+        refused(cancel_req(Target::EventKey(String::new()), &[])).await,
+        ["event_key"]
+    );
+    let mut req = p.event("k:1", "reminder", &["u1"]);
+    req.cancellation_key = "k".repeat(256);
+    let s = p.ingest().create_event(req).await.unwrap_err();
+    assert_eq!(violations(s), ["cancellation_key"]);
+    // An unknown event by id or key: NOT_FOUND, as GetEvent answers.
+    let unknown = p
+        .ingest()
+        .cancel_event(cancel_req(
+            Target::EventId(uuid::Uuid::new_v4().to_string()),
+            &[],
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+    p.stop().await;
+}
+
+fn with_key<T>(msg: T, key: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    req
+}
+
+async fn api_key(p: &Platform, name: &str, manage: bool) -> String {
+    api_keys::create(
+        &p.pool,
+        &NewApiKey {
+            name: name.into(),
+            send_types: vec!["*".into()],
+            can_manage: manage,
+            events_per_second: 1000,
+            max_recipients: 1000,
+        },
+    )
+    .await
+    .unwrap()
+    .0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_callers_cancel_is_not_found_and_changes_nothing() {
+    let p = Platform::start_with(Options {
+        auth: ingest::auth::AuthMode::ApiKey,
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let admin = api_key(&p, "ops-admin", true).await;
+    let shop = api_key(&p, "shop-orders", false).await;
+    let forum = api_key(&p, "forum-replies", false).await;
+    let mut types = pb::type_service_client::TypeServiceClient::new(p.grpc.clone());
+    eventually("the admin key works", Duration::from_secs(5), async || {
+        types
+            .upsert_notification_type(with_key(
+                pb::UpsertNotificationTypeRequest {
+                    key: "order_paid".into(),
+                    priority: "normal".into(),
+                    default_channels: vec!["inapp".into()],
+                    ..Default::default()
+                },
+                &admin,
+            ))
+            .await
+            .map(|_| ())
+    })
+    .await;
+    let mut req = p.event("order:9", "order_paid", &["u-9"]);
+    req.cancellation_key = "order:9:all".into();
+    let ev = p
+        .ingest()
+        .create_event(with_key(req, &shop))
+        .await
+        .unwrap()
+        .into_inner();
+
+    let as_forum = |t: Target| {
+        let (mut c, k) = (p.ingest(), forum.clone());
+        async move { c.cancel_event(with_key(cancel_req(t, &[]), &k)).await }
+    };
+    for t in [
+        Target::EventId(ev.event_id.clone()),
+        Target::EventKey("order:9".into()),
+    ] {
+        assert_eq!(as_forum(t).await.unwrap_err().code(), Code::NotFound);
+    }
+    let by_key = as_forum(Target::CancellationKey("order:9:all".into()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        by_key.events, 0,
+        "another caller's cancellation key finds nothing"
+    );
+    assert_eq!(statuses(&p, &ev.event_id).await, [("pending".into(), 1)]);
+    let canceled_at: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT canceled_at FROM notification_events WHERE id = $1::uuid")
+            .bind(&ev.event_id)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    assert!(canceled_at.is_none(), "nothing changed");
+
+    // The owner's own cancel works; so does one that may manage (idempotent after it).
+    let own = p
+        .ingest()
+        .cancel_event(with_key(
+            cancel_req(Target::CancellationKey("order:9:all".into()), &[]),
+            &shop,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((own.events, own.canceled), (1, 1));
+    let managed = p
+        .ingest()
+        .cancel_event(with_key(
+            cancel_req(Target::EventId(ev.event_id.clone()), &[]),
+            &admin,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(managed, own);
+    let last_error: String = sqlx::query_scalar(
+        "SELECT last_error FROM notification_deliveries WHERE event_id = $1::uuid",
+    )
+    .bind(&ev.event_id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(last_error, "canceled by shop-orders");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_in_flight_finishes_and_is_reported_sent() {
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, lid) = p.add_line_recipient("u").await;
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": lid, "status": 200,
+                       "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 2000, "times": 1}),
+    )
+    .await;
+    let ev = p.send("line-slow-cancel", "order_paid", &[&u]).await;
+    eventually(
+        "the provider call started",
+        Duration::from_secs(10),
+        async || match p.sim_count("line").await {
+            0 => Err(0),
+            n => Ok(n),
+        },
+    )
+    .await;
+    let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
+    assert_eq!(
+        (out.sent, out.canceled, out.in_flight),
+        (1, 0, 0),
+        "it finished while the cancel waited: {out:?}"
+    );
+    assert_eq!(p.sim_count("line").await, 1, "one push");
+    assert_eq!(statuses(&p, &ev.event_id).await, [("sent".into(), 1)]);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_workers_delivery_of_a_canceled_event_is_not_revived() {
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("reminder", &["inapp"]).await;
+    let ev = p.send("lost:1", "reminder", &["u-lost"]).await;
+    // As if a worker claimed it and died: sending, its lease already expired.
+    sqlx::query(
+        "UPDATE notification_deliveries SET status = 'sending', attempts = 1,
+                lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second'
+         WHERE event_id = $1::uuid",
+    )
+    .bind(&ev.event_id)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    // The sweeper requeues it while the cancel waits: it ends canceled, not pending.
+    let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
+    assert_eq!((out.canceled, out.in_flight), (1, 0), "{out:?}");
+    let (status, outbox): (String, i64) = sqlx::query_as(
+        "SELECT d.status, (SELECT count(*) FROM outbox o WHERE o.delivery_id = d.id)
+         FROM notification_deliveries d WHERE d.event_id = $1::uuid",
+    )
+    .bind(&ev.event_id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!((status.as_str(), outbox), ("canceled", 0));
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_cancels_through_the_same_path() {
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("reminder", &["inapp"]).await;
+    let ev = p.send("console:1", "reminder", &["u-1", "u-2"]).await;
+    let http = no_redirects();
+    let url = |path: &str| format!("{}{path}", p.http_url);
+    let r = console_login(&http, &p.http_url).send().await.unwrap();
+    let cookie = session_cookie(&r);
+    let id = &ev.event_id;
+    let confirm = http
+        .get(url(&format!("/console/confirm?action=cancel&target={id}")))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    let r = http
+        .post(url(&format!("/console/actions/cancel/{id}")))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf_token(&confirm).as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let page = http
+        .get(url(&format!("/console/events/{id}")))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    assert!(
+        page.contains(&format!("by {}", support::CONSOLE_USER))
+            && page.contains(
+                "· canceled 2 · sent 0 · failed 0 · skipped 0 · in flight 0 · not created 0"
+            ),
+        "{page}"
+    );
+    let detail: String = sqlx::query_scalar(
+        "SELECT detail FROM console_audit WHERE action = 'cancel_event' AND target = $1",
+    )
+    .bind(id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert!(
+        detail.starts_with("2 pending deliveries canceled"),
+        "{detail}"
+    );
+    // The same store path as CancelEvent: GetEvent shows it, and a CancelEvent after it
+    // answers the same counts.
+    assert!(p.get_event(id).await.canceled_at.is_some());
+    let out = cancel(&p, Target::EventId(id.clone()), &[]).await;
+    assert_eq!((out.events, out.canceled), (1, 2));
+    let last_error: String = sqlx::query_scalar(
+        "SELECT DISTINCT last_error FROM notification_deliveries WHERE event_id = $1::uuid",
+    )
+    .bind(id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(last_error, format!("canceled by {}", support::CONSOLE_USER));
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recipients_canceled_during_a_fan_out_get_no_delivery_and_the_rest_do() {
+    // No worker: every delivery the fan-out writes stays pending, so what it wrote shows.
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("promo", &["inapp"]).await;
+    seed_topic(&p, "shop.news", "n", 5_000).await;
+    let mut req = p.event("news:1", "promo", &[]);
+    req.topic = "shop.news".into();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    // The first and the last subscriber: one the fan-out has likely written, one it has
+    // likely not; either way neither may end with a delivery that can be sent.
+    let named = ["n-000000", "n-004999"];
+    let out = cancel(&p, Target::EventId(ev.event_id.clone()), &named).await;
+    assert_eq!(out.events, 1);
+    assert_eq!(out.canceled + out.not_created, 2, "{out:?}");
+    let done = eventually("fan-out done", Duration::from_secs(60), async || {
+        let e = p.get_event(&ev.event_id).await;
+        if e.fanout_status == "done" {
+            Ok(e)
+        } else {
+            Err(e.fanout_status)
+        }
+    })
+    .await;
+    assert!(done.canceled_at.is_none(), "not the whole event");
+    let rows: Vec<(String, String)> = sqlx::query_as(
+        "SELECT user_id, status FROM notification_deliveries WHERE event_id = $1::uuid AND status <> 'pending'",
+    )
+    .bind(&ev.event_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    for (user, status) in &rows {
+        assert!(
+            named.contains(&user.as_str()) && status == "canceled",
+            "{user} {status}"
+        );
+    }
+    let pending: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM notification_deliveries WHERE event_id = $1::uuid AND status = 'pending'
+           AND user_id <> ALL($2)",
+    )
+    .bind(&ev.event_id)
+    .bind(&named[..])
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(pending, 4_998, "everyone else is still to be delivered");
+    // After the fan-out passed them: the same counts.
+    assert_eq!(
+        cancel(&p, Target::EventId(ev.event_id.clone()), &named).await,
+        out
+    );
+    p.stop().await;
+}

@@ -1,0 +1,266 @@
+//! Cancellation (`CancelEvent` and the console's cancel): one path for both.
+//!
+//! [`cancel`] locks the targeted events `FOR UPDATE` in id order, marks them canceled
+//! (`canceled_at`/`canceled_by`, or `event_cancellations` rows for some recipients only),
+//! turns their `pending` deliveries `canceled` and deletes their outbox rows, all in one
+//! transaction. Every writer that adds deliveries to an existing event (a fan-out page,
+//! a derived delivery) takes the event row `FOR SHARE` first ([`is_canceled`],
+//! `events::lock_for_page`) and honours the cancel, so no delivery of a canceled event or
+//! recipient appears after the cancel commits. A trigger
+//! (`deliveries_stay_canceled`, migration 22) keeps every later update from putting one of
+//! their deliveries back to `pending`. Deliveries already `sending` finish: the cancel
+//! waits for them (bounded) before it counts.
+
+use crate::{Result, StoreError};
+use sqlx::{PgPool, Row};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// How long [`cancel`] waits for deliveries in a provider call to be recorded.
+pub const IN_FLIGHT_WAIT: Duration = Duration::from_secs(15);
+/// How often it looks while it waits.
+pub const IN_FLIGHT_POLL: Duration = Duration::from_millis(75);
+
+/// Which events a cancel targets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelSelector {
+    /// One event by id.
+    Id(Uuid),
+    /// One event by its (already NFC-normalised) key, found as `GetEvent` finds it: the
+    /// caller's own event first, the newest dedup bucket's.
+    EventKey(String),
+    /// Every event carrying this cancellation key.
+    CancellationKey(String),
+}
+
+/// What a cancel found, counted once it committed and every delivery in flight was
+/// recorded (or [`IN_FLIGHT_WAIT`] passed). Counts are of deliveries (a recipient has
+/// one per channel, per device for push), restricted to the named recipients when some
+/// were named.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CancelOutcome {
+    /// The targeted events, in id order.
+    pub event_ids: Vec<Uuid>,
+    /// Deliveries `canceled` (by this cancel or an earlier one).
+    pub canceled: u64,
+    /// Of those, canceled by this call (0 on a repeat).
+    pub newly_canceled: u64,
+    /// Deliveries `sent`.
+    pub sent: u64,
+    /// Deliveries `failed`.
+    pub failed: u64,
+    /// Deliveries `skipped` at their due time.
+    pub skipped: u64,
+    /// Deliveries still `sending` when the wait ended.
+    pub in_flight: u64,
+    /// Topic events: subscribers that never got a delivery because of the cancel (whole
+    /// event: those after the fan-out's checkpoint when it stopped; some recipients: the
+    /// named subscribers with no delivery and no planning skip).
+    pub not_created: u64,
+}
+
+/// Cancels what `selector` finds among `caller`'s events (every caller's when
+/// `may_manage`), for `recipients` only when not empty, recording `caller` as who
+/// canceled. Idempotent. `NotFound` for an unknown event id or key (or one of another
+/// caller's that `caller` may not manage); an unknown cancellation key finds no events.
+pub async fn cancel(
+    db: &PgPool,
+    selector: &CancelSelector,
+    recipients: &[String],
+    caller: &str,
+    may_manage: bool,
+) -> Result<CancelOutcome> {
+    let mut tx = db.begin().await?;
+    let ids = lock_targets(&mut tx, selector, caller, may_manage).await?;
+    if ids.is_empty() {
+        return match selector {
+            CancelSelector::CancellationKey(_) => Ok(CancelOutcome::default()),
+            CancelSelector::Id(id) => Err(StoreError::NotFound(format!("event {id}"))),
+            CancelSelector::EventKey(k) => Err(StoreError::NotFound(format!("event {k:?}"))),
+        };
+    }
+    if recipients.is_empty() {
+        sqlx::query(
+            "UPDATE notification_events
+             SET canceled_at = coalesce(canceled_at, now()), canceled_by = coalesce(canceled_by, $2),
+                 fanout_status = CASE WHEN fanout_status = 'pending' THEN 'canceled' ELSE fanout_status END
+             WHERE id = ANY($1)",
+        )
+        .bind(&ids)
+        .bind(caller)
+        .execute(&mut *tx)
+        .await?;
+    } else {
+        sqlx::query(
+            "INSERT INTO event_cancellations (event_id, user_id, canceled_by)
+             SELECT e, u, $3 FROM UNNEST($1::uuid[]) e, UNNEST($2::text[]) u
+             ON CONFLICT (event_id, user_id) DO NOTHING",
+        )
+        .bind(&ids)
+        .bind(recipients)
+        .bind(caller)
+        .execute(&mut *tx)
+        .await?;
+    }
+    let mut newly = cancel_pending(&mut tx, &ids, recipients, caller).await?;
+    tx.commit().await?;
+
+    // Deliveries in a provider call finish; wait until they are recorded. A retry
+    // recorded while the cancel committed may have put one back to pending before the
+    // trigger could see the cancel: cancel those again on every look.
+    let deadline = tokio::time::Instant::now() + IN_FLIGHT_WAIT;
+    loop {
+        let mut conn = db.acquire().await?;
+        newly += cancel_pending(&mut conn, &ids, recipients, caller).await?;
+        let sending: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM notification_deliveries
+             WHERE event_id = ANY($1) AND status = 'sending'
+               AND (cardinality($2::text[]) = 0 OR user_id = ANY($2))",
+        )
+        .bind(&ids)
+        .bind(recipients)
+        .fetch_one(&mut *conn)
+        .await?;
+        drop(conn);
+        if sending == 0 || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(IN_FLIGHT_POLL).await;
+    }
+    let mut out = counts(db, &ids, recipients).await?;
+    out.newly_canceled = newly;
+    out.event_ids = ids;
+    Ok(out)
+}
+
+/// Finds the targets and locks them `FOR UPDATE` in id order (so concurrent cancels of
+/// overlapping sets cannot deadlock).
+async fn lock_targets(
+    tx: &mut sqlx::PgConnection,
+    selector: &CancelSelector,
+    caller: &str,
+    may_manage: bool,
+) -> Result<Vec<Uuid>> {
+    let q = match selector {
+        CancelSelector::Id(id) => sqlx::query_scalar(
+            "SELECT id FROM notification_events WHERE id = $1 AND (caller = $2 OR $3) FOR UPDATE",
+        )
+        .bind(*id),
+        // The same lookup as `events::get_event` by key.
+        CancelSelector::EventKey(key) => sqlx::query_scalar(
+            "SELECT id FROM notification_events
+             WHERE (event_key = $1 OR caller_key = $1) AND (caller = $2 OR $3)
+             ORDER BY (caller = $2) DESC, created_at DESC LIMIT 1 FOR UPDATE",
+        )
+        .bind(key),
+        CancelSelector::CancellationKey(key) => sqlx::query_scalar(
+            "SELECT id FROM notification_events
+             WHERE cancellation_key = $1 AND (caller = $2 OR $3) ORDER BY id FOR UPDATE",
+        )
+        .bind(key),
+    };
+    Ok(q.bind(caller).bind(may_manage).fetch_all(&mut *tx).await?)
+}
+
+/// `pending -> canceled` for the events' deliveries (the named recipients' only, when
+/// some are named); their outbox rows go too. Returns how many.
+async fn cancel_pending(
+    db: &mut sqlx::PgConnection,
+    ids: &[Uuid],
+    recipients: &[String],
+    caller: &str,
+) -> Result<u64> {
+    let canceled: i64 = sqlx::query_scalar(
+        "WITH c AS (
+             UPDATE notification_deliveries
+             SET status = 'canceled', last_error = 'canceled by ' || $3, lease_token = NULL,
+                 lease_expires_at = NULL, updated_at = now()
+             WHERE event_id = ANY($1) AND status = 'pending'
+               AND (cardinality($2::text[]) = 0 OR user_id = ANY($2))
+             RETURNING id),
+         gone AS (DELETE FROM outbox o USING c WHERE o.delivery_id = c.id)
+         SELECT count(*) FROM c",
+    )
+    .bind(ids)
+    .bind(recipients)
+    .bind(caller)
+    .fetch_one(&mut *db)
+    .await?;
+    Ok(canceled as u64)
+}
+
+/// The deliveries of `ids` (of `recipients` only, when not empty) counted by state, and
+/// the topic subscribers never planned because of a cancel, as [`cancel`] answers them
+/// (`event_ids` and `newly_canceled` left empty). For pages that show a canceled event.
+pub async fn counts(db: &PgPool, ids: &[Uuid], recipients: &[String]) -> Result<CancelOutcome> {
+    let rows = sqlx::query(
+        "SELECT status, count(*) AS n FROM notification_deliveries
+         WHERE event_id = ANY($1) AND (cardinality($2::text[]) = 0 OR user_id = ANY($2))
+         GROUP BY status",
+    )
+    .bind(ids)
+    .bind(recipients)
+    .fetch_all(db)
+    .await?;
+    let mut out = CancelOutcome::default();
+    for r in &rows {
+        let n = r.get::<i64, _>("n") as u64;
+        match r.get::<String, _>("status").as_str() {
+            "canceled" => out.canceled += n,
+            "sent" => out.sent += n,
+            "failed" => out.failed += n,
+            "skipped" => out.skipped += n,
+            // Still in a provider call; a pending one left (none should be) would be sent
+            // by no one but is not canceled either: in flight too.
+            _ => out.in_flight += n,
+        }
+    }
+    let not_created: i64 = if recipients.is_empty() {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM notification_events e
+             JOIN topic_subscriptions s ON s.topic = e.topic AND s.user_id > e.fanout_cursor
+             WHERE e.id = ANY($1) AND e.fanout_status = 'canceled'",
+        )
+        .bind(ids)
+        .fetch_one(db)
+        .await?
+    } else {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM notification_events e
+             JOIN topic_subscriptions s ON s.topic = e.topic AND s.user_id = ANY($2)
+             WHERE e.id = ANY($1)
+               AND NOT EXISTS (SELECT 1 FROM notification_deliveries d
+                               WHERE d.event_id = e.id AND d.user_id = s.user_id)
+               AND NOT EXISTS (SELECT 1 FROM delivery_skips k
+                               WHERE k.event_id = e.id AND k.user_id = s.user_id)",
+        )
+        .bind(ids)
+        .bind(recipients)
+        .fetch_one(db)
+        .await?
+    };
+    out.not_created = not_created as u64;
+    Ok(out)
+}
+
+/// Whether `event_id` is canceled for `user_id` (the whole event, or that recipient).
+/// Takes the event row `FOR SHARE` until the caller's transaction ends, so a cancel
+/// cannot commit between this answer and the caller's insert: call it first in the
+/// transaction that adds a delivery to an existing event. `NotFound` for an unknown event.
+pub async fn is_canceled(
+    conn: &mut sqlx::PgConnection,
+    event_id: Uuid,
+    user_id: &str,
+) -> Result<bool> {
+    let canceled: Option<bool> = sqlx::query_scalar(
+        "SELECT e.canceled_at IS NOT NULL
+                OR EXISTS (SELECT 1 FROM event_cancellations c
+                           WHERE c.event_id = e.id AND c.user_id = $2)
+         FROM notification_events e WHERE e.id = $1 FOR SHARE OF e",
+    )
+    .bind(event_id)
+    .bind(user_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    canceled.ok_or_else(|| StoreError::NotFound(format!("event {event_id}")))
+}
