@@ -10,6 +10,7 @@ mod callbacks;
 mod console;
 mod decisions;
 mod docs;
+mod due_time;
 mod email_format;
 mod fanout;
 mod inbox;
