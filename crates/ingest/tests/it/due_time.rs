@@ -161,6 +161,14 @@ async fn a_preference_changed_before_the_due_time_decides() {
         delivery(&done, &off, "email").decision
     );
     assert_eq!(delivery(&done, &back, "email").status, "sent");
+    // GetEvent counts the skipped state with the others.
+    let mut counts: Vec<(&str, &str, u32)> = done
+        .counts
+        .iter()
+        .map(|c| (c.channel.as_str(), c.status.as_str(), c.count))
+        .collect();
+    counts.sort_unstable();
+    assert_eq!(counts, [("email", "sent", 1), ("email", "skipped", 1)]);
     eventually(
         "the user who turned email back on gets it",
         Duration::from_secs(10),

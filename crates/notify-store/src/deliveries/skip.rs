@@ -49,7 +49,7 @@ pub async fn skip_claimed(
         return Ok(false);
     }
     if UNREACHABLE.contains(&reason) {
-        crate::derived::fallback_after(&mut *tx, job.id, reason.as_str()).await?;
+        crate::derived::fallback_after(&mut tx, job.id, reason.as_str()).await?;
     }
     tx.commit().await?;
     Ok(true)
