@@ -113,15 +113,23 @@ named_enum! {
         Failed = "failed",
         /// Canceled before it was sent. Final.
         Canceled = "canceled",
+        /// The rules at its due time said it may not go out (preference off, LINE
+        /// unfollowed, endpoint revoked, address undeliverable): ended without a provider
+        /// call; `last_error` holds the skip reason code, the trail says why and when.
+        /// Final.
+        Skipped = "skipped",
     }
 }
 
 impl DeliveryStatus {
-    /// True for sent, failed and canceled: nothing will change any more.
+    /// True for sent, failed, canceled and skipped: nothing will change any more.
     pub fn is_final(self) -> bool {
         matches!(
             self,
-            DeliveryStatus::Sent | DeliveryStatus::Failed | DeliveryStatus::Canceled
+            DeliveryStatus::Sent
+                | DeliveryStatus::Failed
+                | DeliveryStatus::Canceled
+                | DeliveryStatus::Skipped
         )
     }
 }
@@ -142,14 +150,16 @@ mod tests {
     }
 
     #[test]
-    fn only_sent_failed_canceled_are_final() {
-        let finals: Vec<_> = ["pending", "sending", "sent", "failed", "canceled"]
-            .iter()
-            .map(|s| s.parse::<DeliveryStatus>().unwrap())
-            .filter(|s| s.is_final())
-            .map(|s| s.as_str())
-            .collect();
-        assert_eq!(finals, ["sent", "failed", "canceled"]);
+    fn only_sent_failed_canceled_skipped_are_final() {
+        let finals: Vec<_> = [
+            "pending", "sending", "sent", "failed", "canceled", "skipped",
+        ]
+        .iter()
+        .map(|s| s.parse::<DeliveryStatus>().unwrap())
+        .filter(|s| s.is_final())
+        .map(|s| s.as_str())
+        .collect();
+        assert_eq!(finals, ["sent", "failed", "canceled", "skipped"]);
         let err = "queued".parse::<DeliveryStatus>().unwrap_err();
         assert_eq!(err.value, "queued");
         assert!(err.to_string().contains("\"queued\""), "{err}");

@@ -109,7 +109,13 @@ pub fn trail(
                 a.error_code.map(|c| format!(", {c}")).unwrap_or_default(),
             ));
         }
-        trail.push(format!("status: {}", d.status));
+        trail.push(match d.status {
+            // The line above it (from the decision) says which rule and since when.
+            DeliveryStatus::Skipped => {
+                "status: skipped when due, not sent (no provider call)".into()
+            }
+            status => format!("status: {status}"),
+        });
     }
     if skip.is_none() && deliveries.is_empty() {
         trail.push(if fanout_pending {
@@ -203,6 +209,26 @@ mod tests {
                 "status: sent",
                 "planned: inapp",
                 "status: pending",
+            ]
+        );
+    }
+
+    /// "Why was this not sent": the decision's due-time line, then the final status.
+    #[test]
+    fn a_delivery_skipped_when_due_says_why_and_that_it_was_not_sent() {
+        let d = DeliveryFacts {
+            decision: "preference: on by the type's default channels (nothing set by the user)\n\
+                       preference: off at 2026-12-02T02:00:00+00:00 by the user's setting for this type on email (set 2026-12-02T01:40:00+00:00); skipped when due",
+            endpoint: "",
+            attempts: vec![],
+            status: DeliveryStatus::Skipped,
+        };
+        let t = trail("type t", None, &[d], false);
+        assert_eq!(
+            &t[2..],
+            [
+                "preference: off at 2026-12-02T02:00:00+00:00 by the user's setting for this type on email (set 2026-12-02T01:40:00+00:00); skipped when due",
+                "status: skipped when due, not sent (no provider call)",
             ]
         );
     }

@@ -13,10 +13,10 @@ use uuid::Uuid;
 pub struct ChannelOverview {
     /// The channel.
     pub channel: Channel,
-    /// Deliveries created in the last hour, by status: pending, sending, sent, failed.
-    pub last_hour: [i64; 4],
+    /// Deliveries created in the last hour, by status, in [`OVERVIEW_STATUSES`] order.
+    pub last_hour: [i64; OVERVIEW_STATUSES.len()],
     /// The same for the last day.
-    pub last_day: [i64; 4],
+    pub last_day: [i64; OVERVIEW_STATUSES.len()],
     /// Age in seconds of the oldest pending delivery that is due.
     pub oldest_pending_s: Option<i64>,
     /// Share of the last hour's attempts that ended in a retry.
@@ -24,11 +24,12 @@ pub struct ChannelOverview {
 }
 
 /// The statuses counted in [`ChannelOverview::last_hour`] and `last_day`, in that order.
-pub const OVERVIEW_STATUSES: [DeliveryStatus; 4] = [
+pub const OVERVIEW_STATUSES: [DeliveryStatus; 5] = [
     DeliveryStatus::Pending,
     DeliveryStatus::Sending,
     DeliveryStatus::Sent,
     DeliveryStatus::Failed,
+    DeliveryStatus::Skipped,
 ];
 
 /// The smallest UUIDv7 (RFC 9562) of the millisecond `t`: delivery and event ids are
@@ -48,8 +49,8 @@ pub async fn overview(db: &PgPool) -> Result<(Vec<ChannelOverview>, Option<i64>)
         .iter()
         .map(|&channel| ChannelOverview {
             channel,
-            last_hour: [0; 4],
-            last_day: [0; 4],
+            last_hour: [0; OVERVIEW_STATUSES.len()],
+            last_day: [0; OVERVIEW_STATUSES.len()],
             oldest_pending_s: None,
             retry_rate: None,
         })

@@ -38,6 +38,10 @@ pub struct Metrics {
     /// unknown (the call timed out after the request was sent; the provider may have
     /// accepted it). Also counted as retried or failed.
     pub deliveries_ambiguous: Counter<u64>,
+    /// `notify_deliveries_skipped_total{channel,reason}`: deliveries ended `skipped` when
+    /// due, without a provider call; `reason` is the skip reason code (`opted_out`,
+    /// `line_unfollowed`, `endpoint_revoked`, `email_undeliverable`, `no_push_endpoint`).
+    pub deliveries_skipped: Counter<u64>,
     /// `notify_attempt_duration_seconds{channel,provider,outcome}`: provider call time,
     /// rate-limit wait included; outcome is `sent`, `retry` or `failed`.
     pub attempt_duration: Histogram<f64>,
@@ -87,6 +91,10 @@ pub fn metrics() -> &'static Metrics {
             deliveries_ambiguous: m
                 .u64_counter("notify_deliveries_ambiguous")
                 .with_description("Attempts whose outcome is unknown (timed out after sending).")
+                .build(),
+            deliveries_skipped: m
+                .u64_counter("notify_deliveries_skipped")
+                .with_description("Deliveries skipped when due, by reason; no provider call.")
                 .build(),
             attempt_duration: m
                 .f64_histogram("notify_attempt_duration")
@@ -187,6 +195,13 @@ mod tests {
             .add(1, &with(KeyValue::new("reason", "line_4xx")));
         m.deliveries_retried.add(1, &cp);
         m.deliveries_ambiguous.add(1, &cp);
+        m.deliveries_skipped.add(
+            1,
+            &[
+                KeyValue::new("channel", "line"),
+                KeyValue::new("reason", "line_unfollowed"),
+            ],
+        );
         m.attempt_duration
             .record(0.2, &with(KeyValue::new("outcome", "sent")));
         m.event_to_provider.record(1.5, &cp);

@@ -1,4 +1,4 @@
-//! Handling one consumed message: parse, claim, due check, template, provider call,
+//! Handling one consumed message: parse, claim, due check (send, defer or skip), template, provider call,
 //! decision, record, ack.
 
 use crate::consume::Ctx;
@@ -67,25 +67,36 @@ impl<S: ChannelSender> Ctx<S> {
                 DbCall::Done(ClaimOutcome::Claimed(job)) => job,
             };
             // The rules that decide whether a delivery may go out now are checked here,
-            // when it is due, whatever made it due (first send, retry, fatigue slot,
-            // digest close, recovery), on the database clock of the claim.
-            if let notify_core::due::Due::Defer { until, why } = notify_core::due::check(
-                    job.started_at,
-                    notify_core::due::DueFacts {
-                        channel: job.channel,
-                        critical: job.critical,
-                        timezone: notify_core::validate::parse_timezone(&job.timezone),
-                        quiet_hours: &job.quiet_hours,
-                    },
-                )
-            {
-                match with_db_retry("defer", || deliveries::defer_claimed(&self.pool, &job, until, &why)).await {
-                    DbCall::Unreachable => return msg.nack_requeue().await,
-                    DbCall::Done(true) => info!(until = %until.to_rfc3339(), "due inside the recipient's quiet hours: deferred without a call"),
-                    DbCall::Done(false) => warn!("lease lost before deferring; nothing written"),
-                    DbCall::Refused(_) => {}
+            // when it is due, whatever made it due (first send, scheduled send, retry,
+            // fatigue slot, digest close, recovery), on the database clock of the claim,
+            // with the facts (preferences, follow state, endpoint, address) the claim read.
+            match notify_core::due::check(job.started_at, job.due_facts()) {
+                notify_core::due::Due::Now => {}
+                notify_core::due::Due::Defer { until, why } => {
+                    match with_db_retry("defer", || deliveries::defer_claimed(&self.pool, &job, until, &why)).await {
+                        DbCall::Unreachable => return msg.nack_requeue().await,
+                        DbCall::Done(true) => info!(until = %until.to_rfc3339(), "due inside the recipient's quiet hours: deferred without a call"),
+                        DbCall::Done(false) => warn!("lease lost before deferring; nothing written"),
+                        DbCall::Refused(_) => {}
+                    }
+                    return msg.ack().await;
                 }
-                return msg.ack().await;
+                notify_core::due::Due::Skip { reason, why } => {
+                    match with_db_retry("skip", || deliveries::skip_claimed(&self.pool, &job, reason, &why)).await {
+                        DbCall::Unreachable => return msg.nack_requeue().await,
+                        DbCall::Done(true) => {
+                            let m = notify_telemetry::metrics();
+                            m.deliveries_skipped.add(1, &[
+                                opentelemetry::KeyValue::new("channel", job.channel.as_str()),
+                                opentelemetry::KeyValue::new("reason", reason.as_str()),
+                            ]);
+                            info!(reason = reason.as_str(), "skipped when due");
+                        }
+                        DbCall::Done(false) => warn!("lease lost before skipping; nothing written"),
+                        DbCall::Refused(_) => {}
+                    }
+                    return msg.ack().await;
+                }
             }
             let mut job = job;
             s.record("notify.event_id", tracing::field::display(job.event_id));

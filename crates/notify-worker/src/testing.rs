@@ -47,6 +47,7 @@ pub fn job(channel: &str, provider: &str) -> DeliveryJob {
         endpoint_status: Some("active".parse().expect("an endpoint status")),
         critical: false,
         quiet_hours: Vec::new(),
+        due: Default::default(),
     }
 }
 

@@ -16,16 +16,24 @@ use serde::Deserialize;
 pub(super) async fn overview(State(app): State<AppState>, headers: HeaderMap) -> Page {
     let user = require(&app, &headers).await?;
     let (channels, lag) = notify_store::console::overview(&app.pool).await?;
-    let mut body = String::from(
-        "<table><tr><th>channel</th><th>last hour: pending / sending / sent / failed</th>\
-         <th>last day: pending / sending / sent / failed</th><th>oldest due pending</th><th>retry rate (1 h)</th></tr>",
+    let statuses = notify_store::console::OVERVIEW_STATUSES
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(" / ");
+    let mut body = format!(
+        "<table><tr><th>channel</th><th>last hour: {statuses}</th>\
+         <th>last day: {statuses}</th><th>oldest due pending</th><th>retry rate (1 h)</th></tr>",
     );
     for c in &channels {
-        let fmt = |a: &[i64; 4]| {
-            format!(
-                "{} / {} / {} / <span class=\"failed\">{}</span>",
-                a[0], a[1], a[2], a[3]
-            )
+        // Each count wears its status's class (failed red, skipped grey, ...).
+        let fmt = |a: &[i64]| {
+            notify_store::console::OVERVIEW_STATUSES
+                .iter()
+                .zip(a)
+                .map(|(s, n)| format!("<span class=\"{}\">{n}</span>", s.as_str()))
+                .collect::<Vec<_>>()
+                .join(" / ")
         };
         body.push_str(&format!(
             "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",

@@ -11,6 +11,7 @@ mod cancel;
 mod console;
 mod decisions;
 mod docs;
+mod due_time;
 mod email_format;
 mod fanout;
 mod inbox;

@@ -30,6 +30,9 @@ pub enum SkipReason {
     Throttled,
     /// Collected into a digest delivery that an earlier event of the group created.
     Digested,
+    /// The delivery's push endpoint was revoked (by the app, or because the provider
+    /// said the token is gone) before the delivery was due: skipped at due time.
+    EndpointRevoked,
 }
 
 impl SkipReason {
@@ -45,6 +48,7 @@ impl SkipReason {
             SkipReason::EmailUndeliverable => "email_undeliverable",
             SkipReason::Throttled => "throttled",
             SkipReason::Digested => "digested",
+            SkipReason::EndpointRevoked => "endpoint_revoked",
         }
     }
 }
@@ -169,7 +173,7 @@ pub fn is_enabled(
     resolve_preference(critical, type_channel, type_wide, channel_wide).0
 }
 
-fn preference_line(on: bool, source: PreferenceSource, channel: Channel) -> String {
+pub(crate) fn preference_line(on: bool, source: PreferenceSource, channel: Channel) -> String {
     let state = if on { "on" } else { "off" };
     match source {
         PreferenceSource::Critical => "preference: critical type, opt-outs do not apply".into(),

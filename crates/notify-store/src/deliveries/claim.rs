@@ -1,8 +1,10 @@
 //! The claim: a due `pending` delivery becomes `sending` under a fresh lease, in one round
 //! trip, or the reason it cannot be claimed (paused channel, wrong channel, not due, its
-//! attempt budget spent).
+//! attempt budget spent). The same statement reads what the due-time rules need
+//! ([`notify_core::due`]: preferences, LINE follow state, endpoint state, undeliverable
+//! address), each by primary or unique key.
 
-use super::{ClaimOutcome, DeliveryJob, paused_until};
+use super::{ClaimOutcome, DeliveryJob, DueState, paused_until};
 use crate::Result;
 use crate::row::{parse, parse_text};
 use notify_core::Channel;
@@ -90,11 +92,27 @@ pub async fn claim_many(
                 coalesce(t.priority, 'normal') AS priority,
                 coalesce(t.category, 'transactional') AS category, c.digest_key,
                 coalesce(t.critical, false) AS critical, r.quiet_hours_json,
-                t.updated_at AS type_updated_at
+                t.updated_at AS type_updated_at,
+                ptc.enabled AS pref_tc_on, ptc.updated_at AS pref_tc_at,
+                ptw.enabled AS pref_tw_on, ptw.updated_at AS pref_tw_at,
+                pcw.enabled AS pref_cw_on, pcw.updated_at AS pref_cw_at,
+                CASE WHEN NOT lf.following THEN lf.changed_at END AS line_unfollowed_at,
+                ep.revoked_at AS endpoint_revoked_at, ep.revoked_reason AS endpoint_revoked_reason,
+                CASE WHEN c.channel = 'email' AND r.email = c.address
+                     THEN r.email_undeliverable_at END AS email_undeliverable_at
          FROM c JOIN notification_events e ON e.id = c.event_id
               LEFT JOIN notification_types t ON t.key = e.type
               LEFT JOIN recipients r ON r.user_id = c.user_id
-              LEFT JOIN notification_endpoints ep ON ep.id = c.endpoint_id",
+              LEFT JOIN notification_endpoints ep ON ep.id = c.endpoint_id
+              -- The facts the due-time rules read (notify_core::due), each by its primary
+              -- key: the three preference levels, and the LINE user id's follow state.
+              LEFT JOIN notification_preferences ptc
+                     ON ptc.user_id = c.user_id AND ptc.type = e.type AND ptc.channel = c.channel
+              LEFT JOIN notification_preferences ptw
+                     ON ptw.user_id = c.user_id AND ptw.type = e.type AND ptw.channel = '*'
+              LEFT JOIN notification_preferences pcw
+                     ON pcw.user_id = c.user_id AND pcw.type = '*' AND pcw.channel = c.channel
+              LEFT JOIN line_followers lf ON c.provider = 'line' AND lf.line_user_id = c.address",
     )
     .bind(ids)
     .bind(channel.as_str())
@@ -140,6 +158,7 @@ pub async fn claim_many(
                     .get::<Option<serde_json::Value>, _>("quiet_hours_json")
                     .and_then(|v| serde_json::from_value(v).ok())
                     .unwrap_or_default(),
+                due: due_state(&r),
             };
             Ok((job.id, ClaimOutcome::Claimed(Box::new(job))))
         })
@@ -167,6 +186,28 @@ pub async fn claim_many(
             claimed.remove(id).unwrap_or(ClaimOutcome::Missing)
         })
         .collect())
+}
+
+/// The due-time facts of one claimed row.
+fn due_state(r: &sqlx::postgres::PgRow) -> DueState {
+    use chrono::{DateTime, Utc};
+    use notify_core::due::{Preferences, Setting};
+    let setting = |on: &str, at: &str| {
+        let on: Option<bool> = r.get(on);
+        let at: Option<DateTime<Utc>> = r.get(at);
+        on.zip(at).map(|(on, at)| Setting { on, at })
+    };
+    DueState {
+        preferences: Preferences {
+            type_channel: setting("pref_tc_on", "pref_tc_at"),
+            type_wide: setting("pref_tw_on", "pref_tw_at"),
+            channel_wide: setting("pref_cw_on", "pref_cw_at"),
+        },
+        line_unfollowed_at: r.get("line_unfollowed_at"),
+        endpoint_revoked_at: r.get("endpoint_revoked_at"),
+        endpoint_revoked_reason: r.get("endpoint_revoked_reason"),
+        email_undeliverable_at: r.get("email_undeliverable_at"),
+    }
 }
 
 /// The attempt cap on the claim, the one door to a provider call: a due `pending`

@@ -1,6 +1,6 @@
 //! The worker side of a delivery: claim with a lease (`claim.rs`), heartbeat and the
 //! sweeper that recovers expired leases (`lease.rs`), record the attempt fenced by the
-//! lease (`record.rs`), channel pauses and gauges (`channels.rs`) and the inbox rows of
+//! lease (`record.rs`), end a claim the due-time rules skip (`skip.rs`), channel pauses and gauges (`channels.rs`) and the inbox rows of
 //! in-app deliveries (`inbox_rows.rs`). Everything is re-exported here: callers use
 //! `notify_store::deliveries::*`.
 
@@ -13,6 +13,7 @@ mod claim;
 mod inbox_rows;
 mod lease;
 mod record;
+mod skip;
 
 pub use channels::{ChannelGauges, Gauges, gauges, pause_channel, paused_until};
 pub use claim::{claim, claim_many};
@@ -22,6 +23,7 @@ pub use record::{
     AttemptRecord, NextState, defer_claimed, fail_unclaimed, record_attempts, record_fallback,
     record_late_success,
 };
+pub use skip::{UNREACHABLE, skip_claimed};
 
 /// Most bytes of a provider's raw answer kept per attempt.
 pub const MAX_PROVIDER_RESPONSE_BYTES: usize = 20 * 1024;
@@ -96,6 +98,57 @@ pub struct DeliveryJob {
     /// The recipient's quiet hours as they are now (read at the claim, so a window set
     /// after planning still holds the delivery).
     pub quiet_hours: Vec<notify_core::quiet::QuietWindow>,
+    /// The other facts the due-time rules read ([`notify_core::due`]), as they are at the
+    /// claim.
+    pub due: DueState,
+}
+
+/// What the due-time rules read about a claimed delivery besides quiet hours, read in the
+/// claim's statement (each by primary or unique key): the recipient's preference settings
+/// for the type and channel, and whether the channel still reaches the user.
+#[derive(Debug, Clone, Default)]
+pub struct DueState {
+    /// Preference settings (type x channel, type-wide, channel-wide) with when each was
+    /// set.
+    pub preferences: notify_core::due::Preferences,
+    /// LINE: when the delivery's LINE user id unfollowed the official account, if that is
+    /// its last follow event (`line_followers`).
+    pub line_unfollowed_at: Option<DateTime<Utc>>,
+    /// Push: when the endpoint was revoked (`revoked_at`), if it is revoked.
+    pub endpoint_revoked_at: Option<DateTime<Utc>>,
+    /// Push: why the endpoint was revoked, if it is revoked.
+    pub endpoint_revoked_reason: Option<String>,
+    /// Email: when the delivery's address was marked undeliverable, if it is still the
+    /// recipient's address and still marked.
+    pub email_undeliverable_at: Option<DateTime<Utc>>,
+}
+
+impl DeliveryJob {
+    /// The facts [`notify_core::due::check`] reads, from this claim.
+    pub fn due_facts(&self) -> notify_core::due::DueFacts<'_> {
+        use notify_core::due::{DueFacts, Endpoint};
+        let endpoint = match (self.channel, self.endpoint_status.as_deref()) {
+            (Channel::Push, None) => Endpoint::Gone,
+            (Channel::Push, Some("revoked")) => Endpoint::Revoked {
+                at: self.due.endpoint_revoked_at,
+                reason: self.due.endpoint_revoked_reason.as_deref(),
+            },
+            _ => Endpoint::Usable,
+        };
+        DueFacts {
+            batch: self.provider == Provider::LineMulticast,
+            preferences: self.due.preferences,
+            line_unfollowed_at: self.due.line_unfollowed_at,
+            endpoint,
+            email_undeliverable_at: self.due.email_undeliverable_at,
+            ..DueFacts::new(
+                self.channel,
+                self.critical,
+                notify_core::validate::parse_timezone(&self.timezone),
+                &self.quiet_hours,
+            )
+        }
+    }
 }
 
 /// Why a message did not lead to a claim.

@@ -1,0 +1,319 @@
+//! Decided at sending time: preferences, LINE follow state, revoked push endpoints and
+//! undeliverable addresses are checked again when a delivery becomes due, not only when
+//! the event is created. A delivery the rules refuse at its due time ends `skipped`, with
+//! no provider call, its reason in `last_error` and a trail line saying why and when.
+//!
+//! The deliveries are made not due by a quiet window around now (planning holds them in
+//! Postgres until its end); the test then changes the user's facts and makes them due now,
+//! as time passing would: the window moves behind and the due time to now.
+
+use crate::support;
+
+use notify_proto::v1 as pb;
+use serde_json::json;
+use std::time::Duration;
+use support::{Platform, eventually, line_id, line_webhook, uniq};
+
+/// Holds `users`' noisy deliveries: a quiet window around now on every channel.
+async fn hold(p: &Platform, users: &[&str]) {
+    let now = chrono::Utc::now().with_timezone(&chrono_tz::Asia::Bangkok);
+    for u in users {
+        p.set_quiet_hours(
+            u,
+            now - chrono::Duration::hours(1),
+            now + chrono::Duration::hours(1),
+        )
+        .await;
+    }
+}
+
+/// Makes the event's deliveries due now: `users`' window moves behind us, and the due
+/// time (delivery and outbox row) becomes now.
+async fn make_due(p: &Platform, event_id: &str, users: &[&str]) {
+    let now = chrono::Utc::now().with_timezone(&chrono_tz::Asia::Bangkok);
+    for u in users {
+        p.set_quiet_hours(
+            u,
+            now - chrono::Duration::hours(3),
+            now - chrono::Duration::hours(2),
+        )
+        .await;
+    }
+    sqlx::query(
+        "UPDATE notification_deliveries SET next_attempt_at = now() WHERE event_id = $1::uuid",
+    )
+    .bind(event_id)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE outbox SET available_at = now() WHERE delivery_id IN
+           (SELECT id FROM notification_deliveries WHERE event_id = $1::uuid)",
+    )
+    .bind(event_id)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+}
+
+/// Every delivery is pending and held at the call: nothing was decided yet.
+fn assert_held(ev: &pb::CreateEventResponse) {
+    assert!(!ev.deliveries.is_empty(), "{:?}", ev.skipped);
+    for d in &ev.deliveries {
+        assert_eq!(d.status, "pending", "{d:?}");
+        assert!(d.deferred_until.is_some(), "{d:?}");
+    }
+}
+
+async fn set_pref(p: &Platform, user: &str, type_key: &str, channel: &str, on: bool) {
+    p.recipients()
+        .set_preference(pb::SetPreferenceRequest {
+            user_id: user.into(),
+            r#type: type_key.into(),
+            channel: channel.into(),
+            enabled: on,
+        })
+        .await
+        .unwrap();
+}
+
+async fn explain(p: &Platform, event_id: &str, user: &str, channel: &str) -> Vec<String> {
+    p.ingest()
+        .explain_delivery(pb::ExplainDeliveryRequest {
+            event_id: event_id.into(),
+            user_id: user.into(),
+            channel: channel.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .trail
+}
+
+fn delivery<'a>(ev: &'a pb::GetEventResponse, user: &str, channel: &str) -> &'a pb::Delivery {
+    ev.deliveries
+        .iter()
+        .find(|d| d.user_id == user && d.channel == channel)
+        .unwrap_or_else(|| panic!("no {channel} delivery for {user}: {:#?}", ev.deliveries))
+}
+
+/// Skipped when due: final, the reason code, the claim's attempt given back, no provider
+/// call on record, and the decision's last line naming the rule.
+fn assert_skipped(d: &pb::Delivery, reason: &str, line_starts: &str) {
+    assert_eq!(
+        (d.status.as_str(), d.last_error.as_str(), d.attempts),
+        ("skipped", reason, 0),
+        "{d:#?}"
+    );
+    let last = d.decision.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with(line_starts) && last.contains("skipped when due"),
+        "{}",
+        d.decision
+    );
+    assert!(d.next_attempt_at.is_none(), "{d:?}");
+}
+
+/// The issue's case: a user who turns email off before the delivery is due gets no email,
+/// and the trail says why; a user who turns it off and on again before it is due gets it;
+/// a critical type still goes to a user who turned email off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preference_changed_before_the_due_time_decides() {
+    let p = Platform::start().await;
+    p.add_type("order_paid", &["email"]).await;
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "security_login".into(),
+            default_channels: vec!["email".into()],
+            critical: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let (off, back) = (uniq("off"), uniq("back"));
+    let (off_mail, back_mail) = (
+        format!("{off}@example.test"),
+        format!("{back}@example.test"),
+    );
+    p.add_recipient(&off, "", &off_mail, "").await;
+    p.add_recipient(&back, "", &back_mail, "").await;
+    hold(&p, &[&off, &back]).await;
+    let ev = p.send("due:pref", "order_paid", &[&off, &back]).await;
+    assert_held(&ev);
+
+    // Before it is due: one user turns email off for this type, the other off and on.
+    set_pref(&p, &off, "order_paid", "email", false).await;
+    set_pref(&p, &back, "*", "email", false).await;
+    set_pref(&p, &back, "order_paid", "email", true).await;
+    make_due(&p, &ev.event_id, &[&off, &back]).await;
+
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_skipped(
+        delivery(&done, &off, "email"),
+        "opted_out",
+        "preference: off at ",
+    );
+    assert!(
+        delivery(&done, &off, "email")
+            .decision
+            .contains("by the user's setting for this type on email (set "),
+        "{}",
+        delivery(&done, &off, "email").decision
+    );
+    assert_eq!(delivery(&done, &back, "email").status, "sent");
+    // GetEvent counts the skipped state with the others.
+    let mut counts: Vec<(&str, &str, u32)> = done
+        .counts
+        .iter()
+        .map(|c| (c.channel.as_str(), c.status.as_str(), c.count))
+        .collect();
+    counts.sort_unstable();
+    assert_eq!(counts, [("email", "sent", 1), ("email", "skipped", 1)]);
+    eventually(
+        "the user who turned email back on gets it",
+        Duration::from_secs(10),
+        async || {
+            let m = p.mails_to(&back_mail).await;
+            if m.len() == 1 { Ok(()) } else { Err(m) }
+        },
+    )
+    .await;
+    assert!(
+        p.mails_to(&off_mail).await.is_empty(),
+        "no email to the user who opted out"
+    );
+
+    // ExplainDelivery answers "why was this not sent".
+    let trail = explain(&p, &ev.event_id, &off, "email").await;
+    assert_eq!(
+        trail.last().unwrap(),
+        "status: skipped when due, not sent (no provider call)"
+    );
+    assert!(
+        trail[trail.len() - 2].starts_with("preference: off at ")
+            && trail[trail.len() - 2].ends_with("; skipped when due"),
+        "{trail:#?}"
+    );
+    assert!(
+        !trail.iter().any(|l| l.starts_with("attempt ")),
+        "{trail:#?}"
+    );
+
+    // A critical type ignores the opt-out, at the call and when due.
+    set_pref(&p, &off, "security_login", "email", false).await;
+    let critical = p.send("due:critical", "security_login", &[&off]).await;
+    let done = p.wait_final(&critical.event_id, 30).await;
+    assert_eq!(done.deliveries[0].status, "sent", "{:#?}", done.deliveries);
+    eventually(
+        "the critical email arrives",
+        Duration::from_secs(10),
+        async || {
+            let m = p.mails_to(&off_mail).await;
+            if m.len() == 1 { Ok(()) } else { Err(m) }
+        },
+    )
+    .await;
+    p.stop().await;
+}
+
+/// The channel stops reaching the user before the delivery is due: an unfollow (the LINE
+/// webhook, signed), a revoked push endpoint (RevokeEndpoint), an address marked
+/// undeliverable. Each delivery is skipped with its reason and nothing reaches the
+/// provider; in-app, which nothing made unreachable, is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_unreachable_by_the_due_time_is_skipped() {
+    let p = Platform::start().await;
+    p.add_type("order_paid", &["inapp", "email", "line", "push"])
+        .await;
+    let u = uniq("u");
+    let (mail, lid) = (format!("{u}@example.test"), line_id());
+    p.add_recipient(&u, "", &mail, &lid).await;
+    let endpoint = p.add_device(&u, &format!("fcm-tok-{u}")).await;
+    hold(&p, &[&u]).await;
+    let ev = p.send("due:reach", "order_paid", &[&u]).await;
+    let mut held: Vec<&str> = ev
+        .deliveries
+        .iter()
+        .filter(|d| d.deferred_until.is_some())
+        .map(|d| d.channel.as_str())
+        .collect();
+    held.sort_unstable();
+    assert_eq!(held, ["email", "line", "push"], "{:#?}", ev.deliveries);
+
+    // The user blocks the official account (LINE's signed webhook).
+    let at_ms = chrono::Utc::now().timestamp_millis();
+    let body = json!({"destination": "U0", "events": [{
+        "type": "unfollow", "mode": "active", "timestamp": at_ms,
+        "source": {"type": "user", "userId": lid},
+        "webhookEventId": format!("01HDUE{at_ms}"),
+        "deliveryContext": {"isRedelivery": false},
+    }]})
+    .to_string();
+    assert_eq!(line_webhook(&p, &p.http_url, &body).await.status(), 200);
+    // The app revokes the device.
+    let revoked = p
+        .recipients()
+        .revoke_endpoint(pb::RevokeEndpointRequest {
+            endpoint_id: endpoint.clone(),
+            reason: "app_uninstalled".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(revoked.revoked);
+    // The address bounced as nonexistent (as an SMTP 550 5.1.1 on another message marks it).
+    assert!(
+        notify_store::catalog::mark_email_undeliverable(
+            &p.pool,
+            &u,
+            &mail,
+            "550 5.1.1",
+            chrono::Utc::now() + chrono::Duration::minutes(1),
+        )
+        .await
+        .unwrap()
+    );
+    make_due(&p, &ev.event_id, &[&u]).await;
+
+    let done = p.wait_final(&ev.event_id, 30).await;
+    let unfollowed_at = chrono::DateTime::from_timestamp_millis(at_ms)
+        .unwrap()
+        .to_rfc3339();
+    let line = delivery(&done, &u, "line");
+    assert_skipped(
+        line,
+        "line_unfollowed",
+        &format!("LINE: unfollowed at {unfollowed_at}"),
+    );
+    let push = delivery(&done, &u, "push");
+    assert_skipped(push, "endpoint_revoked", "endpoint: revoked at ");
+    assert!(
+        push.decision.contains("(app_uninstalled)"),
+        "{}",
+        push.decision
+    );
+    assert_skipped(
+        delivery(&done, &u, "email"),
+        "email_undeliverable",
+        "email: the address was marked undeliverable at ",
+    );
+    assert_eq!(delivery(&done, &u, "inapp").status, "sent");
+    assert!(p.sim_requests("line").await.is_empty(), "no LINE call");
+    assert!(p.sim_requests("fcm").await.is_empty(), "no FCM call");
+    assert!(p.mails_to(&mail).await.is_empty(), "no email");
+    let attempts: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
+         WHERE d.event_id = $1::uuid AND d.status = 'skipped'",
+    )
+    .bind(&ev.event_id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(attempts, 0, "a skip writes no attempt");
+    let trail = explain(&p, &ev.event_id, &u, "line").await;
+    assert!(
+        trail.iter().any(|l| l.starts_with("LINE: unfollowed at ")),
+        "{trail:#?}"
+    );
+    p.stop().await;
+}
