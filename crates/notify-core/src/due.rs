@@ -26,6 +26,14 @@ pub enum Due {
         /// The trail line.
         why: String,
     },
+    /// Not at all: the delivery ends `skipped` with `reason` (its code goes to
+    /// `last_error`) and `why` appended to its trail.
+    Skip {
+        /// Why it may not go out.
+        reason: crate::plan::SkipReason,
+        /// The trail line.
+        why: String,
+    },
 }
 
 /// The facts about one due delivery that the rules read, as they are at the moment it is
@@ -40,10 +48,22 @@ pub struct DueFacts<'a> {
     pub timezone: Option<Tz>,
     /// The recipient's quiet hours.
     pub quiet_hours: &'a [QuietWindow],
+    /// For an escalation: when the notification it escalates was read (in-app) or first
+    /// clicked (LINE, push), if it was; `None` otherwise and for every other delivery.
+    pub escalation_answered: Option<DateTime<Utc>>,
 }
 
 /// Whether a delivery that is due at `now` (database clock) may be sent now.
 pub fn check(now: DateTime<Utc>, facts: DueFacts<'_>) -> Due {
+    if let Some(at) = facts.escalation_answered {
+        return Due::Skip {
+            reason: crate::plan::SkipReason::Read,
+            why: format!(
+                "escalation: not sent, the notification it escalates was read or clicked at {}",
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        };
+    }
     if facts.critical || facts.channel == Channel::InApp {
         return Due::Now;
     }
@@ -81,6 +101,7 @@ mod tests {
             critical,
             timezone: Some(chrono_tz::Asia::Bangkok),
             quiet_hours: w,
+            escalation_answered: None,
         }
     }
 
@@ -106,7 +127,7 @@ mod tests {
                 assert_eq!(until, utc("2026-12-02T00:00:00Z")); // 07:00 Bangkok
                 assert!(why.contains("quiet hours (Asia/Bangkok)"), "{why}");
             }
-            Due::Now => panic!("a retry at 22:05 must not go out"),
+            other => panic!("a retry at 22:05 must not go out: {other:?}"),
         }
         // At 07:00 it goes.
         assert_eq!(
@@ -138,5 +159,24 @@ mod tests {
             ),
             Due::Now
         );
+    }
+
+    /// An escalation whose parent was read before it was due is skipped, whatever the
+    /// channel and quiet hours.
+    #[test]
+    fn an_answered_escalation_is_skipped_as_read() {
+        let w = night();
+        let mut f = facts(Channel::Email, false, &w);
+        f.escalation_answered = Some(utc("2026-12-01T10:00:00Z"));
+        match check(utc("2026-12-01T16:30:00Z"), f) {
+            Due::Skip { reason, why } => {
+                assert_eq!(reason.as_str(), "read_before_escalation");
+                assert!(
+                    why.contains("read or clicked at 2026-12-01T10:00:00Z"),
+                    "{why}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
