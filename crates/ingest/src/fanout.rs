@@ -6,7 +6,7 @@
 //! checkpoint update is fenced by the previous cursor.
 
 use crate::clock::Clock;
-use crate::planning::new_deliveries;
+use crate::planning::{add_derived, count_derived, new_deliveries};
 use notify_core::Channel;
 use notify_core::plan::{merge_line_multicast, plan};
 use notify_store::PgPool;
@@ -99,6 +99,15 @@ async fn fan_out(
         // The database clock in production, like due times and leases (never the host's).
         let now = clock.now(&mut tx).await?;
         let (mut planned, mut skipped) = plan(job.event_id, ty.critical, &channels, &facts, now);
+        add_derived(
+            job.event_id,
+            ty.critical,
+            &ty.derivation,
+            &facts,
+            now,
+            &mut planned,
+            &mut skipped,
+        );
         if !caps.is_empty() {
             let page: Vec<&str> = users.iter().map(String::as_str).collect();
             let mut counted = events::counted_toward_caps(&mut tx, &page).await?;
@@ -116,12 +125,8 @@ async fn fan_out(
         if job.line_multicast {
             planned = merge_line_multicast(job.event_id, &cursor, planned);
         }
-        events::insert_deliveries(
-            &mut tx,
-            job.event_id,
-            &new_deliveries(planned, max_attempts),
-        )
-        .await?;
+        let planned = new_deliveries(planned, max_attempts);
+        events::insert_deliveries(&mut tx, job.event_id, &planned).await?;
         events::insert_skips(&mut tx, job.event_id, &skipped).await?;
         if !events::advance_fanout(
             &mut tx,
@@ -139,6 +144,7 @@ async fn fan_out(
             return Ok(());
         }
         tx.commit().await?;
+        count_derived(&ty.derivation, &planned, &skipped);
         cursor = next;
         if done {
             info!(event_id = %job.event_id, topic = %job.topic, "fan-out done");

@@ -18,7 +18,7 @@
 
 use crate::clock::Clock;
 use crate::error::ApiError;
-use crate::planning::new_deliveries;
+use crate::planning::{add_derived, count_derived, new_deliveries};
 use notify_core::plan::{effective_channels, plan};
 use notify_core::{Channel, NewEvent, SkippedDelivery};
 use notify_store::events::{self, EventInsert, ExistingEvent, NewDelivery};
@@ -169,6 +169,7 @@ struct Ready {
     over_cap: notify_core::fatigue::OverCap,
     digest_window_s: i32,
     dedup_window_s: i64,
+    derivation: notify_core::plan::Derivation,
 }
 
 /// Joins the batch's digest deliveries to their digests. An event whose digest an earlier
@@ -431,6 +432,7 @@ async fn check_catalogue(
             over_cap: ty.over_cap,
             digest_window_s: ty.digest_window_s,
             dedup_window_s: i64::from(ty.dedup_window_s),
+            derivation: ty.derivation.clone(),
             channels,
             job,
         });
@@ -489,7 +491,16 @@ async fn try_write(
     };
     for (&i, facts) in direct.iter().zip(facts) {
         let r = &ready[i];
-        let (deliveries, mut skipped) = plan(r.id, r.critical, &r.channels, &facts, now);
+        let (mut deliveries, mut skipped) = plan(r.id, r.critical, &r.channels, &facts, now);
+        add_derived(
+            r.id,
+            r.critical,
+            &r.derivation,
+            &facts,
+            now,
+            &mut deliveries,
+            &mut skipped,
+        );
         let deliveries = notify_core::fatigue::apply_caps(
             deliveries,
             &mut skipped,
@@ -527,6 +538,9 @@ async fn try_write(
         return Ok((Vec::new(), false));
     }
     tx.commit().await?;
+    for (&i, (d, sk)) in &planned {
+        count_derived(&ready[i].derivation, d, sk);
+    }
     let results = existing
         .into_iter()
         .enumerate()

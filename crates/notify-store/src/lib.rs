@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod clicks;
 pub mod console;
 pub mod deliveries;
+pub mod derived;
 pub mod events;
 pub mod inbox;
 pub mod outbox;

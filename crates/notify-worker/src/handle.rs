@@ -54,9 +54,12 @@ impl<S: ChannelSender> Ctx<S> {
                     info!(%status, "duplicate or early message: acked without sending");
                     return msg.ack().await;
                 }
-                DbCall::Done(ClaimOutcome::Exhausted { provider, attempts, .. }) => {
+                DbCall::Done(ClaimOutcome::Exhausted { provider, attempts, fallback, .. }) => {
                     // Every attempt was spent, the last ones by workers that died during the
                     // call: the claim failed it instead of calling the provider again.
+                    if let Some(f) = fallback {
+                        notify_telemetry::metrics::count_fallback(f.from.as_str(), f.to.as_str(), "attempts_spent");
+                    }
                     let m = notify_telemetry::metrics();
                     let [c, p] = notify_telemetry::metrics::channel_provider(channel.as_str(), provider.as_str());
                     m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", "attempts_spent")]);
@@ -69,23 +72,43 @@ impl<S: ChannelSender> Ctx<S> {
             // The rules that decide whether a delivery may go out now are checked here,
             // when it is due, whatever made it due (first send, retry, fatigue slot,
             // digest close, recovery), on the database clock of the claim.
-            if let notify_core::due::Due::Defer { until, why } = notify_core::due::check(
+            match notify_core::due::check(
                     job.started_at,
                     notify_core::due::DueFacts {
                         channel: job.channel,
                         critical: job.critical,
                         timezone: notify_core::validate::parse_timezone(&job.timezone),
                         quiet_hours: &job.quiet_hours,
+                        escalation_answered: job.escalation_answered,
                     },
                 )
             {
-                match with_db_retry("defer", || deliveries::defer_claimed(&self.pool, &job, until, &why)).await {
-                    DbCall::Unreachable => return msg.nack_requeue().await,
-                    DbCall::Done(true) => info!(until = %until.to_rfc3339(), "due inside the recipient's quiet hours: deferred without a call"),
-                    DbCall::Done(false) => warn!("lease lost before deferring; nothing written"),
-                    DbCall::Refused(_) => {}
+                notify_core::due::Due::Now => {}
+                notify_core::due::Due::Defer { until, why } => {
+                    match with_db_retry("defer", || deliveries::defer_claimed(&self.pool, &job, until, &why)).await {
+                        DbCall::Unreachable => return msg.nack_requeue().await,
+                        DbCall::Done(true) => info!(until = %until.to_rfc3339(), "due inside the recipient's quiet hours: deferred without a call"),
+                        DbCall::Done(false) => warn!("lease lost before deferring; nothing written"),
+                        DbCall::Refused(_) => {}
+                    }
+                    return msg.ack().await;
                 }
-                return msg.ack().await;
+                notify_core::due::Due::Skip { reason, why } => {
+                    // lead: feat/due's `deliveries::skip_claimed(&self.pool, &job, reason, &why)`
+                    // replaces this stand-in (which cannot store `skipped` without its migration).
+                    match with_db_retry("skip", || notify_store::derived::skip_claimed_standin(&self.pool, &job, reason, &why)).await {
+                        DbCall::Unreachable => return msg.nack_requeue().await,
+                        DbCall::Done(true) => {
+                            if reason == notify_core::SkipReason::Read {
+                                notify_telemetry::metrics().escalations.add(1, &[opentelemetry::KeyValue::new("outcome", "skipped_read")]);
+                            }
+                            info!(reason = reason.as_str(), "skipped when due, without a call")
+                        }
+                        DbCall::Done(false) => warn!("lease lost before skipping; nothing written"),
+                        DbCall::Refused(_) => {}
+                    }
+                    return msg.ack().await;
+                }
             }
             let mut job = job;
             s.record("notify.event_id", tracing::field::display(job.event_id));
@@ -187,6 +210,9 @@ impl<S: ChannelSender> Ctx<S> {
                 }
                 DbCall::Done(true) => {
                     count_recorded(&job, &next, &record, error.as_ref(), took);
+                    if job.cause == notify_core::plan::Cause::Escalation && matches!(next, NextState::Sent { .. }) {
+                        notify_telemetry::metrics().escalations.add(1, &[opentelemetry::KeyValue::new("outcome", "sent")]);
+                    }
                     msg.ack().await
                 }
             }

@@ -47,6 +47,8 @@ pub fn job(channel: &str, provider: &str) -> DeliveryJob {
         endpoint_status: Some("active".parse().expect("an endpoint status")),
         critical: false,
         quiet_hours: Vec::new(),
+        escalation_answered: None,
+        cause: notify_core::plan::Cause::Planned,
     }
 }
 

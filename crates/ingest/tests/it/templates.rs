@@ -171,19 +171,19 @@ async fn the_type_file_loads_once_per_version_and_all_or_nothing() {
     assert_eq!(
         load(&p.pool, &file).await.unwrap(),
         Loaded::Applied {
-            version: 2,
-            types: 4
+            version: 3,
+            types: 5
         }
     );
     assert_eq!(
         load(&p.pool, &file).await.unwrap(),
-        Loaded::AlreadyLoaded { version: 2 }
+        Loaded::AlreadyLoaded { version: 3 }
     );
     // Layout and line endings are not content.
     let relaid = file.replace('\n', "\r\n  ");
     assert_eq!(
         load(&p.pool, &relaid).await.unwrap(),
-        Loaded::AlreadyLoaded { version: 2 }
+        Loaded::AlreadyLoaded { version: 3 }
     );
     // Refused with the field named, nothing written: no types; two templates for one
     // channel and locale.

@@ -443,7 +443,9 @@ pub fn merge_line_multicast(
 }
 
 mod derived;
-pub use derived::{Cause, Derivation, Escalation, derive, fallback_after, unreachable_line};
+pub use derived::{
+    Cause, Derivation, Escalation, MAX_ESCALATION_SECONDS, derive, fallback_after, unreachable_line,
+};
 
 #[cfg(test)]
 mod tests;

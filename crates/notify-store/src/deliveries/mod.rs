@@ -19,8 +19,8 @@ pub use claim::{claim, claim_many};
 pub use inbox_rows::{insert_inbox_notifications, upsert_grouped_inbox_row};
 pub use lease::{ExpiredLease, WORKER_LOST, extend_lease, republish_stale, requeue_expired_leases};
 pub use record::{
-    AttemptRecord, NextState, defer_claimed, fail_unclaimed, record_attempts, record_fallback,
-    record_late_success,
+    AttemptRecord, NextState, defer_claimed, fail_unclaimed, record_attempts,
+    record_attempts_with_fallbacks, record_fallback, record_late_success,
 };
 
 /// Most bytes of a provider's raw answer kept per attempt.
@@ -96,6 +96,12 @@ pub struct DeliveryJob {
     /// The recipient's quiet hours as they are now (read at the claim, so a window set
     /// after planning still holds the delivery).
     pub quiet_hours: Vec<notify_core::quiet::QuietWindow>,
+    /// For an escalation (cause `escalation`): when the delivery it escalates was read
+    /// (in-app `notifications.read_at`) or first clicked (`delivery_clicks`), if it was;
+    /// read in the claim's statement. `None` for every other delivery.
+    pub escalation_answered: Option<DateTime<Utc>>,
+    /// Why the delivery exists (planned, fallback, escalation).
+    pub cause: notify_core::plan::Cause,
 }
 
 /// Why a message did not lead to a claim.
@@ -120,6 +126,8 @@ pub enum ClaimOutcome {
         attempts: i32,
         /// `last_error` as written.
         error: String,
+        /// The fallback delivery created with the failure, if any.
+        fallback: Option<crate::derived::FallbackMade>,
     },
 }
 
