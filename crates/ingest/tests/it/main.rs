@@ -11,6 +11,7 @@ mod console;
 mod decisions;
 mod docs;
 mod email_format;
+mod fallback;
 mod fanout;
 mod inbox;
 mod inbox_rich;
