@@ -176,6 +176,31 @@ async fn a_line_delivery_that_fails_for_good_falls_back_to_email_once() {
     let trail = explain(&p, &created.event_id, &u, "email").await;
     assert!(trail[0].starts_with(&head), "{trail:#?}");
     one_mail(&p, &address).await;
+    // The console's event page shows the cause column.
+    let http = support::no_redirects();
+    let cookie = support::session_cookie(
+        &support::console_login(&http, &p.http_url)
+            .send()
+            .await
+            .unwrap(),
+    );
+    let page = http
+        .get(format!(
+            "{}/console/events/{}",
+            p.http_url, created.event_id
+        ))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("<th>cause</th>"), "{page}");
+    assert!(
+        page.contains(&format!("<td>fallback of {}</td>", line[0].delivery_id)),
+        "{page}"
+    );
 
     // Replay, then restart every worker: still one email.
     assert_eq!(
