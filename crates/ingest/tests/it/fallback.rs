@@ -444,3 +444,86 @@ async fn bad_fallback_and_escalation_settings_are_refused_by_field() {
     );
     p.stop().await;
 }
+
+/// "Why was this email sent?": for a user whose LINE account unfollowed, ExplainDelivery
+/// on the email starts with the cause and the time of the unfollow webhook.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_names_the_unfollow_and_its_time() {
+    let p = Platform::start_with_workers(&[]).await;
+    add_derived_type(&p, "order_paid", &["line"], &["line", "email"], None).await;
+    let (u, lid) = (uniq("u"), line_id());
+    p.add_recipient(&u, "", &format!("{u}@example.test"), &lid)
+        .await;
+    let at = chrono::DateTime::from_timestamp(chrono::Utc::now().timestamp() - 60, 0).unwrap();
+    let body = serde_json::json!({"destination": "Ubot", "events": [{
+        "type": "unfollow", "mode": "active", "timestamp": at.timestamp_millis(),
+        "source": {"type": "user", "userId": lid}, "webhookEventId": "01HUNFOLLOW",
+        "deliveryContext": {"isRedelivery": false}}]})
+    .to_string();
+    let r = support::line_webhook(&p, &p.http_url, &body).await;
+    assert_eq!(r.status(), 200);
+    let created = p.send(&format!("order:{u}"), "order_paid", &[&u]).await;
+    let trail = explain(&p, &created.event_id, &u, "email").await;
+    assert_eq!(
+        trail[0],
+        format!(
+            "fallback: LINE unreachable: unfollowed at {}; fallback to email",
+            at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        ),
+        "{trail:#?}"
+    );
+    let ev = p.get_event(&created.event_id).await;
+    assert_eq!(ev.skipped[0].reason, "line_unfollowed");
+    p.stop().await;
+}
+
+/// The topic fan-out derives like the direct writer: a subscriber without a LINE id gets
+/// the fallback email, one with a LINE id only LINE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_topic_fan_out_plans_the_fallback_too() {
+    let p = Platform::start_with_workers(&[]).await;
+    add_derived_type(&p, "promo", &["line"], &["line", "email"], None).await;
+    p.topics()
+        .create_topic(pb::CreateTopicRequest {
+            key: "shop.news".into(),
+        })
+        .await
+        .unwrap();
+    let (a, b) = (uniq("a"), uniq("b"));
+    p.add_recipient(&a, "", &format!("{a}@example.test"), "")
+        .await;
+    p.add_recipient(&b, "", &format!("{b}@example.test"), &line_id())
+        .await;
+    p.topics()
+        .subscribe(pb::SubscribeRequest {
+            topic: "shop.news".into(),
+            user_ids: vec![a.clone(), b.clone()],
+        })
+        .await
+        .unwrap();
+    let mut req = p.event("news:1", "promo", &[]);
+    req.topic = "shop.news".into();
+    let created = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = eventually("fan-out planned", Duration::from_secs(20), async || {
+        let ev = p.get_event(&created.event_id).await;
+        if ev.deliveries.len() >= 2 {
+            Ok(ev)
+        } else {
+            Err(ev.deliveries)
+        }
+    })
+    .await;
+    let mut got: Vec<(String, String, String)> = ev
+        .deliveries
+        .iter()
+        .map(|d| (d.user_id.clone(), d.channel.clone(), d.cause.clone()))
+        .collect();
+    got.sort();
+    let mut want = vec![
+        (a.clone(), "email".to_string(), "fallback".to_string()),
+        (b.clone(), "line".to_string(), "planned".to_string()),
+    ];
+    want.sort();
+    assert_eq!(got, want);
+    p.stop().await;
+}
