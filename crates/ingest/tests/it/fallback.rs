@@ -527,3 +527,90 @@ async fn the_topic_fan_out_plans_the_fallback_too() {
     assert_eq!(got, want);
     p.stop().await;
 }
+
+/// The sweeper's last `worker_lost` and the claim's spent attempt budget create the
+/// fallback in the transaction that fails the delivery, `caused_by` it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_last_attempt_and_a_spent_budget_fall_back_too() {
+    use notify_store::deliveries::{self, ClaimOutcome};
+    let p = Platform::start_with_workers(&[]).await;
+    add_derived_type(&p, "order_paid", &["line"], &["line", "email"], None).await;
+    let mut line_ids = Vec::new();
+    let mut events = Vec::new();
+    for prefix in ["lost", "spent"] {
+        let u = uniq(prefix);
+        p.add_recipient(&u, "", &format!("{u}@example.test"), &line_id())
+            .await;
+        let created = p.send(&format!("order:{u}"), "order_paid", &[&u]).await;
+        line_ids.push(
+            created.deliveries[0]
+                .delivery_id
+                .parse::<uuid::Uuid>()
+                .unwrap(),
+        );
+        events.push(created.event_id);
+    }
+    // The last attempt's worker died: its lease ran out.
+    sqlx::query(
+        "UPDATE notification_deliveries SET status = 'sending', attempts = max_attempts,
+             lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second'
+         WHERE id = $1",
+    )
+    .bind(line_ids[0])
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let swept = deliveries::requeue_expired_leases(&p.pool, 10)
+        .await
+        .unwrap();
+    assert_eq!(swept.len(), 1);
+    assert!(swept[0].failed);
+    let made = swept[0].fallback.expect("fallback made");
+    assert_eq!(made.to, notify_core::Channel::Email);
+    // Every attempt spent, due again: the claim fails it.
+    sqlx::query(
+        "UPDATE notification_deliveries SET attempts = max_attempts, next_attempt_at = now()
+         WHERE id = $1",
+    )
+    .bind(line_ids[1])
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let claimed = deliveries::claim(
+        &p.pool,
+        line_ids[1],
+        notify_core::Channel::Line,
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let ClaimOutcome::Exhausted { fallback, .. } = claimed else {
+        panic!("{claimed:?}");
+    };
+    assert_eq!(
+        fallback.expect("fallback made").to,
+        notify_core::Channel::Email
+    );
+    for (event, line) in events.iter().zip(&line_ids) {
+        let ev = p.get_event(event).await;
+        let email = on(&ev, "email");
+        assert_eq!(email.len(), 1, "{:#?}", ev.deliveries);
+        assert_eq!(email[0].cause, "fallback");
+        assert_eq!(email[0].caused_by, line.to_string());
+        assert!(
+            email[0]
+                .decision
+                .starts_with(&format!("fallback: LINE delivery {line} failed: ")),
+            "{}",
+            email[0].decision
+        );
+    }
+    // Swept again: nothing more.
+    assert!(
+        deliveries::requeue_expired_leases(&p.pool, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    p.stop().await;
+}
