@@ -165,6 +165,26 @@ mod tests {
         assert_eq!(type_defaults("gone", None), "type gone: no longer defined");
     }
 
+    /// "Why was this email sent?": a derived delivery's cause comes first.
+    #[test]
+    fn a_derived_delivery_starts_the_trail_with_its_cause() {
+        let d = DeliveryFacts {
+            decision: "fallback: LINE unreachable: unfollowed at 2026-12-01T09:00:00Z; fallback to email\npreference: on",
+            endpoint: "",
+            attempts: vec![],
+            status: crate::DeliveryStatus::Sent,
+        };
+        assert_eq!(
+            trail("type t", None, &[d], false),
+            [
+                "fallback: LINE unreachable: unfollowed at 2026-12-01T09:00:00Z; fallback to email",
+                "type t",
+                "preference: on",
+                "status: sent",
+            ]
+        );
+    }
+
     #[test]
     fn a_skip_adds_its_decision_lines_then_the_reason() {
         let skip = SkipFacts {
