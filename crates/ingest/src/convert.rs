@@ -255,6 +255,8 @@ pub(crate) fn delivery_to_pb(d: DeliveryRecord) -> pb::Delivery {
         sent_at: d.sent_at.map(ts),
         deferred_until: d.deferred_until.map(ts),
         decision: d.decision,
+        cause: d.cause.as_str().into(),
+        caused_by: d.caused_by.map(|c| c.to_string()).unwrap_or_default(),
     }
 }
 
@@ -309,6 +311,8 @@ pub(crate) fn new_delivery_to_pb(d: NewDelivery) -> pb::Delivery {
         next_attempt_at: d.plan.deferred_until.map(ts),
         deferred_until: d.plan.deferred_until.map(ts),
         decision: d.plan.decision,
+        cause: d.plan.cause.as_str().into(),
+        caused_by: d.caused_by.map(|c| c.to_string()).unwrap_or_default(),
         ..Default::default()
     }
 }

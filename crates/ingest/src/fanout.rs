@@ -8,7 +8,7 @@
 //! `canceled`), and recipients canceled alone get no delivery.
 
 use crate::clock::Clock;
-use crate::planning::new_deliveries;
+use crate::planning::{add_derived, count_derived, new_deliveries};
 use notify_core::Channel;
 use notify_core::plan::{merge_line_multicast, plan};
 use notify_store::PgPool;
@@ -115,6 +115,16 @@ async fn fan_out(
         let scheduled = job.send_at.is_some();
         let (mut planned, mut skipped) =
             plan(job.event_id, ty.critical, &channels, &facts, now, scheduled);
+        add_derived(
+            job.event_id,
+            ty.critical,
+            &ty.derivation,
+            &facts,
+            now,
+            scheduled,
+            &mut planned,
+            &mut skipped,
+        );
         if !caps.is_empty() {
             let page: Vec<&str> = users.iter().map(String::as_str).collect();
             let mut counted = events::counted_toward_caps(&mut tx, &page).await?;
@@ -133,12 +143,8 @@ async fn fan_out(
             let due = scheduled.then_some(now);
             planned = merge_line_multicast(job.event_id, &cursor, planned, due);
         }
-        events::insert_deliveries(
-            &mut tx,
-            job.event_id,
-            &new_deliveries(planned, max_attempts),
-        )
-        .await?;
+        let planned = new_deliveries(planned, max_attempts);
+        events::insert_deliveries(&mut tx, job.event_id, &planned).await?;
         events::insert_skips(&mut tx, job.event_id, &skipped).await?;
         if !events::advance_fanout(&mut tx, job.event_id, &cursor, &next, page_len, done, HOLD)
             .await?
@@ -148,6 +154,7 @@ async fn fan_out(
             return Ok(());
         }
         tx.commit().await?;
+        count_derived(&ty.derivation, &planned, &skipped);
         cursor = next;
         if done {
             info!(event_id = %job.event_id, topic = %job.topic, "fan-out done");

@@ -400,6 +400,13 @@ async fn sweep(pool: PgPool, cfg: IngestConfig, shutdown: CancellationToken) {
             Ok(expired) => {
                 let m = notify_telemetry::metrics();
                 m.lease_recoveries.add(expired.len() as u64, &[]);
+                for f in expired.iter().filter_map(|l| l.fallback) {
+                    notify_telemetry::metrics::count_fallback(
+                        f.from.as_str(),
+                        f.to.as_str(),
+                        notify_store::deliveries::WORKER_LOST,
+                    );
+                }
                 for lost in &expired {
                     // A call whose worker died: whether the provider got it is unknown.
                     m.deliveries_ambiguous.add(

@@ -85,6 +85,7 @@ pub fn validate_type(
     if dedup_window_s > 31 * 86_400 {
         v.add("dedup_window_seconds", "must be at most 31 days (2678400)");
     }
+    let derivation = derivation(&mut v, &r.fallback_channels, &r.escalations);
     if r.templates.len() > 100 {
         v.add("templates", "at most 100 templates per type");
     }
@@ -168,8 +169,92 @@ pub fn validate_type(
         over_cap,
         digest_window_s: r.digest_window_seconds as i32,
         sensitive_data,
+        derivation,
     })?;
     Ok((t, templates))
+}
+
+/// The type's `fallback_channels` and `escalations`. A fallback list names known channels
+/// (not only the type's defaults: the fallback is often a channel the type does not use
+/// otherwise, such as email after LINE), each at most once, and at least two (a list of
+/// one has nothing to fall back to). An escalation goes from `inapp`, `line` or `push`
+/// (the channels that report a read or a click) to another channel, after 1 s to 7 days;
+/// one per (from, to) pair. Violations name the field: `fallback_channels[1]`,
+/// `escalations[0].after_seconds`.
+fn derivation(
+    v: &mut Violations,
+    fallback: &[String],
+    escalations: &[pb::Escalation],
+) -> notify_core::plan::Derivation {
+    use notify_core::plan::{Escalation, MAX_ESCALATION_SECONDS};
+    let mut d = notify_core::plan::Derivation::default();
+    for (i, c) in fallback.iter().enumerate() {
+        match c.parse::<Channel>() {
+            Ok(ch) if d.fallback_channels.contains(&ch) => v.add(
+                format!("fallback_channels[{i}]"),
+                format!("channel {ch} is already in the list: each channel at most once"),
+            ),
+            Ok(ch) => d.fallback_channels.push(ch),
+            Err(e) => v.add(format!("fallback_channels[{i}]"), e.to_string()),
+        }
+    }
+    if fallback.len() == 1 {
+        v.add(
+            "fallback_channels",
+            "must name at least two channels (a channel and its fallback), or none",
+        );
+    }
+    for (i, e) in escalations.iter().enumerate() {
+        let from = match e.from_channel.parse::<Channel>() {
+            Ok(c @ (Channel::InApp | Channel::Line | Channel::Push)) => Some(c),
+            Ok(c) => {
+                v.add(
+                    format!("escalations[{i}].from_channel"),
+                    format!("must be inapp, line or push (channels that report a read or click), not {c}"),
+                );
+                None
+            }
+            Err(err) => {
+                v.add(format!("escalations[{i}].from_channel"), err.to_string());
+                None
+            }
+        };
+        let to = match e.to_channel.parse::<Channel>() {
+            Ok(c) if Some(c) == from => {
+                v.add(
+                    format!("escalations[{i}].to_channel"),
+                    "must differ from from_channel",
+                );
+                None
+            }
+            Ok(c) => Some(c),
+            Err(err) => {
+                v.add(format!("escalations[{i}].to_channel"), err.to_string());
+                None
+            }
+        };
+        if !(1..=MAX_ESCALATION_SECONDS).contains(&e.after_seconds) {
+            v.add(
+                format!("escalations[{i}].after_seconds"),
+                format!("must be 1 to {MAX_ESCALATION_SECONDS} seconds (7 days)"),
+            );
+        }
+        if let (Some(from), Some(to)) = (from, to) {
+            if d.escalations.iter().any(|x| x.from == from && x.to == to) {
+                v.add(
+                    format!("escalations[{i}]"),
+                    format!("an escalation from {from} to {to} is already given"),
+                );
+            } else {
+                d.escalations.push(Escalation {
+                    from,
+                    to,
+                    after_seconds: e.after_seconds,
+                });
+            }
+        }
+    }
+    d
 }
 
 /// A stored name of a type setting (`priority`, `category`, …), case-insensitive; the

@@ -57,7 +57,20 @@ pub struct TypeSpec {
     #[serde(default)]
     sensitive_data: String,
     #[serde(default)]
+    fallback_channels: Vec<String>,
+    #[serde(default)]
+    escalations: Vec<EscalationSpec>,
+    #[serde(default)]
     templates: Vec<notify_core::template::Template>,
+}
+
+/// One entry of a type's `escalations`, as in `UpsertNotificationType`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EscalationSpec {
+    from_channel: String,
+    to_channel: String,
+    after_seconds: u32,
 }
 
 /// What loading did.
@@ -144,6 +157,16 @@ pub async fn load(pool: &PgPool, text: &str) -> Result<Loaded, LoadError> {
             over_cap: spec.over_cap,
             digest_window_seconds: spec.digest_window_seconds,
             sensitive_data: spec.sensitive_data,
+            fallback_channels: spec.fallback_channels,
+            escalations: spec
+                .escalations
+                .into_iter()
+                .map(|e| pb::Escalation {
+                    from_channel: e.from_channel,
+                    to_channel: e.to_channel,
+                    after_seconds: e.after_seconds,
+                })
+                .collect(),
             templates: spec
                 .templates
                 .into_iter()

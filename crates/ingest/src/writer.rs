@@ -18,7 +18,7 @@
 
 use crate::clock::Clock;
 use crate::error::ApiError;
-use crate::planning::{due_times, new_deliveries};
+use crate::planning::{add_derived, count_derived, due_times, new_deliveries};
 use notify_core::plan::{effective_channels, plan};
 use notify_core::{Channel, NewEvent, SkippedDelivery};
 use notify_store::events::{self, EventInsert, ExistingEvent, NewDelivery};
@@ -176,6 +176,7 @@ struct Ready {
     dedup_window_s: i64,
     /// A scheduled event's due time, fixed once per batch by [`due_times`].
     send_at: Option<chrono::DateTime<chrono::Utc>>,
+    derivation: notify_core::plan::Derivation,
 }
 
 /// Joins the batch's digest deliveries to their digests. An event whose digest an earlier
@@ -462,6 +463,7 @@ async fn check_catalogue(
             digest_window_s: ty.digest_window_s,
             dedup_window_s: i64::from(ty.dedup_window_s),
             send_at: None,
+            derivation: ty.derivation.clone(),
             channels,
             job,
         });
@@ -525,7 +527,18 @@ async fn try_write(
         // windows of the sending time.
         let at = r.send_at.map_or(now, |t| t.max(now));
         let scheduled = r.send_at.is_some();
-        let (deliveries, mut skipped) = plan(r.id, r.critical, &r.channels, &facts, at, scheduled);
+        let (mut deliveries, mut skipped) =
+            plan(r.id, r.critical, &r.channels, &facts, at, scheduled);
+        add_derived(
+            r.id,
+            r.critical,
+            &r.derivation,
+            &facts,
+            at,
+            scheduled,
+            &mut deliveries,
+            &mut skipped,
+        );
         let deliveries = notify_core::fatigue::apply_caps(
             deliveries,
             &mut skipped,
@@ -563,6 +576,9 @@ async fn try_write(
         return Ok((Vec::new(), false));
     }
     tx.commit().await?;
+    for (&i, (d, sk)) in &planned {
+        count_derived(&ready[i].derivation, d, sk);
+    }
     let results = existing
         .into_iter()
         .enumerate()

@@ -116,6 +116,9 @@ pub struct DueFacts<'a> {
     /// is still the recipient's address and still marked. An address changed since
     /// planning has no mark (changing the address clears it, as planning reads it).
     pub email_undeliverable_at: Option<DateTime<Utc>>,
+    /// For an escalation: when the notification it escalates was read (in-app) or first
+    /// clicked (LINE, push), if it was; `None` otherwise and for every other delivery.
+    pub escalation_answered: Option<DateTime<Utc>>,
 }
 
 impl<'a> DueFacts<'a> {
@@ -136,6 +139,7 @@ impl<'a> DueFacts<'a> {
             line_unfollowed_at: None,
             endpoint: Endpoint::Usable,
             email_undeliverable_at: None,
+            escalation_answered: None,
         }
     }
 }
@@ -143,6 +147,15 @@ impl<'a> DueFacts<'a> {
 /// Whether a delivery that is due at `now` (database clock) may be sent now: skip rules
 /// first, then quiet hours.
 pub fn check(now: DateTime<Utc>, facts: DueFacts<'_>) -> Due {
+    if let Some(at) = facts.escalation_answered {
+        return Due::Skip {
+            reason: SkipReason::Read,
+            why: format!(
+                "escalation: not sent, the notification it escalates was read or clicked at {}",
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        };
+    }
     if let Some((reason, why)) = skip(now, &facts) {
         return Due::Skip { reason, why };
     }

@@ -81,20 +81,37 @@ pub fn type_defaults(type_key: &str, t: Option<TypeFacts<'_>>) -> String {
 /// The whole trail: `type_defaults`, then the skip's decision and reason, then per
 /// delivery its decision, endpoint, attempts and status. With neither a skip nor a
 /// delivery, why: the topic fan-out has not reached the user yet (`fanout_pending`), or
-/// the user or channel was not part of the event.
+/// the user or channel was not part of the event. A derived delivery (its decision starts
+/// with `fallback:` or `escalation:`) starts the trail with that cause ("why was this
+/// email sent": "fallback: LINE unreachable: unfollowed at ...; fallback to email").
 pub fn trail(
     type_defaults: &str,
     skip: Option<SkipFacts<'_>>,
     deliveries: &[DeliveryFacts<'_>],
     fanout_pending: bool,
 ) -> Vec<String> {
-    let mut trail = vec![type_defaults.to_string()];
+    let causes = deliveries.iter().filter_map(|d| {
+        d.decision
+            .lines()
+            .next()
+            .filter(|l| l.starts_with("fallback: ") || l.starts_with("escalation: "))
+    });
+    let mut trail: Vec<String> = causes.map(str::to_string).collect();
+    trail.dedup();
+    trail.push(type_defaults.to_string());
     if let Some(s) = skip {
         trail.extend(s.decision.lines().map(str::to_string));
         trail.push(format!("skipped: {}", s.reason));
     }
     for d in deliveries {
-        trail.extend(d.decision.lines().map(str::to_string));
+        let mut lines = d.decision.lines().peekable();
+        if lines
+            .peek()
+            .is_some_and(|l| l.starts_with("fallback: ") || l.starts_with("escalation: "))
+        {
+            lines.next();
+        }
+        trail.extend(lines.map(str::to_string));
         if !d.endpoint.is_empty() {
             trail.push(format!("endpoint now: {}", d.endpoint));
         }
@@ -152,6 +169,26 @@ mod tests {
         };
         assert!(type_defaults("x", Some(critical)).contains("critical (ignores opt-outs"));
         assert_eq!(type_defaults("gone", None), "type gone: no longer defined");
+    }
+
+    /// "Why was this email sent?": a derived delivery's cause comes first.
+    #[test]
+    fn a_derived_delivery_starts_the_trail_with_its_cause() {
+        let d = DeliveryFacts {
+            decision: "fallback: LINE unreachable: unfollowed at 2026-12-01T09:00:00Z; fallback to email\npreference: on",
+            endpoint: "",
+            attempts: vec![],
+            status: crate::DeliveryStatus::Sent,
+        };
+        assert_eq!(
+            trail("type t", None, &[d], false),
+            [
+                "fallback: LINE unreachable: unfollowed at 2026-12-01T09:00:00Z; fallback to email",
+                "type t",
+                "preference: on",
+                "status: sent",
+            ]
+        );
     }
 
     #[test]

@@ -165,6 +165,8 @@ mod tests {
             decision: String::new(),
             throttle_at: None,
             digest_key: None,
+            cause: crate::plan::Cause::Planned,
+            parent_key: None,
         }
     }
 

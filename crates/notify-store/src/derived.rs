@@ -1,20 +1,145 @@
-//! Derived deliveries (fallback and escalation).
-// lead: replaced by feat/derived
+//! Derived deliveries created after planning: the fallback on the next channel of the
+//! type's `fallback_channels` when a delivery ends `failed` (worker record, the sweeper's
+//! last `worker_lost`, the claim's spent attempt budget) or is skipped at due time for an
+//! unreachable reason. Always called inside the transaction that ends the delivery, so the
+//! fallback exists exactly when the failure does; its key `<event>/<user>/<channel>` and
+//! the insert's `ON CONFLICT DO NOTHING` keep it single across crashes, replays and a
+//! channel that also had a planned delivery.
 
 use crate::Result;
-use sqlx::PgConnection;
+use crate::events::{self, NewDelivery};
+use notify_core::Channel;
+use notify_core::plan::Cause;
+use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
-/// Creates the fallback delivery after `delivery_id` (the next channel of its type's
-/// `fallback_channels`), caused by `cause` (a skip reason code or `failed`), in the
-/// caller's transaction. Returns the new delivery's id, if one was created.
+/// A fallback delivery just created (for the metrics, counted after the commit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FallbackMade {
+    /// The new delivery's id.
+    pub id: Uuid,
+    /// The channel that failed.
+    pub from: Channel,
+    /// The channel of the new delivery.
+    pub to: Channel,
+}
+
+/// [`fallback_after_made`]'s id alone.
 ///
-/// Stub in `feat/due`: creates nothing; `feat/derived` provides the real function.
+/// # Errors
+/// The database failed, or a stored name (channel) is unreadable.
 pub async fn fallback_after(
     conn: &mut PgConnection,
     delivery_id: Uuid,
     cause: &str,
 ) -> Result<Option<Uuid>> {
-    let _ = (conn, delivery_id, cause);
-    Ok(None)
+    Ok(fallback_after_made(conn, delivery_id, cause)
+        .await?
+        .map(|m| m.id))
+}
+
+/// Creates the fallback of delivery `delivery_id`, which this transaction just ended
+/// (`cause`: `failed`, `worker_lost`, `attempts_spent`, or the skip reason found at due
+/// time): the next channel after its own in its type's `fallback_channels` that can reach
+/// the recipient (facts read now), `pending` with an outbox row due now (or at the end of
+/// the quiet hours), cause `fallback`, `caused_by` the delivery, its trail starting
+/// "fallback: LINE delivery <id> failed: <last_error>; fallback to email". Channels in
+/// between that cannot reach the user get skip rows. Nothing for a canceled event or
+/// recipient, a channel not in the list, the list's last channel, an opted-out next
+/// channel, or a next channel that already has a delivery (same key). Returns what was
+/// created.
+///
+/// # Errors
+/// The database failed, or a stored name (channel) is unreadable.
+pub async fn fallback_after_made(
+    conn: &mut PgConnection,
+    delivery_id: Uuid,
+    cause: &str,
+) -> Result<Option<FallbackMade>> {
+    let Some(row) = sqlx::query(
+        "SELECT d.event_id, d.user_id, d.channel, d.last_error, d.max_attempts, e.type,
+                coalesce(t.critical, false) AS critical,
+                coalesce(t.fallback_channels, '{}') AS fallback_channels, now() AS now
+         FROM notification_deliveries d
+              JOIN notification_events e ON e.id = d.event_id
+              LEFT JOIN notification_types t ON t.key = e.type
+         WHERE d.id = $1",
+    )
+    .bind(delivery_id)
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let list: Vec<Channel> = row
+        .get::<Vec<String>, _>("fallback_channels")
+        .iter()
+        .filter_map(|c| c.parse().ok())
+        .collect();
+    let from: Channel = crate::row::parse(&row, "channel")?;
+    if list
+        .iter()
+        .position(|&c| c == from)
+        .is_none_or(|i| i + 1 >= list.len())
+    {
+        return Ok(None);
+    }
+    let event_id: Uuid = row.get("event_id");
+    let user_id: String = row.get("user_id");
+    if crate::cancel::is_canceled(conn, event_id, &user_id).await? {
+        return Ok(None);
+    }
+    let type_key: String = row.get("type");
+    let facts =
+        crate::catalog::load_recipient_facts(conn, &type_key, std::slice::from_ref(&user_id))
+            .await?
+            .pop()
+            .unwrap_or_default();
+    let label = if from == Channel::Line {
+        "LINE".to_string()
+    } else {
+        from.to_string()
+    };
+    let last_error: Option<String> = row.get("last_error");
+    let what = match cause {
+        "failed" | "worker_lost" | "attempts_spent" => {
+            format!("failed: {}", last_error.as_deref().unwrap_or(cause))
+        }
+        reason => format!("skipped when due: {reason}"),
+    };
+    let (planned, skipped) = notify_core::plan::fallback_after(
+        event_id,
+        row.get("critical"),
+        &list,
+        from,
+        &format!("{label} delivery {delivery_id} {what}"),
+        &facts,
+        row.get("now"),
+    );
+    events::insert_skips(&mut *conn, event_id, &skipped).await?;
+    let Some(first) = planned.first() else {
+        return Ok(None);
+    };
+    let to = first.channel;
+    let max_attempts: i32 = row.get("max_attempts");
+    let news: Vec<NewDelivery> = planned
+        .into_iter()
+        .map(|p| NewDelivery {
+            id: Uuid::now_v7(),
+            retry_key: matches!(p.provider, notify_core::Provider::Line).then(Uuid::new_v4),
+            caused_by: Some(delivery_id),
+            plan: notify_core::PlannedDelivery {
+                cause: Cause::Fallback,
+                ..p
+            },
+            max_attempts,
+        })
+        .collect();
+    let first_id = news[0].id;
+    let inserted = events::insert_deliveries(&mut *conn, event_id, &news).await?;
+    Ok((inserted > 0).then_some(FallbackMade {
+        id: first_id,
+        from,
+        to,
+    }))
 }

@@ -66,6 +66,14 @@ pub struct Metrics {
     pub dead_letter_messages: Gauge<u64>,
     /// `notify_channel_paused{channel}`: 1 while the channel is paused, else 0.
     pub channel_paused: Gauge<u64>,
+    /// `notify_fallbacks_total{from,to,cause}`: fallback deliveries created, from the
+    /// channel that could not reach the user to the one tried instead; `cause` is
+    /// `unreachable` (found at planning), `failed`, `worker_lost`, `attempts_spent` or the
+    /// skip reason found at due time. Counted after the creating transaction commits.
+    pub fallbacks: Counter<u64>,
+    /// `notify_escalations_total{outcome}`: escalations `created` (at planning),
+    /// `skipped_read` (the notification was read or clicked in time) and `sent`.
+    pub escalations: Counter<u64>,
 }
 
 static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -142,6 +150,14 @@ pub fn metrics() -> &'static Metrics {
                 .u64_gauge("notify_channel_paused")
                 .with_description("1 while the channel is paused, else 0.")
                 .build(),
+            fallbacks: m
+                .u64_counter("notify_fallbacks")
+                .with_description("Fallback deliveries created, by channels and cause.")
+                .build(),
+            escalations: m
+                .u64_counter("notify_escalations")
+                .with_description("Escalations created, skipped as read, and sent.")
+                .build(),
         }
     })
 }
@@ -152,6 +168,22 @@ pub fn channel_provider(channel: &str, provider: &str) -> [KeyValue; 2] {
         KeyValue::new("channel", channel.to_string()),
         KeyValue::new("provider", provider.to_string()),
     ]
+}
+
+/// Labels `from`, `to` and `cause` of [`Metrics::fallbacks`].
+pub fn fallback_labels(from: &str, to: &str, cause: &str) -> [KeyValue; 3] {
+    [
+        KeyValue::new("from", from.to_string()),
+        KeyValue::new("to", to.to_string()),
+        KeyValue::new("cause", cause.to_string()),
+    ]
+}
+
+/// Counts one fallback delivery created (`notify_fallbacks_total{from,to,cause}`).
+pub fn count_fallback(from: &str, to: &str, cause: &str) {
+    metrics()
+        .fallbacks
+        .add(1, &fallback_labels(from, to, cause));
 }
 
 /// The text exposition of every metric, for `/metrics` (Prometheus text format 0.0.4).
@@ -213,6 +245,9 @@ mod tests {
         m.oldest_pending_age.record(5.0, &ch);
         m.dead_letter_messages.record(0, &[]);
         m.channel_paused.record(0, &ch);
+        m.fallbacks
+            .add(1, &fallback_labels("line", "email", "unreachable"));
+        m.escalations.add(1, &[KeyValue::new("outcome", "created")]);
 
         let text = render_prometheus();
         let mut exposed: BTreeMap<String, (String, String)> = BTreeMap::new();

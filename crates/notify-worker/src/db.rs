@@ -35,7 +35,17 @@ impl DbBatches {
                 async move {
                     let refs: Vec<(&DeliveryJob, &NextState, &AttemptRecord)> =
                         batch.iter().map(|(j, n, r)| (&**j, n, r)).collect();
-                    deliveries::record_attempts(&p, &refs).await
+                    let (recorded, fallbacks) =
+                        deliveries::record_attempts_with_fallbacks(&p, &refs).await?;
+                    // Counted after the commit that created them.
+                    for f in fallbacks {
+                        notify_telemetry::metrics::count_fallback(
+                            f.from.as_str(),
+                            f.to.as_str(),
+                            "failed",
+                        );
+                    }
+                    Ok(recorded)
                 }
             },
         );

@@ -54,9 +54,12 @@ impl<S: ChannelSender> Ctx<S> {
                     info!(%status, "duplicate or early message: acked without sending");
                     return msg.ack().await;
                 }
-                DbCall::Done(ClaimOutcome::Exhausted { provider, attempts, .. }) => {
+                DbCall::Done(ClaimOutcome::Exhausted { provider, attempts, fallback, .. }) => {
                     // Every attempt was spent, the last ones by workers that died during the
                     // call: the claim failed it instead of calling the provider again.
+                    if let Some(f) = fallback {
+                        notify_telemetry::metrics::count_fallback(f.from.as_str(), f.to.as_str(), "attempts_spent");
+                    }
                     let m = notify_telemetry::metrics();
                     let [c, p] = notify_telemetry::metrics::channel_provider(channel.as_str(), provider.as_str());
                     m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", "attempts_spent")]);
@@ -90,6 +93,9 @@ impl<S: ChannelSender> Ctx<S> {
                                 opentelemetry::KeyValue::new("channel", job.channel.as_str()),
                                 opentelemetry::KeyValue::new("reason", reason.as_str()),
                             ]);
+                            if reason == notify_core::SkipReason::Read {
+                                m.escalations.add(1, &[opentelemetry::KeyValue::new("outcome", "skipped_read")]);
+                            }
                             info!(reason = reason.as_str(), "skipped when due");
                         }
                         DbCall::Done(false) => warn!("lease lost before skipping; nothing written"),
@@ -198,6 +204,9 @@ impl<S: ChannelSender> Ctx<S> {
                 }
                 DbCall::Done(true) => {
                     count_recorded(&job, &next, &record, error.as_ref(), took);
+                    if job.cause == notify_core::plan::Cause::Escalation && matches!(next, NextState::Sent { .. }) {
+                        notify_telemetry::metrics().escalations.add(1, &[opentelemetry::KeyValue::new("outcome", "sent")]);
+                    }
                     msg.ack().await
                 }
             }

@@ -48,6 +48,8 @@ pub fn job(channel: &str, provider: &str) -> DeliveryJob {
         critical: false,
         quiet_hours: Vec::new(),
         due: Default::default(),
+        escalation_answered: None,
+        cause: notify_core::plan::Cause::Planned,
     }
 }
 

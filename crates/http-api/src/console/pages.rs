@@ -150,7 +150,7 @@ pub(super) async fn event_page(
             due.to_rfc3339()
         ));
     }
-    body.push_str("<h2>Recipients x channels</h2><table><tr><th>user</th><th>channel</th><th>provider</th><th>status</th><th>attempts</th><th>next attempt</th><th>deferred until</th><th>last error</th><th>decision</th><th></th></tr>");
+    body.push_str("<h2>Recipients x channels</h2><table><tr><th>user</th><th>channel</th><th>provider</th><th>cause</th><th>status</th><th>attempts</th><th>next attempt</th><th>deferred until</th><th>last error</th><th>decision</th><th></th></tr>");
     for d in &deliveries {
         let action = if d.status == DeliveryStatus::Failed {
             format!(
@@ -161,10 +161,15 @@ pub(super) async fn event_page(
             String::new()
         };
         body.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td class=\"{st}\">{st}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><pre>{}</pre></td><td>{action}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{st}\">{st}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><pre>{}</pre></td><td>{action}</td></tr>",
             esc(&d.user_id),
             esc(d.channel.as_str()),
             esc(d.provider.as_str()),
+            // planned, or derived: fallback / escalation, with the delivery it derives from
+            match d.caused_by {
+                Some(parent) => format!("{} of {parent}", d.cause.as_str()),
+                None => d.cause.as_str().to_string(),
+            },
             d.attempts,
             if d.status == DeliveryStatus::Pending { d.next_attempt_at.to_rfc3339() } else { "–".into() },
             d.deferred_until.map_or("–".into(), |t| t.to_rfc3339()),
@@ -175,7 +180,7 @@ pub(super) async fn event_page(
     }
     for s in &skips {
         body.push_str(&format!(
-            "<tr><td>{}</td><td>{}</td><td>–</td><td>skipped</td><td>–</td><td>–</td><td>–</td><td>{}</td><td><pre>{}</pre></td><td></td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>–</td><td>–</td><td>skipped</td><td>–</td><td>–</td><td>–</td><td>{}</td><td><pre>{}</pre></td><td></td></tr>",
             esc(&s.user_id),
             esc(s.channel.as_str()),
             esc(&s.reason),

@@ -13,6 +13,7 @@ mod decisions;
 mod docs;
 mod due_time;
 mod email_format;
+mod fallback;
 mod fanout;
 mod inbox;
 mod inbox_rich;

@@ -171,19 +171,19 @@ async fn the_type_file_loads_once_per_version_and_all_or_nothing() {
     assert_eq!(
         load(&p.pool, &file).await.unwrap(),
         Loaded::Applied {
-            version: 2,
-            types: 4
+            version: 3,
+            types: 5
         }
     );
     assert_eq!(
         load(&p.pool, &file).await.unwrap(),
-        Loaded::AlreadyLoaded { version: 2 }
+        Loaded::AlreadyLoaded { version: 3 }
     );
     // Layout and line endings are not content.
     let relaid = file.replace('\n', "\r\n  ");
     assert_eq!(
         load(&p.pool, &relaid).await.unwrap(),
-        Loaded::AlreadyLoaded { version: 2 }
+        Loaded::AlreadyLoaded { version: 3 }
     );
     // Refused with the field named, nothing written: no types; two templates for one
     // channel and locale.
@@ -192,7 +192,7 @@ async fn the_type_file_loads_once_per_version_and_all_or_nothing() {
         matches!(load(&p.pool, empty).await, Err(LoadError::Invalid(m)) if m[0].starts_with("types:"))
     );
     let twice = file
-        .replace("\"version\": 2", "\"version\": 9")
+        .replace("\"version\": 3", "\"version\": 9")
         .replace("\"locale\": \"en\",", "\"locale\": \"th\",");
     match load(&p.pool, &twice).await {
         Err(LoadError::Invalid(m)) => assert!(
@@ -212,13 +212,13 @@ async fn the_type_file_loads_once_per_version_and_all_or_nothing() {
     assert!(
         matches!(load(&p.pool, &changed).await, Err(LoadError::Version(m)) if m.contains("bump the version"))
     );
-    let older = file.replace("\"version\": 2", "\"version\": 0");
+    let older = file.replace("\"version\": 3", "\"version\": 0");
     assert!(matches!(
         load(&p.pool, &older).await,
         Err(LoadError::Invalid(_))
     ));
     let broken = file
-        .replace("\"version\": 2", "\"version\": 3")
+        .replace("\"version\": 3", "\"version\": 4")
         .replace("{{ payload.device }} ที่", "{{ payload.devise }} ที่")
         .replace("\"promo_weekly\"", "\"promo_weekly_v2\"");
     match load(&p.pool, &broken).await {
@@ -231,20 +231,20 @@ async fn the_type_file_loads_once_per_version_and_all_or_nothing() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(p.count("notification_types").await, 4, "nothing written");
+    assert_eq!(p.count("notification_types").await, 5, "nothing written");
     let v2 = file
-        .replace("\"version\": 2", "\"version\": 3")
+        .replace("\"version\": 3", "\"version\": 4")
         .replace("\"promo_weekly\"", "\"promo_weekly_v2\"");
     assert_eq!(
         load(&p.pool, &v2).await.unwrap(),
         Loaded::Applied {
-            version: 3,
-            types: 4
+            version: 4,
+            types: 5
         }
     );
     assert_eq!(
         p.count("notification_types").await,
-        5,
+        6,
         "types not in the file stay"
     );
     assert!(

@@ -274,3 +274,22 @@ fn a_line_multicast_batch_is_not_skipped_per_user() {
         Due::Defer { .. }
     ));
 }
+
+/// An escalation whose parent was read before it was due is skipped, whatever the
+/// channel and quiet hours.
+#[test]
+fn an_answered_escalation_is_skipped_as_read() {
+    let w = night();
+    let mut f = facts(Channel::Email, false, &w);
+    f.escalation_answered = Some(utc("2026-12-01T10:00:00Z"));
+    match check(utc("2026-12-01T16:30:00Z"), f) {
+        Due::Skip { reason, why } => {
+            assert_eq!(reason.as_str(), "read_before_escalation");
+            assert!(
+                why.contains("read or clicked at 2026-12-01T10:00:00Z"),
+                "{why}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -33,6 +33,9 @@ pub enum SkipReason {
     /// The delivery's push endpoint was revoked (by the app, or because the provider
     /// said the token is gone) before the delivery was due: skipped at due time.
     EndpointRevoked,
+    /// An escalation that was not sent because the notification it escalates was read
+    /// (in-app) or clicked (LINE, push) before it was due.
+    Read,
 }
 
 impl SkipReason {
@@ -49,6 +52,7 @@ impl SkipReason {
             SkipReason::Throttled => "throttled",
             SkipReason::Digested => "digested",
             SkipReason::EndpointRevoked => "endpoint_revoked",
+            SkipReason::Read => "read_before_escalation",
         }
     }
 }
@@ -66,6 +70,8 @@ pub struct RecipientFacts {
     pub line_user_id: Option<String>,
     /// The LINE user blocked the official account (last webhook event was `unfollow`).
     pub line_unfollowed: bool,
+    /// When the LINE webhook reported the unfollow (for the fallback trail).
+    pub line_unfollowed_at: Option<DateTime<Utc>>,
     /// The email address bounced as nonexistent and has not changed since.
     pub email_undeliverable: bool,
     /// Active push endpoints: (endpoint id, platform `fcm`/`apns`/`webpush`).
@@ -108,6 +114,12 @@ pub struct PlannedDelivery {
     /// Digest group (`<type>/<aggregate key>`; in-app: with `@<window start>`), set by
     /// [`into_digests`].
     pub digest_key: Option<String>,
+    /// Why it exists: planned for the event's channels, or derived from another channel
+    /// ([`derive`]).
+    pub cause: Cause,
+    /// For an escalation: the idempotency key of the delivery it escalates, in the same
+    /// plan (its id is given when the plan's ids are).
+    pub parent_key: Option<String>,
 }
 
 /// A recipient x channel pair that gets no delivery.
@@ -312,6 +324,8 @@ pub fn plan(
                 decision: decision.clone(),
                 throttle_at: None,
                 digest_key: None,
+                cause: Cause::Planned,
+                parent_key: None,
             };
             match channel {
                 Channel::InApp => planned.push(one(Provider::Inbox, None)),
@@ -349,6 +363,8 @@ pub fn plan(
                             ),
                             throttle_at: None,
                             digest_key: None,
+                            cause: Cause::Planned,
+                            parent_key: None,
                         });
                     }
                     if !any {
@@ -384,6 +400,10 @@ pub fn into_digests(
     planned
         .into_iter()
         .map(|mut d| {
+            // An escalation keeps its own key and due time (it is sent alone, if at all).
+            if d.cause == Cause::Escalation {
+                return d;
+            }
             if d.channel == Channel::InApp {
                 d.digest_key = Some(format!("{group}@{at}"));
                 d.decision
@@ -452,10 +472,17 @@ pub fn merge_line_multicast(
             },
             throttle_at: None,
             digest_key: None,
+            cause: Cause::Planned,
+            parent_key: None,
         });
     }
     out
 }
+
+mod derived;
+pub use derived::{
+    Cause, Derivation, Escalation, MAX_ESCALATION_SECONDS, derive, fallback_after, unreachable_line,
+};
 
 #[cfg(test)]
 mod tests;

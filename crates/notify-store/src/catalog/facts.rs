@@ -41,6 +41,7 @@ pub async fn load_recipient_facts_many(
         email: Option<String>,
         line_user_id: Option<String>,
         line_unfollowed: bool,
+        line_unfollowed_at: Option<chrono::DateTime<chrono::Utc>>,
         email_undeliverable: bool,
         timezone: Option<chrono_tz::Tz>,
         quiet_hours: Vec<notify_core::quiet::QuietWindow>,
@@ -60,6 +61,7 @@ pub async fn load_recipient_facts_many(
     let rows =
         sqlx::query(
             "SELECT r.user_id, r.email, r.line_user_id, coalesce(NOT lf.following, false) AS line_unfollowed,
+                    CASE WHEN NOT lf.following THEN lf.changed_at END AS line_unfollowed_at,
                     r.email_undeliverable_at IS NOT NULL AS email_undeliverable,
                     r.timezone, r.quiet_hours_json
              FROM recipients r LEFT JOIN line_followers lf ON lf.line_user_id = r.line_user_id
@@ -78,6 +80,7 @@ pub async fn load_recipient_facts_many(
             .get::<Option<String>, _>("line_user_id")
             .filter(|s| !s.is_empty());
         k.line_unfollowed = r.get("line_unfollowed");
+        k.line_unfollowed_at = r.get("line_unfollowed_at");
         k.email_undeliverable = r.get("email_undeliverable");
         k.timezone = notify_core::validate::parse_timezone(r.get("timezone"));
         k.quiet_hours = r
@@ -139,6 +142,7 @@ pub async fn load_recipient_facts_many(
                         f.email = k.email.clone();
                         f.line_user_id = k.line_user_id.clone();
                         f.line_unfollowed = k.line_unfollowed;
+                        f.line_unfollowed_at = k.line_unfollowed_at;
                         f.email_undeliverable = k.email_undeliverable;
                         f.timezone = k.timezone;
                         f.quiet_hours = k.quiet_hours.clone();

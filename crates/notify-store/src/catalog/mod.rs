@@ -43,6 +43,8 @@ pub struct NotificationType {
     pub sensitive_data: SensitiveData,
     /// Digest window in seconds (0 = no digests).
     pub digest_window_s: i32,
+    /// Fallbacks and escalations (`fallback_channels`, `escalations`).
+    pub derivation: notify_core::plan::Derivation,
 }
 
 /// Creates or replaces a type together with its templates (replacing any saved before).
@@ -153,14 +155,17 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
     let row = sqlx::query(
         "INSERT INTO notification_types
              (key, priority, default_channels, critical, category, default_locale, sample_payload,
-              dedup_window_s, over_cap, digest_window_s, sensitive_data)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+              dedup_window_s, over_cap, digest_window_s, sensitive_data, fallback_channels,
+              escalations)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
          ON CONFLICT (key) DO UPDATE SET priority = EXCLUDED.priority,
              default_channels = EXCLUDED.default_channels, critical = EXCLUDED.critical,
              category = EXCLUDED.category, default_locale = EXCLUDED.default_locale,
              sample_payload = EXCLUDED.sample_payload, dedup_window_s = EXCLUDED.dedup_window_s,
              over_cap = EXCLUDED.over_cap, digest_window_s = EXCLUDED.digest_window_s,
-             sensitive_data = EXCLUDED.sensitive_data, updated_at = now()
+             sensitive_data = EXCLUDED.sensitive_data,
+             fallback_channels = EXCLUDED.fallback_channels, escalations = EXCLUDED.escalations,
+             updated_at = now()
          RETURNING (xmax = 0) AS created",
     )
     .bind(&t.key)
@@ -174,6 +179,14 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
     .bind(t.over_cap.as_str())
     .bind(t.digest_window_s)
     .bind(t.sensitive_data.as_str())
+    .bind(
+        t.derivation
+            .fallback_channels
+            .iter()
+            .map(|c| c.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(serde_json::to_value(&t.derivation.escalations).unwrap_or_default())
     .fetch_one(db)
     .await?;
     Ok(row.get("created"))
@@ -188,7 +201,8 @@ pub async fn get_type(db: impl PgExecutor<'_>, key: &str) -> Result<Option<Notif
 pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<NotificationType>> {
     let rows = sqlx::query(
         "SELECT key, priority, default_channels, critical, category, default_locale, sample_payload,
-                dedup_window_s, over_cap, digest_window_s, sensitive_data
+                dedup_window_s, over_cap, digest_window_s, sensitive_data, fallback_channels,
+                escalations
          FROM notification_types WHERE key = ANY($1)",
     )
     .bind(keys)
@@ -212,9 +226,32 @@ pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<Not
                 over_cap: parse(r, "over_cap")?,
                 sensitive_data: parse(r, "sensitive_data")?,
                 digest_window_s: r.get("digest_window_s"),
+                derivation: derivation_of(r)?,
             })
         })
         .collect()
+}
+
+/// A type row's `fallback_channels` and `escalations`.
+pub(crate) fn derivation_of(r: &sqlx::postgres::PgRow) -> Result<notify_core::plan::Derivation> {
+    let fallback_channels = r
+        .get::<Vec<String>, _>("fallback_channels")
+        .iter()
+        .map(|c| c.parse())
+        .collect::<std::result::Result<Vec<Channel>, _>>()
+        .map_err(|e| crate::StoreError::BadValue {
+            column: "notification_types.fallback_channels",
+            message: e.to_string(),
+        })?;
+    let escalations =
+        serde_json::from_value(r.get("escalations")).map_err(|e| crate::StoreError::BadValue {
+            column: "notification_types.escalations",
+            message: e.to_string(),
+        })?;
+    Ok(notify_core::plan::Derivation {
+        fallback_channels,
+        escalations,
+    })
 }
 
 /// The `sensitive_data` policy of the type `key`; `None` when there is no such type.

@@ -84,7 +84,7 @@ pub async fn claim_many(
              RETURNING d.*)
          SELECT c.id, c.event_id, c.user_id, c.channel, c.provider, c.attempts, c.max_attempts,
                 c.idempotency_key, c.retry_key, c.lease_token, c.address, c.endpoint_id, now() AS started_at,
-                c.created_at,
+                c.created_at, c.cause,
                 e.event_key, e.type, e.payload_json, e.content_json,
                 coalesce(r.display_name, '') AS display_name, coalesce(r.locale, 'th-TH') AS locale,
                 coalesce(r.timezone, 'Asia/Bangkok') AS timezone,
@@ -99,7 +99,19 @@ pub async fn claim_many(
                 CASE WHEN NOT lf.following THEN lf.changed_at END AS line_unfollowed_at,
                 ep.revoked_at AS endpoint_revoked_at, ep.revoked_reason AS endpoint_revoked_reason,
                 CASE WHEN c.channel = 'email' AND r.email = c.address
-                     THEN r.email_undeliverable_at END AS email_undeliverable_at
+                     THEN r.email_undeliverable_at END AS email_undeliverable_at,
+                -- An escalation is answered once its parent was read or clicked.
+                CASE WHEN c.cause = 'escalation' THEN
+                    (SELECT CASE WHEN p.channel = 'inapp'
+                                 THEN coalesce(
+                                     (SELECT coalesce(n.read_at,
+                                                      CASE WHEN n.status <> 'unread' THEN n.created_at END)
+                                      FROM notifications n WHERE n.delivery_id = p.id),
+                                     (SELECT min(k.at) FROM delivery_clicks k WHERE k.delivery_id = p.id))
+                                 ELSE (SELECT min(k.at) FROM delivery_clicks k WHERE k.delivery_id = p.id)
+                            END
+                     FROM notification_deliveries p WHERE p.id = c.caused_by)
+                END AS escalation_answered
          FROM c JOIN notification_events e ON e.id = c.event_id
               LEFT JOIN notification_types t ON t.key = e.type
               LEFT JOIN recipients r ON r.user_id = c.user_id
@@ -159,6 +171,8 @@ pub async fn claim_many(
                     .and_then(|v| serde_json::from_value(v).ok())
                     .unwrap_or_default(),
                 due: due_state(&r),
+                escalation_answered: r.get("escalation_answered"),
+                cause: parse(&r, "cause")?,
             };
             Ok((job.id, ClaimOutcome::Claimed(Box::new(job))))
         })
@@ -222,6 +236,7 @@ async fn fail_exhausted(
     if ids.is_empty() {
         return Ok(Default::default());
     }
+    let mut tx = db.begin().await?;
     let rows: Vec<(Uuid, String, i32, String)> = sqlx::query_as(
         "UPDATE notification_deliveries d
          SET status = 'failed', lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
@@ -233,20 +248,23 @@ async fn fail_exhausted(
     )
     .bind(ids)
     .bind(channel.as_str())
-    .fetch_all(db)
+    .fetch_all(&mut *tx)
     .await?;
-    rows.into_iter()
-        .map(|(id, provider, attempts, error)| {
-            Ok((
-                id,
-                ClaimOutcome::Exhausted {
-                    provider: parse_text("provider", &provider)?,
-                    attempts,
-                    error,
-                },
-            ))
-        })
-        .collect()
+    let mut out = std::collections::HashMap::with_capacity(rows.len());
+    for (id, provider, attempts, error) in rows {
+        let fallback = crate::derived::fallback_after_made(&mut tx, id, "attempts_spent").await?;
+        out.insert(
+            id,
+            ClaimOutcome::Exhausted {
+                provider: parse_text("provider", &provider)?,
+                attempts,
+                error,
+                fallback,
+            },
+        );
+    }
+    tx.commit().await?;
+    Ok(out)
 }
 
 /// Why each of `ids` could not be claimed: wrong channel, or its status. Ids with no

@@ -42,6 +42,9 @@ pub struct ExpiredLease {
     /// `true`: that was the last attempt allowed, and the delivery is now `failed`;
     /// `false`: it is `pending` again, due now, with a new outbox row.
     pub failed: bool,
+    /// The fallback delivery created with the failure, if any
+    /// ([`crate::derived::fallback_after_made`]).
+    pub fallback: Option<crate::derived::FallbackMade>,
 }
 
 /// Why an expired lease is recorded as an attempt: the worker died or froze during the
@@ -55,6 +58,7 @@ pub const WORKER_LOST: &str = "worker_lost";
 /// died during the call. The attempt cap therefore holds on the recovery path too. Safe to
 /// run from several replicas (`SKIP LOCKED`).
 pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<ExpiredLease>> {
+    let mut tx = db.begin().await?;
     let rows = sqlx::query(
         "WITH expired AS (
              -- updated_at is the claim's time: nothing else writes it while sending
@@ -84,19 +88,29 @@ pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<Expir
          SELECT id, channel, provider, attempts, status = 'failed' AS failed FROM upd",
     )
     .bind(limit)
-    .fetch_all(db)
+    .fetch_all(&mut *tx)
     .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(ExpiredLease {
-                id: r.get("id"),
-                channel: parse(r, "channel")?,
-                provider: parse(r, "provider")?,
-                attempt: r.get("attempts"),
-                failed: r.get("failed"),
-            })
-        })
-        .collect()
+    let mut out = Vec::with_capacity(rows.len());
+    for r in &rows {
+        let failed: bool = r.get("failed");
+        let id: Uuid = r.get("id");
+        // The last attempt's worker was lost: the fallback is created with the failure.
+        let fallback = if failed {
+            crate::derived::fallback_after_made(&mut tx, id, WORKER_LOST).await?
+        } else {
+            None
+        };
+        out.push(ExpiredLease {
+            id,
+            channel: parse(r, "channel")?,
+            provider: parse(r, "provider")?,
+            attempt: r.get("attempts"),
+            failed,
+            fallback,
+        });
+    }
+    tx.commit().await?;
+    Ok(out)
 }
 
 /// Republishes up to `limit` deliveries that have been due for longer than `stale` with

@@ -20,8 +20,8 @@ pub use claim::{claim, claim_many};
 pub use inbox_rows::{insert_inbox_notifications, upsert_grouped_inbox_row};
 pub use lease::{ExpiredLease, WORKER_LOST, extend_lease, republish_stale, requeue_expired_leases};
 pub use record::{
-    AttemptRecord, NextState, defer_claimed, fail_unclaimed, record_attempts, record_fallback,
-    record_late_success,
+    AttemptRecord, NextState, defer_claimed, fail_unclaimed, record_attempts,
+    record_attempts_with_fallbacks, record_fallback, record_late_success,
 };
 pub use skip::{UNREACHABLE, skip_claimed};
 
@@ -98,6 +98,12 @@ pub struct DeliveryJob {
     /// The recipient's quiet hours as they are now (read at the claim, so a window set
     /// after planning still holds the delivery).
     pub quiet_hours: Vec<notify_core::quiet::QuietWindow>,
+    /// For an escalation (cause `escalation`): when the delivery it escalates was read
+    /// (in-app `notifications.read_at`) or first clicked (`delivery_clicks`), if it was;
+    /// read in the claim's statement. `None` for every other delivery.
+    pub escalation_answered: Option<DateTime<Utc>>,
+    /// Why the delivery exists (planned, fallback, escalation).
+    pub cause: notify_core::plan::Cause,
     /// The other facts the due-time rules read ([`notify_core::due`]), as they are at the
     /// claim.
     pub due: DueState,
@@ -141,6 +147,7 @@ impl DeliveryJob {
             line_unfollowed_at: self.due.line_unfollowed_at,
             endpoint,
             email_undeliverable_at: self.due.email_undeliverable_at,
+            escalation_answered: self.escalation_answered,
             ..DueFacts::new(
                 self.channel,
                 self.critical,
@@ -173,6 +180,8 @@ pub enum ClaimOutcome {
         attempts: i32,
         /// `last_error` as written.
         error: String,
+        /// The fallback delivery created with the failure, if any.
+        fallback: Option<crate::derived::FallbackMade>,
     },
 }
 

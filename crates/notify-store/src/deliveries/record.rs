@@ -108,8 +108,18 @@ pub async fn record_attempts(
     db: &PgPool,
     batch: &[(&DeliveryJob, &NextState, &AttemptRecord)],
 ) -> Result<Vec<bool>> {
+    Ok(record_attempts_with_fallbacks(db, batch).await?.0)
+}
+
+/// [`record_attempts`], also answering the fallback deliveries created, in the same
+/// transaction, for the deliveries that ended `failed`
+/// ([`crate::derived::fallback_after_made`]), for the caller to count after the commit.
+pub async fn record_attempts_with_fallbacks(
+    db: &PgPool,
+    batch: &[(&DeliveryJob, &NextState, &AttemptRecord)],
+) -> Result<(Vec<bool>, Vec<crate::derived::FallbackMade>)> {
     if batch.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let mut ids = Vec::with_capacity(batch.len());
     let mut tokens = Vec::with_capacity(batch.len());
@@ -187,7 +197,7 @@ pub async fn record_attempts(
         .collect();
     if kept.is_empty() {
         tx.rollback().await?;
-        return Ok(vec![false; batch.len()]);
+        return Ok((vec![false; batch.len()], Vec::new()));
     }
     let col = |f: &dyn Fn(usize) -> Option<String>| -> Vec<Option<String>> {
         kept.iter().map(|&i| f(i)).collect()
@@ -248,7 +258,14 @@ pub async fn record_attempts(
         .execute(&mut *tx)
         .await?;
     }
+    let mut fallbacks = Vec::new();
     for &i in &kept {
+        if matches!(batch[i].1, NextState::Failed { .. })
+            && let Some(made) =
+                crate::derived::fallback_after_made(&mut tx, batch[i].0.id, "failed").await?
+        {
+            fallbacks.push(made);
+        }
         if let NextState::Paused { after, error } = batch[i].1 {
             pause_channel(&mut *tx, batch[i].0.channel, *after, error).await?;
         }
@@ -277,7 +294,7 @@ pub async fn record_attempts(
     for &i in &kept {
         recorded[i] = true;
     }
-    Ok(recorded)
+    Ok((recorded, fallbacks))
 }
 
 /// The last resort when an attempt's full record fails for a reason other than the

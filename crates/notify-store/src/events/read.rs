@@ -75,6 +75,10 @@ pub struct DeliveryRecord {
     pub deferred_until: Option<DateTime<Utc>>,
     /// Planning decisions, one per line.
     pub decision: String,
+    /// Why it exists: planned, fallback or escalation.
+    pub cause: notify_core::plan::Cause,
+    /// The delivery it derives from, if any.
+    pub caused_by: Option<Uuid>,
 }
 
 /// A skipped recipient x channel pair.
@@ -169,7 +173,7 @@ pub async fn list_deliveries(
 ) -> Result<Vec<DeliveryRecord>> {
     let rows = sqlx::query(
         "SELECT id, user_id, channel, provider, endpoint_id, status, attempts, next_attempt_at,
-                last_error, provider_message_id, sent_at, deferred_until, decision
+                last_error, provider_message_id, sent_at, deferred_until, decision, cause, caused_by
          FROM notification_deliveries WHERE event_id = $1 AND ($2::uuid IS NULL OR id > $2)
          ORDER BY id LIMIT $3",
     )
@@ -197,6 +201,8 @@ fn delivery_record(r: &sqlx::postgres::PgRow) -> Result<DeliveryRecord> {
             sent_at: r.get("sent_at"),
             deferred_until: r.get("deferred_until"),
             decision: r.get("decision"),
+            cause: parse(r, "cause")?,
+            caused_by: r.get("caused_by"),
         })
     }
 }
@@ -219,7 +225,7 @@ pub async fn deliveries_of(
 ) -> Result<Vec<DeliveryRecord>> {
     let rows = sqlx::query(
         "SELECT id, user_id, channel, provider, endpoint_id, status, attempts, next_attempt_at,
-                last_error, provider_message_id, sent_at, deferred_until, decision
+                last_error, provider_message_id, sent_at, deferred_until, decision, cause, caused_by
          FROM notification_deliveries
          WHERE event_id = $1 AND channel = $3
            AND (user_id = $2 OR (provider = 'line_multicast' AND $2 = ANY(

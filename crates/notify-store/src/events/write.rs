@@ -217,6 +217,8 @@ pub struct NewDelivery {
     pub retry_key: Option<Uuid>,
     /// Attempts allowed.
     pub max_attempts: i32,
+    /// The delivery this one derives from (`plan.cause` fallback or escalation), if any.
+    pub caused_by: Option<Uuid>,
 }
 
 /// Inserts deliveries of one event and one outbox row each (due now). See
@@ -256,20 +258,24 @@ pub async fn insert_deliveries_many(
     let decisions = column(deliveries, |(_, d)| d.plan.decision.as_str());
     let throttle = column(deliveries, |(_, d)| d.plan.throttle_at);
     let digests = column(deliveries, |(_, d)| d.plan.digest_key.as_deref());
+    let causes = column(deliveries, |(_, d)| d.plan.cause.as_str());
+    let caused_by = column(deliveries, |(_, d)| d.caused_by);
     sqlx::query(
         "WITH d AS (
              INSERT INTO notification_deliveries
                  (id, event_id, user_id, channel, provider, endpoint_id, address, idempotency_key,
                   retry_key, max_attempts, deferred_until, next_attempt_at, decision, throttle_at,
-                  digest_key)
+                  digest_key, cause, caused_by)
              SELECT t.id, t.event_id, t.user_id, t.channel, t.provider, t.endpoint_id, t.address,
                     t.key, t.retry_key, t.max_attempts, t.deferred,
-                    greatest(now(), coalesce(t.deferred, now())), t.decision, t.throttle, t.digest
+                    greatest(now(), coalesce(t.deferred, now())), t.decision, t.throttle, t.digest,
+                    t.cause, t.caused_by
              FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::uuid[],
                          $7::text[], $8::text[], $9::uuid[], $10::int[], $11::timestamptz[],
-                         $12::text[], $13::timestamptz[], $14::text[])
+                         $12::text[], $13::timestamptz[], $14::text[], $15::text[], $16::uuid[])
                   AS t(event_id, id, user_id, channel, provider, endpoint_id, address, key,
-                       retry_key, max_attempts, deferred, decision, throttle, digest)
+                       retry_key, max_attempts, deferred, decision, throttle, digest, cause,
+                       caused_by)
              ON CONFLICT (channel, idempotency_key) DO NOTHING
              RETURNING id, channel, next_attempt_at)
          INSERT INTO outbox (delivery_id, channel, available_at)
@@ -289,6 +295,8 @@ pub async fn insert_deliveries_many(
     .bind(&decisions)
     .bind(&throttle)
     .bind(&digests)
+    .bind(&causes)
+    .bind(&caused_by)
     .execute(&mut *db)
     .await
     .map(|done| done.rows_affected())
