@@ -1,5 +1,5 @@
-//! Handling one consumed message: parse, claim, due check (send, defer or skip), template, provider call,
-//! decision, record, ack.
+//! Handling one consumed message: parse, claim, due check (send, defer or skip), template,
+//! provider call, decision, record, ack.
 
 use crate::consume::Ctx;
 use crate::db::{DbCall, with_db_retry};
@@ -99,7 +99,9 @@ impl<S: ChannelSender> Ctx<S> {
                             info!(reason = reason.as_str(), "skipped when due");
                         }
                         DbCall::Done(false) => warn!("lease lost before skipping; nothing written"),
-                        DbCall::Refused(_) => {}
+                        // Nothing was written: the lease runs out and the sweeper returns the
+                        // delivery to pending, where the next claim decides again.
+                        DbCall::Refused(_) => warn!(reason = reason.as_str(), "skip refused by the database; left to the sweeper"),
                     }
                     return msg.ack().await;
                 }

@@ -198,9 +198,6 @@ pub struct RunReport {
     pub sent: i64,
     /// Failed.
     pub failed: i64,
-    /// Skipped when due (final, no provider call: a preference or reachability rule at
-    /// the due time). Not in the summary line yet.
-    pub skipped: i64,
     /// Not final, or sent without a provider record.
     pub lost: i64,
     /// LINE pushes accepted more than once.
@@ -561,10 +558,6 @@ async fn check(cfg: &ChaosConfig, pool: &PgPool, event_id: Uuid) -> anyhow::Resu
         match status {
             DeliveryStatus::Sent => r.sent += 1,
             DeliveryStatus::Failed => r.failed += 1,
-            DeliveryStatus::Skipped => {
-                r.skipped += 1;
-                continue;
-            }
             _ => {
                 r.stuck += 1;
                 r.lost += 1;

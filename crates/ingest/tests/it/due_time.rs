@@ -317,3 +317,83 @@ async fn a_channel_unreachable_by_the_due_time_is_skipped() {
     );
     p.stop().await;
 }
+
+/// `skip_claimed` is fenced by the lease token: a worker whose lease was taken writes
+/// nothing; the holder's skip gives the attempt back, leaves no lease, no outbox row and
+/// no attempt row, and reads the claim's facts (the preference set with its time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_skip_is_fenced_by_the_lease_and_gives_the_attempt_back() {
+    use notify_store::deliveries::{self, ClaimOutcome};
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("order_paid", &["email"]).await;
+    let u = uniq("u");
+    p.add_recipient(&u, "", &format!("{u}@example.test"), "")
+        .await;
+    let ev = p.send("due:fence", "order_paid", &[&u]).await;
+    let id: uuid::Uuid = ev.deliveries[0].delivery_id.parse().unwrap();
+    p.wait_outbox_empty("outbox drained", Duration::from_secs(20))
+        .await;
+    set_pref(&p, &u, "*", "email", false).await;
+    let ClaimOutcome::Claimed(job) = deliveries::claim(
+        &p.pool,
+        id,
+        notify_core::Channel::Email,
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap() else {
+        panic!("not claimed")
+    };
+    assert_eq!(job.attempt, 1);
+    let notify_core::due::Due::Skip { reason, why } =
+        notify_core::due::check(job.started_at, job.due_facts())
+    else {
+        panic!("the claim's facts must say skip: {:?}", job.due)
+    };
+    assert_eq!(reason.as_str(), "opted_out");
+    assert!(
+        why.contains("by the user's switch for email on every type (set "),
+        "{why}"
+    );
+
+    let mut stale = (*job).clone();
+    stale.lease_token = uuid::Uuid::new_v4();
+    assert!(
+        !deliveries::skip_claimed(&p.pool, &stale, reason, &why)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        p.get_event(&ev.event_id).await.deliveries[0].status,
+        "sending"
+    );
+
+    assert!(
+        deliveries::skip_claimed(&p.pool, &job, reason, &why)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !deliveries::skip_claimed(&p.pool, &job, reason, &why)
+            .await
+            .unwrap(),
+        "once"
+    );
+    let row: (String, i32, Option<String>, Option<uuid::Uuid>, i64, i64) = sqlx::query_as(
+        "SELECT status, attempts, last_error, lease_token,
+                (SELECT count(*) FROM outbox WHERE delivery_id = $1),
+                (SELECT count(*) FROM delivery_attempts WHERE delivery_id = $1)
+         FROM notification_deliveries WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        row,
+        ("skipped".into(), 0, Some("opted_out".into()), None, 0, 0)
+    );
+    let d = &p.get_event(&ev.event_id).await.deliveries[0];
+    assert!(d.decision.ends_with(&why), "{}", d.decision);
+    p.stop().await;
+}

@@ -1,8 +1,8 @@
 //! The worker side of a delivery: claim with a lease (`claim.rs`), heartbeat and the
 //! sweeper that recovers expired leases (`lease.rs`), record the attempt fenced by the
-//! lease (`record.rs`), end a claim the due-time rules skip (`skip.rs`), channel pauses and gauges (`channels.rs`) and the inbox rows of
-//! in-app deliveries (`inbox_rows.rs`). Everything is re-exported here: callers use
-//! `notify_store::deliveries::*`.
+//! lease (`record.rs`), end a claim the due-time rules skip (`skip.rs`), channel pauses
+//! and gauges (`channels.rs`) and the inbox rows of in-app deliveries (`inbox_rows.rs`).
+//! Everything is re-exported here: callers use `notify_store::deliveries::*`.
 
 use chrono::{DateTime, Utc};
 use notify_core::{Category, Channel, Content, Priority, Provider};
