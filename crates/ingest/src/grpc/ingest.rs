@@ -124,39 +124,43 @@ impl Services {
         let event_key = event.event_key.clone();
         let fingerprint = event.fingerprint();
         let topic = event.topic.clone();
-        let (event_id, new, skipped, send_at) =
-            match self.writer.write(event, requested_names).await? {
-                Written::New {
-                    event_id,
-                    deliveries,
-                    skipped,
-                    send_at,
-                } => (event_id, deliveries, skipped, send_at),
-                Written::Existing(existing) => {
-                    if existing.fingerprint != fingerprint {
-                        return Err(ApiError::EventKeyConflict {
-                            event_key,
-                            event_id: existing.id,
-                        });
-                    }
-                    let loaded = self
-                        .load_event(&EventSelector::Id(existing.id), None, PAGE_MAX)
-                        .await?
-                        .ok_or_else(|| ApiError::NotFound {
-                            kind: "notification event",
-                            name: existing.id.to_string(),
-                        })?;
-                    let counts = events::delivery_counts(&self.pool, existing.id).await?;
-                    return Ok(pb::CreateEventResponse {
-                        event_id: existing.id.to_string(),
-                        duplicate: true,
-                        planned: channel_counts(&counts),
-                        skipped: loaded.skipped,
-                        deliveries: loaded.deliveries,
-                        send_at: loaded.event.send_at.map(ts),
+        let written = self.writer.write(event, requested_names).await?;
+        let send_at = match &written {
+            Written::New { send_at, .. } => *send_at,
+            Written::Existing(_) => None,
+        };
+        let (event_id, new, skipped) = match written {
+            Written::New {
+                event_id,
+                deliveries,
+                skipped,
+                ..
+            } => (event_id, deliveries, skipped),
+            Written::Existing(existing) => {
+                if existing.fingerprint != fingerprint {
+                    return Err(ApiError::EventKeyConflict {
+                        event_key,
+                        event_id: existing.id,
                     });
                 }
-            };
+                let loaded = self
+                    .load_event(&EventSelector::Id(existing.id), None, PAGE_MAX)
+                    .await?
+                    .ok_or_else(|| ApiError::NotFound {
+                        kind: "notification event",
+                        name: existing.id.to_string(),
+                    })?;
+                let counts = events::delivery_counts(&self.pool, existing.id).await?;
+                return Ok(pb::CreateEventResponse {
+                    event_id: existing.id.to_string(),
+                    duplicate: true,
+                    planned: channel_counts(&counts),
+                    skipped: loaded.skipped,
+                    deliveries: loaded.deliveries,
+                    send_at: loaded.event.send_at.map(ts),
+                });
+            }
+        };
 
         let counts: Vec<(Channel, DeliveryStatus, i64)> = new
             .iter()

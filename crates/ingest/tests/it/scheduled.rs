@@ -436,3 +436,65 @@ async fn get_event_shows_the_due_time_of_each_scheduled_delivery_and_the_event()
     }
     p.stop().await;
 }
+
+/// Planned at the due time: quiet hours (22:00 to 07:00 Bangkok) that do not hold at the
+/// call (12:00) but hold at the due time (22:30) defer the email to 07:00; the same event
+/// sent at once goes now. The planning clock is set, so no wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_hours_are_those_of_the_due_time_not_of_the_call() {
+    let bangkok = chrono_tz::Asia::Bangkok;
+    let day = (Utc::now() + chrono::Duration::days(1))
+        .with_timezone(&bangkok)
+        .date_naive();
+    let local = |d: chrono::NaiveDate, h: u32, m: u32| {
+        d.and_hms_opt(h, m, 0)
+            .unwrap()
+            .and_local_timezone(bangkok)
+            .unwrap()
+    };
+    let clock = ingest::clock::ManualClock::new(local(day, 12, 0).with_timezone(&Utc));
+    let p = Platform::start_with(support::Options {
+        workers: vec![],
+        clock: ingest::clock::Clock::Manual(clock),
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["email"]).await;
+    let u = uniq("somchai");
+    p.add_recipient(&u, "", &format!("{u}@example.test"), "")
+        .await;
+    p.set_quiet_hours(&u, local(day, 22, 0), local(day, 7, 0))
+        .await;
+
+    let now = p
+        .send(&uniq("order:now"), "order_paid", &[&u])
+        .await
+        .deliveries;
+    assert_eq!(now[0].deferred_until, None, "12:00 is outside the window");
+
+    let mut req = p.event(&uniq("order:night"), "order_paid", &[&u]);
+    req.send_at = local(day, 22, 30).to_rfc3339();
+    let created = p.ingest().create_event(req).await.unwrap().into_inner();
+    let morning = local(day.succ_opt().unwrap(), 7, 0).with_timezone(&Utc);
+    let d = &created.deliveries[0];
+    assert_eq!(
+        d.deferred_until.as_ref().map(instant),
+        Some(morning),
+        "{}",
+        d.decision
+    );
+    let stored = p.get_event(&created.event_id).await.deliveries;
+    assert_eq!(
+        stored[0].next_attempt_at.as_ref().map(instant),
+        Some(morning),
+        "{}",
+        stored[0].decision
+    );
+    assert!(
+        d.decision
+            .contains("quiet hours (Asia/Bangkok): deferred until"),
+        "{}",
+        d.decision
+    );
+    p.stop().await;
+}

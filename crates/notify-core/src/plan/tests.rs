@@ -286,3 +286,27 @@ fn a_scheduled_event_waits_for_its_due_time_and_decides_preferences_then() {
         p[0].decision
     );
 }
+
+#[test]
+fn a_scheduled_topic_page_is_multicast_at_its_due_time() {
+    let due: DateTime<Utc> = "2026-12-02T02:00:00Z".parse().unwrap();
+    let users: Vec<RecipientFacts> = (0..3)
+        .map(|i| RecipientFacts {
+            user_id: format!("u{i}"),
+            exists: true,
+            line_user_id: Some(format!("U{i:032x}")),
+            ..Default::default()
+        })
+        .collect();
+    let ev = Uuid::from_u128(9);
+    let (planned, _) = plan(ev, false, &[Channel::Line], &users, due, true);
+    let merged = merge_line_multicast(ev, "", planned, Some(due));
+    assert_eq!(merged.len(), 1, "{merged:?}");
+    assert_eq!(merged[0].provider, Provider::LineMulticast);
+    assert_eq!(merged[0].deferred_until, Some(due));
+    assert!(
+        merged[0]
+            .decision
+            .ends_with("scheduled for 2026-12-02T02:00:00+00:00")
+    );
+}
