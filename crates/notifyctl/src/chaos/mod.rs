@@ -16,6 +16,24 @@
 //!   claim); every duplicate must be one of them;
 //! - max_recovery_s: longest time from a kill until no delivery still held a lease of the
 //!   killed worker (the sweeper returned it to pending).
+//!
+//! Each run also schedules a wave of 40 events to 10 recipients each, due 6 to 25 s
+//! ahead while the kills go on, two per cancellation key; every other key is canceled
+//! (`CancelEvent`, asked again while ingest or Postgres is down) at least 3 s before its
+//! events are due. Its line:
+//!
+//! `chaos: wave scheduled=N scheduled_sent=S scheduled_lost=0 early=0 canceled=C canceled_sent=0 …`
+//!
+//! - scheduled_lost: a delivery of a kept event not sent, or sent without a provider record;
+//! - early: a delivery sent before its event's `send_at`;
+//! - canceled_sent: a canceled delivery a provider has a record of, or a delivery of a
+//!   canceled event sent after the cancel was answered.
+
+mod check;
+mod wave;
+
+pub use check::RunReport;
+use check::check;
 
 use crate::procs::{Procs, connect_grpc};
 use anyhow::{Context, bail};
@@ -189,57 +207,6 @@ fn channel_of(worker: &str) -> Option<&str> {
     worker.strip_prefix("worker-")
 }
 
-/// The result line of one run.
-#[derive(Debug, Default)]
-pub struct RunReport {
-    /// Deliveries of the run.
-    pub deliveries: i64,
-    /// Sent.
-    pub sent: i64,
-    /// Failed.
-    pub failed: i64,
-    /// Not final, or sent without a provider record.
-    pub lost: i64,
-    /// LINE pushes accepted more than once.
-    pub duplicates_line: i64,
-    /// Extra copies on other channels.
-    pub duplicates_other: i64,
-    /// Deliveries with an unrecorded provider call.
-    pub ambiguous: i64,
-    /// Not final at the end.
-    pub stuck: i64,
-    /// Longest recovery after a kill, seconds.
-    pub max_recovery_s: f64,
-    /// Duplicates not explained by an ambiguous retry.
-    pub unexplained_duplicates: i64,
-}
-
-impl RunReport {
-    fn line(&self) -> String {
-        format!(
-            "chaos: deliveries={} sent={} failed={} lost={} duplicates_line={} duplicates_other={} ambiguous={} stuck={} max_recovery_s={:.0}",
-            self.deliveries,
-            self.sent,
-            self.failed,
-            self.lost,
-            self.duplicates_line,
-            self.duplicates_other,
-            self.ambiguous,
-            self.stuck,
-            self.max_recovery_s
-        )
-    }
-
-    /// Whether the run kept every promise.
-    pub fn ok(&self) -> bool {
-        self.lost == 0
-            && self.duplicates_line == 0
-            && self.stuck == 0
-            && self.unexplained_duplicates == 0
-            && self.max_recovery_s <= 90.0
-    }
-}
-
 /// Runs both scenarios; returns whether every run kept its promises.
 pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
     // Start from empty queues: messages of an earlier run point at rows that are gone.
@@ -305,7 +272,10 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
                 return Err(e);
             }
         };
+        let (report, wave) = report;
         println!("{}", report.line());
+        println!("{}", wave.line());
+        all_ok &= wave.ok();
         if report.unexplained_duplicates > 0 {
             println!(
                 "  {} duplicate(s) not matched by an ambiguous retry",
@@ -324,7 +294,7 @@ async fn chaos_run(
     procs: &mut Procs,
     a: &Audience,
     run: usize,
-) -> anyhow::Result<RunReport> {
+) -> anyhow::Result<(RunReport, wave::WaveReport)> {
     let grpc = connect_grpc(&cfg.grpc_url).await?;
     let reply = pb::ingest_service_client::IngestServiceClient::new(grpc)
         .create_event(pb::CreateEventRequest {
@@ -347,6 +317,16 @@ async fn chaos_run(
         run + 1,
         a.users,
         a.topic
+    );
+    let wave_users: Vec<String> = (0..a.users)
+        .map(|i| format!("{}-{i:06}", a.label))
+        .collect();
+    let wave = wave::start(&grpc, a.type_key, &wave_users, run).await?;
+    let mut watched = wave.ids();
+    watched.push(event_id);
+    println!(
+        "  wave: {} events scheduled 6-25 s ahead, half of them to be canceled by cancellation key",
+        watched.len() - 1
     );
 
     // The chaos plan: every worker type and ingest killed, two SIGTERM restarts, one
@@ -450,9 +430,9 @@ async fn chaos_run(
                 .ok()
                 .flatten();
         let open: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM notification_deliveries WHERE event_id = $1 AND status IN ('pending', 'sending')",
+            "SELECT count(*) FROM notification_deliveries WHERE event_id = ANY($1) AND status IN ('pending', 'sending')",
         )
-        .bind(event_id)
+        .bind(&watched)
         .fetch_one(pool)
         .await
         .unwrap_or(-1);
@@ -470,131 +450,13 @@ async fn chaos_run(
     }
     stop_watch.cancel();
     let _ = watcher.await;
-    let mut report = check(cfg, pool, event_id).await?;
+    let mut report = check(cfg, pool, &[event_id]).await?;
+    let wave = wave.finish(cfg, pool).await?;
     for s in snapshots.lock().await.iter() {
         // Not recovered by the end: count the whole time.
         let took = s.recovered_after.unwrap_or_else(|| s.at.elapsed());
         report.max_recovery_s = report.max_recovery_s.max(took.as_secs_f64());
     }
-    Ok(report)
+    Ok((report, wave))
 }
 
-async fn check(cfg: &ChaosConfig, pool: &PgPool, event_id: Uuid) -> anyhow::Result<RunReport> {
-    let observed = crate::observe::Observer::new(&cfg.sim_url, Some(&cfg.maildev_url));
-    let rows: Vec<(Uuid, String, String, i32, Option<Uuid>)> = sqlx::query_as(
-        "SELECT id, channel, status, attempts, retry_key FROM notification_deliveries WHERE event_id = $1",
-    )
-    .bind(event_id)
-    .fetch_all(pool)
-    .await?;
-    let rows = rows
-        .into_iter()
-        .map(|(id, channel, status, attempts, retry_key)| {
-            let channel: Channel = channel.parse()?;
-            let status: DeliveryStatus = status.parse()?;
-            anyhow::Ok((id, channel, status, attempts, retry_key))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let recorded: HashMap<Uuid, i64> = sqlx::query_as::<_, (Uuid, i64)>(
-        // Attempts with an answer on record; a `worker_lost` row (written by the sweeper
-        // when a worker died during the call) stands for a call whose outcome is unknown.
-        "SELECT a.delivery_id, count(*) FILTER (WHERE a.error_code IS DISTINCT FROM 'worker_lost')
-         FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
-         WHERE d.event_id = $1 GROUP BY a.delivery_id",
-    )
-    .bind(event_id)
-    .fetch_all(pool)
-    .await?
-    .into_iter()
-    .collect();
-    let inbox: HashSet<Uuid> =
-        sqlx::query_scalar("SELECT delivery_id FROM notifications WHERE event_id = $1")
-            .bind(event_id)
-            .fetch_all(pool)
-            .await?
-            .into_iter()
-            .collect();
-
-    // LINE: accepted pushes per retry key.
-    let line: Vec<Value> = observed.requests("line").await?;
-    let mut accepted: HashMap<String, i64> = HashMap::new();
-    let mut seen_line: HashSet<String> = HashSet::new();
-    for r in &line {
-        let key = r["headers"]["x-line-retry-key"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        match r["status"].as_u64() {
-            Some(200) => {
-                *accepted.entry(key.clone()).or_default() += 1;
-                seen_line.insert(key);
-            }
-            Some(409) => {
-                seen_line.insert(key);
-            }
-            _ => {}
-        }
-    }
-    // Email: messages per Message-ID.
-    let mails: Vec<Value> = observed.mails().await?;
-    let mut per_message: HashMap<String, i64> = HashMap::new();
-    for m in &mails {
-        if let Some(id) = m["headers"]["message-id"].as_str() {
-            *per_message
-                .entry(id.trim_matches(['<', '>']).to_string())
-                .or_default() += 1;
-        }
-    }
-
-    let mut r = RunReport {
-        deliveries: rows.len() as i64,
-        ..Default::default()
-    };
-    for (id, channel, status, attempts, retry_key) in &rows {
-        let calls_unrecorded = i64::from(*attempts) > recorded.get(id).copied().unwrap_or(0);
-        if calls_unrecorded {
-            r.ambiguous += 1;
-        }
-        match status {
-            DeliveryStatus::Sent => r.sent += 1,
-            DeliveryStatus::Failed => r.failed += 1,
-            _ => {
-                r.stuck += 1;
-                r.lost += 1;
-                continue;
-            }
-        }
-        let (seen, copies) = match channel {
-            Channel::Line => {
-                let k = retry_key.map(|k| k.to_string()).unwrap_or_default();
-                (
-                    seen_line.contains(&k),
-                    accepted.get(&k).copied().unwrap_or(0),
-                )
-            }
-            Channel::Email => {
-                let n = per_message
-                    .iter()
-                    .filter(|(k, _)| k.starts_with(&id.to_string()))
-                    .map(|(_, n)| *n)
-                    .sum();
-                (n > 0, n)
-            }
-            _ => (inbox.contains(id), i64::from(inbox.contains(id))),
-        };
-        if *status == DeliveryStatus::Sent && !seen {
-            r.lost += 1;
-        }
-        if copies > 1 {
-            if *channel == Channel::Line {
-                r.duplicates_line += copies - 1;
-            } else {
-                r.duplicates_other += copies - 1;
-            }
-            if !calls_unrecorded {
-                r.unexplained_duplicates += copies - 1;
-            }
-        }
-    }
-    Ok(r)
-}
