@@ -66,7 +66,6 @@ impl RunReport {
     }
 }
 
-
 /// Checks every delivery of `events`.
 pub(super) async fn check(
     cfg: &ChaosConfig,

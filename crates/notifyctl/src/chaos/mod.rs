@@ -37,12 +37,10 @@ use check::check;
 
 use crate::procs::{Procs, connect_grpc};
 use anyhow::{Context, bail};
-use notify_core::{Channel, DeliveryStatus};
 use notify_proto::v1 as pb;
 use rand::Rng;
-use serde_json::{Value, json};
+use serde_json::json;
 use sqlx::PgPool;
-use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::process::Command;
@@ -296,7 +294,7 @@ async fn chaos_run(
     run: usize,
 ) -> anyhow::Result<(RunReport, wave::WaveReport)> {
     let grpc = connect_grpc(&cfg.grpc_url).await?;
-    let reply = pb::ingest_service_client::IngestServiceClient::new(grpc)
+    let reply = pb::ingest_service_client::IngestServiceClient::new(grpc.clone())
         .create_event(pb::CreateEventRequest {
             event_key: format!("chaos:{}:{}", a.topic, Uuid::new_v4()),
             r#type: a.type_key.into(),
@@ -459,4 +457,3 @@ async fn chaos_run(
     }
     Ok((report, wave))
 }
-

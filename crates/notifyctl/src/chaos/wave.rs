@@ -136,7 +136,8 @@ pub(super) async fn start(
             // earlier one is due, so "sent after the cancel" has one meaning.
             let due = events[i - 1].send_at.min(send_at);
             let room = (due - Utc::now() - chrono::Duration::seconds(3)).num_milliseconds();
-            let at = Utc::now() + chrono::Duration::milliseconds(rand::rng().random_range(0..room.max(1)));
+            let at = Utc::now()
+                + chrono::Duration::milliseconds(rand::rng().random_range(0..room.max(1)));
             cancels.push((at, key));
         }
     }
@@ -165,7 +166,9 @@ async fn cancel_with_retries(grpc: &Grpc, key: String) -> Result<Canceled, Strin
         let mut client = pb::ingest_service_client::IngestServiceClient::new(grpc.clone());
         let asked = client
             .cancel_event(pb::CancelEventRequest {
-                target: Some(pb::cancel_event_request::Target::CancellationKey(key.clone())),
+                target: Some(pb::cancel_event_request::Target::CancellationKey(
+                    key.clone(),
+                )),
                 recipients: vec![],
             })
             .await;
@@ -177,8 +180,7 @@ async fn cancel_with_retries(grpc: &Grpc, key: String) -> Result<Canceled, Strin
                     calls,
                 });
             }
-            Err(e) if tokio::time::Instant::now() < until => {
-                tracing::debug!(code = ?e.code(), "cancel not answered yet; asking again");
+            Err(_) if tokio::time::Instant::now() < until => {
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
             Err(e) => return Err(format!("cancel of {key}: {e}")),
@@ -193,7 +195,12 @@ impl Wave {
     }
 
     /// Waits for the cancels, then checks every delivery of the wave.
-    pub(super) async fn finish(self, cfg: &ChaosConfig, pool: &PgPool) -> anyhow::Result<WaveReport> {
+    pub(super) async fn finish(
+        self,
+        cfg: &ChaosConfig,
+        pool: &PgPool,
+    ) -> anyhow::Result<WaveReport> {
+        let ids = self.ids();
         let answers = self.cancels.await?;
         let mut r = WaveReport::default();
         let mut answered: Vec<(String, DateTime<Utc>)> = Vec::new();
@@ -215,7 +222,6 @@ impl Wave {
         let canceled: Vec<Uuid> = canceled.iter().map(|e| e.id).collect();
         r.scheduled = check(cfg, pool, &kept).await?;
         r.canceled = check(cfg, pool, &canceled).await?;
-        let ids = self.ids();
         r.early = sqlx::query_scalar(
             "SELECT count(*) FROM notification_deliveries d JOIN notification_events e ON e.id = d.event_id
              WHERE d.event_id = ANY($1) AND d.sent_at < e.send_at",
