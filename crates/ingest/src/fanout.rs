@@ -120,8 +120,7 @@ async fn fan_out(
             ty.critical,
             &ty.derivation,
             &facts,
-            now,
-            scheduled,
+            (now, scheduled),
             &mut planned,
             &mut skipped,
         );

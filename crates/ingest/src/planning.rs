@@ -69,19 +69,19 @@ pub fn new_deliveries(
 
 /// Adds the type's derived deliveries (fallbacks for unreachable channels, escalations) to
 /// one planning run's output: [`notify_core::plan::derive`], called between `plan` and the
-/// fatigue caps, so a derived delivery is capped like a planned one.
+/// fatigue caps, so a derived delivery is capped like a planned one. `at` is the planning
+/// instant and whether the event is scheduled (see [`notify_core::plan::plan`]).
 pub fn add_derived(
     event_id: Uuid,
     critical: bool,
     derivation: &Derivation,
     recipients: &[notify_core::RecipientFacts],
-    now: chrono::DateTime<chrono::Utc>,
-    scheduled: bool,
+    at: (chrono::DateTime<chrono::Utc>, bool),
     planned: &mut Vec<notify_core::PlannedDelivery>,
     skipped: &mut Vec<notify_core::SkippedDelivery>,
 ) {
     notify_core::plan::derive(
-        event_id, critical, derivation, recipients, now, scheduled, planned, skipped,
+        event_id, critical, derivation, recipients, at, planned, skipped,
     );
 }
 

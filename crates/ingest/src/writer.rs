@@ -534,8 +534,7 @@ async fn try_write(
             r.critical,
             &r.derivation,
             &facts,
-            at,
-            scheduled,
+            (at, scheduled),
             &mut deliveries,
             &mut skipped,
         );

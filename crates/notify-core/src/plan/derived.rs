@@ -200,7 +200,8 @@ fn taken_in(
 ///   id; fallback to email"; an unreachable next channel passes on to the one after it;
 /// - escalation: for each escalation whose `from` channel got a delivery, a delivery on
 ///   `to` (unless it has one or a skip), cause [`Cause::Escalation`], `parent_key` the
-///   `from` delivery's key, due at `now + after_seconds` (or the end of the quiet hours
+///   `from` delivery's key, planned as not due yet (its opt-out decided when due), due at
+///   `now + after_seconds` (or the end of the quiet hours
 ///   then), its trail starting "escalation: if the in-app notification is still unread
 ///   at <time>".
 ///
@@ -211,8 +212,7 @@ pub fn derive(
     critical: bool,
     d: &Derivation,
     recipients: &[RecipientFacts],
-    now: DateTime<Utc>,
-    scheduled: bool,
+    (now, scheduled): (DateTime<Utc>, bool),
     planned: &mut Vec<PlannedDelivery>,
     skipped: &mut Vec<SkippedDelivery>,
 ) {
@@ -351,8 +351,7 @@ mod tests {
             false,
             d,
             std::slice::from_ref(r),
-            now,
-            false,
+            (now, false),
             &mut p,
             &mut s,
         );
