@@ -665,3 +665,61 @@ async fn recipients_canceled_during_a_fan_out_get_no_delivery_and_the_rest_do() 
     );
     p.stop().await;
 }
+
+/// The fence a writer of derived deliveries takes (`notify_store::cancel::is_canceled`):
+/// a cancel that comes while the writer holds it waits, then cancels what it wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_waits_for_a_writer_holding_the_fence_and_cancels_what_it_wrote() {
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("reminder", &["inapp"]).await;
+    let ev = p.send("fence:1", "reminder", &["u-1"]).await;
+    let id: uuid::Uuid = ev.event_id.parse().unwrap();
+    let mut writer = p.pool.begin().await.unwrap();
+    assert!(
+        !notify_store::cancel::is_canceled(&mut writer, id, "u-1")
+            .await
+            .unwrap()
+    );
+    let mut c = p.ingest();
+    let canceling = tokio::spawn(async move {
+        c.cancel_event(cancel_req(Target::EventId(id.to_string()), &[]))
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    eventually(
+        "the cancel waits for the writer's lock",
+        Duration::from_secs(10),
+        async || {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+            if waiting > 0 { Ok(()) } else { Err(waiting) }
+        },
+    )
+    .await;
+    sqlx::query(
+        "INSERT INTO notification_deliveries (id, event_id, user_id, channel, provider, idempotency_key)
+         VALUES (gen_random_uuid(), $1, 'u-1', 'email', 'smtp', $1::text || '/u-1/email')",
+    )
+    .bind(id)
+    .execute(&mut *writer)
+    .await
+    .unwrap();
+    writer.commit().await.unwrap();
+    let out = canceling.await.unwrap();
+    assert_eq!((out.canceled, out.sent), (2, 0), "{out:?}");
+    assert_eq!(statuses(&p, &ev.event_id).await, [("canceled".into(), 2)]);
+    let mut conn = p.pool.acquire().await.unwrap();
+    assert!(
+        notify_store::cancel::is_canceled(&mut conn, id, "u-1")
+            .await
+            .unwrap()
+    );
+    drop(conn);
+    p.stop().await;
+}
