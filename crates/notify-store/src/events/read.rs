@@ -128,8 +128,7 @@ pub async fn get_event(
     };
     let row = sqlx::query(
         "SELECT id, event_key, type, actor_id, recipients, payload_json, content_json, topic,
-                fanout_status, fanout_recipients, created_at, caller, send_at
-                fanout_status, fanout_recipients, created_at, caller, cancellation_key,
+                fanout_status, fanout_recipients, created_at, caller, send_at, cancellation_key,
                 canceled_at, canceled_by
          FROM notification_events
          WHERE id = $1 OR ((event_key = $2 OR caller_key = $2) AND (caller = $3 OR $4))
