@@ -513,6 +513,8 @@ async fn sample_gauges(
                         .record(row.map_or(0, |r| r.pending as u64), &label);
                     m.oldest_pending_age
                         .record(row.map_or(0.0, |r| r.oldest_due_s), &label);
+                    m.deliveries_scheduled
+                        .record(row.map_or(0, |r| r.scheduled as u64), &label);
                     m.channel_paused
                         .record(u64::from(row.is_some_and(|r| r.paused)), &label);
                 }

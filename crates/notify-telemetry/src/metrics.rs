@@ -74,6 +74,17 @@ pub struct Metrics {
     /// `notify_escalations_total{outcome}`: escalations `created` (at planning),
     /// `skipped_read` (the notification was read or clicked in time) and `sent`.
     pub escalations: Counter<u64>,
+    /// `notify_deliveries_scheduled{channel}`: pending deliveries not due yet (scheduled
+    /// sends, escalations, quiet-hours deferrals, retries waiting for their backoff). With
+    /// `notify_oldest_pending_age_seconds` (how late the most overdue one is) this is the
+    /// scheduled backlog.
+    pub deliveries_scheduled: Gauge<u64>,
+    /// `notify_cancellations_total{target}`: `CancelEvent` calls and console cancels that
+    /// committed; `target` is `event_id`, `event_key`, `cancellation_key` or `console`.
+    pub cancellations: Counter<u64>,
+    /// `notify_deliveries_canceled_total{target}`: deliveries those cancels moved to
+    /// `canceled` (a repeated cancel adds nothing).
+    pub deliveries_canceled: Counter<u64>,
 }
 
 static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -158,6 +169,20 @@ pub fn metrics() -> &'static Metrics {
                 .u64_counter("notify_escalations")
                 .with_description("Escalations created, skipped as read, and sent.")
                 .build(),
+            deliveries_scheduled: m
+                .u64_gauge("notify_deliveries_scheduled")
+                .with_description(
+                    "Pending deliveries not due yet (scheduled, deferred, backing off).",
+                )
+                .build(),
+            cancellations: m
+                .u64_counter("notify_cancellations")
+                .with_description("Cancels that committed, by what they named.")
+                .build(),
+            deliveries_canceled: m
+                .u64_counter("notify_deliveries_canceled")
+                .with_description("Deliveries canceled before any provider call.")
+                .build(),
         }
     })
 }
@@ -184,6 +209,15 @@ pub fn count_fallback(from: &str, to: &str, cause: &str) {
     metrics()
         .fallbacks
         .add(1, &fallback_labels(from, to, cause));
+}
+
+/// Counts one committed cancel (`notify_cancellations_total{target}`) and the deliveries
+/// it canceled (`notify_deliveries_canceled_total{target}`).
+pub fn count_cancel(target: &'static str, newly_canceled: u64) {
+    let m = metrics();
+    let label = [KeyValue::new("target", target)];
+    m.cancellations.add(1, &label);
+    m.deliveries_canceled.add(newly_canceled, &label);
 }
 
 /// The text exposition of every metric, for `/metrics` (Prometheus text format 0.0.4).
@@ -245,6 +279,8 @@ mod tests {
         m.oldest_pending_age.record(5.0, &ch);
         m.dead_letter_messages.record(0, &[]);
         m.channel_paused.record(0, &ch);
+        m.deliveries_scheduled.record(6, &ch);
+        count_cancel("cancellation_key", 3);
         m.fallbacks
             .add(1, &fallback_labels("line", "email", "unreachable"));
         m.escalations.add(1, &[KeyValue::new("outcome", "created")]);

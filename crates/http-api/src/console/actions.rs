@@ -36,14 +36,17 @@ pub(super) async fn on_target(
         Action::Cancel => {
             // An unknown event: nothing to cancel, and its page answers 404.
             match notify_store::console::cancel_event(&app.pool, &user, id).await {
-                Ok(out) => tracing::info!(
-                    staff = %user,
-                    event_id = %id,
-                    canceled = out.newly_canceled,
-                    in_flight = out.in_flight,
-                    not_created = out.not_created,
-                    "console: cancel"
-                ),
+                Ok(out) => {
+                    notify_telemetry::metrics::count_cancel("console", out.newly_canceled);
+                    tracing::info!(
+                        staff = %user,
+                        event_id = %id,
+                        canceled = out.newly_canceled,
+                        in_flight = out.in_flight,
+                        not_created = out.not_created,
+                        "console: cancel"
+                    )
+                }
                 Err(notify_store::StoreError::NotFound(_)) => {}
                 Err(e) => return Err(e.into()),
             }

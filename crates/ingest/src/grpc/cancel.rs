@@ -90,6 +90,14 @@ impl Services {
                 },
                 e => ApiError::Store(e),
             })?;
+        notify_telemetry::metrics::count_cancel(
+            match &selector {
+                CancelSelector::Id(_) => "event_id",
+                CancelSelector::EventKey(_) => "event_key",
+                CancelSelector::CancellationKey(_) => "cancellation_key",
+            },
+            out.newly_canceled,
+        );
         tracing::info!(
             caller = %caller.name,
             events = out.event_ids.len(),

@@ -248,7 +248,10 @@ pub fn effective_channels(
 /// delivery then waits until `now` at least (`deferred_until`, trail "scheduled for
 /// <time>"), and a channel the user has turned off is not skipped: the delivery is
 /// written, its trail says "preference: off now; decided again when due at <time>", and
-/// the worker decides the preference again when it is due.
+/// the worker decides the preference again when it is due. The same holds for a LINE user
+/// who unfollowed and an email address marked undeliverable: either may change before
+/// the due time, so the rules at due time decide (and a fallback, if the type has one,
+/// is created then).
 pub fn plan(
     event_id: Uuid,
     critical: bool,
@@ -330,6 +333,13 @@ pub fn plan(
             match channel {
                 Channel::InApp => planned.push(one(Provider::Inbox, None)),
                 Channel::Email => match &r.email {
+                    Some(addr) if r.email_undeliverable && scheduled => {
+                        let mut d = one(Provider::Smtp, Some(addr));
+                        d.decision.push_str(
+                            "\nemail: the address is marked undeliverable now; decided again when due",
+                        );
+                        planned.push(d)
+                    }
                     Some(_) if r.email_undeliverable => {
                         skipped.push(skip(SkipReason::EmailUndeliverable, &decision))
                     }
@@ -337,6 +347,13 @@ pub fn plan(
                     None => skipped.push(skip(SkipReason::NoEmailAddress, &decision)),
                 },
                 Channel::Line => match &r.line_user_id {
+                    Some(id) if r.line_unfollowed && scheduled => {
+                        let mut d = one(Provider::Line, Some(id));
+                        d.decision.push_str(
+                            "\nLINE: the user has unfollowed the account now; decided again when due",
+                        );
+                        planned.push(d)
+                    }
                     Some(_) if r.line_unfollowed => {
                         skipped.push(skip(SkipReason::LineUnfollowed, &decision))
                     }

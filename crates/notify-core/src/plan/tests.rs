@@ -270,6 +270,30 @@ fn a_scheduled_event_waits_for_its_due_time_and_decides_preferences_then() {
     let (_, s) = plan(Uuid::nil(), false, &Channel::ALL, &[r.clone()], due, false);
     assert_eq!(s[0].reason, SkipReason::OptedOut);
 
+    // An unfollow and an undeliverable mark may change before the due time too: the
+    // deliveries are written and the rules at due time decide.
+    let mut gone = somchai();
+    gone.line_unfollowed = true;
+    gone.email_undeliverable = true;
+    let channels = [Channel::Email, Channel::Line];
+    let (p, s) = plan(Uuid::nil(), false, &channels, &[gone.clone()], due, true);
+    assert!(s.is_empty(), "{s:?}");
+    assert!(
+        p[0].decision
+            .contains("marked undeliverable now; decided again when due")
+    );
+    assert!(
+        p[1].decision
+            .contains("unfollowed the account now; decided again when due")
+    );
+    let (p, s) = plan(Uuid::nil(), false, &channels, &[gone], due, false);
+    assert!(p.is_empty());
+    let reasons: Vec<_> = s.iter().map(|s| s.reason).collect();
+    assert_eq!(
+        reasons,
+        [SkipReason::EmailUndeliverable, SkipReason::LineUnfollowed]
+    );
+
     // Quiet hours are those of the due time: 08:00-10:00 Bangkok holds 02:00 UTC (09:00
     // Bangkok), so the delivery waits until 10:00 Bangkok.
     r.type_prefs.clear();

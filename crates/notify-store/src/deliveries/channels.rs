@@ -47,6 +47,9 @@ pub struct ChannelGauges {
     pub channel: Channel,
     /// Deliveries in `pending`, due or not.
     pub pending: i64,
+    /// Of those, not due yet (`next_attempt_at` after now): scheduled sends, escalations,
+    /// deferrals and retries waiting for their backoff.
+    pub scheduled: i64,
     /// Seconds since the oldest due pending delivery became due (0 if none).
     pub oldest_due_s: f64,
     /// Whether the channel is paused now.
@@ -74,10 +77,13 @@ pub async fn gauges(db: &PgPool) -> Result<Gauges> {
                    FROM outbox WHERE available_at <= now()) AS outbox_oldest_s,
                 (SELECT coalesce(jsonb_agg(jsonb_build_object(
                             'channel', c.channel, 'pending', c.pending, 'oldest', c.oldest,
-                            'paused', c.paused)), '[]'::jsonb)
+                            'scheduled', c.scheduled, 'paused', c.paused)), '[]'::jsonb)
                    FROM (SELECT ch.channel,
                                 (SELECT count(*) FROM notification_deliveries d
                                   WHERE d.status = 'pending' AND d.channel = ch.channel) AS pending,
+                                (SELECT count(*) FROM notification_deliveries d
+                                  WHERE d.status = 'pending' AND d.channel = ch.channel
+                                    AND d.next_attempt_at > now()) AS scheduled,
                                 (SELECT coalesce(extract(epoch FROM now() - min(d.next_attempt_at)), 0)::float8
                                    FROM notification_deliveries d
                                   WHERE d.status = 'pending' AND d.channel = ch.channel
@@ -98,6 +104,7 @@ pub async fn gauges(db: &PgPool) -> Result<Gauges> {
             Ok(ChannelGauges {
                 channel: parse_text("channel", c["channel"].as_str().unwrap_or_default())?,
                 pending: c["pending"].as_i64().unwrap_or(0),
+                scheduled: c["scheduled"].as_i64().unwrap_or(0),
                 oldest_due_s: c["oldest"].as_f64().unwrap_or(0.0).max(0.0),
                 paused: c["paused"].as_bool().unwrap_or(false),
             })
