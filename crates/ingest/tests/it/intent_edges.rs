@@ -1,0 +1,879 @@
+//! Issue 17 where its parts meet, as a hostile or unlucky caller and operator would try
+//! it: cancels racing fan-out pages, failures and their fallbacks, escalations, writers
+//! and each other; schedules at the horizon's edge and in odd spellings; derived
+//! deliveries seen by another caller and by the console.
+
+use crate::support;
+
+use chrono::{DateTime, Utc};
+use notify_core::Channel;
+use notify_proto::v1 as pb;
+use notify_proto::v1::cancel_event_request::Target;
+use notify_store::api_keys::{self, NewApiKey};
+use serde_json::json;
+use std::time::Duration;
+use support::{
+    Options, Platform, SendExt, console_login, eventually, no_redirects, session_cookie, settle,
+    uniq,
+};
+use tonic::Code;
+use tonic_types::StatusExt;
+
+fn cancel_req(target: Target, recipients: &[&str]) -> pb::CancelEventRequest {
+    pb::CancelEventRequest {
+        target: Some(target),
+        recipients: recipients.iter().map(|r| r.to_string()).collect(),
+    }
+}
+
+async fn cancel(p: &Platform, target: Target, recipients: &[&str]) -> pb::CancelEventResponse {
+    p.ingest()
+        .cancel_event(cancel_req(target, recipients))
+        .await
+        .expect("CancelEvent")
+        .into_inner()
+}
+
+/// The database clock now.
+async fn db_now(p: &Platform) -> DateTime<Utc> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&p.pool)
+        .await
+        .unwrap()
+}
+
+fn instant(t: &prost_types::Timestamp) -> DateTime<Utc> {
+    DateTime::from_timestamp(t.seconds, t.nanos as u32).expect("timestamp in range")
+}
+
+/// The violations of an `INVALID_ARGUMENT`, with their descriptions.
+fn violations(err: &tonic::Status) -> Vec<(String, String)> {
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    err.get_details_bad_request()
+        .expect("a BadRequest detail")
+        .field_violations
+        .into_iter()
+        .map(|v| (v.field, v.description))
+        .collect()
+}
+
+/// Deliveries of `event_id` by (channel, status).
+async fn statuses(p: &Platform, event_id: &str) -> Vec<(String, String, i64)> {
+    sqlx::query_as(
+        "SELECT channel, status, count(*) FROM notification_deliveries WHERE event_id = $1::uuid
+         GROUP BY channel, status ORDER BY channel, status",
+    )
+    .bind(event_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap()
+}
+
+async fn wait_fanout_done(p: &Platform, event_id: &str) {
+    eventually("fan-out done", Duration::from_secs(30), async || {
+        let ev = p.get_event(event_id).await;
+        if ev.fanout_status == "done" {
+            Ok(())
+        } else {
+            Err(ev.fanout_status)
+        }
+    })
+    .await;
+}
+
+/// Registers `key` with `channels`, the fallback list `fallback` and at most one
+/// escalation `(from, to, after_seconds)`.
+async fn add_derived_type(
+    p: &Platform,
+    key: &str,
+    channels: &[&str],
+    fallback: &[&str],
+    escalation: Option<(&str, &str, u32)>,
+) {
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: key.into(),
+            default_channels: channels.iter().map(|c| c.to_string()).collect(),
+            fallback_channels: fallback.iter().map(|c| c.to_string()).collect(),
+            escalations: escalation
+                .into_iter()
+                .map(|(from, to, after)| pb::Escalation {
+                    from_channel: from.into(),
+                    to_channel: to.into(),
+                    after_seconds: after,
+                })
+                .collect(),
+            ..Default::default()
+        })
+        .await
+        .expect("upsert type");
+}
+
+/// A recipient canceled after the fan-out wrote their LINE multicast batch (the batch
+/// still pending) is not in the multicast call: CancelEvent promises that a canceled
+/// recipient gets nothing not yet handed to a provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "BUG: cancel of some recipients misses a pending LINE multicast batch; the canceled user is still in the call"]
+async fn a_recipient_canceled_after_their_multicast_batch_was_written_is_not_in_the_call() {
+    let mut p = Platform::start_with_workers(&[]).await;
+    p.add_type("promo", &["line"]).await;
+    p.topics()
+        .create_topic(pb::CreateTopicRequest {
+            key: "shop.mc".into(),
+        })
+        .await
+        .unwrap();
+    let mut users = Vec::new();
+    for n in ["a", "b", "c"] {
+        users.push(p.add_line_recipient(n).await);
+    }
+    p.topics()
+        .subscribe(pb::SubscribeRequest {
+            topic: "shop.mc".into(),
+            user_ids: users.iter().map(|(u, _)| u.clone()).collect(),
+        })
+        .await
+        .unwrap();
+    let mut req = p.event("mc:1", "promo", &[]);
+    req.topic = "shop.mc".into();
+    req.line_multicast = true;
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    wait_fanout_done(&p, &ev.event_id).await;
+    let (b, b_line) = users[1].clone();
+    let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[&b]).await;
+    p.start_worker(Channel::Line);
+    p.wait_final(&ev.event_id, 30).await;
+    let mut to: Vec<String> = Vec::new();
+    for c in p.sim_requests("line").await {
+        to.extend(
+            c["body"]["to"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|v| v.as_str().unwrap().to_string()),
+        );
+    }
+    assert!(
+        !to.contains(&b_line),
+        "the canceled recipient was in the multicast call {to:?}; CancelEvent answered {out:?}"
+    );
+    assert!(
+        to.contains(&users[0].1) && to.contains(&users[2].1),
+        "{to:?}"
+    );
+    p.stop().await;
+}
+
+/// A delay that is a well-formed duration but longer than the horizon is refused naming
+/// the horizon (as `31d` is), not as if it were not a duration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "BUG: delay \"400d\" is refused as \"must be a duration\" instead of naming the 30d horizon"]
+async fn a_delay_longer_than_a_year_is_refused_naming_the_horizon() {
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("order_paid", &["inapp"]).await;
+    for delay in ["400d", "9999999d", "100000h"] {
+        let mut req = p.event(&uniq("order:long"), "order_paid", &["u1"]);
+        req.delay = delay.into();
+        let err = p.ingest().create_event(req).await.expect_err(delay);
+        let found = violations(&err);
+        assert_eq!(found.len(), 1, "{delay}: {found:?}");
+        assert_eq!(found[0].0, "delay", "{delay}: {found:?}");
+        assert!(
+            found[0].1.contains("30d") && found[0].1.contains("horizon"),
+            "{delay}: {found:?}"
+        );
+    }
+    p.stop().await;
+}
+
+/// Odd delays: "0s" sends now (no due time); negative, fractional, unit-less garbage and
+/// numbers past u64 are refused naming `delay`; nothing is written for a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_delays_send_now_or_are_refused_naming_delay() {
+    let p = Platform::start_with_workers(&[Channel::InApp]).await;
+    p.add_type("order_paid", &["inapp"]).await;
+    for delay in [
+        "-5s",
+        "1.5h",
+        "5S",
+        "99999999999999999999999s",
+        "5s5s",
+        "1h30m",
+    ] {
+        let mut req = p.event(&uniq("order:odd"), "order_paid", &["u1"]);
+        req.delay = delay.into();
+        let err = p.ingest().create_event(req).await.expect_err(delay);
+        let found = violations(&err);
+        assert_eq!(
+            found.iter().map(|f| f.0.as_str()).collect::<Vec<_>>(),
+            ["delay"],
+            "{delay}: {found:?}"
+        );
+    }
+    assert_eq!(p.count("notification_events").await, 0);
+    let mut req = p.event("order:now", "order_paid", &["u1"]);
+    req.delay = "0s".into();
+    let r = p
+        .ingest()
+        .create_event(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.send_at.is_none(), "0s is now: {r:?}");
+    let done = p.wait_final(&r.event_id, 20).await;
+    support::assert_all_sent(&done);
+    req.delay = "0ms".into();
+    let again = p
+        .ingest()
+        .create_event(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.duplicate, "0ms and 0s are one delay");
+    req.delay = String::new();
+    let err = p.ingest().create_event(req).await.unwrap_err();
+    assert_eq!(
+        err.code(),
+        Code::AlreadyExists,
+        "no delay is another event identity than 0s: {err:?}"
+    );
+    p.stop().await;
+}
+
+/// `send_at` at the horizon's edge and in odd spellings: exactly 30 days ahead on the
+/// database clock is taken, a second more is refused naming `send_at`; the year 1 sends
+/// now; +05:45 and -00:00 spellings of one instant are one event; a leap-second text is
+/// either refused naming `send_at` or taken, never an internal error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_at_at_the_horizon_and_in_odd_spellings() {
+    let p = Platform::start_with_workers(&[Channel::InApp]).await;
+    p.add_type("order_paid", &["inapp"]).await;
+    let horizon = db_now(&p).await + chrono::Duration::days(30);
+
+    let mut at = p.event("order:edge", "order_paid", &["u1"]);
+    at.send_at = horizon.to_rfc3339();
+    let r = p
+        .ingest()
+        .create_event(at)
+        .await
+        .expect("at the horizon")
+        .into_inner();
+    assert_eq!(instant(r.send_at.as_ref().unwrap()), horizon);
+
+    let mut over = p.event("order:over", "order_paid", &["u1"]);
+    over.send_at =
+        (db_now(&p).await + chrono::Duration::days(30) + chrono::Duration::seconds(1)).to_rfc3339();
+    let found = violations(&p.ingest().create_event(over).await.unwrap_err());
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, "send_at");
+    assert!(found[0].1.contains("30d"), "{found:?}");
+    let mut far = p.event("order:far", "order_paid", &["u1"]);
+    far.send_at = "9999-12-31T23:59:59Z".into();
+    assert_eq!(
+        violations(&p.ingest().create_event(far).await.unwrap_err())[0].0,
+        "send_at"
+    );
+
+    let mut past = p.event("order:year1", "order_paid", &["u1"]);
+    past.send_at = "0001-01-01T00:00:00+00:00".into();
+    let r = p
+        .ingest()
+        .create_event(past)
+        .await
+        .expect("year 1")
+        .into_inner();
+    support::assert_all_sent(&p.wait_final(&r.event_id, 20).await);
+
+    let due = (db_now(&p).await + chrono::Duration::hours(2))
+        .with_timezone(&chrono::FixedOffset::east_opt(5 * 3600 + 45 * 60).unwrap());
+    let mut kathmandu = p.event("order:np", "order_paid", &["u1"]);
+    kathmandu.send_at = due.format("%Y-%m-%dT%H:%M:%S%.6f+05:45").to_string();
+    let first = p
+        .ingest()
+        .create_event(kathmandu.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let mut unknown_local = kathmandu.clone();
+    unknown_local.send_at = due
+        .with_timezone(&Utc)
+        .format("%Y-%m-%dT%H:%M:%S%.6f-00:00")
+        .to_string();
+    let second = p
+        .ingest()
+        .create_event(unknown_local)
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(second.duplicate, "one instant, two spellings");
+    assert_eq!(second.event_id, first.event_id);
+    assert_eq!(instant(first.send_at.as_ref().unwrap()), due);
+
+    let leap_day = (db_now(&p).await + chrono::Duration::days(3)).format("%Y-%m-%d");
+    let mut leap = p.event("order:leap", "order_paid", &["u1"]);
+    leap.send_at = format!("{leap_day}T23:59:60Z");
+    match p.ingest().create_event(leap.clone()).await {
+        Ok(r) => {
+            let again = p.ingest().create_event(leap).await.unwrap().into_inner();
+            assert!(again.duplicate && again.event_id == r.into_inner().event_id);
+        }
+        Err(e) => assert_eq!(violations(&e)[0].0, "send_at", "{e:?}"),
+    }
+    p.stop().await;
+}
+
+/// A canceled scheduled event replayed with the same key is a duplicate of the canceled
+/// one: nothing is revived or written, and the replay's changed schedule is
+/// ALREADY_EXISTS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_canceled_scheduled_event_replayed_stays_canceled() {
+    let p = Platform::start_with_workers(&[Channel::InApp]).await;
+    p.add_type("reminder", &["inapp"]).await;
+    let mut req = p.event("remind:later", "reminder", &["u1", "u2"]);
+    req.delay = "2s".into();
+    let ev = p
+        .ingest()
+        .create_event(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let out = cancel(&p, Target::EventKey("remind:later".into()), &[]).await;
+    assert_eq!((out.events, out.canceled), (1, 2), "{out:?}");
+    let replay = p
+        .ingest()
+        .create_event(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        replay.duplicate && replay.event_id == ev.event_id,
+        "{replay:?}"
+    );
+    let mut moved = req.clone();
+    moved.delay = "3s".into();
+    assert_eq!(
+        p.ingest().create_event(moved).await.unwrap_err().code(),
+        Code::AlreadyExists
+    );
+    settle(
+        "nothing revived past the due time",
+        Duration::from_secs(3),
+        async || {
+            let s = statuses(&p, &ev.event_id).await;
+            if s == [("inapp".to_string(), "canceled".to_string(), 2)] {
+                Ok(())
+            } else {
+                Err(s)
+            }
+        },
+    )
+    .await;
+    assert_eq!(p.count("outbox").await, 0);
+    assert_eq!(p.count("notifications").await, 0, "no inbox row");
+    p.stop().await;
+}
+
+/// A scheduled topic broadcast canceled by its cancellation key before its due time:
+/// the fan-out's pages (written at once, due later) are all canceled, nothing reaches
+/// anyone when the due time passes, and the counts add up to the audience.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_broadcast_canceled_before_it_is_due_sends_nothing() {
+    let p = Platform::start_with_workers(&[Channel::InApp]).await;
+    p.add_type("promo", &["inapp"]).await;
+    p.topics()
+        .create_topic(pb::CreateTopicRequest {
+            key: "shop.sale".into(),
+        })
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO topic_subscriptions (topic, user_id)
+         SELECT 'shop.sale', 's-' || lpad(i::text, 5, '0') FROM generate_series(0, 2499) i",
+    )
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let mut req = p.event("sale:1", "promo", &[]);
+    req.topic = "shop.sale".into();
+    req.delay = "3s".into();
+    req.cancellation_key = "sale:all".into();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let out = cancel(&p, Target::CancellationKey("sale:all".into()), &[]).await;
+    assert_eq!(out.events, 1, "{out:?}");
+    assert_eq!(
+        out.canceled + out.not_created,
+        2_500,
+        "the counts add up to the audience: {out:?}"
+    );
+    assert_eq!(
+        out.sent + out.in_flight + out.failed + out.skipped,
+        0,
+        "{out:?}"
+    );
+    settle("nothing sent after the due time", Duration::from_secs(4), async || {
+        let bad: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM notification_deliveries WHERE event_id = $1::uuid AND status <> 'canceled'",
+        )
+        .bind(&ev.event_id)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+        if bad == 0 { Ok(()) } else { Err(bad) }
+    })
+    .await;
+    assert_eq!(p.count("notifications").await, 0);
+    assert_eq!(p.get_event(&ev.event_id).await.fanout_status, "canceled");
+    p.stop().await;
+}
+
+/// A LINE delivery in its provider call when its recipient is canceled, which then fails
+/// for good: the cancel waits and reports it `failed`, and no email fallback is created
+/// for the canceled recipient (the fallback's fence sees the cancel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_after_the_recipients_cancel_makes_no_fallback() {
+    let p = Platform::start_with_workers(&[Channel::Line, Channel::Email]).await;
+    add_derived_type(&p, "order_paid", &["line"], &["line", "email"], None).await;
+    let (u, lid) = (uniq("fb"), support::line_id());
+    let mail = format!("{u}@shop.example.test");
+    p.add_recipient(&u, "", &mail, &lid).await;
+    let other = uniq("fb-other");
+    let other_mail = format!("{other}@shop.example.test");
+    let other_lid = support::line_id();
+    p.add_recipient(&other, "", &other_mail, &other_lid).await;
+    for l in [&lid, &other_lid] {
+        p.sim_fault(json!({"provider": "line", "target_contains": l, "status": 400,
+                           "body": {"message": "The property, 'to', in the request body is invalid"},
+                           "delay_ms": 1500, "times": 1}))
+            .await;
+    }
+    let ev = p.send("fb:1", "order_paid", &[&u, &other]).await;
+    eventually(
+        "both LINE calls started",
+        Duration::from_secs(10),
+        async || match p.sim_count("line").await {
+            2 => Ok(()),
+            n => Err(n),
+        },
+    )
+    .await;
+    let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[&u]).await;
+    assert_eq!(
+        (out.failed, out.canceled, out.in_flight),
+        (1, 0, 0),
+        "{out:?}"
+    );
+    // The other recipient's LINE failure falls back to email as usual.
+    eventually(
+        "the other's fallback email",
+        Duration::from_secs(20),
+        async || match p.mails_to(&other_mail).await.len() {
+            1 => Ok(()),
+            n => Err(n),
+        },
+    )
+    .await;
+    let done = p.wait_final(&ev.event_id, 20).await;
+    let emails: Vec<&pb::Delivery> = done
+        .deliveries
+        .iter()
+        .filter(|d| d.channel == "email")
+        .collect();
+    assert_eq!(emails.len(), 1, "{:?}", done.deliveries);
+    assert_eq!(emails[0].user_id, other);
+    assert_eq!(emails[0].cause, "fallback");
+    assert!(
+        p.mails_to(&mail).await.is_empty(),
+        "no mail to the canceled recipient"
+    );
+    p.stop().await;
+}
+
+/// An escalation of a canceled event: the in-app notification was sent, the pending
+/// email escalation is canceled with the event (counted), GetEvent shows it canceled with
+/// its cause, and no email goes out when it would have been due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_escalation_of_a_canceled_event_is_canceled_and_never_sent() {
+    let p = Platform::start_with_workers(&[Channel::InApp, Channel::Email]).await;
+    add_derived_type(
+        &p,
+        "invoice_due",
+        &["inapp"],
+        &[],
+        Some(("inapp", "email", 2)),
+    )
+    .await;
+    let u = uniq("esc");
+    let mail = format!("{u}@shop.example.test");
+    p.add_recipient(&u, "", &mail, "").await;
+    let ev = p.send("inv:1", "invoice_due", &[&u]).await;
+    eventually("in-app sent", Duration::from_secs(10), async || {
+        let s = statuses(&p, &ev.event_id).await;
+        if s.contains(&("inapp".into(), "sent".into(), 1)) {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    })
+    .await;
+    let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
+    assert_eq!((out.sent, out.canceled), (1, 1), "{out:?}");
+    settle(
+        "no escalation email",
+        Duration::from_secs(3),
+        async || match p.mails_to(&mail).await.len() {
+            0 => Ok(()),
+            n => Err(n),
+        },
+    )
+    .await;
+    let got = p.get_event(&ev.event_id).await;
+    let email = got
+        .deliveries
+        .iter()
+        .find(|d| d.channel == "email")
+        .expect("the escalation is shown");
+    assert_eq!(
+        (email.status.as_str(), email.cause.as_str()),
+        ("canceled", "escalation")
+    );
+    p.stop().await;
+}
+
+fn with_key<T>(msg: T, key: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    req
+}
+
+async fn api_key(p: &Platform, name: &str, manage: bool) -> String {
+    api_keys::create(
+        &p.pool,
+        &NewApiKey {
+            name: name.into(),
+            send_types: vec!["*".into()],
+            can_manage: manage,
+            events_per_second: 1000,
+            max_recipients: 1000,
+        },
+    )
+    .await
+    .unwrap()
+    .0
+}
+
+/// Another caller sees nothing of a caller's derived deliveries: GetEvent, ExplainDelivery
+/// of the fallback email and of the escalation, CancelEvent by id, key and cancellation
+/// key all answer as for an event that does not exist; the owner sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_caller_learns_nothing_of_derived_deliveries() {
+    let p = Platform::start_with(Options {
+        auth: ingest::auth::AuthMode::ApiKey,
+        workers: vec![],
+        ..Default::default()
+    })
+    .await;
+    let admin = api_key(&p, "admin", true).await;
+    let (alice, bob) = (
+        api_key(&p, "alice", false).await,
+        api_key(&p, "bob", false).await,
+    );
+    let mut types = p.types();
+    types
+        .upsert_notification_type(with_key(
+            pb::UpsertNotificationTypeRequest {
+                key: "order_paid".into(),
+                default_channels: vec!["inapp".into(), "line".into()],
+                fallback_channels: vec!["line".into(), "email".into()],
+                escalations: vec![pb::Escalation {
+                    from_channel: "inapp".into(),
+                    to_channel: "push".into(),
+                    after_seconds: 3600,
+                }],
+                ..Default::default()
+            },
+            &admin,
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let u = uniq("nolid");
+    sqlx::query("INSERT INTO recipients (user_id, email) VALUES ($1, $2)")
+        .bind(&u)
+        .bind(format!("{u}@shop.example.test"))
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    let mut req = p.event("secret:1", "order_paid", &[&u]);
+    req.cancellation_key = "secret:group".into();
+    let ev = p
+        .ingest()
+        .create_event(with_key(req, &alice))
+        .await
+        .unwrap()
+        .into_inner();
+    let explain = |key: &str, channel: &str| {
+        let mut c = p.ingest();
+        let r = with_key(
+            pb::ExplainDeliveryRequest {
+                event_id: ev.event_id.clone(),
+                user_id: u.clone(),
+                channel: channel.into(),
+            },
+            key,
+        );
+        async move { c.explain_delivery(r).await }
+    };
+    let trail = explain(&alice, "email")
+        .await
+        .expect("owner explains")
+        .into_inner();
+    assert!(
+        trail.trail.iter().any(|l| l.contains("fallback")),
+        "{trail:?}"
+    );
+    for channel in ["email", "push", "inapp", "line"] {
+        let e = explain(&bob, channel).await.unwrap_err();
+        assert_eq!(e.code(), Code::NotFound, "{channel}: {e:?}");
+        assert!(!e.message().contains(&u), "{e:?}");
+    }
+    let get = p
+        .ingest()
+        .get_event(with_key(
+            pb::GetEventRequest {
+                selector: Some(pb::get_event_request::Selector::EventId(
+                    ev.event_id.clone(),
+                )),
+                ..Default::default()
+            },
+            &bob,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(get.code(), Code::NotFound);
+    for target in [
+        Target::EventId(ev.event_id.clone()),
+        Target::EventKey("secret:1".into()),
+    ] {
+        let e = p
+            .ingest()
+            .cancel_event(with_key(cancel_req(target, &[]), &bob))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::NotFound);
+    }
+    let none = p
+        .ingest()
+        .cancel_event(with_key(
+            cancel_req(Target::CancellationKey("secret:group".into()), &[]),
+            &bob,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(none, pb::CancelEventResponse::default());
+    let pending: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM notification_deliveries WHERE status = 'pending' AND cause <> 'planned'",
+    )
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert!(pending >= 1, "alice's derived deliveries untouched");
+    p.stop().await;
+}
+
+/// 50 concurrent cancels of overlapping targets (one cancellation key over several
+/// events, those events by id and by key, some recipients of them) all succeed (no
+/// deadlock, no error) and leave nothing pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_cancels_of_overlapping_targets_all_succeed() {
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("reminder", &["inapp", "email"]).await;
+    let users: Vec<String> = (0..4).map(|i| format!("ov-{i}")).collect();
+    let refs: Vec<&str> = users.iter().map(String::as_str).collect();
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let mut req = p.event(&format!("ov:{i}"), "reminder", &refs);
+        req.cancellation_key = format!("ov:group:{}", i % 2);
+        ids.push(
+            p.ingest()
+                .create_event(req)
+                .await
+                .unwrap()
+                .into_inner()
+                .event_id,
+        );
+    }
+    let mut tasks = Vec::new();
+    for n in 0..50usize {
+        let mut c = p.ingest();
+        let (ids, users) = (ids.clone(), users.clone());
+        tasks.push(tokio::spawn(async move {
+            let (target, who): (Target, Vec<String>) = match n % 5 {
+                0 => (
+                    Target::CancellationKey(format!("ov:group:{}", n % 2)),
+                    vec![],
+                ),
+                1 => (
+                    Target::EventId(ids[n % 6].clone()),
+                    vec![users[n % 4].clone()],
+                ),
+                2 => (Target::EventKey(format!("ov:{}", n % 6)), vec![]),
+                3 => (
+                    Target::CancellationKey(format!("ov:group:{}", (n + 1) % 2)),
+                    vec![users[n % 4].clone(), users[(n + 1) % 4].clone()],
+                ),
+                _ => (Target::EventId(ids[(n + 3) % 6].clone()), vec![]),
+            };
+            let who: Vec<&str> = who.iter().map(String::as_str).collect();
+            c.cancel_event(cancel_req(target, &who))
+                .await
+                .map(|r| r.into_inner())
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().expect("every cancel succeeds");
+    }
+    // The groups cover every event: nothing may be left pending.
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM notification_deliveries WHERE status <> 'canceled'",
+    )
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(left, 0);
+    assert_eq!(p.count("outbox").await, 0);
+    for id in &ids {
+        assert!(p.get_event(id).await.canceled_at.is_some());
+    }
+    p.stop().await;
+}
+
+/// A cancel by cancellation key repeated while a large CreateEvent with that key is being
+/// written: every answer is either "no events" (before the commit) or the whole event
+/// with all its deliveries canceled; once it found the event, nothing of it is pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_racing_the_create_of_its_key_finds_nothing_or_everything() {
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("reminder", &["inapp"]).await;
+    let users: Vec<String> = (0..900).map(|i| format!("race-{i:04}")).collect();
+    let refs: Vec<&str> = users.iter().map(String::as_str).collect();
+    let mut req = p.event("race:1", "reminder", &refs);
+    req.cancellation_key = "race:group".into();
+    let mut c = p.ingest();
+    let create = tokio::spawn(async move { c.create_event(req).await.map(|r| r.into_inner()) });
+    let out = eventually(
+        "the cancel found the event",
+        Duration::from_secs(20),
+        async || {
+            let out = cancel(&p, Target::CancellationKey("race:group".into()), &[]).await;
+            match out.events {
+                0 => Err(out),
+                _ => Ok(out),
+            }
+        },
+    )
+    .await;
+    let ev = create.await.unwrap().expect("create");
+    assert_eq!(out.event_ids, [ev.event_id.clone()]);
+    assert_eq!((out.canceled, out.in_flight), (900, 0), "{out:?}");
+    assert_eq!(
+        statuses(&p, &ev.event_id).await,
+        [("inapp".to_string(), "canceled".to_string(), 900)]
+    );
+    p.stop().await;
+}
+
+/// A LINE user who unfollows and follows again before a scheduled delivery is due gets
+/// it: the newest follow event decides at the due time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_user_who_follows_again_before_the_due_time_gets_the_message() {
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, lid) = p.add_line_recipient("refollow").await;
+    let mut req = p.event("refollow:1", "order_paid", &[&u]);
+    req.delay = "2s".into();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let t0 = chrono::Utc::now().timestamp_millis();
+    for (i, kind) in ["unfollow", "follow"].iter().enumerate() {
+        let body = json!({"destination": "Ubot", "events": [{
+            "type": kind, "mode": "active", "timestamp": t0 + i as i64,
+            "source": {"type": "user", "userId": lid},
+            "webhookEventId": uniq("wh"), "deliveryContext": {"isRedelivery": false},
+            "replyToken": "r"}]})
+        .to_string();
+        assert!(
+            support::line_webhook(&p, &p.http_url, &body)
+                .await
+                .status()
+                .is_success()
+        );
+    }
+    let done = p.wait_final(&ev.event_id, 20).await;
+    support::assert_all_sent(&done);
+    assert_eq!(p.sim_count("line").await, 1);
+    p.stop().await;
+}
+
+/// The console's event page for a scheduled, canceled event whose LINE delivery failed
+/// with a hostile provider answer and fell back to email: it renders, shows the due time,
+/// the cancel and the derived row's cause, and escapes what came from outside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_renders_scheduled_canceled_and_derived_rows_escaped() {
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
+    add_derived_type(
+        &p,
+        "order_paid",
+        &["line", "inapp"],
+        &["line", "email"],
+        None,
+    )
+    .await;
+    let (u, lid) = (uniq("con"), support::line_id());
+    p.add_recipient(&u, "", &format!("{u}@shop.example.test"), &lid)
+        .await;
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": lid, "status": 400,
+                       "body": {"message": "<script>alert('line')</script>"}, "times": 1}),
+    )
+    .await;
+    let mut req = p.event("con:1", "order_paid", &[&u]);
+    req.content.as_mut().unwrap().title = "<img src=x onerror=alert(1)>".into();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    eventually("the email fallback", Duration::from_secs(20), async || {
+        let s = statuses(&p, &ev.event_id).await;
+        if s.iter().any(|(c, _, _)| c == "email") {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    })
+    .await;
+    let mut later = p.event("con:2", "order_paid", &[&u]);
+    later.delay = "1h".into();
+    let later = p.ingest().create_event(later).await.unwrap().into_inner();
+    cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
+    cancel(&p, Target::EventId(later.event_id.clone()), &[]).await;
+
+    let http = no_redirects();
+    let cookie = session_cookie(&console_login(&http, &p.http_url).send().await.unwrap());
+    for id in [&ev.event_id, &later.event_id] {
+        let page = http
+            .get(format!("{}/console/events/{id}", p.http_url))
+            .header("cookie", &cookie)
+            .text_body()
+            .await;
+        assert!(page.contains("canceled"), "{page}");
+        assert!(
+            !page.contains("<script>alert") && !page.contains("<img src=x"),
+            "{page}"
+        );
+        if id == &ev.event_id {
+            assert!(page.contains("fallback of "), "{page}");
+            assert!(page.contains("&lt;script&gt;alert("), "{page}");
+            assert!(page.contains("&lt;img src=x"), "{page}");
+        } else {
+            assert!(page.contains("scheduled: due at"), "{page}");
+        }
+    }
+    p.stop().await;
+}
