@@ -774,7 +774,7 @@ async fn a_cancel_racing_the_create_of_its_key_finds_nothing_or_everything() {
     )
     .await;
     let ev = create.await.unwrap().expect("create");
-    assert_eq!(out.event_ids, [ev.event_id.clone()]);
+    assert_eq!(out.event_ids, std::slice::from_ref(&ev.event_id));
     assert_eq!((out.canceled, out.in_flight), (900, 0), "{out:?}");
     assert_eq!(
         statuses(&p, &ev.event_id).await,
