@@ -1068,3 +1068,245 @@ async fn an_unfollow_before_the_due_time_falls_back_to_email_when_due() {
     assert_eq!(p.sim_count("line").await, 0);
     p.stop().await;
 }
+
+/// A LINE call in flight when the cancel comes answers 500: the retry its record would
+/// schedule does not happen (the delivery ends `canceled`, counted so), and LINE is
+/// called once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_recorded_while_the_cancel_waits_is_canceled_not_sent() {
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, lid) = p.add_line_recipient("retry").await;
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": lid, "status": 500,
+                       "body": {"message": "busy"}, "delay_ms": 1500, "times": 1}),
+    )
+    .await;
+    let ev = p.send("retry:1", "order_paid", &[&u]).await;
+    eventually(
+        "the provider call started",
+        Duration::from_secs(10),
+        async || match p.sim_count("line").await {
+            0 => Err(0),
+            n => Ok(n),
+        },
+    )
+    .await;
+    let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
+    assert_eq!(
+        (out.canceled, out.sent, out.in_flight, out.failed),
+        (1, 0, 0, 0),
+        "{out:?}"
+    );
+    settle(
+        "no retry after the cancel",
+        Duration::from_secs(2),
+        async || {
+            let s = statuses(&p, &ev.event_id).await;
+            let calls = p.sim_count("line").await;
+            if s == [("line".to_string(), "canceled".to_string(), 1)] && calls == 1 {
+                Ok(())
+            } else {
+                Err((s, calls))
+            }
+        },
+    )
+    .await;
+    assert_eq!(p.count("outbox").await, 0);
+    p.stop().await;
+}
+
+/// A cancel that lands the moment an escalation becomes due: whatever the race, nothing
+/// is sent after the cancel returned and its answer adds up to the event's deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_at_the_moment_an_escalation_is_due_leaves_nothing_sent_after_it() {
+    let p = Platform::start_with_workers(&[Channel::InApp, Channel::Email]).await;
+    add_derived_type(
+        &p,
+        "invoice_due",
+        &["inapp"],
+        &[],
+        Some(("inapp", "email", 1)),
+    )
+    .await;
+    let u = uniq("esc-race");
+    let mail = format!("{u}@shop.example.test");
+    p.add_recipient(&u, "", &mail, "").await;
+    let ev = p.send("inv:race", "invoice_due", &[&u]).await;
+    let due: DateTime<Utc> = sqlx::query_scalar(
+        "SELECT next_attempt_at FROM notification_deliveries
+         WHERE event_id = $1::uuid AND cause = 'escalation'",
+    )
+    .bind(&ev.event_id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    eventually(
+        "the escalation is due",
+        Duration::from_secs(5),
+        async || {
+            let now = db_now(&p).await;
+            if now >= due { Ok(()) } else { Err(now) }
+        },
+    )
+    .await;
+    let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
+    let returned = db_now(&p).await;
+    assert_eq!(
+        out.canceled + out.sent + out.failed + out.skipped + out.in_flight,
+        2,
+        "{out:?}"
+    );
+    assert_eq!(out.in_flight, 0, "{out:?}");
+    settle(
+        "nothing sent after the cancel",
+        Duration::from_secs(2),
+        async || {
+            let late: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM notification_deliveries
+             WHERE event_id = $1::uuid AND (sent_at > $2 OR status IN ('pending', 'sending'))",
+            )
+            .bind(&ev.event_id)
+            .bind(returned)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+            if late == 0 { Ok(()) } else { Err(late) }
+        },
+    )
+    .await;
+    let mails = p.mails_to(&mail).await.len() as u32;
+    let email_sent: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM notification_deliveries
+         WHERE event_id = $1::uuid AND channel = 'email' AND status = 'sent'",
+    )
+    .bind(&ev.event_id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        i64::from(mails),
+        email_sent,
+        "a mail exactly when its delivery is sent"
+    );
+    p.stop().await;
+}
+
+/// The fallback of a failure whose transaction dies half way (a worker crash before the
+/// commit) leaves nothing; made again and committed, it is one delivery; a redelivered
+/// record asking for it again makes none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fallback_whose_transaction_died_is_made_once_when_done_again() {
+    let p = Platform::start_with_workers(&[]).await;
+    add_derived_type(&p, "order_paid", &["line"], &["line", "email"], None).await;
+    let (u, lid) = (uniq("crash"), support::line_id());
+    p.add_recipient(&u, "", &format!("{u}@shop.example.test"), &lid)
+        .await;
+    let ev = p.send("crash:1", "order_paid", &[&u]).await;
+    let line: uuid::Uuid = ev.deliveries[0].delivery_id.parse().unwrap();
+    let fail_and_fall_back = async |commit: bool| {
+        let mut tx = p.pool.begin().await.unwrap();
+        sqlx::query(
+            "UPDATE notification_deliveries SET status = 'failed', last_error = 'line_400: bad'
+             WHERE id = $1",
+        )
+        .bind(line)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        let made = notify_store::derived::fallback_after(&mut tx, line, "failed")
+            .await
+            .unwrap();
+        if commit {
+            tx.commit().await.unwrap();
+        } // else dropped: the crash rolls it back
+        made
+    };
+    assert!(fail_and_fall_back(false).await.is_some());
+    let emails = async || -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM notification_deliveries WHERE event_id = $1::uuid AND channel = 'email'",
+        )
+        .bind(&ev.event_id)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(emails().await, 0, "the crashed transaction left nothing");
+    assert!(fail_and_fall_back(true).await.is_some());
+    assert_eq!(
+        fail_and_fall_back(true).await,
+        None,
+        "a second ask makes none"
+    );
+    assert_eq!(emails().await, 1);
+    let replay = p.send("crash:1", "order_paid", &[&u]).await;
+    assert!(replay.duplicate);
+    assert_eq!(emails().await, 1);
+    p.stop().await;
+}
+
+/// A scheduled event's derived deliveries wait for its due time too: the fallback email
+/// of a user without a LINE id is due at `send_at`, the escalation `after_seconds` after
+/// it; nothing goes out before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn derived_deliveries_of_a_scheduled_event_wait_for_its_due_time() {
+    let p = Platform::start().await;
+    add_derived_type(
+        &p,
+        "order_paid",
+        &["inapp", "line"],
+        &["line", "email"],
+        Some(("inapp", "push", 60)),
+    )
+    .await;
+    let u = uniq("later");
+    let mail = format!("{u}@shop.example.test");
+    p.add_recipient(&u, "", &mail, "").await;
+    p.add_device(&u, &format!("fcm-later-{u}")).await;
+    let mut req = p.event("later:1", "order_paid", &[&u]);
+    req.delay = "1h".into();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let send_at = instant(ev.send_at.as_ref().expect("scheduled"));
+    let due: Vec<(String, String, DateTime<Utc>)> = sqlx::query_as(
+        "SELECT channel, cause, next_attempt_at FROM notification_deliveries
+         WHERE event_id = $1::uuid ORDER BY channel",
+    )
+    .bind(&ev.event_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    let close = |a: DateTime<Utc>, b: DateTime<Utc>| (a - b).num_milliseconds().abs() < 5;
+    assert_eq!(due.len(), 3, "{due:?}");
+    for (channel, cause, at) in &due {
+        match channel.as_str() {
+            "inapp" => assert!(cause == "planned" && close(*at, send_at), "{due:?}"),
+            "email" => assert!(cause == "fallback" && close(*at, send_at), "{due:?}"),
+            "push" => assert!(
+                cause == "escalation" && close(*at, send_at + chrono::Duration::seconds(60)),
+                "{due:?}"
+            ),
+            other => panic!("{other}: {due:?}"),
+        }
+    }
+    settle(
+        "nothing before the due time",
+        Duration::from_secs(2),
+        async || {
+            let early = p.mails_to(&mail).await.len() + p.sim_count("fcm").await;
+            let sent: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM notification_deliveries WHERE status <> 'pending'",
+            )
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+            if early == 0 && sent == 0 {
+                Ok(())
+            } else {
+                Err((early, sent))
+            }
+        },
+    )
+    .await;
+    p.stop().await;
+}
