@@ -1310,3 +1310,70 @@ async fn derived_deliveries_of_a_scheduled_event_wait_for_its_due_time() {
     .await;
     p.stop().await;
 }
+
+/// A device revoked and registered again (same token, same user) before a scheduled push
+/// is due gets it: the endpoint is active at the due time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_registered_again_before_the_due_time_gets_the_push() {
+    let p = Platform::start_with_workers(&[Channel::Push]).await;
+    p.add_type("order_paid", &["push"]).await;
+    let u = p.add_bare_recipient("again").await;
+    let token = format!("fcm-again-{u}");
+    let endpoint = p.add_device(&u, &token).await;
+    let mut req = p.event("again:1", "order_paid", &[&u]);
+    req.delay = "2s".into();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    p.recipients()
+        .revoke_endpoint(pb::RevokeEndpointRequest {
+            endpoint_id: endpoint.clone(),
+            reason: "signed_out".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        p.add_device(&u, &token).await,
+        endpoint,
+        "the same endpoint"
+    );
+    let done = p.wait_final(&ev.event_id, 20).await;
+    support::assert_all_sent(&done);
+    assert_eq!(p.sim_count("fcm").await, 1);
+    p.stop().await;
+}
+
+/// CancelEvent's edges: an event key in another Unicode normalisation form finds the
+/// event (keys are NFC), 1,001 recipients are refused naming `recipients`, a repeated
+/// recipient counts once, and a recipient who is not on the event cancels nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_keys_match_in_any_normalisation_and_recipient_lists_are_bounded() {
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("reminder", &["inapp"]).await;
+    let ev = p.send("caf\u{e9}:1", "reminder", &["u1", "u2"]).await;
+    let many: Vec<String> = (0..1_001).map(|i| format!("m{i}")).collect();
+    let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+    let err = p
+        .ingest()
+        .cancel_event(cancel_req(Target::EventKey("cafe\u{301}:1".into()), &refs))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        violations(&err)
+            .into_iter()
+            .map(|v| v.0)
+            .collect::<Vec<_>>(),
+        ["recipients"]
+    );
+    let stranger = cancel(&p, Target::EventKey("cafe\u{301}:1".into()), &["nobody"]).await;
+    assert_eq!((stranger.events, stranger.canceled), (1, 0), "{stranger:?}");
+    let out = cancel(&p, Target::EventKey("cafe\u{301}:1".into()), &["u1", "u1"]).await;
+    assert_eq!(out.event_ids, std::slice::from_ref(&ev.event_id));
+    assert_eq!((out.canceled, out.in_flight), (1, 0), "{out:?}");
+    assert_eq!(
+        statuses(&p, &ev.event_id).await,
+        [
+            ("inapp".to_string(), "canceled".to_string(), 1),
+            ("inapp".to_string(), "pending".to_string(), 1)
+        ]
+    );
+    p.stop().await;
+}
