@@ -1377,3 +1377,109 @@ async fn cancel_keys_match_in_any_normalisation_and_recipient_lists_are_bounded(
     );
     p.stop().await;
 }
+
+/// Two LINE subscribers with email addresses and a topic type that falls back from LINE
+/// to email; returns (topic, [(user, line id, mail)]).
+async fn line_topic_with_mail(p: &Platform, topic: &str) -> Vec<(String, String, String)> {
+    p.topics()
+        .create_topic(pb::CreateTopicRequest { key: topic.into() })
+        .await
+        .unwrap();
+    let mut users = Vec::new();
+    for n in ["mc-a", "mc-b"] {
+        let (u, lid) = (uniq(n), support::line_id());
+        let mail = format!("{u}@shop.example.test");
+        p.add_recipient(&u, "", &mail, &lid).await;
+        users.push((u, lid, mail));
+    }
+    p.topics()
+        .subscribe(pb::SubscribeRequest {
+            topic: topic.into(),
+            user_ids: users.iter().map(|u| u.0.clone()).collect(),
+        })
+        .await
+        .unwrap();
+    users
+}
+
+/// A LINE multicast batch that fails for good falls back to email for each user of the
+/// batch, as a per-user LINE delivery does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "BUG: a failed LINE multicast batch derives no per-user email fallback (fallback_after treats the batch as one unknown user)"]
+async fn a_failed_line_multicast_batch_falls_back_to_email_for_each_user() {
+    let p = Platform::start_with_workers(&[Channel::Line, Channel::Email]).await;
+    add_derived_type(&p, "promo", &["line"], &["line", "email"], None).await;
+    let users = line_topic_with_mail(&p, "shop.mcfail").await;
+    p.sim_fault(json!({"provider": "line", "status": 400,
+                       "body": {"message": "The request body has 1 error(s)"}, "times": 1}))
+        .await;
+    let mut req = p.event("mcfail:1", "promo", &[]);
+    req.topic = "shop.mcfail".into();
+    req.line_multicast = true;
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    wait_fanout_done(&p, &ev.event_id).await;
+    eventually("the batch failed", Duration::from_secs(20), async || {
+        let s = statuses(&p, &ev.event_id).await;
+        if s.contains(&("line".into(), "failed".into(), 1)) {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    })
+    .await;
+    let done = p.wait_final(&ev.event_id, 20).await;
+    for (u, _, mail) in &users {
+        assert!(
+            done.deliveries
+                .iter()
+                .any(|d| &d.user_id == u && d.channel == "email" && d.cause == "fallback"),
+            "no email fallback for {u}: deliveries {:?} skips {:?}",
+            done.deliveries,
+            done.skipped
+        );
+        eventually(
+            "the fallback mail",
+            Duration::from_secs(10),
+            async || match p.mails_to(mail).await.len() {
+                1 => Ok(()),
+                n => Err(n),
+            },
+        )
+        .await;
+    }
+    p.stop().await;
+}
+
+/// A topic broadcast sent by LINE multicast whose type escalates LINE to email: the
+/// fan-out completes, and each unclicked user gets the escalation email once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multicast_broadcast_with_a_line_escalation_completes_and_escalates_each_user() {
+    let p = Platform::start_with_workers(&[Channel::Line, Channel::Email]).await;
+    add_derived_type(&p, "promo", &["line"], &[], Some(("line", "email", 1))).await;
+    let users = line_topic_with_mail(&p, "shop.mcesc").await;
+    let mut req = p.event("mcesc:1", "promo", &[]);
+    req.topic = "shop.mcesc".into();
+    req.line_multicast = true;
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    wait_fanout_done(&p, &ev.event_id).await;
+    for (_, _, mail) in &users {
+        eventually(
+            "the escalation mail",
+            Duration::from_secs(15),
+            async || match p.mails_to(mail).await.len() {
+                1 => Ok(()),
+                n => Err(n),
+            },
+        )
+        .await;
+    }
+    let done = p.wait_final(&ev.event_id, 20).await;
+    let line: Vec<&pb::Delivery> = done
+        .deliveries
+        .iter()
+        .filter(|d| d.channel == "line")
+        .collect();
+    assert_eq!(line.len(), 1, "one multicast batch: {:?}", done.deliveries);
+    assert_eq!(line[0].provider, "line_multicast");
+    p.stop().await;
+}
