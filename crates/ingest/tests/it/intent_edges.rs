@@ -1483,3 +1483,123 @@ async fn a_multicast_broadcast_with_a_line_escalation_completes_and_escalates_ea
     assert_eq!(line[0].provider, "line_multicast");
     p.stop().await;
 }
+
+/// Quiet hours of the due time across a DST change: a New York user's email scheduled for
+/// 01:30 EST on the night the clocks spring forward (2027-03-14) waits until 07:00 EDT,
+/// which is 11:00 UTC, not 12:00; a `send_at` spelled with that night's -04:00 offset
+/// is the same instant as its UTC spelling. The planning clock is set, so no wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_hours_at_a_due_time_across_a_dst_change_end_at_the_local_morning() {
+    let at = |s: &str| s.parse::<DateTime<Utc>>().unwrap();
+    let clock = ingest::clock::ManualClock::new(at("2027-03-13T20:00:00Z"));
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        clock: ingest::clock::Clock::Manual(clock),
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["email"]).await;
+    let u = uniq("nyc");
+    p.add_recipient(&u, "", &format!("{u}@example.test"), "")
+        .await;
+    sqlx::query("UPDATE recipients SET timezone = 'America/New_York' WHERE user_id = $1")
+        .bind(&u)
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    p.recipients()
+        .set_quiet_hours(pb::SetQuietHoursRequest {
+            user_id: u.clone(),
+            windows: vec![pb::QuietWindow {
+                start: "22:00".into(),
+                end: "07:00".into(),
+                channels: vec![],
+            }],
+        })
+        .await
+        .unwrap();
+    let mut req = p.event("dst:1", "order_paid", &[&u]);
+    req.send_at = "2027-03-14T01:30:00-05:00".into();
+    let created = p
+        .ingest()
+        .create_event(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let d = &created.deliveries[0];
+    assert_eq!(
+        d.deferred_until.as_ref().map(instant),
+        Some(at("2027-03-14T11:00:00Z")),
+        "{}",
+        d.decision
+    );
+    assert!(
+        d.decision.contains("quiet hours (America/New_York)"),
+        "{}",
+        d.decision
+    );
+    req.send_at = "2027-03-14T06:30:00Z".into();
+    let again = p.ingest().create_event(req).await.unwrap().into_inner();
+    assert!(again.duplicate, "one instant");
+    p.stop().await;
+}
+
+/// The in-app notification read at the very instant its escalation is due: read in time,
+/// so the escalation is skipped `read_before_escalation` with no email.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_read_exactly_at_the_escalation_due_time_cancels_it() {
+    let mut p = Platform::start_with_workers(&[Channel::InApp]).await;
+    add_derived_type(
+        &p,
+        "invoice_due",
+        &["inapp"],
+        &[],
+        Some(("inapp", "email", 1)),
+    )
+    .await;
+    let u = uniq("exact");
+    let mail = format!("{u}@shop.example.test");
+    p.add_recipient(&u, "", &mail, "").await;
+    let ev = p.send("inv:exact", "invoice_due", &[&u]).await;
+    let due: DateTime<Utc> = sqlx::query_scalar(
+        "SELECT next_attempt_at FROM notification_deliveries
+         WHERE event_id = $1::uuid AND cause = 'escalation'",
+    )
+    .bind(&ev.event_id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    eventually("the inbox row", Duration::from_secs(10), async || {
+        let n = sqlx::query(
+            "UPDATE notifications SET status = 'read', read_at = $2
+             WHERE delivery_id IN (SELECT id FROM notification_deliveries
+                                   WHERE event_id = $1::uuid AND channel = 'inapp')",
+        )
+        .bind(&ev.event_id)
+        .bind(due)
+        .execute(&p.pool)
+        .await
+        .unwrap()
+        .rows_affected();
+        if n == 1 { Ok(()) } else { Err(n) }
+    })
+    .await;
+    p.start_worker(Channel::Email);
+    let done = p.wait_final(&ev.event_id, 20).await;
+    let email = done
+        .deliveries
+        .iter()
+        .find(|d| d.channel == "email")
+        .unwrap();
+    assert_eq!(
+        (
+            email.status.as_str(),
+            email.last_error.as_str(),
+            email.attempts
+        ),
+        ("skipped", "read_before_escalation", 0),
+        "{email:?}"
+    );
+    assert!(p.mails_to(&mail).await.is_empty());
+    p.stop().await;
+}
