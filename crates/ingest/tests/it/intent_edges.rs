@@ -1603,3 +1603,71 @@ async fn a_notification_read_exactly_at_the_escalation_due_time_cancels_it() {
     assert!(p.mails_to(&mail).await.is_empty());
     p.stop().await;
 }
+
+/// An operator retrying, in the console, a failed LINE delivery of an event that was
+/// canceled since: no second provider call and no revived delivery; its fallback email
+/// (created with the failure, canceled with the event) stays canceled too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_retry_of_a_failed_delivery_of_a_canceled_event_sends_nothing() {
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
+    add_derived_type(&p, "order_paid", &["line"], &["line", "email"], None).await;
+    let (u, lid) = (uniq("ops"), support::line_id());
+    p.add_recipient(&u, "", &format!("{u}@shop.example.test"), &lid)
+        .await;
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": lid, "status": 400,
+                       "body": {"message": "bad"}, "times": 1}),
+    )
+    .await;
+    let ev = p.send("ops:1", "order_paid", &[&u]).await;
+    let line = ev.deliveries[0].delivery_id.clone();
+    eventually("LINE failed", Duration::from_secs(20), async || {
+        let s = statuses(&p, &ev.event_id).await;
+        if s.contains(&("line".into(), "failed".into(), 1)) {
+            Ok(())
+        } else {
+            Err(s)
+        }
+    })
+    .await;
+    let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
+    assert_eq!(
+        (out.failed, out.canceled),
+        (1, 1),
+        "the fallback email canceled: {out:?}"
+    );
+
+    let http = no_redirects();
+    let cookie = session_cookie(&console_login(&http, &p.http_url).send().await.unwrap());
+    let confirm = http
+        .get(format!(
+            "{}/console/confirm?action=retry&target={line}",
+            p.http_url
+        ))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    let r = http
+        .post(format!("{}/console/actions/retry/{line}", p.http_url))
+        .header("cookie", &cookie)
+        .form(&[("csrf", support::csrf_token(&confirm).as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        r.status().is_success() || r.status() == 303,
+        "{}",
+        r.status()
+    );
+    settle("nothing revived", Duration::from_secs(2), async || {
+        let s = statuses(&p, &ev.event_id).await;
+        let calls = p.sim_count("line").await;
+        let ok = calls == 1
+            && !s
+                .iter()
+                .any(|(_, st, _)| st == "pending" || st == "sending" || st == "sent");
+        if ok { Ok(()) } else { Err((s, calls)) }
+    })
+    .await;
+    p.stop().await;
+}
