@@ -17,6 +17,7 @@ mod fallback;
 mod fanout;
 mod inbox;
 mod inbox_rich;
+mod intent_edges;
 mod line_rich;
 mod pipeline;
 mod promises;
