@@ -400,7 +400,7 @@ async fn sweep(pool: PgPool, cfg: IngestConfig, shutdown: CancellationToken) {
             Ok(expired) => {
                 let m = notify_telemetry::metrics();
                 m.lease_recoveries.add(expired.len() as u64, &[]);
-                for f in expired.iter().filter_map(|l| l.fallback) {
+                for f in expired.iter().flat_map(|l| &l.fallback) {
                     notify_telemetry::metrics::count_fallback(
                         f.from.as_str(),
                         f.to.as_str(),

@@ -85,7 +85,8 @@ pub enum Endpoint<'a> {
         /// `revoked_reason`, when known.
         reason: Option<&'a str>,
     },
-    /// The endpoint row no longer exists.
+    /// The endpoint row no longer exists, or its token was registered again by another
+    /// user since planning (it is not this recipient's device any more).
     Gone,
 }
 
@@ -119,6 +120,8 @@ pub struct DueFacts<'a> {
     /// For an escalation: when the notification it escalates was read (in-app) or first
     /// clicked (LINE, push), if it was; `None` otherwise and for every other delivery.
     pub escalation_answered: Option<DateTime<Utc>>,
+    /// Email: the recipient has no email address any more (removed since planning).
+    pub email_address_gone: bool,
 }
 
 impl<'a> DueFacts<'a> {
@@ -140,6 +143,7 @@ impl<'a> DueFacts<'a> {
             endpoint: Endpoint::Usable,
             email_undeliverable_at: None,
             escalation_answered: None,
+            email_address_gone: false,
         }
     }
 }
@@ -226,9 +230,15 @@ fn skip(now: DateTime<Utc>, f: &DueFacts<'_>) -> Option<(SkipReason, String)> {
             )),
             Endpoint::Gone => Some((
                 SkipReason::NoPushEndpoint,
-                format!("endpoint: gone; skipped when due at {when}"),
+                format!(
+                    "endpoint: gone (deleted, or registered to another user since); skipped when due at {when}"
+                ),
             )),
         },
+        Channel::Email if f.email_address_gone => Some((
+            SkipReason::NoEmailAddress,
+            format!("email: the recipient has no email address any more; skipped when due at {when}"),
+        )),
         Channel::Email => f.email_undeliverable_at.map(|at| {
             (
                 SkipReason::EmailUndeliverable,

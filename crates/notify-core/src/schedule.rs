@@ -72,6 +72,13 @@ impl Schedule {
     }
 }
 
+/// A number and one of the units [`crate::retry::parse_duration`] reads, whatever its size.
+fn well_formed(s: &str) -> bool {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    !num.is_empty() && ["", "ms", "s", "m", "h", "d"].contains(&unit)
+}
+
 /// `send_at` and `delay` of a request (blank = unset), with their violations.
 pub(crate) fn parse_schedule(send_at: &str, delay: &str, v: &mut Violations) -> Option<Schedule> {
     let (send_at, delay) = (send_at.trim(), delay.trim());
@@ -88,6 +95,15 @@ pub(crate) fn parse_schedule(send_at: &str, delay: &str, v: &mut Violations) -> 
     });
     let after = (!delay.is_empty()).then(|| {
         crate::retry::parse_duration(delay)
+            // Well formed but longer than any duration the system stores: beyond every
+            // horizon, so [`Schedule::due`] refuses it naming the horizon.
+            .or_else(|e| {
+                if well_formed(delay) {
+                    Ok(crate::retry::MAX_DURATION + std::time::Duration::from_secs(1))
+                } else {
+                    Err(e)
+                }
+            })
             .map_err(|_| {
                 v.add(
                     "delay",

@@ -163,20 +163,61 @@ async fn lock_targets(
 }
 
 /// `pending -> canceled` for the events' deliveries (the named recipients' only, when
-/// some are named); their outbox rows go too. Returns how many.
+/// some are named); their outbox rows go too. A named recipient inside a pending LINE
+/// multicast batch is taken out of the batch's `address` and gets a LINE delivery of
+/// their own, `canceled` (key `<event>/<user>/line`), so the batch is not sent to them
+/// and the counts name them; a batch left with nobody is canceled. Returns how many.
 async fn cancel_pending(
     db: &mut sqlx::PgConnection,
     ids: &[Uuid],
     recipients: &[String],
     caller: &str,
 ) -> Result<u64> {
+    let mut taken_out = 0;
+    if !recipients.is_empty() {
+        taken_out = sqlx::query_scalar::<_, i64>(
+            "WITH named AS (
+                 SELECT user_id, line_user_id FROM recipients
+                 WHERE user_id = ANY($2) AND line_user_id IS NOT NULL),
+             old AS (
+                 SELECT d.id, d.event_id, n.user_id, n.line_user_id
+                 FROM notification_deliveries d
+                 JOIN named n ON n.line_user_id = ANY(string_to_array(d.address, ','))
+                 WHERE d.event_id = ANY($1) AND d.provider = 'line_multicast' AND d.status = 'pending'),
+             b AS (
+                 UPDATE notification_deliveries d
+                 SET address = array_to_string(ARRAY(
+                         SELECT x FROM unnest(string_to_array(d.address, ',')) x
+                         WHERE x NOT IN (SELECT o.line_user_id FROM old o WHERE o.id = d.id)), ','),
+                     decision = d.decision || E'\n' || 'cancel: recipients taken out of the batch by ' || $3,
+                     updated_at = now()
+                 WHERE d.id IN (SELECT id FROM old)),
+             own AS (
+                 INSERT INTO notification_deliveries
+                     (id, event_id, user_id, channel, provider, address, status, idempotency_key,
+                      last_error, decision)
+                 SELECT gen_random_uuid(), o.event_id, o.user_id, 'line', 'line', o.line_user_id,
+                        'canceled', o.event_id || '/' || o.user_id || '/line', 'canceled by ' || $3,
+                        'line multicast: taken out of batch ' || o.id || ' by a cancel'
+                 FROM old o
+                 ON CONFLICT (channel, idempotency_key) DO NOTHING
+                 RETURNING 1)
+             SELECT count(*) FROM own",
+        )
+        .bind(ids)
+        .bind(recipients)
+        .bind(caller)
+        .fetch_one(&mut *db)
+        .await?;
+    }
     let canceled: i64 = sqlx::query_scalar(
         "WITH c AS (
              UPDATE notification_deliveries
              SET status = 'canceled', last_error = 'canceled by ' || $3, lease_token = NULL,
                  lease_expires_at = NULL, updated_at = now()
              WHERE event_id = ANY($1) AND status = 'pending'
-               AND (cardinality($2::text[]) = 0 OR user_id = ANY($2))
+               AND (cardinality($2::text[]) = 0 OR user_id = ANY($2)
+                    OR (provider = 'line_multicast' AND coalesce(address, '') = ''))
              RETURNING id),
          gone AS (DELETE FROM outbox o USING c WHERE o.delivery_id = c.id)
          SELECT count(*) FROM c",
@@ -186,7 +227,7 @@ async fn cancel_pending(
     .bind(caller)
     .fetch_one(&mut *db)
     .await?;
-    Ok(canceled as u64)
+    Ok((canceled + taken_out) as u64)
 }
 
 /// The deliveries of `ids` (of `recipients` only, when not empty) counted by state, and
@@ -215,6 +256,31 @@ pub async fn counts(db: &PgPool, ids: &[Uuid], recipients: &[String]) -> Result<
             _ => out.in_flight += n,
         }
     }
+    if !recipients.is_empty() {
+        // Named recipients inside a LINE multicast batch that went (or is going) out
+        // before the cancel: counted by the batch's state.
+        let in_batches = sqlx::query(
+            "SELECT d.status, count(*) AS n FROM notification_deliveries d
+             JOIN recipients r ON r.user_id = ANY($2)
+                              AND r.line_user_id = ANY(string_to_array(d.address, ','))
+             WHERE d.event_id = ANY($1) AND d.provider = 'line_multicast'
+             GROUP BY d.status",
+        )
+        .bind(ids)
+        .bind(recipients)
+        .fetch_all(db)
+        .await?;
+        for r in &in_batches {
+            let n = r.get::<i64, _>("n") as u64;
+            match r.get::<String, _>("status").as_str() {
+                "canceled" => out.canceled += n,
+                "sent" => out.sent += n,
+                "failed" => out.failed += n,
+                "skipped" => out.skipped += n,
+                _ => out.in_flight += n,
+            }
+        }
+    }
     let not_created: i64 = if recipients.is_empty() {
         sqlx::query_scalar(
             "SELECT count(*) FROM notification_events e
@@ -232,7 +298,11 @@ pub async fn counts(db: &PgPool, ids: &[Uuid], recipients: &[String]) -> Result<
                AND NOT EXISTS (SELECT 1 FROM notification_deliveries d
                                WHERE d.event_id = e.id AND d.user_id = s.user_id)
                AND NOT EXISTS (SELECT 1 FROM delivery_skips k
-                               WHERE k.event_id = e.id AND k.user_id = s.user_id)",
+                               WHERE k.event_id = e.id AND k.user_id = s.user_id)
+               AND NOT EXISTS (SELECT 1 FROM notification_deliveries d
+                               JOIN recipients r ON r.user_id = s.user_id
+                               WHERE d.event_id = e.id AND d.provider = 'line_multicast'
+                                 AND r.line_user_id = ANY(string_to_array(d.address, ',')))",
         )
         .bind(ids)
         .bind(recipients)

@@ -35,6 +35,7 @@ pub async fn fallback_after(
 ) -> Result<Option<Uuid>> {
     Ok(fallback_after_made(conn, delivery_id, cause)
         .await?
+        .first()
         .map(|m| m.id))
 }
 
@@ -46,8 +47,9 @@ pub async fn fallback_after(
 /// "fallback: LINE delivery <id> failed: <last_error>; fallback to email". Channels in
 /// between that cannot reach the user get skip rows. Nothing for a canceled event or
 /// recipient, a channel not in the list, the list's last channel, an opted-out next
-/// channel, or a next channel that already has a delivery (same key). Returns what was
-/// created.
+/// channel, or a next channel that already has a delivery (same key). A failed LINE
+/// multicast batch gives each of its users (found by LINE user id) their own fallback.
+/// Returns what was created.
 ///
 /// # Errors
 /// The database failed, or a stored name (channel) is unreadable.
@@ -55,10 +57,10 @@ pub async fn fallback_after_made(
     conn: &mut PgConnection,
     delivery_id: Uuid,
     cause: &str,
-) -> Result<Option<FallbackMade>> {
+) -> Result<Vec<FallbackMade>> {
     let Some(row) = sqlx::query(
-        "SELECT d.event_id, d.user_id, d.channel, d.last_error, d.max_attempts, e.type,
-                coalesce(t.critical, false) AS critical,
+        "SELECT d.event_id, d.user_id, d.channel, d.provider, d.address, d.last_error,
+                d.max_attempts, e.type, coalesce(t.critical, false) AS critical,
                 coalesce(t.fallback_channels, '{}') AS fallback_channels, now() AS now
          FROM notification_deliveries d
               JOIN notification_events e ON e.id = d.event_id
@@ -69,7 +71,7 @@ pub async fn fallback_after_made(
     .fetch_optional(&mut *conn)
     .await?
     else {
-        return Ok(None);
+        return Ok(Vec::new());
     };
     let list: Vec<Channel> = row
         .get::<Vec<String>, _>("fallback_channels")
@@ -82,19 +84,23 @@ pub async fn fallback_after_made(
         .position(|&c| c == from)
         .is_none_or(|i| i + 1 >= list.len())
     {
-        return Ok(None);
+        return Ok(Vec::new());
     }
     let event_id: Uuid = row.get("event_id");
-    let user_id: String = row.get("user_id");
-    if crate::cancel::is_canceled(conn, event_id, &user_id).await? {
-        return Ok(None);
-    }
+    // A LINE multicast batch stands for every user whose LINE id it carries: each gets
+    // their own fallback (the batch's `user_id` names no recipient).
+    let users: Vec<String> = if row.get::<String, _>("provider") == "line_multicast" {
+        sqlx::query_scalar(
+            "SELECT user_id FROM recipients
+             WHERE line_user_id = ANY(string_to_array($1, ',')) ORDER BY user_id",
+        )
+        .bind(row.get::<Option<String>, _>("address").unwrap_or_default())
+        .fetch_all(&mut *conn)
+        .await?
+    } else {
+        vec![row.get("user_id")]
+    };
     let type_key: String = row.get("type");
-    let facts =
-        crate::catalog::load_recipient_facts(conn, &type_key, std::slice::from_ref(&user_id))
-            .await?
-            .pop()
-            .unwrap_or_default();
     let label = if from == Channel::Line {
         "LINE".to_string()
     } else {
@@ -107,39 +113,52 @@ pub async fn fallback_after_made(
         }
         reason => format!("skipped when due: {reason}"),
     };
-    let (planned, skipped) = notify_core::plan::fallback_after(
-        event_id,
-        row.get("critical"),
-        &list,
-        from,
-        &format!("{label} delivery {delivery_id} {what}"),
-        &facts,
-        row.get("now"),
-    );
-    events::insert_skips(&mut *conn, event_id, &skipped).await?;
-    let Some(first) = planned.first() else {
-        return Ok(None);
-    };
-    let to = first.channel;
     let max_attempts: i32 = row.get("max_attempts");
-    let news: Vec<NewDelivery> = planned
-        .into_iter()
-        .map(|p| NewDelivery {
-            id: Uuid::now_v7(),
-            retry_key: matches!(p.provider, notify_core::Provider::Line).then(Uuid::new_v4),
-            caused_by: Some(delivery_id),
-            plan: notify_core::PlannedDelivery {
-                cause: Cause::Fallback,
-                ..p
-            },
-            max_attempts,
-        })
-        .collect();
-    let first_id = news[0].id;
-    let inserted = events::insert_deliveries(&mut *conn, event_id, &news).await?;
-    Ok((inserted > 0).then_some(FallbackMade {
-        id: first_id,
-        from,
-        to,
-    }))
+    let mut made = Vec::new();
+    for user_id in users {
+        if crate::cancel::is_canceled(conn, event_id, &user_id).await? {
+            continue;
+        }
+        let facts =
+            crate::catalog::load_recipient_facts(conn, &type_key, std::slice::from_ref(&user_id))
+                .await?
+                .pop()
+                .unwrap_or_default();
+        let (planned, skipped) = notify_core::plan::fallback_after(
+            event_id,
+            row.get("critical"),
+            &list,
+            from,
+            &format!("{label} delivery {delivery_id} {what}"),
+            &facts,
+            row.get("now"),
+        );
+        events::insert_skips(&mut *conn, event_id, &skipped).await?;
+        let Some(first) = planned.first() else {
+            continue;
+        };
+        let to = first.channel;
+        let news: Vec<NewDelivery> = planned
+            .into_iter()
+            .map(|p| NewDelivery {
+                id: Uuid::now_v7(),
+                retry_key: matches!(p.provider, notify_core::Provider::Line).then(Uuid::new_v4),
+                caused_by: Some(delivery_id),
+                plan: notify_core::PlannedDelivery {
+                    cause: Cause::Fallback,
+                    ..p
+                },
+                max_attempts,
+            })
+            .collect();
+        let first_id = news[0].id;
+        if events::insert_deliveries(&mut *conn, event_id, &news).await? > 0 {
+            made.push(FallbackMade {
+                id: first_id,
+                from,
+                to,
+            });
+        }
+    }
+    Ok(made)
 }

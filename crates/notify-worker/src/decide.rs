@@ -83,7 +83,7 @@ pub fn decide(
                         max_attempts: job.max_attempts.max(1) as u32,
                         ..policy.clone()
                     };
-                    let age = (job.started_at - job.created_at)
+                    let age = (job.started_at - job.first_attempt_at)
                         .to_std()
                         .unwrap_or_default();
                     let delay = budget

@@ -57,7 +57,7 @@ impl<S: ChannelSender> Ctx<S> {
                 DbCall::Done(ClaimOutcome::Exhausted { provider, attempts, fallback, .. }) => {
                     // Every attempt was spent, the last ones by workers that died during the
                     // call: the claim failed it instead of calling the provider again.
-                    if let Some(f) = fallback {
+                    for f in fallback {
                         notify_telemetry::metrics::count_fallback(f.from.as_str(), f.to.as_str(), "attempts_spent");
                     }
                     let m = notify_telemetry::metrics();

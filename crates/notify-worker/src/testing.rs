@@ -29,6 +29,7 @@ pub fn job(channel: &str, provider: &str) -> DeliveryJob {
         lease_token: uuid::Uuid::nil(),
         started_at: chrono::Utc::now(),
         created_at: chrono::Utc::now(),
+        first_attempt_at: chrono::Utc::now(),
         type_updated_at: None,
         address: None,
         display_name: String::new(),

@@ -36,8 +36,10 @@ fn parse(r: pb::CancelEventRequest) -> Result<(CancelSelector, Vec<String>), Api
                 v.add("cancellation_key", "is required and must not be blank");
                 None
             } else {
-                v.check_id("cancellation_key", &k, MAX_CANCELLATION_KEY_BYTES)
-                    .then_some(CancelSelector::CancellationKey(k))
+                // NFC, as at CreateEvent: one key however the caller's text spells it.
+                let key = normalize_event_key(&k);
+                v.check_id("cancellation_key", &key, MAX_CANCELLATION_KEY_BYTES)
+                    .then_some(CancelSelector::CancellationKey(key))
             }
         }
         None => {

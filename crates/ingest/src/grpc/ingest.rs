@@ -80,16 +80,18 @@ impl Services {
         let cancellation_key = match r.cancellation_key.as_str() {
             "" => None,
             key => {
+                // NFC-normalised like event keys, so CancelEvent finds it however spelled.
+                let key = notify_core::event::normalize_event_key(key);
                 let mut v = Violations::default();
                 v.check_id(
                     "cancellation_key",
-                    key,
+                    &key,
                     notify_core::event::MAX_CANCELLATION_KEY_BYTES,
                 );
                 if let Err(mut bad) = v.into_result(()) {
                     bad_content.append(&mut bad);
                 }
-                Some(r.cancellation_key.clone())
+                Some(key)
             }
         };
         let parsed = NewEvent::parse(CreateEventInput {

@@ -561,8 +561,12 @@ async fn a_lost_last_attempt_and_a_spent_budget_fall_back_too() {
         .unwrap();
     assert_eq!(swept.len(), 1);
     assert!(swept[0].failed);
-    let made = swept[0].fallback.expect("fallback made");
-    assert_eq!(made.to, notify_core::Channel::Email);
+    let made: Vec<_> = swept[0].fallback.iter().map(|f| f.to).collect();
+    assert_eq!(
+        made,
+        [notify_core::Channel::Email],
+        "one fallback, to email"
+    );
     // Every attempt spent, due again: the claim fails it.
     sqlx::query(
         "UPDATE notification_deliveries SET attempts = max_attempts, next_attempt_at = now()
@@ -583,9 +587,11 @@ async fn a_lost_last_attempt_and_a_spent_budget_fall_back_too() {
     let ClaimOutcome::Exhausted { fallback, .. } = claimed else {
         panic!("{claimed:?}");
     };
+    let made: Vec<_> = fallback.iter().map(|f| f.to).collect();
     assert_eq!(
-        fallback.expect("fallback made").to,
-        notify_core::Channel::Email
+        made,
+        [notify_core::Channel::Email],
+        "one fallback, to email"
     );
     for (event, line) in events.iter().zip(&line_ids) {
         let ev = p.get_event(event).await;

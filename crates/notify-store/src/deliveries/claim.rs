@@ -77,14 +77,19 @@ pub async fn claim_many(
         "WITH c AS (
              UPDATE notification_deliveries d
              SET status = 'sending', attempts = attempts + 1, republish_count = 0,
+                 first_attempt_at = coalesce(d.first_attempt_at, now()),
                  lease_token = ($3::uuid[])[array_position($1::uuid[], d.id)],
                  lease_expires_at = now() + $4 * interval '1 millisecond', updated_at = now()
              WHERE d.id = ANY($1) AND d.channel || '' = $2 AND d.status || '' = 'pending'
                AND d.next_attempt_at <= now() AND d.attempts < d.max_attempts
              RETURNING d.*)
          SELECT c.id, c.event_id, c.user_id, c.channel, c.provider, c.attempts, c.max_attempts,
-                c.idempotency_key, c.retry_key, c.lease_token, c.address, c.endpoint_id, now() AS started_at,
-                c.created_at, c.cause,
+                c.idempotency_key, c.retry_key, c.lease_token, c.endpoint_id, now() AS started_at,
+                -- Email goes to the address the recipient has now (it may have changed
+                -- since planning; none left means the rules at due time skip it).
+                CASE WHEN c.channel = 'email' AND r.user_id IS NOT NULL THEN r.email
+                     ELSE c.address END AS address,
+                c.created_at, c.first_attempt_at, c.cause,
                 e.event_key, e.type, e.payload_json, e.content_json,
                 coalesce(r.display_name, '') AS display_name, coalesce(r.locale, 'th-TH') AS locale,
                 coalesce(r.timezone, 'Asia/Bangkok') AS timezone,
@@ -98,8 +103,7 @@ pub async fn claim_many(
                 pcw.enabled AS pref_cw_on, pcw.updated_at AS pref_cw_at,
                 CASE WHEN NOT lf.following THEN lf.changed_at END AS line_unfollowed_at,
                 ep.revoked_at AS endpoint_revoked_at, ep.revoked_reason AS endpoint_revoked_reason,
-                CASE WHEN c.channel = 'email' AND r.email = c.address
-                     THEN r.email_undeliverable_at END AS email_undeliverable_at,
+                CASE WHEN c.channel = 'email' THEN r.email_undeliverable_at END AS email_undeliverable_at,
                 -- An escalation is answered once its parent was read or clicked.
                 CASE WHEN c.cause = 'escalation' THEN
                     (SELECT CASE WHEN p.channel = 'inapp'
@@ -115,7 +119,9 @@ pub async fn claim_many(
          FROM c JOIN notification_events e ON e.id = c.event_id
               LEFT JOIN notification_types t ON t.key = e.type
               LEFT JOIN recipients r ON r.user_id = c.user_id
-              LEFT JOIN notification_endpoints ep ON ep.id = c.endpoint_id
+              -- The endpoint as long as it still belongs to the recipient: a token registered
+              -- again by another user since planning is gone for this delivery.
+              LEFT JOIN notification_endpoints ep ON ep.id = c.endpoint_id AND ep.user_id = c.user_id
               -- The facts the due-time rules read (notify_core::due), each by its primary
               -- key: the three preference levels, and the LINE user id's follow state.
               LEFT JOIN notification_preferences ptc
@@ -154,6 +160,7 @@ pub async fn claim_many(
                 lease_token: r.get("lease_token"),
                 started_at: r.get("started_at"),
                 created_at: r.get("created_at"),
+                first_attempt_at: r.get("first_attempt_at"),
                 address: r.get("address"),
                 display_name: r.get("display_name"),
                 locale: r.get("locale"),

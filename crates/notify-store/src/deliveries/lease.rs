@@ -44,7 +44,7 @@ pub struct ExpiredLease {
     pub failed: bool,
     /// The fallback delivery created with the failure, if any
     /// ([`crate::derived::fallback_after_made`]).
-    pub fallback: Option<crate::derived::FallbackMade>,
+    pub fallback: Vec<crate::derived::FallbackMade>,
 }
 
 /// Why an expired lease is recorded as an attempt: the worker died or froze during the
@@ -98,7 +98,7 @@ pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<Expir
         let fallback = if failed {
             crate::derived::fallback_after_made(&mut tx, id, WORKER_LOST).await?
         } else {
-            None
+            Vec::new()
         };
         out.push(ExpiredLease {
             id,

@@ -71,7 +71,11 @@ pub struct DeliveryJob {
     pub started_at: DateTime<Utc>,
     /// When the delivery was created (database clock).
     pub created_at: DateTime<Utc>,
-    /// Email address or LINE user id at planning time.
+    /// When it was first claimed for a provider call (this claim, for a first attempt):
+    /// the LINE retry horizon counts from here.
+    pub first_attempt_at: DateTime<Utc>,
+    /// Email: the recipient's address as it is at the claim (`None` when they have none
+    /// any more). LINE: the user id (or a multicast batch's ids) fixed at planning.
     pub address: Option<String>,
     /// Recipient's display name (may be empty).
     pub display_name: String,
@@ -147,6 +151,7 @@ impl DeliveryJob {
             line_unfollowed_at: self.due.line_unfollowed_at,
             endpoint,
             email_undeliverable_at: self.due.email_undeliverable_at,
+            email_address_gone: self.channel == Channel::Email && self.address.is_none(),
             escalation_answered: self.escalation_answered,
             ..DueFacts::new(
                 self.channel,
@@ -180,8 +185,9 @@ pub enum ClaimOutcome {
         attempts: i32,
         /// `last_error` as written.
         error: String,
-        /// The fallback delivery created with the failure, if any.
-        fallback: Option<crate::derived::FallbackMade>,
+        /// The fallback deliveries created with the failure (one per user of a LINE
+        /// multicast batch), if any.
+        fallback: Vec<crate::derived::FallbackMade>,
     },
 }
 

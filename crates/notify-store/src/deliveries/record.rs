@@ -260,11 +260,10 @@ pub async fn record_attempts_with_fallbacks(
     }
     let mut fallbacks = Vec::new();
     for &i in &kept {
-        if matches!(batch[i].1, NextState::Failed { .. })
-            && let Some(made) =
-                crate::derived::fallback_after_made(&mut tx, batch[i].0.id, "failed").await?
-        {
-            fallbacks.push(made);
+        if matches!(batch[i].1, NextState::Failed { .. }) {
+            fallbacks.extend(
+                crate::derived::fallback_after_made(&mut tx, batch[i].0.id, "failed").await?,
+            );
         }
         if let NextState::Paused { after, error } = batch[i].1 {
             pause_channel(&mut *tx, batch[i].0.channel, *after, error).await?;

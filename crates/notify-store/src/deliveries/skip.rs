@@ -8,8 +8,9 @@ use sqlx::PgPool;
 
 /// The skip reasons that say the channel cannot reach the user (as opposed to "the user
 /// does not want it"): a skip for one of them asks for the type's fallback channel.
-pub const UNREACHABLE: [SkipReason; 4] = [
+pub const UNREACHABLE: [SkipReason; 5] = [
     SkipReason::LineUnfollowed,
+    SkipReason::NoEmailAddress,
     SkipReason::EndpointRevoked,
     SkipReason::EmailUndeliverable,
     SkipReason::NoPushEndpoint,

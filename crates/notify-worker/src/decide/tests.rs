@@ -47,7 +47,7 @@ fn invalid_endpoint_fails_at_once_and_deactivates_that_endpoint() {
 #[test]
 fn no_retry_is_scheduled_past_the_provider_horizon() {
     let mut j = job(2);
-    j.created_at = j.started_at - chrono::Duration::hours(20);
+    j.first_attempt_at = j.started_at - chrono::Duration::hours(20);
     let out = AttemptOutcome::failed(ErrorClass::RateLimited, "line_rate_limited", json!({}))
         .with_retry_after(Some(Duration::from_secs(5 * 3600)));
     let horizon = Some(Duration::from_secs(23 * 3600));
