@@ -122,6 +122,8 @@ pub struct DueFacts<'a> {
     pub escalation_answered: Option<DateTime<Utc>>,
     /// Email: the recipient has no email address any more (removed since planning).
     pub email_address_gone: bool,
+    /// A topic event's delivery whose recipient is no longer subscribed to the topic.
+    pub unsubscribed: bool,
 }
 
 impl<'a> DueFacts<'a> {
@@ -144,6 +146,7 @@ impl<'a> DueFacts<'a> {
             email_undeliverable_at: None,
             escalation_answered: None,
             email_address_gone: false,
+            unsubscribed: false,
         }
     }
 }
@@ -182,6 +185,15 @@ pub fn check(now: DateTime<Utc>, facts: DueFacts<'_>) -> Due {
 
 fn skip(now: DateTime<Utc>, f: &DueFacts<'_>) -> Option<(SkipReason, String)> {
     let when = now.to_rfc3339();
+    // Leaving a topic's audience holds for every type, critical ones included.
+    if f.unsubscribed && !f.batch {
+        return Some((
+            SkipReason::Unsubscribed,
+            format!(
+                "topic: the recipient unsubscribed from the event's topic; skipped when due at {when}"
+            ),
+        ));
+    }
     if !f.batch {
         let p = f.preferences;
         let (on, source) = resolve_preference(

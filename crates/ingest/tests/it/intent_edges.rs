@@ -424,6 +424,75 @@ async fn a_scheduled_broadcast_canceled_before_it_is_due_sends_nothing() {
     p.stop().await;
 }
 
+/// Leaving a topic before a scheduled broadcast is due is decided when due: the
+/// subscriber who unsubscribed is skipped `unsubscribed`, the one who stayed gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_who_leaves_the_topic_before_the_due_time_gets_nothing() {
+    let p = Platform::start_with_workers(&[Channel::InApp]).await;
+    p.add_type("promo", &["inapp"]).await;
+    let topic = uniq("shop.flash");
+    p.topics()
+        .create_topic(pb::CreateTopicRequest { key: topic.clone() })
+        .await
+        .unwrap();
+    let (stays, leaves) = (uniq("stays"), uniq("leaves"));
+    p.topics()
+        .subscribe(pb::SubscribeRequest {
+            topic: topic.clone(),
+            user_ids: vec![stays.clone(), leaves.clone()],
+        })
+        .await
+        .unwrap();
+    let mut req = p.event(&uniq("flash"), "promo", &[]);
+    req.topic = topic.clone();
+    req.delay = "3s".into();
+    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    // Both deliveries are planned (and wait) before the unsubscribe.
+    eventually(
+        "the fan-out planned both",
+        Duration::from_secs(10),
+        async || {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM notification_deliveries WHERE event_id = $1::uuid",
+            )
+            .bind(&ev.event_id)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+            if n == 2 { Ok(()) } else { Err(n) }
+        },
+    )
+    .await;
+    p.topics()
+        .unsubscribe(pb::UnsubscribeRequest {
+            topic: topic.clone(),
+            user_ids: vec![leaves.clone()],
+        })
+        .await
+        .unwrap();
+    let got = p.wait_final(&ev.event_id, 20).await;
+    let of = |u: &str| {
+        got.deliveries
+            .iter()
+            .find(|d| d.user_id == u)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(of(&stays).status, "sent", "{got:#?}");
+    let left = of(&leaves);
+    assert_eq!(
+        (left.status.as_str(), left.last_error.as_str()),
+        ("skipped", "unsubscribed")
+    );
+    assert!(
+        left.decision
+            .contains("unsubscribed from the event's topic"),
+        "{}",
+        left.decision
+    );
+    p.stop().await;
+}
+
 /// A LINE delivery in its provider call when its recipient is canceled, which then fails
 /// for good: the cancel waits and reports it `failed`, and no email fallback is created
 /// for the canceled recipient (the fallback's fence sees the cancel).

@@ -293,3 +293,23 @@ fn an_answered_escalation_is_skipped_as_read() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A recipient who left the event's topic is skipped when due, critical type or not;
+/// a multicast batch is not skipped per user.
+#[test]
+fn a_recipient_who_left_the_topic_is_skipped_when_due() {
+    let w = night();
+    let f = DueFacts {
+        unsubscribed: true,
+        ..facts(Channel::InApp, true, &w)
+    };
+    match check(utc("2026-12-01T10:00:00Z"), f) {
+        Due::Skip { reason, why } => {
+            assert_eq!(reason, SkipReason::Unsubscribed);
+            assert!(why.contains("unsubscribed from the event's topic"), "{why}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let batch = DueFacts { batch: true, ..f };
+    assert_eq!(check(utc("2026-12-01T10:00:00Z"), batch), Due::Now);
+}

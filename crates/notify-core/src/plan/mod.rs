@@ -36,6 +36,9 @@ pub enum SkipReason {
     /// An escalation that was not sent because the notification it escalates was read
     /// (in-app) or clicked (LINE, push) before it was due.
     Read,
+    /// A topic event's delivery whose recipient unsubscribed from the topic before it
+    /// was due (a scheduled broadcast, a retry, an escalation).
+    Unsubscribed,
 }
 
 impl SkipReason {
@@ -53,6 +56,7 @@ impl SkipReason {
             SkipReason::Digested => "digested",
             SkipReason::EndpointRevoked => "endpoint_revoked",
             SkipReason::Read => "read_before_escalation",
+            SkipReason::Unsubscribed => "unsubscribed",
         }
     }
 }

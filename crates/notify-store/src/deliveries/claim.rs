@@ -104,6 +104,7 @@ pub async fn claim_many(
                 CASE WHEN NOT lf.following THEN lf.changed_at END AS line_unfollowed_at,
                 ep.revoked_at AS endpoint_revoked_at, ep.revoked_reason AS endpoint_revoked_reason,
                 CASE WHEN c.channel = 'email' THEN r.email_undeliverable_at END AS email_undeliverable_at,
+                (e.topic IS NOT NULL AND ts.user_id IS NULL) AS topic_unsubscribed,
                 -- An escalation is answered once its parent was read or clicked.
                 CASE WHEN c.cause = 'escalation' THEN
                     (SELECT CASE WHEN p.channel = 'inapp'
@@ -130,7 +131,8 @@ pub async fn claim_many(
                      ON ptw.user_id = c.user_id AND ptw.type = e.type AND ptw.channel = '*'
               LEFT JOIN notification_preferences pcw
                      ON pcw.user_id = c.user_id AND pcw.type = '*' AND pcw.channel = c.channel
-              LEFT JOIN line_followers lf ON c.provider = 'line' AND lf.line_user_id = c.address",
+              LEFT JOIN line_followers lf ON c.provider = 'line' AND lf.line_user_id = c.address
+              LEFT JOIN topic_subscriptions ts ON ts.topic = e.topic AND ts.user_id = c.user_id",
     )
     .bind(ids)
     .bind(channel.as_str())
@@ -228,6 +230,7 @@ fn due_state(r: &sqlx::postgres::PgRow) -> DueState {
         endpoint_revoked_at: r.get("endpoint_revoked_at"),
         endpoint_revoked_reason: r.get("endpoint_revoked_reason"),
         email_undeliverable_at: r.get("email_undeliverable_at"),
+        topic_unsubscribed: r.get("topic_unsubscribed"),
     }
 }
 

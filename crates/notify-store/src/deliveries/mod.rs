@@ -131,6 +131,9 @@ pub struct DueState {
     /// Email: when the delivery's address was marked undeliverable, if it is still the
     /// recipient's address and still marked.
     pub email_undeliverable_at: Option<DateTime<Utc>>,
+    /// A topic event's delivery whose recipient is no longer subscribed to the topic
+    /// (`topic_subscriptions`, by primary key).
+    pub topic_unsubscribed: bool,
 }
 
 impl DeliveryJob {
@@ -152,6 +155,7 @@ impl DeliveryJob {
             endpoint,
             email_undeliverable_at: self.due.email_undeliverable_at,
             email_address_gone: self.channel == Channel::Email && self.address.is_none(),
+            unsubscribed: self.due.topic_unsubscribed,
             escalation_answered: self.escalation_answered,
             ..DueFacts::new(
                 self.channel,
