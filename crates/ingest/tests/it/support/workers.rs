@@ -56,6 +56,8 @@ impl Platform {
             Channel::Email => {
                 let sender = Arc::new(
                     worker_email::EmailSender::new(worker_email::EmailConfig {
+                        breaker: Default::default(),
+                        ses_credentials: None,
                         smtp_url: if self.opts.smtp_sim {
                             self.smtp_sim_url.clone()
                         } else {
