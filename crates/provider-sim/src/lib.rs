@@ -31,9 +31,11 @@
 //!   `Content-Encoding: aes128gcm` and at most 4,096 bytes (413); it decrypts the body
 //!   with the subscription's private key and records the plaintext. Unknown subscriptions
 //!   get 404, unsubscribed ones 410; success is 201 with a `Location`.
+//! - `POST /v2/email/outbound-emails`: Amazon SES v2 `SendEmail` with a raw MIME message
+//!   (SigV4 header shape and date checked, the decoded message recorded; [`ses`]).
 //!
 //! Control endpoints:
-//! - `GET /_sim/health`; `GET /_sim/requests?provider=line|fcm|oauth|apns|webpush` (recorded
+//! - `GET /_sim/health`; `GET /_sim/requests?provider=line|fcm|oauth|apns|webpush|ses` (recorded
 //!   requests, oldest first); `DELETE /_sim/requests`;
 //! - `POST /_sim/webpush/subscriptions` `{"endpoint", "application_server_key"?}`: issues a
 //!   subscription, answering `{"endpoint", "keys": {"p256dh", "auth"}}`;
@@ -42,6 +44,8 @@
 //!   LINE does (`{"destination", "events"}`, signed with the channel secret in
 //!   `X-Line-Signature`; `"signature"` in the body overrides it, for tests of forgeries),
 //!   answering `{"status", "body"}` of the receiver's reply;
+//! - `POST /_sim/ses/notify`: sends an SNS-signed SES bounce or complaint notification to
+//!   a URL ([`ses`]); `GET /_sim/sns/cert.pem`: the certificate it signs with;
 //! - `POST /_sim/faults` with a [`Fault`]; `DELETE /_sim/faults`;
 //! - `DELETE /_sim/tokens`: revokes every FCM access token issued so far;
 //! - `POST /_sim/latency` `{"provider", "min_ms", "max_ms"}`: random latency; `DELETE` clears.
@@ -61,6 +65,7 @@ mod apns;
 mod faults;
 mod google;
 mod line;
+pub mod ses;
 pub mod smtp;
 mod webpush;
 
@@ -153,6 +158,9 @@ pub fn router(cfg: SimConfig) -> Router {
         .route("/_sim/webpush/unsubscribe", post(webpush::unsubscribe))
         .route("/webpush/{*path}", post(webpush::push))
         .route("/_sim/line/webhook", post(line::send_webhook))
+        .route("/v2/email/outbound-emails", post(ses::send_email))
+        .route("/_sim/sns/cert.pem", get(ses::sns_cert))
+        .route("/_sim/ses/notify", post(ses::notify))
         .with_state(sim)
 }
 
