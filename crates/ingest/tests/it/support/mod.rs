@@ -214,6 +214,7 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
 /// without `Secure`: tests and the browser speak plain http to 127.0.0.1).
 pub(crate) fn http_config(stack: &Stack, topology: &Topology) -> http_api::HttpConfig {
     http_api::HttpConfig {
+        email_events: Default::default(),
         line_channel_secret: LINE_SECRET.into(),
         unsubscribe_secret: UNSUBSCRIBE_SECRET.into(),
         unsubscribe_ttl: http_api::DEFAULT_UNSUBSCRIBE_TTL,
