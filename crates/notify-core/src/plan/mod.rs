@@ -36,6 +36,9 @@ pub enum SkipReason {
     /// An escalation that was not sent because the notification it escalates was read
     /// (in-app) or clicked (LINE, push) before it was due.
     Read,
+    /// Email suppressed for this recipient and the type's category: a complaint
+    /// (marketing), repeated soft bounces (every category), or an operator in the console.
+    Suppressed,
 }
 
 impl SkipReason {
@@ -53,6 +56,7 @@ impl SkipReason {
             SkipReason::Digested => "digested",
             SkipReason::EndpointRevoked => "endpoint_revoked",
             SkipReason::Read => "read_before_escalation",
+            SkipReason::Suppressed => "suppressed",
         }
     }
 }
@@ -74,6 +78,9 @@ pub struct RecipientFacts {
     pub line_unfollowed_at: Option<DateTime<Utc>>,
     /// The email address bounced as nonexistent and has not changed since.
     pub email_undeliverable: bool,
+    /// Email of this event's type is suppressed for the user or the address
+    /// (`email_suppressions`: a complaint for a marketing type, soft bounces, the console).
+    pub email_suppressed: bool,
     /// Active push endpoints: (endpoint id, platform `fcm`/`apns`/`webpush`).
     pub push_endpoints: Vec<(Uuid, String)>,
     /// Preferences for this event's type, per channel.
@@ -342,6 +349,9 @@ pub fn plan(
                     }
                     Some(_) if r.email_undeliverable => {
                         skipped.push(skip(SkipReason::EmailUndeliverable, &decision))
+                    }
+                    Some(_) if r.email_suppressed && !critical => {
+                        skipped.push(skip(SkipReason::Suppressed, &decision))
                     }
                     Some(addr) => planned.push(one(Provider::Smtp, Some(addr))),
                     None => skipped.push(skip(SkipReason::NoEmailAddress, &decision)),
