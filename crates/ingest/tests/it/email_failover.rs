@@ -89,6 +89,22 @@ async fn a_relay_answering_421_to_every_call_fails_over_and_email_returns_to_it_
         },
     )
     .await;
+    let http = support::no_redirects();
+    let cookie = support::session_cookie(
+        &support::console_login(&http, &p.http_url)
+            .send()
+            .await
+            .unwrap(),
+    );
+    let page = support::SendExt::text_body(
+        http.get(format!("{}/console/email", p.http_url))
+            .header("cookie", &cookie),
+    )
+    .await;
+    assert!(
+        page.contains(&format!("<td>{primary}</td><td class=\"failed\">open</td>")),
+        "{page}"
+    );
 
     // The relay recovers; after the cooldown a new email probes it and email is back.
     p.smtp_sim.set_fault(None);
@@ -280,5 +296,132 @@ async fn a_complaint_suppresses_marketing_email_only() {
     let ev = p.send("c:2", "order_paid", &[&user]).await;
     assert_eq!(ev.deliveries.len(), 1, "transactional email still goes out");
     assert!(ev.skipped.is_empty());
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
+    use support::{SendExt, console_login, csrf_token, no_redirects, session_cookie};
+    let mut p = Platform::start_with_workers(&[]).await;
+    let http_api = trusting_http_api(&mut p).await;
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "promo_weekly".into(),
+            priority: "low".into(),
+            default_channels: vec!["email".into()],
+            category: "marketing".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let user = uniq("k");
+    let address = format!("{user}@example.test");
+    p.add_recipient(&user, "", &address, "").await;
+    let r = notify(
+        &p,
+        &http_api,
+        json!({"event": "Complaint", "address": address}),
+    )
+    .await;
+    assert_eq!(r["status"], 200, "{r}");
+
+    let http = no_redirects();
+    let url = |path: &str| format!("{}{path}", p.http_url);
+    let cookie = session_cookie(&console_login(&http, &p.http_url).send().await.unwrap());
+    let list = http
+        .get(url("/console/email"))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    assert!(
+        list.contains(&format!(
+            "<td>{user}</td><td>{address}</td><td>marketing</td><td>complaint</td><td>ses</td>"
+        )),
+        "{list}"
+    );
+    let id: i64 = sqlx::query_scalar("SELECT id FROM email_suppressions WHERE user_id = $1")
+        .bind(&user)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+    let confirm = http
+        .get(url(&format!("/console/email/confirm-remove/{id}")))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    assert!(
+        confirm.contains("Remove the marketing suppression"),
+        "{confirm}"
+    );
+    // Without the CSRF token nothing is removed.
+    let refused = http
+        .post(url(&format!("/console/actions/suppressions/{id}/remove")))
+        .header("cookie", &cookie)
+        .form(&[("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    assert_eq!(count(&p, "email_suppressions").await, 1);
+    let done = http
+        .post(url(&format!("/console/actions/suppressions/{id}/remove")))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf_token(&confirm).as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 303);
+    assert_eq!(count(&p, "email_suppressions").await, 0);
+    let ev = p.send("k:1", "promo_weekly", &[&user]).await;
+    assert_eq!(
+        ev.deliveries.len(),
+        1,
+        "marketing email goes out again: {ev:?}"
+    );
+
+    // Added back by hand, for the address.
+    let confirm = http
+        .get(url(&format!(
+            "/console/email/confirm-add?user_id=&address={address}&category=all"
+        )))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    let done = http
+        .post(url("/console/actions/suppressions/add"))
+        .header("cookie", &cookie)
+        .form(&[
+            ("csrf", csrf_token(&confirm).as_str()),
+            ("user_id", ""),
+            ("address", address.as_str()),
+            ("category", "all"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 303);
+    let ev = p.send("k:2", "promo_weekly", &[&user]).await;
+    assert_eq!(ev.skipped[0].reason, "suppressed");
+    let audit: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT staff, action, target FROM console_audit WHERE action LIKE 'suppression_%' ORDER BY id",
+    )
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        audit,
+        [
+            (
+                support::CONSOLE_USER.to_string(),
+                "suppression_remove".to_string(),
+                format!("{user}/{address}")
+            ),
+            (
+                support::CONSOLE_USER.to_string(),
+                "suppression_add".to_string(),
+                format!("/{address}")
+            ),
+        ]
+    );
     p.stop().await;
 }
