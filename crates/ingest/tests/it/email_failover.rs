@@ -425,3 +425,76 @@ async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
     );
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complaint_before_the_due_time_skips_the_held_marketing_email() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![Channel::Email],
+        smtp_sim: true,
+        ..Default::default()
+    })
+    .await;
+    let http_api = trusting_http_api(&mut p).await;
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "promo_weekly".into(),
+            priority: "low".into(),
+            default_channels: vec!["email".into()],
+            category: "marketing".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let user = uniq("h");
+    let address = format!("{user}@example.test");
+    p.add_recipient(&user, "", &address, "").await;
+    // Held by a quiet window around now, so it is decided again when due.
+    let now = chrono::Utc::now().with_timezone(&chrono_tz::Asia::Bangkok);
+    p.set_quiet_hours(
+        &user,
+        now - chrono::Duration::hours(1),
+        now + chrono::Duration::hours(1),
+    )
+    .await;
+    let ev = p.send("h:1", "promo_weekly", &[&user]).await;
+    assert_eq!(ev.deliveries[0].status, "pending", "{ev:?}");
+
+    let r = notify(
+        &p,
+        &http_api,
+        json!({"event": "Complaint", "address": address}),
+    )
+    .await;
+    assert_eq!(r["status"], 200, "{r}");
+    p.set_quiet_hours(
+        &user,
+        now - chrono::Duration::hours(3),
+        now - chrono::Duration::hours(2),
+    )
+    .await;
+    for sql in [
+        "UPDATE notification_deliveries SET next_attempt_at = now() WHERE event_id = $1::uuid",
+        "UPDATE outbox SET available_at = now() WHERE delivery_id IN
+           (SELECT id FROM notification_deliveries WHERE event_id = $1::uuid)",
+    ] {
+        sqlx::query(sql)
+            .bind(&ev.event_id)
+            .execute(&p.pool)
+            .await
+            .unwrap();
+    }
+    let done = p.wait_final(&ev.event_id, 30).await;
+    let d = &done.deliveries[0];
+    assert_eq!(
+        (d.status.as_str(), d.last_error.as_str()),
+        ("skipped", "suppressed"),
+        "{d:?}"
+    );
+    assert!(
+        d.decision.contains("email: suppressed since "),
+        "{}",
+        d.decision
+    );
+    assert!(p.smtp_sim.messages().is_empty(), "no email was sent");
+    p.stop().await;
+}

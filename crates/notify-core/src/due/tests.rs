@@ -293,3 +293,24 @@ fn an_answered_escalation_is_skipped_as_read() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn suppressed_email_is_skipped_when_due_unless_the_type_is_critical() {
+    let due = utc("2026-12-02T02:00:00Z");
+    let at = utc("2026-12-02T01:00:00Z");
+    let email = DueFacts {
+        email_suppressed_at: Some(at),
+        ..facts(Channel::Email, false, &[])
+    };
+    let (reason, why) = skipped(check(due, email));
+    assert_eq!(reason, SkipReason::Suppressed);
+    assert!(
+        why.starts_with("email: suppressed since 2026-12-02T01:00:00+00:00"),
+        "{why}"
+    );
+    let critical = DueFacts {
+        email_suppressed_at: Some(at),
+        ..facts(Channel::Email, true, &[])
+    };
+    assert_eq!(check(due, critical), Due::Now);
+}

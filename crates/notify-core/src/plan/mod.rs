@@ -350,6 +350,12 @@ pub fn plan(
                     Some(_) if r.email_undeliverable => {
                         skipped.push(skip(SkipReason::EmailUndeliverable, &decision))
                     }
+                    Some(addr) if r.email_suppressed && !critical && scheduled => {
+                        let mut d = one(Provider::Smtp, Some(addr));
+                        d.decision
+                            .push_str("\nemail: suppressed now; decided again when due");
+                        planned.push(d)
+                    }
                     Some(_) if r.email_suppressed && !critical => {
                         skipped.push(skip(SkipReason::Suppressed, &decision))
                     }

@@ -127,6 +127,9 @@ pub struct DueState {
     /// Email: when the delivery's address was marked undeliverable, if it is still the
     /// recipient's address and still marked.
     pub email_undeliverable_at: Option<DateTime<Utc>>,
+    /// Email: since when the delivery's category is suppressed for the user or the
+    /// address (`email_suppressions`), if it is.
+    pub email_suppressed_at: Option<DateTime<Utc>>,
 }
 
 impl DeliveryJob {
@@ -147,6 +150,7 @@ impl DeliveryJob {
             line_unfollowed_at: self.due.line_unfollowed_at,
             endpoint,
             email_undeliverable_at: self.due.email_undeliverable_at,
+            email_suppressed_at: self.due.email_suppressed_at,
             escalation_answered: self.escalation_answered,
             ..DueFacts::new(
                 self.channel,
