@@ -40,3 +40,9 @@ CREATE TABLE email_feedback (
 );
 CREATE INDEX email_feedback_soft ON email_feedback (lower(address), received_at)
     WHERE kind = 'bounce_transient';
+
+-- Which email provider answered an attempt (`host:port` of a relay, `ses:<host>`), as
+-- worker-email records it in the attempt's content. Generated, so no writer changes; it
+-- rewrites delivery_attempts once when applied.
+ALTER TABLE delivery_attempts
+    ADD COLUMN provider_name text GENERATED ALWAYS AS (content_json->>'provider') STORED;

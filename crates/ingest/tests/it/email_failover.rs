@@ -20,7 +20,7 @@ async fn backup_smtp() -> (provider_sim::smtp::SmtpSim, String) {
 /// `(provider, outcome)` of each attempt of event `event_id`'s only delivery.
 async fn attempts(p: &Platform, event_id: &str) -> Vec<(String, String)> {
     sqlx::query_as(
-        "SELECT coalesce(a.content_json->>'provider', ''), a.outcome FROM delivery_attempts a
+        "SELECT coalesce(a.provider_name, ''), a.outcome FROM delivery_attempts a
          JOIN notification_deliveries d ON d.id = a.delivery_id
          WHERE d.event_id = $1::uuid ORDER BY a.attempt",
     )
