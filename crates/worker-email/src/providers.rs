@@ -127,9 +127,14 @@ impl Providers {
         })
     }
 
-    /// Records breaker state changes in `email_provider_states` through `pool`.
+    /// Records breaker state changes in `email_provider_states` through `pool`, starting
+    /// with each provider's `closed` (a new process starts with closed breakers, so an
+    /// `open` left by a stopped one is not shown as current). Needs a Tokio runtime.
     pub fn with_states(mut self, pool: sqlx::PgPool) -> Self {
         self.states = Some(pool);
+        for p in &self.list {
+            self.record_state(p, State::Closed);
+        }
         self
     }
 
@@ -208,18 +213,34 @@ impl Providers {
         let Some(t) = t else { return };
         tracing::warn!(provider = %p.name, from = t.from.as_str(), to = t.to.as_str(), "email provider breaker");
         let m = instruments();
-        let name = KeyValue::new("provider", p.name.clone());
-        m.0.record(t.to as u64, std::slice::from_ref(&name));
-        m.1.add(1, &[name, KeyValue::new("to", t.to.as_str())]);
+        m.1.add(
+            1,
+            &[
+                KeyValue::new("provider", p.name.clone()),
+                KeyValue::new("to", t.to.as_str()),
+            ],
+        );
+        self.record_state(p, t.to);
+    }
+
+    /// Sets `notify_email_breaker_state{provider}` and the provider's row.
+    fn record_state(&self, p: &Provider, state: State) {
+        instruments()
+            .0
+            .record(state as u64, &[KeyValue::new("provider", p.name.clone())]);
         if let Some(pool) = &self.states {
-            let (pool, provider, state) = (pool.clone(), p.name.clone(), t.to.as_str());
+            let (pool, provider, state) = (pool.clone(), p.name.clone(), state.as_str());
+            // Written in the background; the newer change wins if two writes reorder.
+            let at = chrono::Utc::now();
             tokio::spawn(async move {
                 let r = sqlx::query(
-                    "INSERT INTO email_provider_states (provider, state, changed_at) VALUES ($1, $2, now())
-                     ON CONFLICT (provider) DO UPDATE SET state = EXCLUDED.state, changed_at = EXCLUDED.changed_at",
+                    "INSERT INTO email_provider_states (provider, state, changed_at) VALUES ($1, $2, $3)
+                     ON CONFLICT (provider) DO UPDATE SET state = EXCLUDED.state, changed_at = EXCLUDED.changed_at
+                     WHERE email_provider_states.changed_at <= EXCLUDED.changed_at",
                 )
                 .bind(provider)
                 .bind(state)
+                .bind(at)
                 .execute(&pool)
                 .await;
                 if let Err(e) = r {
