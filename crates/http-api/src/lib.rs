@@ -13,6 +13,10 @@
 //!   (`delivery_clicks`, source `line`, once per `webhookEventId`, so LINE's redelivery
 //!   changes nothing). Other postbacks and event types are acknowledged and ignored.
 //!   Answers 200 `{}`.
+//! - `POST /webhooks/email/ses`: Amazon SES bounce and complaint notifications through
+//!   SNS, signature verified (401 and nothing written otherwise); hard bounces mark the
+//!   address undeliverable, complaints and repeated soft bounces suppress
+//!   ([`email_events`]).
 //! - `GET /unsubscribe?token=…`: a confirmation page (a GET never changes anything, since
 //!   mail scanners fetch links); `POST /unsubscribe?token=…` with the body
 //!   `List-Unsubscribe=One-Click` (RFC 8058) or from that page turns the token's type off
@@ -54,6 +58,7 @@ pub const DEFAULT_UNSUBSCRIBE_TTL: std::time::Duration =
 pub const MIN_UNSUBSCRIBE_TTL: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
 
 pub mod console;
+pub mod email_events;
 pub mod error;
 pub mod inbox;
 pub mod staff;
@@ -74,6 +79,8 @@ pub struct HttpConfig {
     pub cors_origins: Vec<String>,
     /// Operations console settings.
     pub console: console::ConsoleConfig,
+    /// Bounce and complaint webhooks ([`email_events`]).
+    pub email_events: email_events::EmailEventsConfig,
 }
 
 impl HttpConfig {
@@ -106,6 +113,7 @@ impl HttpConfig {
             ),
             inbox: inbox::InboxConfig::from_env(env),
             console: console::ConsoleConfig::from_env(env),
+            email_events: email_events::EmailEventsConfig::from_env(env),
             cors_origins: env
                 .string("NOTIFY_CORS_ORIGINS", "")
                 .split(',')
@@ -199,6 +207,10 @@ fn router_parts(
     let router = Router::new()
         .route("/inbox-example/", get(inbox_example))
         .route("/webhooks/line", post(line_webhook))
+        .route(
+            "/webhooks/email/{provider}",
+            post(email_events::email_webhook),
+        )
         .route(
             "/unsubscribe",
             get(unsubscribe_page)

@@ -12,7 +12,9 @@
 //!    check ("decided again when due").
 //! 2. **Reachability** (skip): the LINE user unfollowed (`line_unfollowed`), the push
 //!    endpoint was revoked (`endpoint_revoked`) or is gone (`no_push_endpoint`), the email
-//!    address was marked undeliverable (`email_undeliverable`). These hold for critical
+//!    address was marked undeliverable (`email_undeliverable`); the email is suppressed for
+//!    its category (`suppressed`: a complaint, soft bounces, the console; not for critical
+//!    types). These hold for critical
 //!    types too: nothing can reach the user there.
 //! 3. **Quiet hours** (defer): a non-critical delivery on a noisy channel (everything but
 //!    in-app) that becomes due inside the recipient's quiet window waits until it ends.
@@ -117,6 +119,10 @@ pub struct DueFacts<'a> {
     /// is still the recipient's address and still marked. An address changed since
     /// planning has no mark (changing the address clears it, as planning reads it).
     pub email_undeliverable_at: Option<DateTime<Utc>>,
+    /// Email: since when email of the delivery's category is suppressed for the user or
+    /// the address (`email_suppressions`: a complaint, soft bounces, the console), if it
+    /// is; never set for a critical type.
+    pub email_suppressed_at: Option<DateTime<Utc>>,
     /// For an escalation: when the notification it escalates was read (in-app) or first
     /// clicked (LINE, push), if it was; `None` otherwise and for every other delivery.
     pub escalation_answered: Option<DateTime<Utc>>,
@@ -144,6 +150,7 @@ impl<'a> DueFacts<'a> {
             line_unfollowed_at: None,
             endpoint: Endpoint::Usable,
             email_undeliverable_at: None,
+            email_suppressed_at: None,
             escalation_answered: None,
             email_address_gone: false,
             unsubscribed: false,
@@ -218,6 +225,18 @@ fn skip(now: DateTime<Utc>, f: &DueFacts<'_>) -> Option<(SkipReason, String)> {
                 format!("preference: off at {when} {rest}{set_at}; skipped when due"),
             ));
         }
+    }
+    if f.channel == Channel::Email
+        && !f.critical
+        && let Some(at) = f.email_suppressed_at
+    {
+        return Some((
+            SkipReason::Suppressed,
+            format!(
+                "email: suppressed since {} (complaint, soft bounces or the console); skipped when due at {when}",
+                at.to_rfc3339()
+            ),
+        ));
     }
     match f.channel {
         Channel::Line if !f.batch => f.line_unfollowed_at.map(|at| {

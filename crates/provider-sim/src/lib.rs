@@ -31,9 +31,11 @@
 //!   `Content-Encoding: aes128gcm` and at most 4,096 bytes (413); it decrypts the body
 //!   with the subscription's private key and records the plaintext. Unknown subscriptions
 //!   get 404, unsubscribed ones 410; success is 201 with a `Location`.
+//! - `POST /v2/email/outbound-emails`: Amazon SES v2 `SendEmail` with a raw MIME message
+//!   (SigV4 header shape and date checked, the decoded message recorded; [`ses`]).
 //!
 //! Control endpoints:
-//! - `GET /_sim/health`; `GET /_sim/requests?provider=line|fcm|oauth|apns|webpush` (recorded
+//! - `GET /_sim/health`; `GET /_sim/requests?provider=line|fcm|oauth|apns|webpush|ses` (recorded
 //!   requests, oldest first); `DELETE /_sim/requests`;
 //! - `POST /_sim/webpush/subscriptions` `{"endpoint", "application_server_key"?}`: issues a
 //!   subscription, answering `{"endpoint", "keys": {"p256dh", "auth"}}`;
@@ -42,7 +44,10 @@
 //!   LINE does (`{"destination", "events"}`, signed with the channel secret in
 //!   `X-Line-Signature`; `"signature"` in the body overrides it, for tests of forgeries),
 //!   answering `{"status", "body"}` of the receiver's reply;
-//! - `POST /_sim/faults` with a [`Fault`]; `DELETE /_sim/faults`;
+//! - `POST /_sim/ses/notify`: sends an SNS-signed SES bounce or complaint notification to
+//!   a URL ([`ses`]); `GET /_sim/sns/cert.pem`: the certificate it signs with;
+//! - `POST /_sim/faults` with a [`Fault`]; `DELETE /_sim/faults`; with the SMTP server
+//!   (`SIM_SMTP_ADDR`), `POST /_sim/smtp/fault` `{"reply"}` / `DELETE` ([`router_with_smtp`]);
 //! - `DELETE /_sim/tokens`: revokes every FCM access token issued so far;
 //! - `POST /_sim/latency` `{"provider", "min_ms", "max_ms"}`: random latency; `DELETE` clears.
 
@@ -61,6 +66,7 @@ mod apns;
 mod faults;
 mod google;
 mod line;
+pub mod ses;
 pub mod smtp;
 mod webpush;
 
@@ -112,6 +118,31 @@ struct Sim {
 
 /// Builds the simulator's router.
 pub fn router(cfg: SimConfig) -> Router {
+    router_with_smtp(cfg, None)
+}
+
+/// [`router`], plus `POST /_sim/smtp/fault` `{"reply": "421 4.3.2 service not available"}`
+/// (every later `MAIL FROM` of `smtp` gets that reply, [`smtp::SmtpSim::set_fault`]) and
+/// `DELETE /_sim/smtp/fault` when the SMTP server runs.
+pub fn router_with_smtp(cfg: SimConfig, smtp: Option<smtp::SmtpSim>) -> Router {
+    let smtp_routes = smtp.map(|smtp| {
+        #[derive(serde::Deserialize)]
+        struct SmtpFault {
+            reply: String,
+        }
+        let (a, b) = (smtp.clone(), smtp);
+        Router::new().route(
+            "/_sim/smtp/fault",
+            post(move |Json(f): Json<SmtpFault>| async move {
+                a.set_fault(Some(&f.reply));
+                StatusCode::CREATED
+            })
+            .delete(move || async move {
+                b.set_fault(None);
+                StatusCode::NO_CONTENT
+            }),
+        )
+    });
     let sim = Sim {
         cfg: Arc::new(cfg),
         inner: Arc::default(),
@@ -153,7 +184,11 @@ pub fn router(cfg: SimConfig) -> Router {
         .route("/_sim/webpush/unsubscribe", post(webpush::unsubscribe))
         .route("/webpush/{*path}", post(webpush::push))
         .route("/_sim/line/webhook", post(line::send_webhook))
+        .route("/v2/email/outbound-emails", post(ses::send_email))
+        .route("/_sim/sns/cert.pem", get(ses::sns_cert))
+        .route("/_sim/ses/notify", post(ses::notify))
         .with_state(sim)
+        .merge(smtp_routes.unwrap_or_default())
 }
 
 /// Serves the simulator on `listener` until `shutdown` is cancelled.
@@ -162,13 +197,23 @@ pub async fn serve(
     cfg: SimConfig,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
+    serve_with_smtp(listener, cfg, None, shutdown).await
+}
+
+/// [`serve`] with the SMTP fault control of [`router_with_smtp`].
+pub async fn serve_with_smtp(
+    listener: tokio::net::TcpListener,
+    cfg: SimConfig,
+    smtp: Option<smtp::SmtpSim>,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> std::io::Result<()> {
     use axum::serve::ListenerExt;
     // Without TCP_NODELAY, a reply written in two parts waits for the client's delayed
     // ACK (~40 ms), which would be counted as provider latency.
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, router(cfg))
+    axum::serve(listener, router_with_smtp(cfg, smtp))
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }

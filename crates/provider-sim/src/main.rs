@@ -59,12 +59,16 @@ async fn main() -> anyhow::Result<()> {
     let cfg = notify_telemetry::config_or_exit("provider-sim", env, cfg);
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     let shutdown = notify_telemetry::shutdown_on_signal();
-    if !smtp_addr.is_empty() {
+    let smtp_sim = if smtp_addr.is_empty() {
+        None
+    } else {
         let smtp = tokio::net::TcpListener::bind(&smtp_addr).await?;
         tracing::info!(%smtp_addr, "provider-sim SMTP listening");
-        tokio::spawn(provider_sim::smtp::SmtpSim::default().serve(smtp, shutdown.clone()));
-    }
+        let sim = provider_sim::smtp::SmtpSim::default();
+        tokio::spawn(sim.clone().serve(smtp, shutdown.clone()));
+        Some(sim)
+    };
     tracing::info!(%addr, "provider-sim listening");
-    provider_sim::serve(listener, cfg, shutdown).await?;
+    provider_sim::serve_with_smtp(listener, cfg, smtp_sim, shutdown).await?;
     Ok(())
 }

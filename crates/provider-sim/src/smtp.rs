@@ -9,6 +9,9 @@
 //!   data (a server that hangs after taking the message);
 //! - anything else → `250 2.1.5 OK`, and the message is accepted after DATA.
 //!
+//! [`SmtpSim::set_fault`] makes every `MAIL FROM` get one reply instead (e.g. `421 4.3.2
+//! service not available`, a relay that is down for every call) until cleared.
+//!
 //! Accepted messages are kept in memory ([`SmtpSim::messages`]), and every DATA command
 //! answered with 354 is counted ([`SmtpSim::data_started`]). No TLS, no AUTH.
 
@@ -34,6 +37,8 @@ pub const SLOW_RCPT: std::time::Duration = std::time::Duration::from_secs(3);
 pub struct SmtpSim {
     accepted: Arc<Mutex<Vec<Accepted>>>,
     data_started: Arc<std::sync::atomic::AtomicUsize>,
+    fault: Arc<Mutex<Option<String>>>,
+    mail_commands: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl SmtpSim {
@@ -46,6 +51,17 @@ impl SmtpSim {
     /// no return), including those whose message was never answered.
     pub fn data_started(&self) -> usize {
         self.data_started.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Every later `MAIL FROM` gets `reply` (a full reply line such as `421 4.3.2 service
+    /// not available`); `None` clears it.
+    pub fn set_fault(&self, reply: Option<&str>) {
+        *self.fault.lock().expect("smtp lock") = reply.map(str::to_string);
+    }
+
+    /// How many `MAIL FROM` commands arrived (faulted ones included).
+    pub fn mail_commands(&self) -> usize {
+        self.mail_commands.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Serves SMTP on `listener` until `shutdown` is cancelled.
@@ -80,6 +96,14 @@ impl SmtpSim {
             } else if upper.starts_with("HELO") {
                 "250 smtp-sim".into()
             } else if upper.starts_with("MAIL FROM:") {
+                self.mail_commands
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let fault = self.fault.lock().expect("smtp lock").clone();
+                if let Some(reply) = fault {
+                    write.write_all(reply.as_bytes()).await?;
+                    write.write_all(b"\r\n").await?;
+                    continue;
+                }
                 from = address(&line[10..]);
                 to.clear();
                 stall = false;

@@ -34,16 +34,25 @@ use serde_json::json;
 use std::time::Duration;
 use unicode_segmentation::UnicodeSegmentation;
 
+pub mod breaker;
 pub mod layout;
+pub mod providers;
+pub mod ses;
 pub mod smtp;
 
 /// Settings of the email channel.
 #[derive(Debug, Clone)]
 pub struct EmailConfig {
+    /// The providers in order, comma-separated ([`providers::Providers::parse`]):
     /// `smtp://host:port` (plain), `smtp://host:port?tls=required` (STARTTLS) or
     /// `smtps://host:port` (implicit TLS), optionally with `user:password@` (lettre's URL
-    /// format).
+    /// format), and `ses+https://host?region=…` (Amazon SES v2, [`ses`]).
     pub smtp_url: String,
+    /// Each provider's circuit breaker ([`breaker`]).
+    pub breaker: breaker::BreakerConfig,
+    /// SES access key id and secret (`NOTIFY_SES_ACCESS_KEY_ID`,
+    /// `NOTIFY_SES_SECRET_ACCESS_KEY`), when set.
+    pub ses_credentials: Option<(String, String)>,
     /// Sender mailbox, e.g. `ฝ่ายบริการลูกค้า <noreply@example.test>`.
     pub from: Mailbox,
     /// Right-hand side of generated Message-IDs; defaults to the sender's domain.
@@ -61,7 +70,10 @@ pub struct EmailConfig {
 }
 
 impl EmailConfig {
-    /// Reads `NOTIFY_SMTP_URL` (required), `NOTIFY_EMAIL_FROM` (required),
+    /// Reads `NOTIFY_SMTP_URL` (required, comma-separated providers),
+    /// `NOTIFY_EMAIL_BREAKER_FAILURES` (5), `NOTIFY_EMAIL_BREAKER_COOLDOWN` (30s),
+    /// `NOTIFY_SES_ACCESS_KEY_ID` and `NOTIFY_SES_SECRET_ACCESS_KEY` (for an SES provider),
+    /// `NOTIFY_EMAIL_FROM` (required),
     /// `NOTIFY_EMAIL_MESSAGE_ID_DOMAIN` (sender's domain), `NOTIFY_SMTP_TIMEOUT` (15s),
     /// `NOTIFY_UNSUBSCRIBE_URL` (required, http(s) URL) and `NOTIFY_UNSUBSCRIBE_SECRET`
     /// (required, at least 16 characters), `NOTIFY_EMAIL_LAYOUT` (a minijinja HTML layout
@@ -100,7 +112,34 @@ impl EmailConfig {
             env.error("NOTIFY_UNSUBSCRIBE_SECRET must be at least 16 characters".to_string());
         }
         let layout = std::sync::Arc::new(layout::Layout::from_env(env));
+        let failures = env.parse_with("NOTIFY_EMAIL_BREAKER_FAILURES", 5u32, |s| {
+            s.parse::<u32>()
+                .ok()
+                .filter(|n| *n >= 1)
+                .ok_or_else(|| "a whole number of at least 1".to_string())
+        });
+        let cooldown = env.parse_with(
+            "NOTIFY_EMAIL_BREAKER_COOLDOWN",
+            Duration::from_secs(30),
+            |s| {
+                notify_core::retry::parse_duration_in(
+                    s,
+                    Duration::from_millis(100),
+                    Duration::from_secs(3600),
+                )
+            },
+        );
+        let breaker = breaker::BreakerConfig {
+            failures,
+            cooldown,
+            ..Default::default()
+        };
+        let key = env.string("NOTIFY_SES_ACCESS_KEY_ID", "");
+        let secret = env.string("NOTIFY_SES_SECRET_ACCESS_KEY", "");
+        let ses_credentials = (!key.is_empty() && !secret.is_empty()).then_some((key, secret));
         Some(Self {
+            breaker,
+            ses_credentials,
             layout,
             unsubscribe_url: unsubscribe_url.ok()?,
             unsubscribe_secret: unsubscribe_secret.ok()?,
@@ -112,19 +151,34 @@ impl EmailConfig {
     }
 }
 
-/// Sender for email over SMTP (reused connections).
+/// Sender for email through the ordered providers ([`providers`]).
 pub struct EmailSender {
-    client: smtp::SmtpClient,
+    providers: providers::Providers,
     cfg: EmailConfig,
 }
 
 impl EmailSender {
-    /// Builds the SMTP client. Errors (naming what is wrong, never the password) when the
-    /// URL is malformed.
+    /// Builds the providers. Errors (naming what is wrong, never a password or secret)
+    /// when a URL is malformed.
     pub fn new(cfg: EmailConfig) -> Result<Self, String> {
-        let server = smtp::SmtpServer::parse(&cfg.smtp_url)?;
-        let client = smtp::SmtpClient::new(server, cfg.timeout);
-        Ok(Self { client, cfg })
+        let providers = providers::Providers::parse(
+            &cfg.smtp_url,
+            cfg.timeout,
+            cfg.breaker,
+            cfg.ses_credentials.clone(),
+        )?;
+        Ok(Self { providers, cfg })
+    }
+
+    /// Records breaker state changes in `email_provider_states` (the console reads them).
+    pub fn with_states(mut self, pool: sqlx::PgPool) -> Self {
+        self.providers = self.providers.with_states(pool);
+        self
+    }
+
+    /// The providers, in order, with their breakers.
+    pub fn providers(&self) -> &providers::Providers {
+        &self.providers
     }
 
     /// Builds the message for `job`: From, To (with the recipient's display name),
@@ -216,9 +270,11 @@ impl ChannelSender for EmailSender {
         Channel::Email
     }
 
-    /// `NOTIFY_SMTP_TIMEOUT` (15 s) and a second for the adapter to say which step hung.
+    /// `NOTIFY_SMTP_TIMEOUT` (15 s) per provider (an attempt may fail over through all of
+    /// them) and a second for the adapter to say which step hung.
     fn call_deadline(&self) -> Duration {
-        self.cfg.timeout + Duration::from_secs(1)
+        self.cfg.timeout * u32::try_from(self.providers.len()).unwrap_or(1).max(1)
+            + Duration::from_secs(1)
     }
 
     async fn send(&self, job: &Job, lease: &Lease) -> AttemptOutcome {
@@ -252,60 +308,14 @@ impl ChannelSender for EmailSender {
         };
         let envelope = message.envelope().clone();
         let bytes = message.formatted();
-        let exchange = self
-            .client
-            .send(envelope.from().cloned(), envelope.to(), &bytes, lease);
-        let answer = match tokio::time::timeout(self.cfg.timeout, exchange).await {
-            Ok(answer) => answer,
-            Err(_) => {
-                return AttemptOutcome::failed(ErrorClass::Transient, "smtp_timeout", content)
-                    .with_response(format!(
-                        "the server did not finish the exchange within {} ms",
-                        self.cfg.timeout.as_millis()
-                    ))
-                    .ambiguous();
-            }
+        let outgoing = providers::Outgoing {
+            from: envelope.from().cloned(),
+            to: envelope.to(),
+            bytes: &bytes,
+            content: &content,
+            message_id: message_id(job, &self.cfg.message_id_domain),
         };
-        let answer = match answer {
-            Ok(resp) => Ok(resp),
-            Err(smtp::SendError::Smtp(e)) => Err(e),
-            Err(smtp::SendError::LeaseLost(lost)) => return lost.outcome(content),
-            Err(smtp::SendError::Unsupported(why)) => {
-                return AttemptOutcome::failed(ErrorClass::Permanent, "smtp_unsupported", content)
-                    .with_response(why);
-            }
-        };
-        match answer {
-            Ok(resp) => {
-                let text = resp.message().collect::<Vec<_>>().join(" ");
-                AttemptOutcome::sent(Some(message_id(job, &self.cfg.message_id_domain)), content)
-                    .with_status(code_number(&resp.code().to_string()))
-                    .with_response(format!("{} {text}", resp.code()))
-            }
-            Err(e) => {
-                let text = e.to_string();
-                let (class, code) = if e.is_permanent() && mailbox_does_not_exist(&text) {
-                    (ErrorClass::InvalidEndpoint, "address_undeliverable")
-                } else if e.is_permanent() {
-                    (ErrorClass::Permanent, "smtp_rejected")
-                } else if e.is_transient() {
-                    (ErrorClass::Transient, "smtp_transient")
-                } else if e.is_timeout() {
-                    (ErrorClass::Transient, "smtp_timeout")
-                } else {
-                    (ErrorClass::Transient, "smtp_connection")
-                };
-                let mut out = AttemptOutcome::failed(class, code, content).with_response(text);
-                if e.is_timeout() && !e.is_permanent() && !e.is_transient() {
-                    // The server may have taken the message before it stopped answering.
-                    out = out.ambiguous();
-                }
-                if let Some(status) = e.status() {
-                    out = out.with_status(code_number(&status.to_string()));
-                }
-                out
-            }
-        }
+        self.providers.send(&outgoing, lease).await
     }
 }
 
@@ -315,10 +325,6 @@ pub fn mailbox_does_not_exist(reply: &str) -> bool {
     reply
         .split(|c: char| c.is_whitespace() || c == ':' || c == ',')
         .any(|w| matches!(w, "5.1.1" | "5.1.10" | "5.1.6"))
-}
-
-fn code_number(code: &str) -> i32 {
-    code.trim().parse().unwrap_or(0)
 }
 
 /// Most bytes of UTF-8 in one encoded-word: base64 of 45 bytes is 60 characters, and with

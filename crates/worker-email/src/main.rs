@@ -2,11 +2,14 @@
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    notify_worker::main_with("worker-email", |env, _pool| {
+    notify_worker::main_with("worker-email", |env, pool| {
         // A missing or bad variable is already recorded in `env`.
         let cfg = worker_email::EmailConfig::from_env(env)?;
         match worker_email::EmailSender::new(cfg) {
-            Ok(s) => Some(s),
+            Ok(s) => Some(match pool {
+                Some(p) => s.with_states(p.clone()),
+                None => s,
+            }),
             Err(e) => {
                 env.error(format!("NOTIFY_SMTP_URL is invalid: {e}"));
                 None

@@ -45,6 +45,11 @@ impl std::fmt::Debug for SmtpServer {
 }
 
 impl SmtpServer {
+    /// The provider's name in metrics and attempts: `host:port`.
+    pub fn name(&self) -> String {
+        format!("{}:{}", self.host, self.port)
+    }
+
     /// Parses an SMTP URL (see the type). Errors name what is wrong, never the password.
     pub fn parse(url: &str) -> Result<Self, String> {
         let u = url::Url::parse(url).map_err(|e| format!("not a URL: {e}"))?;
@@ -98,8 +103,11 @@ impl SmtpServer {
 /// Why an exchange ended without the server's final answer to the data.
 #[derive(Debug)]
 pub enum SendError {
-    /// The server (or the network) failed a step.
+    /// The server (or the network) failed a step before `DATA` was sent.
     Smtp(lettre::transport::smtp::Error),
+    /// The server (or the network) failed after `DATA` was sent: without a reply, the
+    /// server may hold the message.
+    AfterData(lettre::transport::smtp::Error),
     /// The lease was found lost before `DATA`: nothing was sent.
     LeaseLost(notify_worker::LeaseLost),
     /// The server lacks an extension this message needs (SMTPUTF8, 8BITMIME): nothing was
@@ -247,8 +255,8 @@ impl SmtpClient {
                 .map_err(SendError::Smtp)?;
         }
         lease.confirm().await.map_err(SendError::LeaseLost)?;
-        conn.command(Data).await.map_err(SendError::Smtp)?;
-        conn.message(message).await.map_err(SendError::Smtp)
+        conn.command(Data).await.map_err(SendError::AfterData)?;
+        conn.message(message).await.map_err(SendError::AfterData)
     }
 }
 

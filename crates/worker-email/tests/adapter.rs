@@ -13,6 +13,8 @@ const TIMEOUT: Duration = Duration::from_millis(500);
 
 fn sender(sim: &Sim) -> EmailSender {
     EmailSender::new(EmailConfig {
+        breaker: Default::default(),
+        ses_credentials: None,
         smtp_url: sim.smtp_url.clone(),
         from: "Notify <noreply@example.test>".parse().unwrap(),
         message_id_domain: "example.test".into(),

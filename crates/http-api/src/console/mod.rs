@@ -14,7 +14,8 @@
 //! provider's status, raw answer and the content sent), and the audit log. Actions (retry
 //! a failed delivery, cancel an event's pending deliveries) go through a confirmation page
 //! and a CSRF token bound to the session, every POST has its `Origin` checked, and actions
-//! are recorded in `console_audit`. Every value is HTML-escaped; every page carries a
+//! are recorded in `console_audit`. The email page shows each email provider's circuit
+//! breaker and the suppression list, which staff can add to and remove from. Every value is HTML-escaped; every page carries a
 //! Content-Security-Policy with `frame-ancestors 'none'`.
 
 use crate::AppState;
@@ -25,6 +26,7 @@ use std::time::Duration;
 
 mod access;
 mod actions;
+mod email;
 mod pages;
 mod render;
 mod session;
@@ -208,6 +210,17 @@ pub(crate) fn routes() -> Router<AppState> {
         )
         .route("/console/actions/requeue-dead", post(actions::requeue_dead))
         .route("/console/audit", get(pages::audit))
+        .route("/console/email", get(email::email_page))
+        .route("/console/email/confirm-add", get(email::confirm_add))
+        .route(
+            "/console/email/confirm-remove/{id}",
+            get(email::confirm_remove),
+        )
+        .route("/console/actions/suppressions/add", post(email::add))
+        .route(
+            "/console/actions/suppressions/{id}/remove",
+            post(email::remove),
+        )
         .layer(axum::middleware::map_response(staff::security_headers))
 }
 

@@ -560,6 +560,7 @@ async fn a_second_replica_with_jwks_keys_streams_the_same_inbox() {
     let second = format!("http://{}", listener.local_addr().unwrap());
     let stop = tokio_util::sync::CancellationToken::new();
     let cfg = http_api::HttpConfig {
+        email_events: Default::default(),
         line_channel_secret: "x".into(),
         unsubscribe_secret: "y".into(),
         unsubscribe_ttl: http_api::DEFAULT_UNSUBSCRIBE_TTL,
@@ -831,6 +832,7 @@ async fn with_an_audience_and_issuer_configured_only_tokens_for_them_are_accepte
     let strict = format!("http://{}", listener.local_addr().unwrap());
     let stop = tokio_util::sync::CancellationToken::new();
     let cfg = http_api::HttpConfig {
+        email_events: Default::default(),
         line_channel_secret: "x".into(),
         unsubscribe_secret: "y".into(),
         unsubscribe_ttl: http_api::DEFAULT_UNSUBSCRIBE_TTL,

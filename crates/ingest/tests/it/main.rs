@@ -12,6 +12,7 @@ mod console;
 mod decisions;
 mod docs;
 mod due_time;
+mod email_failover;
 mod email_format;
 mod fallback;
 mod fanout;

@@ -953,6 +953,8 @@ async fn an_smtp_server_that_never_answers_after_data_ends_each_attempt_at_the_d
     .await;
     let sender = std::sync::Arc::new(
         worker_email::EmailSender::new(worker_email::EmailConfig {
+            breaker: Default::default(),
+            ses_credentials: None,
             smtp_url: p.smtp_sim_url.clone(),
             from: "noreply@example.test".parse().unwrap(),
             message_id_domain: "example.test".into(),

@@ -313,3 +313,24 @@ fn a_recipient_who_left_the_topic_is_skipped_when_due() {
     let batch = DueFacts { batch: true, ..f };
     assert_eq!(check(utc("2026-12-01T10:00:00Z"), batch), Due::Now);
 }
+
+#[test]
+fn suppressed_email_is_skipped_when_due_unless_the_type_is_critical() {
+    let due = utc("2026-12-02T02:00:00Z");
+    let at = utc("2026-12-02T01:00:00Z");
+    let email = DueFacts {
+        email_suppressed_at: Some(at),
+        ..facts(Channel::Email, false, &[])
+    };
+    let (reason, why) = skipped(check(due, email));
+    assert_eq!(reason, SkipReason::Suppressed);
+    assert!(
+        why.starts_with("email: suppressed since 2026-12-02T01:00:00+00:00"),
+        "{why}"
+    );
+    let critical = DueFacts {
+        email_suppressed_at: Some(at),
+        ..facts(Channel::Email, true, &[])
+    };
+    assert_eq!(check(due, critical), Due::Now);
+}

@@ -39,6 +39,9 @@ pub enum SkipReason {
     /// A topic event's delivery whose recipient unsubscribed from the topic before it
     /// was due (a scheduled broadcast, a retry, an escalation).
     Unsubscribed,
+    /// Email suppressed for this recipient and the type's category: a complaint
+    /// (marketing), repeated soft bounces (every category), or an operator in the console.
+    Suppressed,
 }
 
 impl SkipReason {
@@ -57,6 +60,7 @@ impl SkipReason {
             SkipReason::EndpointRevoked => "endpoint_revoked",
             SkipReason::Read => "read_before_escalation",
             SkipReason::Unsubscribed => "unsubscribed",
+            SkipReason::Suppressed => "suppressed",
         }
     }
 }
@@ -78,6 +82,9 @@ pub struct RecipientFacts {
     pub line_unfollowed_at: Option<DateTime<Utc>>,
     /// The email address bounced as nonexistent and has not changed since.
     pub email_undeliverable: bool,
+    /// Email of this event's type is suppressed for the user or the address
+    /// (`email_suppressions`: a complaint for a marketing type, soft bounces, the console).
+    pub email_suppressed: bool,
     /// Active push endpoints: (endpoint id, platform `fcm`/`apns`/`webpush`).
     pub push_endpoints: Vec<(Uuid, String)>,
     /// Preferences for this event's type, per channel.
@@ -346,6 +353,15 @@ pub fn plan(
                     }
                     Some(_) if r.email_undeliverable => {
                         skipped.push(skip(SkipReason::EmailUndeliverable, &decision))
+                    }
+                    Some(addr) if r.email_suppressed && !critical && scheduled => {
+                        let mut d = one(Provider::Smtp, Some(addr));
+                        d.decision
+                            .push_str("\nemail: suppressed now; decided again when due");
+                        planned.push(d)
+                    }
+                    Some(_) if r.email_suppressed && !critical => {
+                        skipped.push(skip(SkipReason::Suppressed, &decision))
                     }
                     Some(addr) => planned.push(one(Provider::Smtp, Some(addr))),
                     None => skipped.push(skip(SkipReason::NoEmailAddress, &decision)),

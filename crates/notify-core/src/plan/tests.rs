@@ -334,3 +334,25 @@ fn a_scheduled_topic_page_is_multicast_at_its_due_time() {
             .ends_with("scheduled for 2026-12-02T02:00:00+00:00")
     );
 }
+
+#[test]
+fn suppressed_email_is_skipped_but_other_channels_and_critical_types_go_out() {
+    let now = Utc::now();
+    let mut r = somchai();
+    r.email_suppressed = true;
+    let channels = [Channel::Email, Channel::Line];
+    let (p, s) = plan(Uuid::nil(), false, &channels, &[r.clone()], now, false);
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].channel, Channel::Line);
+    assert_eq!(s.len(), 1);
+    assert_eq!(
+        (s[0].channel, s[0].reason.as_str()),
+        (Channel::Email, "suppressed")
+    );
+    let (p, s) = plan(Uuid::nil(), true, &channels, &[r], now, false);
+    assert_eq!(
+        (p.len(), s.len()),
+        (2, 0),
+        "a critical type is not suppressed"
+    );
+}

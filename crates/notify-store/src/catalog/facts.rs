@@ -43,6 +43,8 @@ pub async fn load_recipient_facts_many(
         line_unfollowed: bool,
         line_unfollowed_at: Option<chrono::DateTime<chrono::Utc>>,
         email_undeliverable: bool,
+        // categories suppressed for the user or the address: "marketing", "all"
+        suppressed: Vec<String>,
         timezone: Option<chrono_tz::Tz>,
         quiet_hours: Vec<notify_core::quiet::QuietWindow>,
         exists: bool,
@@ -88,6 +90,32 @@ pub async fn load_recipient_facts_many(
             .and_then(|v| serde_json::from_value(v).ok())
             .unwrap_or_default();
     }
+
+    // Email suppressions (bounces, complaints, the console) by user or by address.
+    let rows = sqlx::query(
+        "SELECT r.user_id, s.category FROM recipients r
+         JOIN email_suppressions s ON s.user_id = r.user_id
+              OR (s.user_id IS NULL AND lower(s.address) = lower(r.email))
+         WHERE r.user_id = ANY($1)",
+    )
+    .bind(&users)
+    .fetch_all(&mut *db)
+    .await?;
+    for r in rows {
+        known
+            .entry(r.get("user_id"))
+            .or_default()
+            .suppressed
+            .push(r.get("category"));
+    }
+    let marketing: std::collections::HashSet<String> = sqlx::query_scalar(
+        "SELECT key FROM notification_types WHERE key = ANY($1) AND category = 'marketing'",
+    )
+    .bind(&types)
+    .fetch_all(&mut *db)
+    .await?
+    .into_iter()
+    .collect();
 
     let rows = sqlx::query(
         "SELECT user_id, id, platform FROM notification_endpoints
@@ -144,6 +172,9 @@ pub async fn load_recipient_facts_many(
                         f.line_unfollowed = k.line_unfollowed;
                         f.line_unfollowed_at = k.line_unfollowed_at;
                         f.email_undeliverable = k.email_undeliverable;
+                        f.email_suppressed = k.suppressed.iter().any(|c| {
+                            c == "all" || (c == "marketing" && marketing.contains(*type_key))
+                        });
                         f.timezone = k.timezone;
                         f.quiet_hours = k.quiet_hours.clone();
                         f.push_endpoints = k.push_endpoints.clone();

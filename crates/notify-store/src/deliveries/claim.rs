@@ -105,6 +105,14 @@ pub async fn claim_many(
                 ep.revoked_at AS endpoint_revoked_at, ep.revoked_reason AS endpoint_revoked_reason,
                 CASE WHEN c.channel = 'email' THEN r.email_undeliverable_at END AS email_undeliverable_at,
                 (e.topic IS NOT NULL AND ts.user_id IS NULL) AS topic_unsubscribed,
+                -- Email suppressed for the user or the address and the type's category.
+                CASE WHEN c.channel = 'email' AND NOT coalesce(t.critical, false) THEN
+                    (SELECT min(s.created_at) FROM email_suppressions s
+                     WHERE (s.user_id = c.user_id
+                            OR (s.user_id IS NULL AND lower(s.address) = lower(coalesce(r.email, c.address))))
+                       AND (s.category = 'all'
+                            OR (s.category = 'marketing' AND t.category = 'marketing')))
+                END AS email_suppressed_at,
                 -- An escalation is answered once its parent was read or clicked.
                 CASE WHEN c.cause = 'escalation' THEN
                     (SELECT CASE WHEN p.channel = 'inapp'
@@ -231,6 +239,7 @@ fn due_state(r: &sqlx::postgres::PgRow) -> DueState {
         endpoint_revoked_reason: r.get("endpoint_revoked_reason"),
         email_undeliverable_at: r.get("email_undeliverable_at"),
         topic_unsubscribed: r.get("topic_unsubscribed"),
+        email_suppressed_at: r.get("email_suppressed_at"),
     }
 }
 

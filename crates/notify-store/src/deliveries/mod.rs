@@ -134,6 +134,9 @@ pub struct DueState {
     /// A topic event's delivery whose recipient is no longer subscribed to the topic
     /// (`topic_subscriptions`, by primary key).
     pub topic_unsubscribed: bool,
+    /// Email: since when the delivery's category is suppressed for the user or the
+    /// address (`email_suppressions`), if it is.
+    pub email_suppressed_at: Option<DateTime<Utc>>,
 }
 
 impl DeliveryJob {
@@ -156,6 +159,7 @@ impl DeliveryJob {
             email_undeliverable_at: self.due.email_undeliverable_at,
             email_address_gone: self.channel == Channel::Email && self.address.is_none(),
             unsubscribed: self.due.topic_unsubscribed,
+            email_suppressed_at: self.due.email_suppressed_at,
             escalation_answered: self.escalation_answered,
             ..DueFacts::new(
                 self.channel,

@@ -137,6 +137,10 @@ pub(crate) struct Options {
     /// The email worker sends to the simulator's SMTP server (rejections by recipient
     /// name) instead of MailDev.
     pub smtp_sim: bool,
+    /// Further email providers after the first (comma-joined into `NOTIFY_SMTP_URL`).
+    pub email_backups: Vec<String>,
+    /// The email providers' circuit breakers.
+    pub email_breaker: worker_email::breaker::BreakerConfig,
     /// Provider calls per second per worker (none by default).
     pub rate_limits: std::collections::BTreeMap<String, u32>,
     /// Fatigue caps per channel (none by default).
@@ -165,6 +169,8 @@ impl Default for Options {
             republish_after: Duration::from_secs(2),
             worker_pool_size: None,
             smtp_sim: false,
+            email_backups: Vec::new(),
+            email_breaker: Default::default(),
             rate_limits: Default::default(),
             fatigue_caps: Default::default(),
             ingest_in_process: true,
@@ -214,6 +220,7 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
 /// without `Secure`: tests and the browser speak plain http to 127.0.0.1).
 pub(crate) fn http_config(stack: &Stack, topology: &Topology) -> http_api::HttpConfig {
     http_api::HttpConfig {
+        email_events: Default::default(),
         line_channel_secret: LINE_SECRET.into(),
         unsubscribe_secret: UNSUBSCRIBE_SECRET.into(),
         unsubscribe_ttl: http_api::DEFAULT_UNSUBSCRIBE_TTL,

@@ -56,11 +56,16 @@ impl Platform {
             Channel::Email => {
                 let sender = Arc::new(
                     worker_email::EmailSender::new(worker_email::EmailConfig {
-                        smtp_url: if self.opts.smtp_sim {
+                        breaker: self.opts.email_breaker,
+                        ses_credentials: Some(("AKIDEXAMPLE".into(), "test-ses-secret".into())),
+                        smtp_url: std::iter::once(if self.opts.smtp_sim {
                             self.smtp_sim_url.clone()
                         } else {
                             self.stack.smtp_url.clone()
-                        },
+                        })
+                        .chain(self.opts.email_backups.iter().cloned())
+                        .collect::<Vec<_>>()
+                        .join(","),
                         from: lettre::message::Mailbox::new(
                             Some("ฝ่ายบริการลูกค้า, ร้านตัวอย่าง".into()),
                             "noreply@example.test".parse().unwrap(),
@@ -71,7 +76,8 @@ impl Platform {
                         unsubscribe_secret: UNSUBSCRIBE_SECRET.into(),
                         layout: Default::default(),
                     })
-                    .unwrap(),
+                    .unwrap()
+                    .with_states(pool.clone()),
                 );
                 spawn_worker(cfg, pool, sender, s)
             }

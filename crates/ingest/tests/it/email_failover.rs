@@ -1,0 +1,500 @@
+//! Issue 18, email: failover between providers with a circuit breaker each, and SES
+//! bounces and complaints through SNS into the undeliverable mark and the suppression list.
+
+use crate::support::{self, Options, Platform, eventually, uniq};
+use notify_core::Channel;
+use notify_proto::v1 as pb;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// A second SMTP server (the simulator's), for the platform's email worker to fail over
+/// to; it runs until the test process ends.
+async fn backup_smtp() -> (provider_sim::smtp::SmtpSim, String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("smtp://{}", listener.local_addr().unwrap());
+    let sim = provider_sim::smtp::SmtpSim::default();
+    tokio::spawn(sim.clone().serve(listener, Default::default()));
+    (sim, url)
+}
+
+/// `(provider, outcome)` of each attempt of event `event_id`'s only delivery.
+async fn attempts(p: &Platform, event_id: &str) -> Vec<(String, String)> {
+    sqlx::query_as(
+        "SELECT coalesce(a.provider_name, ''), a.outcome FROM delivery_attempts a
+         JOIN notification_deliveries d ON d.id = a.delivery_id
+         WHERE d.event_id = $1::uuid ORDER BY a.attempt",
+    )
+    .bind(event_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap()
+}
+
+async fn provider_state(p: &Platform, provider: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT state FROM email_provider_states WHERE provider = $1")
+        .bind(provider)
+        .fetch_optional(&p.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_answering_421_to_every_call_fails_over_and_email_returns_to_it_once_it_recovers() {
+    let (backup, backup_url) = backup_smtp().await;
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Email],
+        smtp_sim: true,
+        email_backups: vec![backup_url.clone()],
+        email_breaker: worker_email::breaker::BreakerConfig {
+            failures: 2,
+            cooldown: Duration::from_secs(1),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let primary = p.smtp_sim_url.trim_start_matches("smtp://").to_string();
+    let secondary = backup_url.trim_start_matches("smtp://").to_string();
+    p.add_type("order_paid", &["email"]).await;
+    let user = uniq("fo");
+    p.add_recipient(&user, "สมชาย", &format!("{user}@example.test"), "")
+        .await;
+    p.smtp_sim
+        .set_fault(Some("421 4.3.2 service not available"));
+
+    // Each email goes out in its first attempt, through the second provider; the
+    // primary is asked twice (the breaker's threshold) and then not at all.
+    for i in 1..=4 {
+        let ev = p.send(&format!("fo:{i}"), "order_paid", &[&user]).await;
+        let done = p.wait_final(&ev.event_id, 30).await;
+        assert_eq!(done.deliveries[0].status, "sent", "{done:?}");
+        assert_eq!(
+            attempts(&p, &ev.event_id).await,
+            [(secondary.clone(), "sent".to_string())]
+        );
+    }
+    assert_eq!(
+        p.smtp_sim.mail_commands(),
+        2,
+        "the open breaker keeps email away"
+    );
+    assert!(p.smtp_sim.messages().is_empty());
+    assert_eq!(backup.messages().len(), 4);
+    eventually(
+        "the console's table says open",
+        Duration::from_secs(10),
+        async || match provider_state(&p, &primary).await.as_deref() {
+            Some("open") => Ok(()),
+            other => Err(other.map(str::to_string)),
+        },
+    )
+    .await;
+    let http = support::no_redirects();
+    let cookie = support::session_cookie(
+        &support::console_login(&http, &p.http_url)
+            .send()
+            .await
+            .unwrap(),
+    );
+    let page = support::SendExt::text_body(
+        http.get(format!("{}/console/email", p.http_url))
+            .header("cookie", &cookie),
+    )
+    .await;
+    assert!(
+        page.contains(&format!("<td>{primary}</td><td class=\"failed\">open</td>")),
+        "{page}"
+    );
+
+    // The relay recovers; after the cooldown a new email probes it and email is back.
+    p.smtp_sim.set_fault(None);
+    let mut n = 10;
+    eventually(
+        "email goes out through the primary again",
+        Duration::from_secs(20),
+        async || {
+            n += 1;
+            let ev = p.send(&format!("fo:{n}"), "order_paid", &[&user]).await;
+            p.wait_final(&ev.event_id, 30).await;
+            match attempts(&p, &ev.event_id).await.as_slice() {
+                [(who, outcome)] if *who == primary && outcome == "sent" => Ok(()),
+                other => Err(other.to_vec()),
+            }
+        },
+    )
+    .await;
+    assert_eq!(p.smtp_sim.messages().len(), 1);
+    eventually(
+        "the console's table says closed",
+        Duration::from_secs(10),
+        async || match provider_state(&p, &primary).await.as_deref() {
+            Some("closed") => Ok(()),
+            other => Err(other.map(str::to_string)),
+        },
+    )
+    .await;
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_550_5_1_1_on_the_primary_does_not_fail_over_and_marks_the_address() {
+    let (backup, backup_url) = backup_smtp().await;
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Email],
+        smtp_sim: true,
+        email_backups: vec![backup_url],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["email"]).await;
+    let gone = uniq("g");
+    p.add_recipient(&gone, "", &format!("nouser-{gone}@example.test"), "")
+        .await;
+    let ev = p.send("g:1", "order_paid", &[&gone]).await;
+    let done = p.wait_final(&ev.event_id, 30).await;
+    let d = &done.deliveries[0];
+    assert_eq!((d.status.as_str(), d.attempts), ("failed", 1), "{d:?}");
+    assert!(d.last_error.starts_with("address_undeliverable"), "{d:?}");
+    assert_eq!(backup.mail_commands(), 0, "never sent elsewhere");
+    let ev = p.send("g:2", "order_paid", &[&gone]).await;
+    assert_eq!(ev.skipped[0].reason, "email_undeliverable");
+    p.stop().await;
+}
+
+/// An http-api that trusts the simulator's SNS certificate, with its base URL.
+async fn trusting_http_api(p: &mut Platform) -> String {
+    let mut cfg = support::http_config(&p.stack, &p.topology);
+    cfg.email_events.sns_cert_url_prefix = Some(format!("{}/_sim/sns/", p.sim_url));
+    p.start_http_api(cfg).await
+}
+
+/// Has the simulator post an SNS notification of `event` about `address` to `http`.
+async fn notify(p: &Platform, http: &str, body: Value) -> Value {
+    let mut body = body;
+    body["url"] = json!(format!("{http}/webhooks/email/ses"));
+    p.http
+        .post(format!("{}/_sim/ses/notify", p.sim_url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn marked(p: &Platform, user: &str) -> bool {
+    sqlx::query_scalar(
+        "SELECT email_undeliverable_at IS NOT NULL FROM recipients WHERE user_id = $1",
+    )
+    .bind(user)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap()
+}
+
+async fn count(p: &Platform, table: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+        .fetch_one(&p.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_bounce_marks_the_address_and_a_forged_one_is_refused_and_writes_nothing() {
+    let mut p = Platform::start_with_workers(&[]).await;
+    let http = trusting_http_api(&mut p).await;
+    p.add_type("order_paid", &["email"]).await;
+    let user = uniq("b");
+    let address = format!("{user}@example.test");
+    p.add_recipient(&user, "", &address, "").await;
+
+    let forged = notify(
+        &p,
+        &http,
+        json!({"event": "Bounce", "address": address, "forge": true}),
+    )
+    .await;
+    assert_eq!(forged["status"], 401, "{forged}");
+    assert!(!marked(&p, &user).await);
+    assert_eq!(count(&p, "email_feedback").await, 0);
+    // The platform's own http-api does not trust the simulator's certificate URL.
+    let untrusted = notify(
+        &p,
+        &p.http_url.clone(),
+        json!({"event": "Bounce", "address": address}),
+    )
+    .await;
+    assert_eq!(untrusted["status"], 401, "{untrusted}");
+    assert_eq!(count(&p, "email_feedback").await, 0);
+
+    let ok = notify(
+        &p,
+        &http,
+        json!({"event": "Bounce", "address": address, "bounce_type": "Permanent"}),
+    )
+    .await;
+    assert_eq!(ok["status"], 200, "{ok}");
+    assert!(marked(&p, &user).await);
+    let ev = p.send("b:1", "order_paid", &[&user]).await;
+    assert_eq!(ev.skipped[0].reason, "email_undeliverable");
+
+    // Soft bounces: the third within 30 days suppresses the address.
+    let soft = uniq("s");
+    let soft_address = format!("{soft}@example.test");
+    p.add_recipient(&soft, "", &soft_address, "").await;
+    for i in 1..=3 {
+        let r = notify(
+            &p,
+            &http,
+            json!({"event": "Bounce", "address": soft_address, "bounce_type": "Transient"}),
+        )
+        .await;
+        assert_eq!(r["status"], 200);
+        let suppressed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM email_suppressions WHERE address = $1 AND category = 'all'",
+        )
+        .bind(&soft_address)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+        assert_eq!(suppressed, i64::from(i == 3), "after {i} soft bounces");
+    }
+    assert!(
+        !marked(&p, &soft).await,
+        "soft bounces do not mark the address"
+    );
+    let ev = p.send("s:1", "order_paid", &[&soft]).await;
+    assert_eq!(ev.skipped[0].reason, "suppressed");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complaint_suppresses_marketing_email_only() {
+    let mut p = Platform::start_with_workers(&[]).await;
+    let http = trusting_http_api(&mut p).await;
+    p.add_type("order_paid", &["email"]).await;
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "promo_weekly".into(),
+            priority: "low".into(),
+            default_channels: vec!["email".into()],
+            category: "marketing".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let user = uniq("c");
+    let address = format!("{user}@example.test");
+    p.add_recipient(&user, "", &address, "").await;
+    let r = notify(&p, &http, json!({"event": "Complaint", "address": address})).await;
+    assert_eq!(r["status"], 200, "{r}");
+
+    let ev = p.send("c:1", "promo_weekly", &[&user]).await;
+    assert!(ev.deliveries.is_empty());
+    assert_eq!(ev.skipped[0].reason, "suppressed");
+    let ev = p.send("c:2", "order_paid", &[&user]).await;
+    assert_eq!(ev.deliveries.len(), 1, "transactional email still goes out");
+    assert!(ev.skipped.is_empty());
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
+    use support::{SendExt, console_login, csrf_token, no_redirects, session_cookie};
+    let mut p = Platform::start_with_workers(&[]).await;
+    let http_api = trusting_http_api(&mut p).await;
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "promo_weekly".into(),
+            priority: "low".into(),
+            default_channels: vec!["email".into()],
+            category: "marketing".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let user = uniq("k");
+    let address = format!("{user}@example.test");
+    p.add_recipient(&user, "", &address, "").await;
+    let r = notify(
+        &p,
+        &http_api,
+        json!({"event": "Complaint", "address": address}),
+    )
+    .await;
+    assert_eq!(r["status"], 200, "{r}");
+
+    let http = no_redirects();
+    let url = |path: &str| format!("{}{path}", p.http_url);
+    let cookie = session_cookie(&console_login(&http, &p.http_url).send().await.unwrap());
+    let list = http
+        .get(url("/console/email"))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    assert!(
+        list.contains(&format!(
+            "<td>{user}</td><td>{address}</td><td>marketing</td><td>complaint</td><td>ses</td>"
+        )),
+        "{list}"
+    );
+    let id: i64 = sqlx::query_scalar("SELECT id FROM email_suppressions WHERE user_id = $1")
+        .bind(&user)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+    let confirm = http
+        .get(url(&format!("/console/email/confirm-remove/{id}")))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    assert!(
+        confirm.contains("Remove the marketing suppression"),
+        "{confirm}"
+    );
+    // Without the CSRF token nothing is removed.
+    let refused = http
+        .post(url(&format!("/console/actions/suppressions/{id}/remove")))
+        .header("cookie", &cookie)
+        .form(&[("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    assert_eq!(count(&p, "email_suppressions").await, 1);
+    let done = http
+        .post(url(&format!("/console/actions/suppressions/{id}/remove")))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf_token(&confirm).as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 303);
+    assert_eq!(count(&p, "email_suppressions").await, 0);
+    let ev = p.send("k:1", "promo_weekly", &[&user]).await;
+    assert_eq!(
+        ev.deliveries.len(),
+        1,
+        "marketing email goes out again: {ev:?}"
+    );
+
+    // Added back by hand, for the address.
+    let confirm = http
+        .get(url(&format!(
+            "/console/email/confirm-add?user_id=&address={address}&category=all"
+        )))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    let done = http
+        .post(url("/console/actions/suppressions/add"))
+        .header("cookie", &cookie)
+        .form(&[
+            ("csrf", csrf_token(&confirm).as_str()),
+            ("user_id", ""),
+            ("address", address.as_str()),
+            ("category", "all"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 303);
+    let ev = p.send("k:2", "promo_weekly", &[&user]).await;
+    assert_eq!(ev.skipped[0].reason, "suppressed");
+    let audit: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT staff, action, target FROM console_audit WHERE action LIKE 'suppression_%' ORDER BY id",
+    )
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        audit,
+        [
+            (
+                support::CONSOLE_USER.to_string(),
+                "suppression_remove".to_string(),
+                format!("{user}/{address}")
+            ),
+            (
+                support::CONSOLE_USER.to_string(),
+                "suppression_add".to_string(),
+                format!("/{address}")
+            ),
+        ]
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complaint_before_the_due_time_skips_the_held_marketing_email() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![Channel::Email],
+        smtp_sim: true,
+        ..Default::default()
+    })
+    .await;
+    let http_api = trusting_http_api(&mut p).await;
+    p.types()
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "promo_weekly".into(),
+            priority: "low".into(),
+            default_channels: vec!["email".into()],
+            category: "marketing".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let user = uniq("h");
+    let address = format!("{user}@example.test");
+    p.add_recipient(&user, "", &address, "").await;
+    // Held by a quiet window around now, so it is decided again when due.
+    let now = chrono::Utc::now().with_timezone(&chrono_tz::Asia::Bangkok);
+    p.set_quiet_hours(
+        &user,
+        now - chrono::Duration::hours(1),
+        now + chrono::Duration::hours(1),
+    )
+    .await;
+    let ev = p.send("h:1", "promo_weekly", &[&user]).await;
+    assert_eq!(ev.deliveries[0].status, "pending", "{ev:?}");
+
+    let r = notify(
+        &p,
+        &http_api,
+        json!({"event": "Complaint", "address": address}),
+    )
+    .await;
+    assert_eq!(r["status"], 200, "{r}");
+    p.set_quiet_hours(
+        &user,
+        now - chrono::Duration::hours(3),
+        now - chrono::Duration::hours(2),
+    )
+    .await;
+    for sql in [
+        "UPDATE notification_deliveries SET next_attempt_at = now() WHERE event_id = $1::uuid",
+        "UPDATE outbox SET available_at = now() WHERE delivery_id IN
+           (SELECT id FROM notification_deliveries WHERE event_id = $1::uuid)",
+    ] {
+        sqlx::query(sql)
+            .bind(&ev.event_id)
+            .execute(&p.pool)
+            .await
+            .unwrap();
+    }
+    let done = p.wait_final(&ev.event_id, 30).await;
+    let d = &done.deliveries[0];
+    assert_eq!(
+        (d.status.as_str(), d.last_error.as_str()),
+        ("skipped", "suppressed"),
+        "{d:?}"
+    );
+    assert!(
+        d.decision.contains("email: suppressed since "),
+        "{}",
+        d.decision
+    );
+    assert!(p.smtp_sim.messages().is_empty(), "no email was sent");
+    p.stop().await;
+}
