@@ -110,8 +110,10 @@ pub async fn cancel(
     // trigger could see the cancel: cancel those again on every look.
     let deadline = tokio::time::Instant::now() + IN_FLIGHT_WAIT;
     loop {
+        let mut tx = db.begin().await?;
+        newly += cancel_pending(&mut tx, &ids, recipients, caller).await?;
+        tx.commit().await?;
         let mut conn = db.acquire().await?;
-        newly += cancel_pending(&mut conn, &ids, recipients, caller).await?;
         let sending: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM notification_deliveries
              WHERE event_id = ANY($1) AND status = 'sending'
@@ -163,30 +165,36 @@ async fn lock_targets(
 }
 
 /// `pending -> canceled` for the events' deliveries (the named recipients' only, when
-/// some are named); their outbox rows go too. Returns how many.
+/// some are named); their outbox rows go too, and their `delivery.cancelled` webhook
+/// messages are written. Call it in a transaction. Returns how many.
 async fn cancel_pending(
     db: &mut sqlx::PgConnection,
     ids: &[Uuid],
     recipients: &[String],
     caller: &str,
 ) -> Result<u64> {
-    let canceled: i64 = sqlx::query_scalar(
+    let canceled: Vec<Uuid> = sqlx::query_scalar(
         "WITH c AS (
              UPDATE notification_deliveries
              SET status = 'canceled', last_error = 'canceled by ' || $3, lease_token = NULL,
-                 lease_expires_at = NULL, updated_at = now()
+                 lease_expires_at = NULL, updated_at = now(), state_version = state_version + 1
              WHERE event_id = ANY($1) AND status = 'pending'
                AND (cardinality($2::text[]) = 0 OR user_id = ANY($2))
              RETURNING id),
          gone AS (DELETE FROM outbox o USING c WHERE o.delivery_id = c.id)
-         SELECT count(*) FROM c",
+         SELECT id FROM c",
     )
     .bind(ids)
     .bind(recipients)
     .bind(caller)
-    .fetch_one(&mut *db)
+    .fetch_all(&mut *db)
     .await?;
-    Ok(canceled as u64)
+    let typed: Vec<(Uuid, crate::webhooks::EventType)> = canceled
+        .iter()
+        .map(|id| (*id, crate::webhooks::EventType::DeliveryCancelled))
+        .collect();
+    crate::webhooks::enqueue_for_deliveries(db, &typed).await?;
+    Ok(canceled.len() as u64)
 }
 
 /// The deliveries of `ids` (of `recipients` only, when not empty) counted by state, and
