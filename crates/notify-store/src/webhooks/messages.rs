@@ -36,7 +36,11 @@ pub struct ClaimedMessage {
 /// Claims message `id` for `lease`: `pending` and due -> `sending`, attempts + 1. `None`
 /// when it is missing, not pending, or not due yet (a duplicate message; its own outbox
 /// row brings it when due).
-pub async fn claim_message(db: &PgPool, id: Uuid, lease: Duration) -> Result<Option<ClaimedMessage>> {
+pub async fn claim_message(
+    db: &PgPool,
+    id: Uuid,
+    lease: Duration,
+) -> Result<Option<ClaimedMessage>> {
     let token = Uuid::new_v4();
     let row = sqlx::query(
         "WITH m AS (
@@ -257,4 +261,26 @@ pub async fn attempts_of(db: &PgPool, id: Uuid) -> Result<Vec<WebhookAttempt>> {
     .bind(id)
     .fetch_all(db)
     .await?)
+}
+
+/// Gives a claimed message back without a POST because its endpoint already has as many
+/// requests in flight as allowed: `pending` again, the claim's attempt returned, due after
+/// `delay` with an outbox row due then. Fenced by the lease; false when it was lost.
+pub async fn release_busy(db: &PgPool, msg: &ClaimedMessage, delay: Duration) -> Result<bool> {
+    let done = sqlx::query(
+        "WITH m AS (
+             UPDATE webhook_messages SET status = 'pending', attempts = attempts - 1,
+                 lease_token = NULL, lease_expires_at = NULL,
+                 next_attempt_at = now() + $3 * interval '1 millisecond'
+             WHERE id = $1 AND lease_token = $2 AND status = 'sending'
+             RETURNING id, next_attempt_at)
+         INSERT INTO outbox (delivery_id, channel, available_at)
+         SELECT id, 'webhook', next_attempt_at FROM m",
+    )
+    .bind(msg.id)
+    .bind(msg.lease_token)
+    .bind(notify_core::retry::millis(delay))
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
