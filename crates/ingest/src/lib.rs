@@ -367,7 +367,11 @@ pub async fn run(
                 .max_decoding_message_size(max),
         )
         .add_service(
-            pb::topic_service_server::TopicServiceServer::new(services)
+            pb::topic_service_server::TopicServiceServer::new(services.clone())
+                .max_decoding_message_size(max),
+        )
+        .add_service(
+            pb::webhook_service_server::WebhookServiceServer::new(services)
                 .max_decoding_message_size(max),
         )
         .serve_with_incoming_shutdown(
