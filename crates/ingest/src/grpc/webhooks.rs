@@ -125,9 +125,15 @@ impl Services {
             event_types: r.replace_event_types.then_some(r.event_types),
             enabled: r.enabled,
         };
-        let e = store::update_endpoint(&self.pool, id, self.webhook_scope(&caller), &change, &caller.name)
-            .await
-            .map_err(not_found(&r.id))?;
+        let e = store::update_endpoint(
+            &self.pool,
+            id,
+            self.webhook_scope(&caller),
+            &change,
+            &caller.name,
+        )
+        .await
+        .map_err(not_found(&r.id))?;
         Ok(pb::UpdateWebhookEndpointResponse {
             endpoint: Some(endpoint(e)),
         })
@@ -147,9 +153,15 @@ impl Services {
         }
         let secret = new_secret();
         let overlap = Duration::from_secs(u64::from(r.overlap_seconds));
-        let e = store::rotate_secret(&self.pool, id, self.webhook_scope(&caller), &secret, overlap)
-            .await
-            .map_err(not_found(&r.id))?;
+        let e = store::rotate_secret(
+            &self.pool,
+            id,
+            self.webhook_scope(&caller),
+            &secret,
+            overlap,
+        )
+        .await
+        .map_err(not_found(&r.id))?;
         Ok(pb::RotateWebhookSecretResponse {
             endpoint: Some(endpoint(e)),
             secret,
@@ -196,8 +208,10 @@ impl pb::webhook_service_server::WebhookService for Services {
         &self,
         req: Request<pb::ListWebhookEndpointsRequest>,
     ) -> Result<Response<pb::ListWebhookEndpointsResponse>, Status> {
-        self.call(req, Need::Read, |c, r| Services::list_webhook_endpoints(self, c, r))
-            .await
+        self.call(req, Need::Read, |c, r| {
+            Services::list_webhook_endpoints(self, c, r)
+        })
+        .await
     }
 
     async fn update_webhook_endpoint(
@@ -214,8 +228,10 @@ impl pb::webhook_service_server::WebhookService for Services {
         &self,
         req: Request<pb::RotateWebhookSecretRequest>,
     ) -> Result<Response<pb::RotateWebhookSecretResponse>, Status> {
-        self.call(req, Need::Read, |c, r| Services::rotate_webhook_secret(self, c, r))
-            .await
+        self.call(req, Need::Read, |c, r| {
+            Services::rotate_webhook_secret(self, c, r)
+        })
+        .await
     }
 
     async fn delete_webhook_endpoint(

@@ -29,3 +29,4 @@ mod scheduled;
 mod security;
 mod telemetry;
 mod templates;
+mod webhooks;
