@@ -464,6 +464,7 @@ const SERVICE_NAMES: &[&str] = &[
     "notify.v1.RecipientService",
     "notify.v1.TypeService",
     "notify.v1.TopicService",
+    "notify.v1.WebhookService",
 ];
 
 /// The server span of one gRPC call (OpenTelemetry RPC semantic conventions), continuing

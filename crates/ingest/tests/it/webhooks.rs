@@ -647,3 +647,42 @@ async fn create_webhook_endpoint_names_every_bad_field() {
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_endpoint_registered_the_enqueue_of_a_record_costs_one_index_probe() {
+    let p = platform(&[Channel::InApp]).await;
+    p.add_type("order.paid", &["inapp"]).await;
+    let user = uniq("u");
+    p.add_recipient(&user, "U", "", "").await;
+    p.send(&uniq("e"), "order.paid", &[&user]).await;
+    let ids: Vec<uuid::Uuid> = deliveries(&p).await.into_iter().map(|d| d.0).collect();
+    let mut tx = p.pool.begin().await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) {}",
+        notify_store::webhooks::ENQUEUE_SQL
+    )))
+    .bind(&ids)
+    .bind(vec!["delivery.sent"; ids.len()])
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    let plan = plan.join("\n");
+    // The uncorrelated EXISTS runs once, on the endpoints table alone; the joins to the
+    // delivery, the event and the endpoints never run, and nothing is inserted.
+    let scans: Vec<&str> = plan
+        .lines()
+        .filter(|l| l.contains("Scan") && !l.contains("CTE Scan") && !l.contains("Subquery Scan"))
+        .filter(|l| !l.contains("never executed"))
+        .collect();
+    assert_eq!(scans.len(), 1, "one scan runs: {plan}");
+    assert!(scans[0].contains("on webhook_endpoints"), "{plan}");
+    assert!(
+        plan.lines()
+            .filter(|l| l.contains("notification_deliveries") || l.contains("notification_events"))
+            .all(|l| l.contains("never executed")),
+        "{plan}"
+    );
+    assert_eq!(p.count("webhook_messages").await, 0);
+    println!("{plan}");
+}
