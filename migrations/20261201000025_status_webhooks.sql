@@ -57,6 +57,8 @@ CREATE TABLE webhook_messages (
 CREATE INDEX webhook_messages_endpoint ON webhook_messages (endpoint_id, created_at);
 CREATE INDEX webhook_messages_delivery ON webhook_messages (delivery_id);
 CREATE INDEX webhook_messages_lease ON webhook_messages (lease_expires_at) WHERE status = 'sending';
+-- The republisher of pending messages whose queue message was lost after the confirm.
+CREATE INDEX webhook_messages_due ON webhook_messages (next_attempt_at) WHERE status = 'pending';
 
 -- One row per POST.
 CREATE TABLE webhook_attempts (

@@ -50,6 +50,9 @@ pub struct WebhookConfig {
     pub endpoint_concurrency: usize,
     /// How often expired leases are swept (`NOTIFY_WEBHOOK_SWEEP_EVERY`, 10 s).
     pub sweep_every: Duration,
+    /// A pending message due this long with no outbox row is published again
+    /// (`NOTIFY_REPUBLISH_AFTER`, 5 min, as for deliveries).
+    pub republish_after: Duration,
 }
 
 /// Svix's schedule, shortened at the end (docs.svix.com/retries): 5 s, 5 min, 30 min,
@@ -79,6 +82,8 @@ impl WebhookConfig {
             env.number("NOTIFY_WEBHOOK_ENDPOINT_CONCURRENCY", 4, 1, 1000) as usize;
         let sweep_every =
             env.parse_with("NOTIFY_WEBHOOK_SWEEP_EVERY", Duration::from_secs(10), dur);
+        let republish_after =
+            env.parse_with("NOTIFY_REPUBLISH_AFTER", Duration::from_secs(300), dur);
         let worker = worker?;
         if worker.lease <= timeout + Duration::from_secs(2) {
             env.error("NOTIFY_LEASE must be longer than NOTIFY_WEBHOOK_TIMEOUT plus 2s");
@@ -94,6 +99,7 @@ impl WebhookConfig {
             },
             endpoint_concurrency,
             sweep_every,
+            republish_after,
         })
     }
 }
@@ -179,6 +185,14 @@ async fn sweep(ctx: Arc<Ctx>, shutdown: CancellationToken) {
                 "webhook messages whose worker was lost during the POST are due again"
             ),
             Err(e) => warn!(error = %e, "webhook lease sweep failed"),
+        }
+        match store::republish_stale_messages(&ctx.pool, ctx.cfg.republish_after, 500).await {
+            Ok(0) => {}
+            Ok(n) => warn!(
+                republished = n,
+                "pending webhook messages with no queued message were published again"
+            ),
+            Err(e) => warn!(error = %e, "webhook republish sweep failed"),
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -180,6 +180,7 @@ fn webhook_config(p: &Platform) -> worker_webhook::WebhookConfig {
         },
         endpoint_concurrency: 4,
         sweep_every: Duration::from_millis(200),
+        republish_after: Duration::from_secs(2),
     }
 }
 
@@ -300,6 +301,11 @@ async fn every_state_change_of_a_run_of_deliveries_arrives_as_one_verified_webho
         .await
         .unwrap()
         .expect("the item");
+    // notification.clicked: then taps it (already read: no second read).
+    notify_store::inbox::click(&p.pool, &ok, item, "")
+        .await
+        .unwrap()
+        .expect("the item");
 
     let messages: i64 = p.count("webhook_messages").await;
     let got = eventually(
@@ -331,6 +337,8 @@ async fn every_state_change_of_a_run_of_deliveries_arrives_as_one_verified_webho
     assert_eq!(by_type("delivery.cancelled"), 2, "{got:#?}");
     assert_eq!(by_type("delivery.skipped"), 1, "{got:#?}");
     assert_eq!(by_type("notification.read"), 1, "{got:#?}");
+    assert_eq!(by_type("notification.clicked"), 1, "{got:#?}");
+    assert_eq!(got.len(), 10, "{got:#?}");
     let read = got
         .values()
         .find(|w| w["type"] == "notification.read")

@@ -237,6 +237,32 @@ pub async fn requeue_expired_messages(db: &PgPool, limit: i64) -> Result<u64> {
     Ok(done.rows_affected())
 }
 
+/// Republishes up to `limit` pending messages due for longer than `stale` with no outbox
+/// row: their queue message was lost after the broker confirmed it (a purged queue, a
+/// lost node), or still waits in a long queue (then the duplicate is acked by the claim).
+/// Each gets a new outbox row and waits `stale` again before the next republish. Safe
+/// from several replicas. Returns how many.
+pub async fn republish_stale_messages(db: &PgPool, stale: Duration, limit: i64) -> Result<u64> {
+    let done = sqlx::query(
+        "WITH stale AS (
+             SELECT id FROM webhook_messages m
+             WHERE status = 'pending' AND next_attempt_at < now() - $1 * interval '1 millisecond'
+               AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = m.id)
+             ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED),
+         upd AS (
+             UPDATE webhook_messages m SET next_attempt_at = now()
+             FROM stale WHERE m.id = stale.id RETURNING m.id)
+         INSERT INTO outbox (delivery_id, channel) SELECT id, 'webhook' FROM upd",
+    )
+    .bind(notify_core::retry::millis(
+        stale.max(Duration::from_secs(1)),
+    ))
+    .bind(limit)
+    .execute(db)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// One stored attempt of a message (for tests and the console).
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct WebhookAttempt {
