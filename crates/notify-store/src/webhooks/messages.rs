@@ -146,7 +146,8 @@ pub async fn record_post(
                      THEN disabled_reason
                      ELSE format('failing since %s: every attempt failed for longer than %s', coalesce(failing_since, $2), $3 * interval '1 millisecond') END,
                  updated_at = now()
-             WHERE id = $1 RETURNING NOT enabled",
+             -- an endpoint its caller disabled meanwhile is left alone (no second alert)
+             WHERE id = $1 AND enabled RETURNING NOT enabled",
         )
         .bind(msg.endpoint_id)
         .bind(msg.started_at)
