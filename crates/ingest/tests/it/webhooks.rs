@@ -694,3 +694,32 @@ async fn with_no_endpoint_registered_the_enqueue_of_a_record_costs_one_index_pro
     assert_eq!(p.count("webhook_messages").await, 0);
     println!("{plan}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_message_whose_queue_message_was_lost_is_published_again() {
+    let p = platform(&[]).await;
+    let rx = Receiver::start(Mode::Ok).await;
+    let (id, secret) = create_endpoint(&p, &rx.url, &[]).await;
+    // A message committed with its outbox row, published, then lost with the queue: what
+    // is left is the pending row, due a minute ago, with no outbox row.
+    let msg: uuid::Uuid = sqlx::query_scalar(
+        "INSERT INTO webhook_messages (id, endpoint_id, event_type, payload, delivery_id,
+                                       state_version, next_attempt_at)
+         VALUES (gen_random_uuid(), $1::uuid, 'delivery.sent', '{\"type\":\"delivery.sent\"}',
+                 gen_random_uuid(), 1, now() - interval '1 minute')
+         RETURNING id",
+    )
+    .bind(&id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    let (_stop, _task) = start_webhook_worker(webhook_config(&p), p.pool.clone());
+    let got = eventually(
+        "the lost message arrives",
+        Duration::from_secs(20),
+        async || rx.got().first().cloned().ok_or(()),
+    )
+    .await;
+    assert_eq!(got.id, notify_core::webhook::message_id(msg));
+    assert_eq!(verify(&secret, &got, now()), Ok(()));
+}
