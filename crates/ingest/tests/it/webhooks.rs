@@ -723,3 +723,185 @@ async fn a_pending_message_whose_queue_message_was_lost_is_published_again() {
     assert_eq!(got.id, notify_core::webhook::message_id(msg));
     assert_eq!(verify(&secret, &got, now()), Ok(()));
 }
+
+fn with_key<T>(msg: T, key: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    req
+}
+
+async fn api_key(p: &Platform, name: &str, manage: bool) -> String {
+    notify_store::api_keys::create(
+        &p.pool,
+        &notify_store::api_keys::NewApiKey {
+            name: name.into(),
+            send_types: vec!["*".into()],
+            can_manage: manage,
+            events_per_second: 1000,
+            max_recipients: 1000,
+        },
+    )
+    .await
+    .unwrap()
+    .0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_manages_and_receives_only_its_own_endpoints_and_a_managing_key_any() {
+    let p = Platform::start_with(Options {
+        auth: ingest::auth::AuthMode::ApiKey,
+        workers: vec![Channel::InApp],
+        ..Default::default()
+    })
+    .await;
+    let admin = api_key(&p, "ops-admin", true).await;
+    let shop = api_key(&p, "shop-orders", false).await;
+    let forum = api_key(&p, "forum-replies", false).await;
+    let create = |key: &str, url: &str, caller: &str| {
+        with_key(
+            pb::CreateWebhookEndpointRequest {
+                url: url.into(),
+                event_types: vec![],
+                caller: caller.into(),
+            },
+            key,
+        )
+    };
+    let shop_ep = webhooks(&p)
+        .create_webhook_endpoint(create(&shop, "https://hooks.shop.example.com/n", ""))
+        .await
+        .unwrap()
+        .into_inner()
+        .endpoint
+        .unwrap();
+    assert_eq!(shop_ep.caller, "shop-orders");
+    let forum_ep = webhooks(&p)
+        .create_webhook_endpoint(create(&forum, "https://hooks.forum.example.com/n", ""))
+        .await
+        .unwrap()
+        .into_inner()
+        .endpoint
+        .unwrap();
+    // Another caller's endpoint is not found, for every method; nor may it register one
+    // for another caller.
+    let list = |key: &str| {
+        let mut c = webhooks(&p);
+        let key = key.to_string();
+        async move {
+            c.list_webhook_endpoints(with_key(pb::ListWebhookEndpointsRequest::default(), &key))
+                .await
+                .unwrap()
+                .into_inner()
+                .endpoints
+                .into_iter()
+                .map(|e| e.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(list(&forum).await, vec![forum_ep.id.clone()]);
+    let e = webhooks(&p)
+        .update_webhook_endpoint(with_key(
+            pb::UpdateWebhookEndpointRequest {
+                id: shop_ep.id.clone(),
+                enabled: Some(false),
+                ..Default::default()
+            },
+            &forum,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let e = webhooks(&p)
+        .rotate_webhook_secret(with_key(
+            pb::RotateWebhookSecretRequest {
+                id: shop_ep.id.clone(),
+                overlap_seconds: 0,
+            },
+            &forum,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let e = webhooks(&p)
+        .delete_webhook_endpoint(with_key(
+            pb::DeleteWebhookEndpointRequest {
+                id: shop_ep.id.clone(),
+            },
+            &forum,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let e = webhooks(&p)
+        .create_webhook_endpoint(create(&forum, "https://evil.example.com/n", "shop-orders"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    // A managing key sees both and changes either.
+    let mut all = list(&admin).await;
+    all.sort();
+    let mut both = vec![shop_ep.id.clone(), forum_ep.id.clone()];
+    both.sort();
+    assert_eq!(all, both);
+    let disabled = webhooks(&p)
+        .update_webhook_endpoint(with_key(
+            pb::UpdateWebhookEndpointRequest {
+                id: forum_ep.id.clone(),
+                enabled: Some(false),
+                ..Default::default()
+            },
+            &admin,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .endpoint
+        .unwrap();
+    assert!(!disabled.enabled);
+    assert_eq!(disabled.disabled_reason, "disabled by ops-admin");
+
+    // The shop's deliveries write messages for the shop's endpoint only.
+    p.types()
+        .upsert_notification_type(with_key(
+            pb::UpsertNotificationTypeRequest {
+                key: "order.paid".into(),
+                priority: "normal".into(),
+                default_channels: vec!["inapp".into()],
+                ..Default::default()
+            },
+            &admin,
+        ))
+        .await
+        .unwrap();
+    let user = uniq("u");
+    p.recipients()
+        .upsert_recipient(with_key(
+            pb::UpsertRecipientRequest {
+                user_id: user.clone(),
+                display_name: "U".into(),
+                ..Default::default()
+            },
+            &admin,
+        ))
+        .await
+        .unwrap();
+    p.ingest()
+        .create_event(with_key(p.event(&uniq("e"), "order.paid", &[&user]), &shop))
+        .await
+        .unwrap();
+    let endpoints: Vec<String> = eventually(
+        "the sent webhook written",
+        Duration::from_secs(20),
+        async || {
+            let rows: Vec<String> =
+                sqlx::query_scalar("SELECT endpoint_id::text FROM webhook_messages")
+                    .fetch_all(&p.pool)
+                    .await
+                    .unwrap();
+            if rows.is_empty() { Err(()) } else { Ok(rows) }
+        },
+    )
+    .await;
+    assert_eq!(endpoints, vec![shop_ep.id.clone()]);
+}
