@@ -358,6 +358,21 @@ async fn every_state_change_of_a_run_of_deliveries_arrives_as_one_verified_webho
         "{failed:#}"
     );
 
+    // For a check with another implementation (the `standardwebhooks` reference library):
+    // NOTIFY_WEBHOOK_DUMP=<file> writes every request received, with its secret.
+    if let Ok(path) = std::env::var("NOTIFY_WEBHOOK_DUMP") {
+        let dump: Vec<Value> = rx
+            .got()
+            .iter()
+            .map(|g| {
+                serde_json::json!({"secret": secret, "webhook-id": g.id,
+                    "webhook-timestamp": g.timestamp, "webhook-signature": g.signature,
+                    "body": g.body})
+            })
+            .collect();
+        std::fs::write(path, serde_json::to_string_pretty(&dump).unwrap()).unwrap();
+    }
+
     // A tampered body and an old timestamp fail the receiver's verification.
     let one = rx.got()[0].clone();
     assert_eq!(verify(&secret, &one, now()), Ok(()));
