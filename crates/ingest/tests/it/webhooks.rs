@@ -920,3 +920,76 @@ async fn a_caller_manages_and_receives_only_its_own_endpoints_and_a_managing_key
     .await;
     assert_eq!(endpoints, vec![shop_ep.id.clone()]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_deliveries_arrive_as_a_thousand_verified_webhooks_across_a_worker_kill() {
+    let p = platform(&[Channel::InApp]).await;
+    let rx = Receiver::start(Mode::Ok).await;
+    let (_, secret) = create_endpoint(&p, &rx.url, &["delivery.sent"]).await;
+    let (_stop, first) = start_webhook_worker(webhook_config(&p), p.pool.clone());
+    p.add_type("promo", &["inapp"]).await;
+    p.topics()
+        .create_topic(pb::CreateTopicRequest {
+            key: "shop.sale".into(),
+        })
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO topic_subscriptions (topic, user_id)
+         SELECT 'shop.sale', 's-' || lpad(i::text, 6, '0') FROM generate_series(0, 999) i",
+    )
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let mut req = p.event(&uniq("sale"), "promo", &[]);
+    req.topic = "shop.sale".into();
+    p.ingest().create_event(req).await.unwrap();
+
+    // Killed part way: the task is gone, its leases stay until they run out.
+    eventually(
+        "a first hundred webhooks",
+        Duration::from_secs(60),
+        async || {
+            let n = rx.got().len();
+            if n >= 100 { Ok(()) } else { Err(n) }
+        },
+    )
+    .await;
+    first.abort();
+    let _ = first.await;
+    sqlx::query("UPDATE webhook_messages SET lease_expires_at = now() WHERE status = 'sending'")
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    let (_stop2, _second) = start_webhook_worker(webhook_config(&p), p.pool.clone());
+
+    let got = eventually(
+        "a thousand distinct webhooks",
+        Duration::from_secs(120),
+        async || {
+            let d = distinct(&rx.got(), &secret);
+            if d.len() == 1000 { Ok(d) } else { Err(d.len()) }
+        },
+    )
+    .await;
+    let deliveries: BTreeSet<String> = got
+        .values()
+        .map(|w| w["data"]["delivery_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(deliveries.len(), 1000, "one per delivery");
+    assert!(got.values().all(|w| w["type"] == "delivery.sent"));
+    let received = rx.got().len();
+    println!(
+        "webhooks: distinct=1000 received={received} duplicates={}",
+        received - 1000
+    );
+    eventually("every message sent", Duration::from_secs(30), async || {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM webhook_messages WHERE status <> 'sent'")
+                .fetch_one(&p.pool)
+                .await
+                .unwrap();
+        if left == 0 { Ok(()) } else { Err(left) }
+    })
+    .await;
+}
