@@ -773,6 +773,17 @@ async fn a_caller_manages_and_receives_only_its_own_endpoints_and_a_managing_key
     let admin = api_key(&p, "ops-admin", true).await;
     let shop = api_key(&p, "shop-orders", false).await;
     let forum = api_key(&p, "forum-replies", false).await;
+    // The key cache reloads on the table's NOTIFY: wait until every new key is known.
+    for key in [&admin, &shop, &forum] {
+        eventually("the key works", Duration::from_secs(5), async || {
+            webhooks(&p)
+                .list_webhook_endpoints(with_key(pb::ListWebhookEndpointsRequest::default(), key))
+                .await
+                .map(|_| ())
+                .map_err(|e| e.code())
+        })
+        .await;
+    }
     let create = |key: &str, url: &str, caller: &str| {
         with_key(
             pb::CreateWebhookEndpointRequest {
