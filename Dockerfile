@@ -28,7 +28,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bins \
  && mkdir -p /out \
- && for bin in ingest worker-email worker-push worker-line worker-inapp http-api notifyctl provider-sim; do \
+ && for bin in ingest worker-email worker-push worker-line worker-inapp worker-webhook http-api notifyctl provider-sim; do \
         cp "target/release/$bin" /out/ ; \
     done
 

@@ -38,7 +38,7 @@ import yaml
 # Facts the rules check against.
 
 BINARIES = {
-    "ingest", "http-api", "worker-email", "worker-push", "worker-line", "worker-inapp",
+    "ingest", "http-api", "worker-email", "worker-push", "worker-line", "worker-inapp", "worker-webhook",
     "notifyctl", "provider-sim",
 }
 WORKER_CHANNELS = ("email", "push", "line", "inapp")

@@ -348,8 +348,14 @@ async fn line_postback(app: &AppState, ev: &Value) -> Result<(), ApiError> {
     };
     // Namespaced, so a LINE event id can never meet another source's dedup key.
     let dedup = format!("line:{event_id}");
+    // The click and its `notification.clicked` webhook message in one transaction.
+    let mut tx = app
+        .pool
+        .begin()
+        .await
+        .map_err(notify_store::StoreError::from)?;
     let recorded = notify_store::clicks::record_line_postback(
-        &app.pool,
+        &mut *tx,
         delivery_id,
         &action_id,
         data,
@@ -357,6 +363,17 @@ async fn line_postback(app: &AppState, ev: &Value) -> Result<(), ApiError> {
         &dedup,
     )
     .await?;
+    if recorded {
+        notify_store::webhooks::enqueue_for_deliveries(
+            &mut tx,
+            &[(
+                delivery_id,
+                notify_store::webhooks::EventType::NotificationClicked,
+            )],
+        )
+        .await?;
+    }
+    tx.commit().await.map_err(notify_store::StoreError::from)?;
     // The LINE user id is not logged (logs hold no addresses).
     tracing::info!(
         %delivery_id,

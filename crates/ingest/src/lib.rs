@@ -367,7 +367,11 @@ pub async fn run(
                 .max_decoding_message_size(max),
         )
         .add_service(
-            pb::topic_service_server::TopicServiceServer::new(services)
+            pb::topic_service_server::TopicServiceServer::new(services.clone())
+                .max_decoding_message_size(max),
+        )
+        .add_service(
+            pb::webhook_service_server::WebhookServiceServer::new(services)
                 .max_decoding_message_size(max),
         )
         .serve_with_incoming_shutdown(
@@ -460,6 +464,7 @@ const SERVICE_NAMES: &[&str] = &[
     "notify.v1.RecipientService",
     "notify.v1.TypeService",
     "notify.v1.TopicService",
+    "notify.v1.WebhookService",
 ];
 
 /// The server span of one gRPC call (OpenTelemetry RPC semantic conventions), continuing

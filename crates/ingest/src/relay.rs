@@ -77,7 +77,9 @@ async fn run_connected(
 ) -> anyhow::Result<()> {
     let conn = notify_broker::connect(&cfg.amqp_url, "ingest-relay").await?;
     let setup = conn.create_channel().await?;
-    let names: Vec<&str> = Channel::ALL.iter().map(|c| c.as_str()).collect();
+    // Webhook messages share the outbox (channel `webhook`) and so the exchange.
+    let mut names: Vec<&str> = Channel::ALL.iter().map(|c| c.as_str()).collect();
+    names.push(notify_store::webhooks::OUTBOX_CHANNEL);
     cfg.topology.declare(&setup, &names).await?;
     let _ = setup.close(200, "topology declared".into()).await;
     let publisher = Publisher::new(&conn, &cfg.topology, cfg.confirm_timeout).await?;

@@ -26,6 +26,7 @@ pub mod template;
 mod test_fixtures;
 pub mod text;
 pub mod validate;
+pub mod webhook;
 
 pub use channel::{Channel, DeliveryStatus, Provider};
 pub use content::{Action, Badge, Content, Overrides};

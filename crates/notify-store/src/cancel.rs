@@ -110,8 +110,10 @@ pub async fn cancel(
     // trigger could see the cancel: cancel those again on every look.
     let deadline = tokio::time::Instant::now() + IN_FLIGHT_WAIT;
     loop {
+        let mut tx = db.begin().await?;
+        newly += cancel_pending(&mut tx, &ids, recipients, caller).await?;
+        tx.commit().await?;
         let mut conn = db.acquire().await?;
-        newly += cancel_pending(&mut conn, &ids, recipients, caller).await?;
         let sending: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM notification_deliveries
              WHERE event_id = ANY($1) AND status = 'sending'
@@ -166,16 +168,18 @@ async fn lock_targets(
 /// some are named); their outbox rows go too. A named recipient inside a pending LINE
 /// multicast batch is taken out of the batch's `address` and gets a LINE delivery of
 /// their own, `canceled` (key `<event>/<user>/line`), so the batch is not sent to them
-/// and the counts name them; a batch left with nobody is canceled. Returns how many.
+/// and the counts name them; a batch left with nobody is canceled. Their
+/// `delivery.cancelled` webhook messages are written. Call it in a transaction. Returns
+/// how many.
 async fn cancel_pending(
     db: &mut sqlx::PgConnection,
     ids: &[Uuid],
     recipients: &[String],
     caller: &str,
 ) -> Result<u64> {
-    let mut taken_out = 0;
+    let mut taken_out: Vec<Uuid> = Vec::new();
     if !recipients.is_empty() {
-        taken_out = sqlx::query_scalar::<_, i64>(
+        taken_out = sqlx::query_scalar::<_, Uuid>(
             "WITH named AS (
                  SELECT user_id, line_user_id FROM recipients
                  WHERE user_id = ANY($2) AND line_user_id IS NOT NULL),
@@ -201,33 +205,39 @@ async fn cancel_pending(
                         'line multicast: taken out of batch ' || o.id || ' by a cancel'
                  FROM old o
                  ON CONFLICT (channel, idempotency_key) DO NOTHING
-                 RETURNING 1)
-             SELECT count(*) FROM own",
+                 RETURNING id)
+             SELECT id FROM own",
         )
         .bind(ids)
         .bind(recipients)
         .bind(caller)
-        .fetch_one(&mut *db)
+        .fetch_all(&mut *db)
         .await?;
     }
-    let canceled: i64 = sqlx::query_scalar(
+    let canceled: Vec<Uuid> = sqlx::query_scalar(
         "WITH c AS (
              UPDATE notification_deliveries
              SET status = 'canceled', last_error = 'canceled by ' || $3, lease_token = NULL,
-                 lease_expires_at = NULL, updated_at = now()
+                 lease_expires_at = NULL, updated_at = now(), state_version = state_version + 1
              WHERE event_id = ANY($1) AND status = 'pending'
                AND (cardinality($2::text[]) = 0 OR user_id = ANY($2)
                     OR (provider = 'line_multicast' AND coalesce(address, '') = ''))
              RETURNING id),
          gone AS (DELETE FROM outbox o USING c WHERE o.delivery_id = c.id)
-         SELECT count(*) FROM c",
+         SELECT id FROM c",
     )
     .bind(ids)
     .bind(recipients)
     .bind(caller)
-    .fetch_one(&mut *db)
+    .fetch_all(&mut *db)
     .await?;
-    Ok((canceled + taken_out) as u64)
+    let typed: Vec<(Uuid, crate::webhooks::EventType)> = canceled
+        .iter()
+        .chain(&taken_out)
+        .map(|id| (*id, crate::webhooks::EventType::DeliveryCancelled))
+        .collect();
+    crate::webhooks::enqueue_for_deliveries(db, &typed).await?;
+    Ok((canceled.len() + taken_out.len()) as u64)
 }
 
 /// The deliveries of `ids` (of `recipients` only, when not empty) counted by state, and

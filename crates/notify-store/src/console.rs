@@ -180,7 +180,8 @@ pub async fn retry_delivery(db: &PgPool, staff: &str, id: Uuid) -> Result<()> {
     let row: Option<(String,)> = sqlx::query_as(
         "UPDATE notification_deliveries
          SET status = 'pending', next_attempt_at = now(), max_attempts = attempts + 1,
-             deferred_until = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+             deferred_until = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
+             state_version = state_version + 1
          WHERE id = $1 AND status = 'failed'
            -- never a delivery of a canceled event or recipient
            AND NOT EXISTS (SELECT 1 FROM notification_events e
@@ -201,6 +202,12 @@ pub async fn retry_delivery(db: &PgPool, staff: &str, id: Uuid) -> Result<()> {
         .bind(&channel)
         .execute(&mut *tx)
         .await?;
+    // Pending again: its webhook says so (`delivery.deferred`), like a scheduled retry.
+    crate::webhooks::enqueue_for_deliveries(
+        &mut tx,
+        &[(id, crate::webhooks::EventType::DeliveryDeferred)],
+    )
+    .await?;
     audit(&mut tx, staff, "retry_delivery", &id.to_string(), &channel).await?;
     tx.commit().await?;
     Ok(())

@@ -175,8 +175,30 @@ pub async fn set_status(
     .bind(status.as_str())
     .fetch_optional(&mut *tx)
     .await?;
+    let row = row.map(item).transpose()?;
+    if status == InboxStatus::Read
+        && let Some(it) = &row
+        && newly_read(&mut tx, id).await?
+    {
+        crate::webhooks::enqueue_for_deliveries(
+            &mut tx,
+            &[(it.delivery_id, crate::webhooks::EventType::NotificationRead)],
+        )
+        .await?;
+    }
     tx.commit().await?;
-    row.map(item).transpose()
+    Ok(row)
+}
+
+/// Whether item `id`'s read happened in this transaction (its `read_at` is the
+/// transaction's `now()`): the first read writes `notification.read`, a repeat does not.
+async fn newly_read(tx: &mut sqlx::PgConnection, id: Uuid) -> Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT coalesce(read_at = now(), false) FROM notifications WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(tx)
+    .await?)
 }
 
 /// What [`click`] did.
@@ -264,6 +286,16 @@ pub async fn click(
         },
     )
     .await?;
+    if counted {
+        crate::webhooks::enqueue_for_deliveries(
+            &mut tx,
+            &[(
+                after.delivery_id,
+                crate::webhooks::EventType::NotificationClicked,
+            )],
+        )
+        .await?;
+    }
     tx.commit().await?;
     Ok(Some(ClickOutcome::Opened {
         item: Box::new(after),
@@ -278,16 +310,22 @@ pub async fn click(
 pub async fn read_all(db: &PgPool, user_id: &str, up_to: Option<i64>) -> Result<u64> {
     let mut tx = db.begin().await?;
     lock_feed(&mut tx, user_id).await?;
-    let done = sqlx::query(
+    let read: Vec<Uuid> = sqlx::query_scalar(
         "UPDATE notifications SET status = 'read', read_at = now(), updated_at = now()
-         WHERE user_id = $1 AND status = 'unread' AND ($2::bigint IS NULL OR seq <= $2)",
+         WHERE user_id = $1 AND status = 'unread' AND ($2::bigint IS NULL OR seq <= $2)
+         RETURNING delivery_id",
     )
     .bind(user_id)
     .bind(up_to)
-    .execute(&mut *tx)
+    .fetch_all(&mut *tx)
     .await?;
+    let typed: Vec<(Uuid, crate::webhooks::EventType)> = read
+        .iter()
+        .map(|d| (*d, crate::webhooks::EventType::NotificationRead))
+        .collect();
+    crate::webhooks::enqueue_for_deliveries(&mut tx, &typed).await?;
     tx.commit().await?;
-    Ok(done.rows_affected())
+    Ok(read.len() as u64)
 }
 
 /// Items of `user_id` changed after feed position `after`, oldest change first.

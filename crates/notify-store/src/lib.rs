@@ -15,6 +15,7 @@ pub mod inbox;
 pub mod outbox;
 mod row;
 pub mod topics;
+pub mod webhooks;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::str::FromStr;

@@ -1,5 +1,6 @@
 //! The gRPC services, one per file: `IngestService` (`ingest.rs`), `RecipientService`
-//! (`recipients.rs`), `TypeService` (`types.rs`) and `TopicService` (`topics.rs`), all
+//! (`recipients.rs`), `TypeService` (`types.rs`), `TopicService` (`topics.rs`) and `WebhookService`
+//! (`webhooks.rs`), all
 //! implemented on [`Services`]. Every method goes through `Services::call`, which
 //! authenticates the caller before anything else.
 //!
@@ -11,6 +12,7 @@ mod ingest;
 mod recipients;
 mod topics;
 mod types;
+mod webhooks;
 
 use crate::auth::{Auth, Caller, Need};
 use crate::error::ApiError;

@@ -31,3 +31,4 @@ mod scheduled;
 mod security;
 mod telemetry;
 mod templates;
+mod webhooks;

@@ -259,6 +259,7 @@ async fn fail_exhausted(
     let rows: Vec<(Uuid, String, i32, String)> = sqlx::query_as(
         "UPDATE notification_deliveries d
          SET status = 'failed', lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
+             state_version = d.state_version + 1,
              last_error = format('%s; gave up after %s attempts (attempt budget spent)',
                                  coalesce(d.last_error, 'attempt_budget_spent'), d.attempts)
          WHERE d.id = ANY($1) AND d.channel || '' = $2 AND d.status || '' = 'pending'
@@ -269,6 +270,11 @@ async fn fail_exhausted(
     .bind(channel.as_str())
     .fetch_all(&mut *tx)
     .await?;
+    let failed: Vec<(Uuid, crate::webhooks::EventType)> = rows
+        .iter()
+        .map(|r| (r.0, crate::webhooks::EventType::DeliveryFailed))
+        .collect();
+    crate::webhooks::enqueue_for_deliveries(&mut tx, &failed).await?;
     let mut out = std::collections::HashMap::with_capacity(rows.len());
     for (id, provider, attempts, error) in rows {
         let fallback = crate::derived::fallback_after_made(&mut tx, id, "attempts_spent").await?;

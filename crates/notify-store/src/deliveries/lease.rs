@@ -72,7 +72,7 @@ pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<Expir
                  last_error = CASE WHEN d.attempts >= d.max_attempts
                      THEN format('worker_lost: the worker died or froze during attempt %s, the provider call''s outcome is unknown; gave up after %s attempts (attempt budget spent)', d.attempts, d.attempts)
                      ELSE 'worker_lost: lease expired during the provider call (worker died or froze)' END,
-                 updated_at = now()
+                 updated_at = now(), state_version = d.state_version + 1
              FROM expired WHERE d.id = expired.id
              RETURNING d.id, d.channel, d.provider, d.attempts, d.status, expired.claimed_at),
          attempts AS (
@@ -90,6 +90,14 @@ pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<Expir
     .bind(limit)
     .fetch_all(&mut *tx)
     .await?;
+    let changed: Vec<(Uuid, &str)> = rows
+        .iter()
+        .map(|r| {
+            let failed: bool = r.get("failed");
+            (r.get("id"), if failed { "failed" } else { "pending" })
+        })
+        .collect();
+    crate::webhooks::enqueue_for_statuses(&mut tx, &changed).await?;
     let mut out = Vec::with_capacity(rows.len());
     for r in &rows {
         let failed: bool = r.get("failed");

@@ -20,10 +20,12 @@ pub async fn defer_claimed(
     until: DateTime<Utc>,
     why: &str,
 ) -> Result<bool> {
+    let mut tx = db.begin().await?;
     let done = sqlx::query(
         "WITH d AS (
              UPDATE notification_deliveries
              SET status = 'pending', attempts = attempts - 1, lease_token = NULL,
+                 state_version = state_version + 1,
                  lease_expires_at = NULL, next_attempt_at = $3, deferred_until = $3,
                  decision = CASE WHEN decision = '' THEN $4 ELSE decision || E'\n' || $4 END,
                  updated_at = now()
@@ -35,9 +37,18 @@ pub async fn defer_claimed(
     .bind(job.lease_token)
     .bind(until)
     .bind(why)
-    .execute(db)
+    .execute(&mut *tx)
     .await?;
-    Ok(done.rows_affected() == 1)
+    if done.rows_affected() != 1 {
+        return Ok(false);
+    }
+    crate::webhooks::enqueue_for_deliveries(
+        &mut tx,
+        &[(job.id, crate::webhooks::EventType::DeliveryDeferred)],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// New state of a delivery after an attempt.
@@ -173,7 +184,8 @@ pub async fn record_attempts_with_fallbacks(
                                                          + t.retry_ms * interval '1 millisecond') END,
              last_error = t.error, sent_at = CASE WHEN t.status = 'sent' THEN now() ELSE d.sent_at END,
              max_attempts = CASE WHEN t.refund THEN d.max_attempts + 1 ELSE d.max_attempts END,
-             lease_token = NULL, lease_expires_at = NULL, updated_at = now()
+             lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
+             state_version = d.state_version + 1
          FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[],
                      $7::bool[], $8::timestamptz[])
               AS t(id, token, status, pmid, retry_ms, error, refund, base)
@@ -258,6 +270,8 @@ pub async fn record_attempts_with_fallbacks(
         .execute(&mut *tx)
         .await?;
     }
+    let changed: Vec<(Uuid, &str)> = kept.iter().map(|&i| (ids[i], statuses[i])).collect();
+    crate::webhooks::enqueue_for_statuses(&mut tx, &changed).await?;
     let mut fallbacks = Vec::new();
     for &i in &kept {
         if matches!(batch[i].1, NextState::Failed { .. }) {
@@ -312,10 +326,12 @@ pub async fn record_fallback(
         Some(pmid) => ("sent", pmid.clone()),
         None => ("failed", None),
     };
+    let mut tx = db.begin().await?;
     let updated: i64 = sqlx::query_scalar(
         "WITH d AS (
              UPDATE notification_deliveries
              SET status = $3, provider_message_id = coalesce($4, provider_message_id),
+                 state_version = state_version + 1,
                  sent_at = CASE WHEN $3 = 'sent' THEN now() ELSE sent_at END, last_error = $5,
                  lease_token = NULL, lease_expires_at = NULL, updated_at = now()
              WHERE id = $1 AND lease_token = $2 AND status = 'sending'
@@ -334,9 +350,14 @@ pub async fn record_fallback(
     .bind(pmid)
     .bind(why)
     .bind(job.started_at)
-    .fetch_one(db)
+    .fetch_one(&mut *tx)
     .await?;
-    Ok(updated == 1)
+    if updated != 1 {
+        return Ok(false);
+    }
+    crate::webhooks::enqueue_for_statuses(&mut tx, &[(job.id, status)]).await?;
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// Records a success that came back after the attempt's lease was lost (its heartbeats
@@ -363,7 +384,8 @@ pub async fn record_late_success(
     let done = sqlx::query(
         "UPDATE notification_deliveries
          SET status = 'sent', provider_message_id = coalesce($3, provider_message_id),
-             last_error = NULL, sent_at = now(), updated_at = now()
+             last_error = NULL, sent_at = now(), updated_at = now(),
+             state_version = state_version + 1
          WHERE id = $1 AND lease_token IS NULL AND attempts = $2
            AND (status = 'pending'
                 -- the sweeper failed it because this very attempt was the last one allowed
@@ -405,6 +427,11 @@ pub async fn record_late_success(
     .bind(&record.worker_id)
     .execute(&mut *tx)
     .await?;
+    crate::webhooks::enqueue_for_deliveries(
+        &mut tx,
+        &[(job.id, crate::webhooks::EventType::DeliverySent)],
+    )
+    .await?;
     tx.commit().await?;
     Ok(true)
 }
@@ -412,13 +439,24 @@ pub async fn record_late_success(
 /// Marks a delivery `failed` with `error` outside the claim protocol: for a message that
 /// reached the wrong queue or cannot be sent at all. Only a `pending` delivery changes.
 pub async fn fail_unclaimed(db: &PgPool, id: Uuid, error: &str) -> Result<bool> {
+    let mut tx = db.begin().await?;
     let done = sqlx::query(
-        "UPDATE notification_deliveries SET status = 'failed', last_error = $2, updated_at = now()
+        "UPDATE notification_deliveries SET status = 'failed', last_error = $2, updated_at = now(),
+             state_version = state_version + 1
          WHERE id = $1 AND status = 'pending'",
     )
     .bind(id)
     .bind(error)
-    .execute(db)
+    .execute(&mut *tx)
     .await?;
-    Ok(done.rows_affected() == 1)
+    if done.rows_affected() != 1 {
+        return Ok(false);
+    }
+    crate::webhooks::enqueue_for_deliveries(
+        &mut tx,
+        &[(id, crate::webhooks::EventType::DeliveryFailed)],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(true)
 }

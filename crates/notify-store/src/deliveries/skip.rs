@@ -35,7 +35,7 @@ pub async fn skip_claimed(
     let done = sqlx::query(
         "UPDATE notification_deliveries
          SET status = 'skipped', attempts = attempts - 1, lease_token = NULL,
-             lease_expires_at = NULL, last_error = $3,
+             lease_expires_at = NULL, last_error = $3, state_version = state_version + 1,
              decision = CASE WHEN decision = '' THEN $4 ELSE decision || E'\\n' || $4 END,
              updated_at = now()
          WHERE id = $1 AND lease_token = $2 AND status = 'sending'",
@@ -49,6 +49,11 @@ pub async fn skip_claimed(
     if done.rows_affected() != 1 {
         return Ok(false);
     }
+    crate::webhooks::enqueue_for_deliveries(
+        &mut tx,
+        &[(job.id, crate::webhooks::EventType::DeliverySkipped)],
+    )
+    .await?;
     if UNREACHABLE.contains(&reason) {
         crate::derived::fallback_after(&mut tx, job.id, reason.as_str()).await?;
     }

@@ -1,0 +1,139 @@
+//! One signed POST to an endpoint, and the HTTP client that makes it: no redirects
+//! followed, one total timeout, and a resolver that refuses names resolving to private,
+//! loopback or link-local addresses (checked when connecting, so a name that changes its
+//! answer after registration is still refused), except the development hosts.
+
+use notify_core::links::LinkPolicy;
+use notify_core::webhook;
+use notify_store::webhooks::{ClaimedMessage, PostResult};
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Bytes of the answer's body read (the rest is dropped unread).
+pub const MAX_BODY_READ: usize = 1024;
+
+/// Resolves names with the system resolver and keeps only public addresses
+/// ([`webhook::is_public`]); a name with none left is an error. Development hosts
+/// ([`LinkPolicy::http_hosts`]) resolve unfiltered.
+#[derive(Debug, Clone)]
+pub(crate) struct PublicOnly {
+    pub(crate) policy: LinkPolicy,
+}
+
+impl Resolve for PublicOnly {
+    fn resolve(&self, name: Name) -> Resolving {
+        let host = name.as_str().to_ascii_lowercase();
+        let dev = webhook::dev_host(&self.policy, &host);
+        Box::pin(async move {
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await?
+                .filter(|a| dev || webhook::is_public(a.ip()))
+                .collect();
+            if found.is_empty() {
+                return Err(format!(
+                    "refused: {host} resolves to no public address (private, loopback or link-local)"
+                )
+                .into());
+            }
+            let addrs: Addrs = Box::new(found.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
+/// The HTTP client of the worker: `timeout` per request (connect included), redirects
+/// never followed (a 3xx is a failed attempt), addresses filtered by [`PublicOnly`].
+///
+/// # Errors
+/// reqwest's, when the TLS backend cannot be set up.
+pub fn client(policy: &LinkPolicy, timeout: Duration) -> reqwest::Result<reqwest::Client> {
+    notify_telemetry::install_crypto_provider();
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .dns_resolver(Arc::new(PublicOnly {
+            policy: policy.clone(),
+        }))
+        .user_agent(concat!("notify-webhook/", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
+/// The three Standard Webhooks headers for `msg` sent at `timestamp` (Unix seconds).
+pub fn headers(msg: &ClaimedMessage, timestamp: i64) -> [(&'static str, String); 3] {
+    let id = webhook::message_id(msg.id);
+    let secrets: Vec<&str> = msg.secrets.iter().map(String::as_str).collect();
+    let signature = webhook::signature_header(&secrets, &id, timestamp, msg.body.as_bytes());
+    [
+        ("webhook-id", id),
+        ("webhook-timestamp", timestamp.to_string()),
+        ("webhook-signature", signature),
+    ]
+}
+
+/// POSTs `msg` (the URL checked again against `policy` first) and sorts the answer: a 2xx
+/// is success (`error` None); anything else names what went wrong (`http_<status>`,
+/// `timeout`, `connect: ...`, `refused: ...`).
+pub async fn post(http: &reqwest::Client, policy: &LinkPolicy, msg: &ClaimedMessage) -> PostResult {
+    let started = Instant::now();
+    if let Err(why) = webhook::endpoint_problem(policy, &msg.url) {
+        return PostResult {
+            error: Some(format!("refused: the endpoint URL {why}")),
+            latency: started.elapsed(),
+            ..Default::default()
+        };
+    }
+    let mut req = http
+        .post(&msg.url)
+        .header("content-type", "application/json");
+    for (name, value) in headers(msg, chrono::Utc::now().timestamp()) {
+        req = req.header(name, value);
+    }
+    match req.body(msg.body.clone()).send().await {
+        Ok(mut resp) => {
+            let status = resp.status();
+            let latency = started.elapsed();
+            let mut excerpt = Vec::new();
+            // Read at most MAX_BODY_READ bytes, within the same timeout.
+            while excerpt.len() < MAX_BODY_READ {
+                match resp.chunk().await {
+                    Ok(Some(c)) => excerpt.extend_from_slice(&c),
+                    _ => break,
+                }
+            }
+            excerpt.truncate(MAX_BODY_READ);
+            PostResult {
+                status_code: Some(i32::from(status.as_u16())),
+                latency,
+                error: (!status.is_success()).then(|| format!("http_{}", status.as_u16())),
+                response_excerpt: Some(String::from_utf8_lossy(&excerpt).into_owned()),
+            }
+        }
+        Err(e) => PostResult {
+            status_code: None,
+            latency: started.elapsed(),
+            error: Some(describe(&e)),
+            response_excerpt: None,
+        },
+    }
+}
+
+/// A transport error in a few words: `timeout`, `connect: <cause>`, or the error's text.
+fn describe(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        return "timeout".into();
+    }
+    let mut cause = String::new();
+    let mut src: Option<&dyn std::error::Error> = Some(e);
+    while let Some(s) = src {
+        cause = s.to_string();
+        src = s.source();
+    }
+    if e.is_connect() {
+        format!("connect: {cause}")
+    } else {
+        format!("request: {cause}")
+    }
+}
