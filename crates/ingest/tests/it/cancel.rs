@@ -9,12 +9,11 @@ use crate::support;
 use notify_core::Channel;
 use notify_proto::v1 as pb;
 use notify_proto::v1::cancel_event_request::Target;
-use notify_store::api_keys::{self, NewApiKey};
 use serde_json::json;
 use std::time::Duration;
 use support::{
-    Options, Platform, SendExt, console_login, csrf_token, eventually, no_redirects,
-    session_cookie, settle, uniq,
+    Options, Platform, SendExt, api_key, console_login, csrf_token, eventually, no_redirects,
+    session_cookie, settle, uniq, with_key,
 };
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -367,29 +366,6 @@ async fn bad_cancels_are_refused_by_field_and_the_key_is_checked_at_create() {
         .unwrap_err();
     assert_eq!(unknown.code(), Code::NotFound);
     p.stop().await;
-}
-
-fn with_key<T>(msg: T, key: &str) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    req
-}
-
-async fn api_key(p: &Platform, name: &str, manage: bool) -> String {
-    api_keys::create(
-        &p.pool,
-        &NewApiKey {
-            name: name.into(),
-            send_types: vec!["*".into()],
-            can_manage: manage,
-            events_per_second: 1000,
-            max_recipients: 1000,
-        },
-    )
-    .await
-    .unwrap()
-    .0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,34 +10,6 @@ use notify_proto::v1 as pb;
 use std::time::Duration;
 use support::{InboxClient, Platform, eventually, line_id, settle, uniq};
 
-/// Registers `key` with `channels`, the fallback list `fallback` and at most one
-/// escalation `(from, to, after_seconds)`.
-async fn add_derived_type(
-    p: &Platform,
-    key: &str,
-    channels: &[&str],
-    fallback: &[&str],
-    escalation: Option<(&str, &str, u32)>,
-) {
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: key.into(),
-            default_channels: channels.iter().map(|c| c.to_string()).collect(),
-            fallback_channels: fallback.iter().map(|c| c.to_string()).collect(),
-            escalations: escalation
-                .into_iter()
-                .map(|(from, to, after)| pb::Escalation {
-                    from_channel: from.into(),
-                    to_channel: to.into(),
-                    after_seconds: after,
-                })
-                .collect(),
-            ..Default::default()
-        })
-        .await
-        .expect("upsert type");
-}
-
 async fn explain(p: &Platform, event_id: &str, user: &str, channel: &str) -> Vec<String> {
     p.ingest()
         .explain_delivery(pb::ExplainDeliveryRequest {
@@ -75,14 +47,8 @@ async fn one_mail(p: &Platform, address: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_a_line_id_gets_the_email_instead_once() {
     let p = Platform::start().await;
-    add_derived_type(
-        &p,
-        "order_paid",
-        &["inapp", "line"],
-        &["line", "email"],
-        None,
-    )
-    .await;
+    p.add_derived_type("order_paid", &["inapp", "line"], &["line", "email"], None)
+        .await;
     let u = uniq("u");
     let address = format!("{u}@example.test");
     p.add_recipient(&u, "", &address, "").await;
@@ -131,7 +97,8 @@ async fn a_user_without_a_line_id_gets_the_email_instead_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_line_delivery_that_fails_for_good_falls_back_to_email_once() {
     let mut p = Platform::start().await;
-    add_derived_type(&p, "order_paid", &["line"], &["line", "email"], None).await;
+    p.add_derived_type("order_paid", &["line"], &["line", "email"], None)
+        .await;
     let (u, lid) = (uniq("u"), line_id());
     let address = format!("{u}@example.test");
     p.add_recipient(&u, "", &address, &lid).await;
@@ -228,14 +195,8 @@ async fn a_line_delivery_that_fails_for_good_falls_back_to_email_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unread_in_app_notification_escalates_to_email_when_due() {
     let p = Platform::start().await;
-    add_derived_type(
-        &p,
-        "invoice_due",
-        &["inapp"],
-        &[],
-        Some(("inapp", "email", 2)),
-    )
-    .await;
+    p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 2)))
+        .await;
     let u = uniq("u");
     let address = format!("{u}@example.test");
     p.add_recipient(&u, "", &address, "").await;
@@ -273,14 +234,8 @@ async fn an_unread_in_app_notification_escalates_to_email_when_due() {
 async fn no_email_when_the_user_reads_the_notification_first() {
     let p = Platform::start().await;
     // 4 s leaves room to read it on a loaded machine.
-    add_derived_type(
-        &p,
-        "invoice_due",
-        &["inapp"],
-        &[],
-        Some(("inapp", "email", 4)),
-    )
-    .await;
+    p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 4)))
+        .await;
     let u = uniq("u");
     let address = format!("{u}@example.test");
     p.add_recipient(&u, "", &address, "").await;
@@ -324,7 +279,8 @@ async fn no_email_when_the_user_reads_the_notification_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fallback_email_respects_an_email_opt_out() {
     let p = Platform::start().await;
-    add_derived_type(&p, "order_paid", &["line"], &["line", "email"], None).await;
+    p.add_derived_type("order_paid", &["line"], &["line", "email"], None)
+        .await;
     let (u, v, lid) = (uniq("u"), uniq("v"), line_id());
     p.add_recipient(&u, "", &format!("{u}@example.test"), "")
         .await;
@@ -446,7 +402,8 @@ async fn bad_fallback_and_escalation_settings_are_refused_by_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_names_the_unfollow_and_its_time() {
     let p = Platform::start_with_workers(&[]).await;
-    add_derived_type(&p, "order_paid", &["line"], &["line", "email"], None).await;
+    p.add_derived_type("order_paid", &["line"], &["line", "email"], None)
+        .await;
     let (u, lid) = (uniq("u"), line_id());
     p.add_recipient(&u, "", &format!("{u}@example.test"), &lid)
         .await;
@@ -478,7 +435,8 @@ async fn explain_names_the_unfollow_and_its_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_topic_fan_out_plans_the_fallback_too() {
     let p = Platform::start_with_workers(&[]).await;
-    add_derived_type(&p, "promo", &["line"], &["line", "email"], None).await;
+    p.add_derived_type("promo", &["line"], &["line", "email"], None)
+        .await;
     p.topics()
         .create_topic(pb::CreateTopicRequest {
             key: "shop.news".into(),
@@ -530,7 +488,8 @@ async fn the_topic_fan_out_plans_the_fallback_too() {
 async fn a_lost_last_attempt_and_a_spent_budget_fall_back_too() {
     use notify_store::deliveries::{self, ClaimOutcome};
     let p = Platform::start_with_workers(&[]).await;
-    add_derived_type(&p, "order_paid", &["line"], &["line", "email"], None).await;
+    p.add_derived_type("order_paid", &["line"], &["line", "email"], None)
+        .await;
     let mut line_ids = Vec::new();
     let mut events = Vec::new();
     for prefix in ["lost", "spent"] {

@@ -9,12 +9,11 @@ use chrono::{DateTime, Utc};
 use notify_core::Channel;
 use notify_proto::v1 as pb;
 use notify_proto::v1::cancel_event_request::Target;
-use notify_store::api_keys::{self, NewApiKey};
 use serde_json::json;
 use std::time::Duration;
 use support::{
-    Options, Platform, SendExt, console_login, eventually, no_redirects, session_cookie, settle,
-    uniq,
+    Options, Platform, SendExt, api_key, console_login, eventually, no_redirects, session_cookie,
+    settle, uniq, with_key,
 };
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -79,34 +78,6 @@ async fn wait_fanout_done(p: &Platform, event_id: &str) {
         }
     })
     .await;
-}
-
-/// Registers `key` with `channels`, the fallback list `fallback` and at most one
-/// escalation `(from, to, after_seconds)`.
-async fn add_derived_type(
-    p: &Platform,
-    key: &str,
-    channels: &[&str],
-    fallback: &[&str],
-    escalation: Option<(&str, &str, u32)>,
-) {
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: key.into(),
-            default_channels: channels.iter().map(|c| c.to_string()).collect(),
-            fallback_channels: fallback.iter().map(|c| c.to_string()).collect(),
-            escalations: escalation
-                .into_iter()
-                .map(|(from, to, after)| pb::Escalation {
-                    from_channel: from.into(),
-                    to_channel: to.into(),
-                    after_seconds: after,
-                })
-                .collect(),
-            ..Default::default()
-        })
-        .await
-        .expect("upsert type");
 }
 
 /// A recipient canceled after the fan-out wrote their LINE multicast batch (the batch
@@ -499,7 +470,8 @@ async fn a_subscriber_who_leaves_the_topic_before_the_due_time_gets_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_after_the_recipients_cancel_makes_no_fallback() {
     let p = Platform::start_with_workers(&[Channel::Line, Channel::Email]).await;
-    add_derived_type(&p, "order_paid", &["line"], &["line", "email"], None).await;
+    p.add_derived_type("order_paid", &["line"], &["line", "email"], None)
+        .await;
     let (u, lid) = (uniq("fb"), support::line_id());
     let mail = format!("{u}@shop.example.test");
     p.add_recipient(&u, "", &mail, &lid).await;
@@ -561,14 +533,8 @@ async fn a_failure_after_the_recipients_cancel_makes_no_fallback() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_escalation_of_a_canceled_event_is_canceled_and_never_sent() {
     let p = Platform::start_with_workers(&[Channel::InApp, Channel::Email]).await;
-    add_derived_type(
-        &p,
-        "invoice_due",
-        &["inapp"],
-        &[],
-        Some(("inapp", "email", 2)),
-    )
-    .await;
+    p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 2)))
+        .await;
     let u = uniq("esc");
     let mail = format!("{u}@shop.example.test");
     p.add_recipient(&u, "", &mail, "").await;
@@ -604,29 +570,6 @@ async fn the_escalation_of_a_canceled_event_is_canceled_and_never_sent() {
         ("canceled", "escalation")
     );
     p.stop().await;
-}
-
-fn with_key<T>(msg: T, key: &str) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    req
-}
-
-async fn api_key(p: &Platform, name: &str, manage: bool) -> String {
-    api_keys::create(
-        &p.pool,
-        &NewApiKey {
-            name: name.into(),
-            send_types: vec!["*".into()],
-            can_manage: manage,
-            events_per_second: 1000,
-            max_recipients: 1000,
-        },
-    )
-    .await
-    .unwrap()
-    .0
 }
 
 /// Another caller sees nothing of a caller's derived deliveries: GetEvent, ExplainDelivery
@@ -911,14 +854,8 @@ async fn a_line_user_who_follows_again_before_the_due_time_gets_the_message() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_renders_scheduled_canceled_and_derived_rows_escaped() {
     let p = Platform::start_with_workers(&[Channel::Line]).await;
-    add_derived_type(
-        &p,
-        "order_paid",
-        &["line", "inapp"],
-        &["line", "email"],
-        None,
-    )
-    .await;
+    p.add_derived_type("order_paid", &["line", "inapp"], &["line", "email"], None)
+        .await;
     let (u, lid) = (uniq("con"), support::line_id());
     p.add_recipient(&u, "", &format!("{u}@shop.example.test"), &lid)
         .await;
@@ -1044,14 +981,8 @@ async fn a_scheduled_email_goes_to_the_address_the_user_has_when_it_is_due() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fallback_chain_with_no_reachable_channel_skips_each_and_sends_nothing() {
     let p = Platform::start_with_workers(&[]).await;
-    add_derived_type(
-        &p,
-        "order_paid",
-        &["line"],
-        &["line", "push", "email"],
-        None,
-    )
-    .await;
+    p.add_derived_type("order_paid", &["line"], &["line", "push", "email"], None)
+        .await;
     let u = p.add_bare_recipient("nobody").await;
     let ev = p.send("none:1", "order_paid", &[&u]).await;
     let got = p.get_event(&ev.event_id).await;
@@ -1082,7 +1013,8 @@ async fn a_fallback_chain_with_no_reachable_channel_skips_each_and_sends_nothing
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unfollow_before_the_due_time_falls_back_to_email_when_due() {
     let p = Platform::start_with_workers(&[Channel::Line, Channel::Email]).await;
-    add_derived_type(&p, "order_paid", &["line"], &["line", "email"], None).await;
+    p.add_derived_type("order_paid", &["line"], &["line", "email"], None)
+        .await;
     let (u, lid) = (uniq("unf"), support::line_id());
     let mail = format!("{u}@shop.example.test");
     p.add_recipient(&u, "", &mail, &lid).await;
@@ -1186,14 +1118,8 @@ async fn a_retry_recorded_while_the_cancel_waits_is_canceled_not_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_at_the_moment_an_escalation_is_due_leaves_nothing_sent_after_it() {
     let p = Platform::start_with_workers(&[Channel::InApp, Channel::Email]).await;
-    add_derived_type(
-        &p,
-        "invoice_due",
-        &["inapp"],
-        &[],
-        Some(("inapp", "email", 1)),
-    )
-    .await;
+    p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 1)))
+        .await;
     let u = uniq("esc-race");
     let mail = format!("{u}@shop.example.test");
     p.add_recipient(&u, "", &mail, "").await;
@@ -1263,7 +1189,8 @@ async fn a_cancel_at_the_moment_an_escalation_is_due_leaves_nothing_sent_after_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fallback_whose_transaction_died_is_made_once_when_done_again() {
     let p = Platform::start_with_workers(&[]).await;
-    add_derived_type(&p, "order_paid", &["line"], &["line", "email"], None).await;
+    p.add_derived_type("order_paid", &["line"], &["line", "email"], None)
+        .await;
     let (u, lid) = (uniq("crash"), support::line_id());
     p.add_recipient(&u, "", &format!("{u}@shop.example.test"), &lid)
         .await;
@@ -1317,8 +1244,7 @@ async fn a_fallback_whose_transaction_died_is_made_once_when_done_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn derived_deliveries_of_a_scheduled_event_wait_for_its_due_time() {
     let p = Platform::start().await;
-    add_derived_type(
-        &p,
+    p.add_derived_type(
         "order_paid",
         &["inapp", "line"],
         &["line", "email"],
@@ -1485,7 +1411,8 @@ async fn line_topic_with_mail(p: &Platform, topic: &str) -> Vec<(String, String,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_line_multicast_batch_falls_back_to_email_for_each_user() {
     let p = Platform::start_with_workers(&[Channel::Line, Channel::Email]).await;
-    add_derived_type(&p, "promo", &["line"], &["line", "email"], None).await;
+    p.add_derived_type("promo", &["line"], &["line", "email"], None)
+        .await;
     let users = line_topic_with_mail(&p, "shop.mcfail").await;
     p.sim_fault(json!({"provider": "line", "status": 400,
                        "body": {"message": "The request body has 1 error(s)"}, "times": 1}))
@@ -1532,7 +1459,8 @@ async fn a_failed_line_multicast_batch_falls_back_to_email_for_each_user() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multicast_broadcast_with_a_line_escalation_completes_and_escalates_each_user() {
     let p = Platform::start_with_workers(&[Channel::Line, Channel::Email]).await;
-    add_derived_type(&p, "promo", &["line"], &[], Some(("line", "email", 1))).await;
+    p.add_derived_type("promo", &["line"], &[], Some(("line", "email", 1)))
+        .await;
     let users = line_topic_with_mail(&p, "shop.mcesc").await;
     let mut req = p.event("mcesc:1", "promo", &[]);
     req.topic = "shop.mcesc".into();
@@ -1626,14 +1554,8 @@ async fn quiet_hours_at_a_due_time_across_a_dst_change_end_at_the_local_morning(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notification_read_exactly_at_the_escalation_due_time_cancels_it() {
     let mut p = Platform::start_with_workers(&[Channel::InApp]).await;
-    add_derived_type(
-        &p,
-        "invoice_due",
-        &["inapp"],
-        &[],
-        Some(("inapp", "email", 1)),
-    )
-    .await;
+    p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 1)))
+        .await;
     let u = uniq("exact");
     let mail = format!("{u}@shop.example.test");
     p.add_recipient(&u, "", &mail, "").await;
@@ -1687,7 +1609,8 @@ async fn a_notification_read_exactly_at_the_escalation_due_time_cancels_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_console_retry_of_a_failed_delivery_of_a_canceled_event_sends_nothing() {
     let p = Platform::start_with_workers(&[Channel::Line]).await;
-    add_derived_type(&p, "order_paid", &["line"], &["line", "email"], None).await;
+    p.add_derived_type("order_paid", &["line"], &["line", "email"], None)
+        .await;
     let (u, lid) = (uniq("ops"), support::line_id());
     p.add_recipient(&u, "", &format!("{u}@shop.example.test"), &lid)
         .await;

@@ -7,16 +7,9 @@ use notify_proto::v1 as pb;
 use notify_store::api_keys::{self, NewApiKey};
 use serde_json::json;
 use std::time::{Duration, Instant};
-use support::{Options, Platform, eventually, line_id, uniq};
+use support::{Options, Platform, eventually, line_id, uniq, with_key};
 use tonic::Code;
 use tonic_types::StatusExt;
-
-fn with_key<T>(msg: T, key: &str) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    req
-}
 
 async fn key(
     p: &Platform,

@@ -23,7 +23,7 @@ use sha2::Sha256;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{Options, Platform, eventually, uniq};
+use support::{Options, Platform, api_key, eventually, uniq, with_key};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -737,29 +737,6 @@ async fn a_pending_message_whose_queue_message_was_lost_is_published_again() {
     .await;
     assert_eq!(got.id, notify_core::webhook::message_id(msg));
     assert_eq!(verify(&secret, &got, now()), Ok(()));
-}
-
-fn with_key<T>(msg: T, key: &str) -> tonic::Request<T> {
-    let mut req = tonic::Request::new(msg);
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    req
-}
-
-async fn api_key(p: &Platform, name: &str, manage: bool) -> String {
-    notify_store::api_keys::create(
-        &p.pool,
-        &notify_store::api_keys::NewApiKey {
-            name: name.into(),
-            send_types: vec!["*".into()],
-            can_manage: manage,
-            events_per_second: 1000,
-            max_recipients: 1000,
-        },
-    )
-    .await
-    .unwrap()
-    .0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

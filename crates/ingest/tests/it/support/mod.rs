@@ -618,3 +618,30 @@ impl Platform {
             .connect_lazy()
     }
 }
+
+/// `msg` with `authorization: Bearer <key>` metadata, as a caller holding that API key
+/// sends it.
+pub(crate) fn with_key<T>(msg: T, key: &str) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    req
+}
+
+/// Creates an API key `name` allowed every type (manage scope when `manage`), 1,000
+/// events/s and 1,000 recipients per event; returns the key text.
+pub(crate) async fn api_key(p: &Platform, name: &str, manage: bool) -> String {
+    notify_store::api_keys::create(
+        &p.pool,
+        &notify_store::api_keys::NewApiKey {
+            name: name.into(),
+            send_types: vec!["*".into()],
+            can_manage: manage,
+            events_per_second: 1000,
+            max_recipients: 1000,
+        },
+    )
+    .await
+    .unwrap()
+    .0
+}

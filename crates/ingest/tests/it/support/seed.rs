@@ -6,6 +6,34 @@ use notify_proto::v1 as pb;
 use serde_json::Value;
 
 impl Platform {
+    /// Registers `key` with `channels`, the fallback list `fallback` and at most one
+    /// escalation `(from, to, after_seconds)`.
+    pub(crate) async fn add_derived_type(
+        &self,
+        key: &str,
+        channels: &[&str],
+        fallback: &[&str],
+        escalation: Option<(&str, &str, u32)>,
+    ) {
+        self.types()
+            .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+                key: key.into(),
+                default_channels: channels.iter().map(|c| c.to_string()).collect(),
+                fallback_channels: fallback.iter().map(|c| c.to_string()).collect(),
+                escalations: escalation
+                    .into_iter()
+                    .map(|(from, to, after)| pb::Escalation {
+                        from_channel: from.into(),
+                        to_channel: to.into(),
+                        after_seconds: after,
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .await
+            .expect("upsert type");
+    }
+
     /// Registers a type with every channel (or `channels`).
     pub(crate) async fn add_type(&self, key: &str, channels: &[&str]) {
         self.types()
