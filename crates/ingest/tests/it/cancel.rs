@@ -12,35 +12,13 @@ use notify_proto::v1::cancel_event_request::Target;
 use serde_json::json;
 use std::time::Duration;
 use support::{
-    Options, Platform, SendExt, api_key, console_login, csrf_token, eventually, no_redirects,
-    session_cookie, settle, uniq, with_key,
+    Options, Platform, SendExt, api_key, cancel, cancel_req, console_login, csrf_token, db_now,
+    eventually, no_redirects, session_cookie, settle, uniq, with_key,
 };
 use tonic::Code;
 use tonic_types::StatusExt;
 
-fn cancel_req(target: Target, recipients: &[&str]) -> pb::CancelEventRequest {
-    pb::CancelEventRequest {
-        target: Some(target),
-        recipients: recipients.iter().map(|r| r.to_string()).collect(),
-    }
-}
-
-async fn cancel(p: &Platform, target: Target, recipients: &[&str]) -> pb::CancelEventResponse {
-    p.ingest()
-        .cancel_event(cancel_req(target, recipients))
-        .await
-        .expect("CancelEvent")
-        .into_inner()
-}
-
 /// The database clock now (the clock `sent_at` is written on).
-async fn db_now(p: &Platform) -> chrono::DateTime<chrono::Utc> {
-    sqlx::query_scalar("SELECT clock_timestamp()")
-        .fetch_one(&p.pool)
-        .await
-        .unwrap()
-}
-
 /// Deliveries of `event_id` by status.
 async fn statuses(p: &Platform, event_id: &str) -> Vec<(String, i64)> {
     sqlx::query_as(

@@ -645,3 +645,35 @@ pub(crate) async fn api_key(p: &Platform, name: &str, manage: bool) -> String {
     .unwrap()
     .0
 }
+
+/// A `CancelEvent` request for `target`, for `recipients` only when not empty.
+pub(crate) fn cancel_req(
+    target: notify_proto::v1::cancel_event_request::Target,
+    recipients: &[&str],
+) -> pb::CancelEventRequest {
+    pb::CancelEventRequest {
+        target: Some(target),
+        recipients: recipients.iter().map(|r| r.to_string()).collect(),
+    }
+}
+
+/// `CancelEvent` as the test caller; panics on an error.
+pub(crate) async fn cancel(
+    p: &Platform,
+    target: notify_proto::v1::cancel_event_request::Target,
+    recipients: &[&str],
+) -> pb::CancelEventResponse {
+    p.ingest()
+        .cancel_event(cancel_req(target, recipients))
+        .await
+        .expect("CancelEvent")
+        .into_inner()
+}
+
+/// The database's clock now (`clock_timestamp()`, not the transaction's `now()`).
+pub(crate) async fn db_now(p: &Platform) -> chrono::DateTime<chrono::Utc> {
+    sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&p.pool)
+        .await
+        .unwrap()
+}
