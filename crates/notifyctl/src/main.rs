@@ -43,8 +43,12 @@ async fn main() -> ExitCode {
             let maildev_url = env.required("NOTIFY_MAILDEV_URL");
             let sim_url = env.required("NOTIFY_SIM_URL");
             let amqp_url = env.required("NOTIFY_AMQP_URL");
+            let examples_python = env.required("NOTIFY_EXAMPLES_PYTHON");
+            let examples_dir = env.required("NOTIFY_EXAMPLES_DIR");
             let cfg = (|| {
                 Ok(notifyctl::chaos::ChaosConfig {
+                    examples_python: examples_python?.into(),
+                    examples_dir: examples_dir?.into(),
                     grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
                     settle: env.parse_with(
                         "NOTIFY_CHAOS_SETTLE",
