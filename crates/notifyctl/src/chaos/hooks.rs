@@ -206,7 +206,9 @@ pub(super) async fn start(
             .context("CreateWebhookEndpoint")?
             .into_inner();
         let endpoint_id: Uuid = created.endpoint.context("endpoint")?.id.parse()?;
-        let log = cfg.log_dir.join(format!("chaos-webhooks-{run}-{name}.jsonl"));
+        let log = cfg
+            .log_dir
+            .join(format!("chaos-webhooks-{run}-{name}.jsonl"));
         let _ = std::fs::remove_file(&log);
         let child = spawn_receiver(cfg, name, port, &created.secret, &log).await?;
         receivers.push(Receiver {
@@ -280,12 +282,11 @@ impl Hooks {
         for mut r in self.receivers {
             let _ = r.child.start_kill();
             let _ = r.child.wait().await;
-            let messages: Vec<(Uuid, String)> = sqlx::query_as(
-                "SELECT id, status FROM webhook_messages WHERE endpoint_id = $1",
-            )
-            .bind(r.endpoint_id)
-            .fetch_all(pool)
-            .await?;
+            let messages: Vec<(Uuid, String)> =
+                sqlx::query_as("SELECT id, status FROM webhook_messages WHERE endpoint_id = $1")
+                    .bind(r.endpoint_id)
+                    .fetch_all(pool)
+                    .await?;
             // Every final state has its message, at the final state_version.
             let unwritten: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM notification_deliveries d

@@ -188,11 +188,10 @@ async fn snapshot(pool: &PgPool, event_id: Uuid, channel: &str) -> anyhow::Resul
 
 /// [`snapshot`] of the webhook messages `sending` (worker-webhook's leases).
 async fn snapshot_webhooks(pool: &PgPool) -> anyhow::Result<KillSnapshot> {
-    let rows: Vec<(Uuid, Uuid)> = sqlx::query_as(
-        "SELECT id, lease_token FROM webhook_messages WHERE status = 'sending'",
-    )
-    .fetch_all(pool)
-    .await?;
+    let rows: Vec<(Uuid, Uuid)> =
+        sqlx::query_as("SELECT id, lease_token FROM webhook_messages WHERE status = 'sending'")
+            .fetch_all(pool)
+            .await?;
     Ok(KillSnapshot {
         at: Instant::now(),
         ids: rows.iter().map(|r| r.0).collect(),
