@@ -361,6 +361,40 @@ async fn a_signed_bounce_marks_the_address_and_a_forged_one_is_refused_and_write
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_subscription_confirmation_is_confirmed_and_a_forged_one_is_not() {
+    let mut p = Platform::start_with_workers(&[]).await;
+    let http = trusting_http_api(&mut p).await;
+
+    let forged = notify(
+        &p,
+        &http,
+        json!({"event": "SubscriptionConfirmation", "address": "", "forge": true}),
+    )
+    .await;
+    assert_eq!(forged["status"], 401, "{forged}");
+    assert_eq!(p.sim_count("sns").await, 0, "a forged one is not confirmed");
+
+    let signed = notify(
+        &p,
+        &http,
+        json!({"event": "SubscriptionConfirmation", "address": ""}),
+    )
+    .await;
+    assert_eq!(signed["status"], 200, "{signed}");
+    let confirmed = p.sim_requests("sns").await;
+    assert_eq!(
+        confirmed.len(),
+        1,
+        "its SubscribeURL fetched once: {confirmed:?}"
+    );
+    let q = &confirmed[0]["body"];
+    assert_eq!(q["Action"], "ConfirmSubscription");
+    assert_eq!(q["TopicArn"], provider_sim::ses::TOPIC_ARN);
+    assert_eq!(q["Token"].as_str().map(str::len), Some(32), "{q}");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_complaint_suppresses_marketing_email_only() {
     let mut p = Platform::start_with_workers(&[]).await;
     let http = trusting_http_api(&mut p).await;
