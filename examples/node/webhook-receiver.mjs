@@ -36,6 +36,9 @@ import http from "node:http";
 import { Webhook } from "standardwebhooks";
 
 const MAX_BODY = 1024 * 1024; // bytes; a larger body is refused with 413
+// A refused body up to this size is read and dropped before the answer, so the sender sees
+// the 413 (a connection closed on an unread body may be reset).
+const MAX_DRAIN = 16 * MAX_BODY;
 
 const secrets = (process.env.WEBHOOK_SECRET ?? "")
   .split(",")
@@ -129,27 +132,33 @@ const server = http.createServer((req, res) => {
     writeLog({ webhook_id: webhookId, verified: false, error: "body larger than 1 MiB" });
     answer(res, 413, { error: "body larger than 1 MiB" }, { connection: "close" });
   };
-  if (Number.parseInt(req.headers["content-length"] ?? "0", 10) > MAX_BODY) {
+  if (Number.parseInt(req.headers["content-length"] ?? "0", 10) > MAX_DRAIN) {
     tooLarge();
     req.destroy();
     return;
   }
-  const chunks = [];
+  let chunks = [];
   let size = 0;
   let refused = false;
   req.on("data", (chunk) => {
     if (refused) return;
     size += chunk.length;
-    if (size > MAX_BODY) {
+    if (size > MAX_DRAIN) {
       refused = true;
       tooLarge();
       req.destroy();
-      return;
+    } else if (size > MAX_BODY) {
+      chunks = []; // dropped; 413 once the body is read
+    } else {
+      chunks.push(chunk);
     }
-    chunks.push(chunk);
   });
   req.on("end", () => {
     if (refused) return;
+    if (size > MAX_BODY) {
+      tooLarge();
+      return;
+    }
     const body = Buffer.concat(chunks).toString("utf8");
     const headers = {
       "webhook-id": header(req, "webhook-id"),

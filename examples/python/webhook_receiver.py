@@ -42,6 +42,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 MAX_BODY = 1024 * 1024  # bytes; a larger body is refused with 413
+MAX_DRAIN = 16 * MAX_BODY  # a refused body up to this size is read and dropped before the
+# answer, so the sender sees the 413 (a connection closed on an unread body may be reset)
 
 
 class State:
@@ -153,16 +155,32 @@ class Handler(BaseHTTPRequestHandler):
                 if n == 0:
                     while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
                         pass  # trailers
+                    if size > MAX_BODY:
+                        raise BodyTooLarge()
                     return b"".join(parts)
                 size += n
-                if size > MAX_BODY:
+                if size > MAX_DRAIN:
                     raise BodyTooLarge()
-                parts.append(self.rfile.read(n))
+                chunk = self.rfile.read(n)
+                if size <= MAX_BODY:
+                    parts.append(chunk)
                 self.rfile.readline(1024)  # CRLF after the chunk
+                if size > MAX_BODY:
+                    parts = []  # dropped; BodyTooLarge once the body is read
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_BODY:
+            self.discard(length)
             raise BodyTooLarge()
         return self.rfile.read(length)
+
+    def discard(self, length):
+        """Reads and drops a refused body of `length` bytes (up to MAX_DRAIN)."""
+        left = length if length <= MAX_DRAIN else 0
+        while left > 0:
+            got = self.rfile.read(min(left, 65536))
+            if not got:
+                break
+            left -= len(got)
 
     def drain(self):
         length = int(self.headers.get("Content-Length") or 0)
