@@ -60,7 +60,7 @@ fn examples() -> (String, PathBuf) {
 /// port of 127.0.0.1 and logging one JSON line per POST to its own file.
 struct RefReceiver {
     lang: Lang,
-    _child: tokio::process::Child,
+    child: tokio::process::Child,
     /// Where to POST (any path does).
     url: String,
     log: PathBuf,
@@ -103,7 +103,7 @@ impl RefReceiver {
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         RefReceiver {
             lang,
-            _child: child,
+            child,
             url: format!("http://127.0.0.1:{port}/hooks/notify"),
             log,
         }
@@ -142,6 +142,27 @@ impl RefReceiver {
             .into_iter()
             .filter(|l| l["verified"] != true)
             .collect()
+    }
+}
+
+impl RefReceiver {
+    /// Sends `signal` (`TERM`, `INT`) and waits up to 5 s for the exit.
+    async fn stop(&mut self, signal: &str) -> std::process::ExitStatus {
+        let pid = self.child.id().expect("running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success(), "kill -{signal} {pid}");
+        tokio::time::timeout(Duration::from_secs(5), self.child.wait())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{:?} receiver still running 5 s after SIG{signal}",
+                    self.lang
+                )
+            })
+            .unwrap()
     }
 }
 
@@ -338,8 +359,8 @@ async fn a_tampered_body_and_an_old_timestamp_fail_in_both_reference_libraries()
     let secret = notify_core::webhook::new_secret(&rand::random());
     notify_telemetry::install_crypto_provider();
     let http = reqwest::Client::new();
-    for lang in BOTH {
-        let rx = RefReceiver::start(lang, &[&secret]).await;
+    for (lang, signal) in BOTH.into_iter().zip(["TERM", "INT"]) {
+        let mut rx = RefReceiver::start(lang, &[&secret]).await;
         let msg = claimed(&secret, &rx.url);
         let id = notify_core::webhook::message_id(msg.id);
         let now = chrono::Utc::now().timestamp();
@@ -390,6 +411,16 @@ async fn a_tampered_body_and_an_old_timestamp_fail_in_both_reference_libraries()
                 "{lang:?}"
             );
         }
+        // Stopped by a signal: exit code 0.
+        let exit = rx.stop(signal).await;
+        assert!(exit.success(), "{lang:?} after SIG{signal}: {exit}");
+    }
+    // The other signal too, on a receiver that has had no request (the first ones had
+    // connections kept alive by the client).
+    for (lang, signal) in BOTH.into_iter().zip(["INT", "TERM"]) {
+        let mut rx = RefReceiver::start(lang, &[&secret]).await;
+        let exit = rx.stop(signal).await;
+        assert!(exit.success(), "{lang:?} after SIG{signal}: {exit}");
     }
 }
 
