@@ -133,6 +133,11 @@ class Handler(BaseHTTPRequestHandler):
             self.state.write({"webhook_id": webhook_id, "verified": False, "error": "body larger than 1 MiB"})
             self.answer(413, {"error": "body larger than 1 MiB"})
             return
+        except ValueError:  # a malformed Content-Length or chunk size
+            self.close_connection = True
+            self.state.write({"webhook_id": webhook_id, "verified": False, "error": "malformed request body"})
+            self.answer(400, {"error": "malformed request body"})
+            return
         headers = {k: self.headers.get(k, "") for k in ("webhook-id", "webhook-timestamp", "webhook-signature")}
         try:
             text = body.decode("utf-8")
