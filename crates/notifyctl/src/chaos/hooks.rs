@@ -20,17 +20,13 @@
 
 use super::ChaosConfig;
 use crate::keys::{ApiKeyAuth, Grpc};
+use crate::receivers::{Examples, Receiver, free_port};
 use anyhow::{Context, bail};
 use notify_proto::v1 as pb;
 use notify_store::api_keys::{self, NewApiKey};
-use serde_json::Value;
 use sqlx::PgPool;
-use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
-use std::process::Stdio;
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncBufReadExt;
-use tokio::process::{Child, Command};
 use tonic::service::interceptor::InterceptedService;
 use uuid::Uuid;
 
@@ -40,16 +36,14 @@ const CALLER: &str = "chaos-hooks";
 const RECIPIENTS: usize = 500;
 
 /// One receiver process and its endpoint.
-struct Receiver {
-    name: &'static str,
+struct Hooked {
+    receiver: Receiver,
     endpoint_id: Uuid,
-    log: PathBuf,
-    child: Child,
 }
 
 /// The webhook part of one run, under way.
 pub(super) struct Hooks {
-    receivers: Vec<Receiver>,
+    receivers: Vec<Hooked>,
     event_id: Uuid,
 }
 
@@ -99,72 +93,6 @@ impl HooksReport {
     }
 }
 
-/// A free loopback port (bound and released; the receiver binds it a moment later).
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// Starts a receiver and waits for its `listening on` line.
-async fn spawn_receiver(
-    cfg: &ChaosConfig,
-    name: &'static str,
-    port: u16,
-    secret: &str,
-    log: &PathBuf,
-) -> anyhow::Result<Child> {
-    let mut cmd = match name {
-        "python" => {
-            let mut c = Command::new(&cfg.examples_python);
-            c.arg(cfg.examples_dir.join("python/webhook_receiver.py"));
-            c
-        }
-        _ => {
-            let mut c = Command::new("node");
-            c.arg(cfg.examples_dir.join("node/webhook-receiver.mjs"));
-            c
-        }
-    };
-    let stderr = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(cfg.log_dir.join(format!("chaos-receiver-{name}.log")))?;
-    let mut child = cmd
-        .env("WEBHOOK_SECRET", secret)
-        .env("HOST", "127.0.0.1")
-        .env("PORT", port.to_string())
-        .env("WEBHOOK_LOG", log)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(stderr))
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting the {name} webhook receiver"))?;
-    let stdout = child.stdout.take().context("receiver stdout")?;
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
-    let ready = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(l) = lines.next_line().await? {
-            if l.starts_with("listening on") {
-                return Ok::<_, std::io::Error>(true);
-            }
-        }
-        Ok(false)
-    })
-    .await;
-    match ready {
-        Ok(Ok(true)) => {}
-        _ => bail!(
-            "the {name} webhook receiver did not start (see {})",
-            cfg.log_dir
-                .join(format!("chaos-receiver-{name}.log"))
-                .display()
-        ),
-    }
-    // Keep draining its stdout so it never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok(child)
-}
-
 /// Registers the caller's endpoints, starts both receivers and sends the webhook event
 /// of run `run` to `users[..RECIPIENTS]` on LINE and in-app.
 pub(super) async fn start(
@@ -193,12 +121,31 @@ pub(super) async fn start(
         .connect()
         .await?;
     let grpc: Grpc = InterceptedService::new(channel, ApiKeyAuth::bearer(&key)?);
+    // Ingest learns of a new key through a NOTIFY (milliseconds, asynchronously): ask
+    // until it knows it.
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        let asked = pb::webhook_service_client::WebhookServiceClient::new(grpc.clone())
+            .list_webhook_endpoints(pb::ListWebhookEndpointsRequest::default())
+            .await;
+        match asked {
+            Ok(_) => break,
+            Err(e) if e.code() == tonic::Code::Unauthenticated && Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => bail!("ingest does not take the new {CALLER} key: {e}"),
+        }
+    }
+    let examples = Examples {
+        python: cfg.examples_python.clone(),
+        dir: cfg.examples_dir.clone(),
+    };
     let mut receivers = Vec::new();
-    for name in ["python", "node"] {
+    for lang in ["python", "node"] {
         let port = free_port()?;
         let created = pb::webhook_service_client::WebhookServiceClient::new(grpc.clone())
             .create_webhook_endpoint(pb::CreateWebhookEndpointRequest {
-                url: format!("http://127.0.0.1:{port}/hooks/{name}"),
+                url: format!("http://127.0.0.1:{port}/hooks/{lang}"),
                 event_types: vec![],
                 caller: String::new(),
             })
@@ -206,16 +153,19 @@ pub(super) async fn start(
             .context("CreateWebhookEndpoint")?
             .into_inner();
         let endpoint_id: Uuid = created.endpoint.context("endpoint")?.id.parse()?;
-        let log = cfg
-            .log_dir
-            .join(format!("chaos-webhooks-{run}-{name}.jsonl"));
-        let _ = std::fs::remove_file(&log);
-        let child = spawn_receiver(cfg, name, port, &created.secret, &log).await?;
-        receivers.push(Receiver {
-            name,
+        let receiver = examples
+            .start(
+                lang,
+                port,
+                &created.secret,
+                &cfg.log_dir
+                    .join(format!("chaos-webhooks-{run}-{lang}.jsonl")),
+                &cfg.log_dir.join(format!("chaos-receiver-{lang}.log")),
+            )
+            .await?;
+        receivers.push(Hooked {
+            receiver,
             endpoint_id,
-            log,
-            child,
         });
     }
     let reply = pb::ingest_service_client::IngestServiceClient::new(grpc)
@@ -279,9 +229,7 @@ impl Hooks {
                 .fetch_one(pool)
                 .await?;
         let mut reports = Vec::new();
-        for mut r in self.receivers {
-            let _ = r.child.start_kill();
-            let _ = r.child.wait().await;
+        for r in self.receivers {
             let messages: Vec<(Uuid, String)> =
                 sqlx::query_as("SELECT id, status FROM webhook_messages WHERE endpoint_id = $1")
                     .bind(r.endpoint_id)
@@ -304,34 +252,28 @@ impl Hooks {
             .bind(r.endpoint_id)
             .fetch_one(pool)
             .await?;
-            let text = std::fs::read_to_string(&r.log).unwrap_or_default();
-            let mut verified: HashMap<String, usize> = HashMap::new();
-            let mut rejected = 0;
-            for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                let v: Value = serde_json::from_str(line)
-                    .with_context(|| format!("a line of {}: {line}", r.log.display()))?;
-                let id = v["webhook_id"].as_str().unwrap_or_default().to_string();
-                if v["verified"] == Value::Bool(true) {
-                    *verified.entry(id).or_default() += 1;
-                } else {
-                    rejected += 1;
-                }
-            }
+            let got = r.receiver.received()?;
+            let lang = r.receiver.lang;
+            r.receiver.stop().await;
             let ids: HashSet<String> = messages
                 .iter()
                 .filter(|(_, status)| status == "sent")
                 .map(|(id, _)| format!("msg_{}", id.simple()))
                 .collect();
-            let lost = messages.len() - ids.iter().filter(|id| verified.contains_key(*id)).count();
+            let lost = messages.len()
+                - ids
+                    .iter()
+                    .filter(|id| got.verified.contains_key(*id))
+                    .count();
             reports.push(HooksReport {
-                receiver: r.name,
+                receiver: lang,
                 deliveries,
                 messages: messages.len(),
-                received: verified.values().sum(),
+                received: got.verified.values().sum(),
                 lost: lost + unwritten as usize,
-                duplicates: verified.values().map(|n| n - 1).sum(),
+                duplicates: got.verified.values().map(|n| n - 1).sum(),
                 unwritten,
-                rejected,
+                rejected: got.rejected,
                 deliveries_ok: false,
             });
         }

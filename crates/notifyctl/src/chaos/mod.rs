@@ -409,6 +409,23 @@ async fn chaos_run(
         snapshots.clone(),
         stop_watch.clone(),
     ));
+    // First, worker-webhook killed while it holds leases of the webhook event's messages
+    // (the random plan below may find it idle): the POSTs it was making go out again
+    // after their lease, duplicated, never lost.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        match snapshot_webhooks(pool).await {
+            Ok(s) if !s.ids.is_empty() || Instant::now() > until => {
+                let in_flight = s.ids.len();
+                snapshots.lock().await.push(s);
+                procs.kill9(WEBHOOK_WORKER).await?;
+                println!("  kill -9 {WEBHOOK_WORKER} ({in_flight} in flight)");
+                procs.spawn(WEBHOOK_WORKER)?;
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
     for action in plan {
         let wait = rand::rng().random_range(500..2_500);
         tokio::time::sleep(Duration::from_millis(wait)).await;
