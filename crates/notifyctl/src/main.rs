@@ -60,7 +60,7 @@ async fn main() -> ExitCode {
                     grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
                     settle: env.parse_with(
                         "NOTIFY_CHAOS_SETTLE",
-                        std::time::Duration::from_secs(300),
+                        std::time::Duration::from_secs(900),
                         |s| notify_core::retry::parse_duration(s).map_err(|e| e.to_string()),
                     ),
                     amqp_prefix: env.string("NOTIFY_AMQP_PREFIX", ""),

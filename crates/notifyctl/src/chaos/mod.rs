@@ -71,7 +71,8 @@ pub struct ChaosConfig {
     pub maildev_url: String,
     /// provider-sim base URL.
     pub sim_url: String,
-    /// Longest wait for a run to finish after the chaos stops.
+    /// Longest wait for a run to finish after the chaos stops (`NOTIFY_CHAOS_SETTLE`,
+    /// 900 s); it also ends after 120 s in which no delivery finished.
     pub settle: Duration,
     /// AMQP URL, to clear the run's queues before it starts.
     pub amqp_url: String,
@@ -199,6 +200,27 @@ async fn snapshot_webhooks(pool: &PgPool) -> anyhow::Result<KillSnapshot> {
         recovered_after: None,
         webhooks: true,
     })
+}
+
+/// Kills worker-webhook with SIGKILL; the messages still `sending` right after (before
+/// a new one starts) are the POSTs it was making, watched until a sweeper frees them.
+async fn kill_webhook_worker(
+    pool: &PgPool,
+    procs: &mut Procs,
+    snapshots: &tokio::sync::Mutex<Vec<KillSnapshot>>,
+) -> anyhow::Result<()> {
+    procs.kill9(WEBHOOK_WORKER).await?;
+    let in_flight = match snapshot_webhooks(pool).await {
+        Ok(s) => {
+            let n = s.ids.len();
+            snapshots.lock().await.push(s);
+            n
+        }
+        Err(_) => 0,
+    };
+    println!("  kill -9 {WEBHOOK_WORKER} ({in_flight} webhooks in flight)");
+    tokio::time::sleep(Duration::from_millis(rand::rng().random_range(100..1_000))).await;
+    procs.spawn(WEBHOOK_WORKER)
 }
 
 /// Checks every unrecovered snapshot every 500 ms until `stop`.
@@ -409,22 +431,24 @@ async fn chaos_run(
         snapshots.clone(),
         stop_watch.clone(),
     ));
-    // First, worker-webhook killed while it holds leases of the webhook event's messages
-    // (the random plan below may find it idle): the POSTs it was making go out again
-    // after their lease, duplicated, never lost.
-    let until = Instant::now() + Duration::from_secs(10);
+    // First, worker-webhook killed in the middle of the webhook event's messages (the
+    // random plan below may find it idle): the POSTs it was making go out again after
+    // their lease, duplicated, never lost.
+    let until = Instant::now() + Duration::from_secs(15);
     loop {
-        match snapshot_webhooks(pool).await {
-            Ok(s) if !s.ids.is_empty() || Instant::now() > until => {
-                let in_flight = s.ids.len();
-                snapshots.lock().await.push(s);
-                procs.kill9(WEBHOOK_WORKER).await?;
-                println!("  kill -9 {WEBHOOK_WORKER} ({in_flight} in flight)");
-                procs.spawn(WEBHOOK_WORKER)?;
-                break;
-            }
-            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        let (done, open): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status = 'sent'),
+                    count(*) FILTER (WHERE status IN ('pending', 'sending'))
+             FROM webhook_messages",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap_or((0, 0));
+        if (done >= 50 && open >= 50) || Instant::now() > until {
+            kill_webhook_worker(pool, procs, &snapshots).await?;
+            break;
         }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for action in plan {
         let wait = rand::rng().random_range(500..2_500);
@@ -444,20 +468,10 @@ async fn chaos_run(
             "kill" => {
                 let mut in_flight = 0;
                 if target == WEBHOOK_WORKER {
-                    // Kill during POSTs: wait (up to 5 s) until it holds some leases.
-                    let until = Instant::now() + Duration::from_secs(5);
-                    loop {
-                        match snapshot_webhooks(pool).await {
-                            Ok(s) if !s.ids.is_empty() || Instant::now() > until => {
-                                in_flight = s.ids.len();
-                                snapshots.lock().await.push(s);
-                                break;
-                            }
-                            Err(_) if Instant::now() > until => break,
-                            _ => tokio::time::sleep(Duration::from_millis(50)).await,
-                        }
-                    }
-                } else if let Some(channel) = channel_of(target) {
+                    kill_webhook_worker(pool, procs, &snapshots).await?;
+                    continue;
+                }
+                if let Some(channel) = channel_of(target) {
                     // Kill during provider calls: wait (up to 5 s) until the worker holds some.
                     let until = Instant::now() + Duration::from_secs(5);
                     loop {
@@ -503,8 +517,13 @@ async fn chaos_run(
         }
     }
 
-    // Let it settle with every process up.
+    // Let it settle with every process up: until nothing is open, or nothing has
+    // finished for `STALLED` (stuck, not slow: a loaded machine drains slowly), or the
+    // hard limit `cfg.settle`.
+    const STALLED: Duration = Duration::from_secs(120);
     let started = Instant::now();
+    let mut last_open = i64::MAX;
+    let mut progressed = Instant::now();
     loop {
         let fanout: Option<String> =
             sqlx::query_scalar("SELECT fanout_status FROM notification_events WHERE id = $1")
@@ -523,15 +542,24 @@ async fn chaos_run(
         if fanout.as_deref() == Some("done") && open == 0 {
             break;
         }
-        if started.elapsed() > cfg.settle {
+        if open >= 0 && open < last_open {
+            last_open = open;
+            progressed = Instant::now();
+        }
+        if started.elapsed() > cfg.settle || progressed.elapsed() > STALLED {
             println!(
-                "  not settled after {:?}: fan-out {fanout:?}, {open} deliveries open",
-                cfg.settle
+                "  not settled after {:.0} s ({:.0} s without progress): fan-out {fanout:?}, {open} deliveries open",
+                started.elapsed().as_secs_f64(),
+                progressed.elapsed().as_secs_f64()
             );
             break;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    println!(
+        "  settled in {:.0} s after the last kill or restart",
+        started.elapsed().as_secs_f64()
+    );
     let hooks_event = hooks.event_id();
     let hooks = hooks.finish(pool, cfg.settle).await?;
     stop_watch.cancel();
