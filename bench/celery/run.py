@@ -16,10 +16,12 @@ Steps, against the shared RabbitMQ, Postgres and provider simulator:
    is the phase's deliveries over the time from the first enqueue to the last `sent`
    (Postgres' clock_timestamp() of the last mark);
 5. stops every process it started (by pid), deletes its queue and exchange, counts the
-   rows: every delivery the producers committed must be `sent`, and prints one line
+   rows: every delivery the producers committed must be `sent` in Postgres and its push
+   (found by its X-Line-Retry-Key) answered 200 by the simulator, once; prints one line
    `peer (celery, 4 prefork, acks_late): ingest E events/s (D deliveries/s), end to end X
-   deliveries/s, N deliveries, L lost` and the redeliveries (attempts > 1). Exits 1 when
-   a delivery was lost, a producer failed, or a phase ran past NOTIFY_PEER_TIMEOUT.
+   deliveries/s, N deliveries, L lost` (L: committed but not both sent and accepted) and
+   the redeliveries (attempts > 1). Exits 1 when a delivery was lost or pushed twice, a
+   producer failed, or a phase ran past NOTIFY_PEER_TIMEOUT.
 
 Environment: NOTIFY_DATABASE_URL (the peer's database replaces its name), NOTIFY_AMQP_URL,
 NOTIFY_SIM_URL, NOTIFY_LINE_CHANNEL_TOKEN, NOTIFY_LOG_DIR (worker log), and the
@@ -35,6 +37,7 @@ import time
 import uuid
 
 import psycopg
+import requests
 from kombu import Connection, Exchange, Queue
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -243,10 +246,10 @@ def main():
         produced += dl2
         if not wait_final(db, "e2e", dl2, timeout):
             failures.append(f"the end-to-end phase did not finish in {timeout} s")
-        last_sent = db.execute(
-            "SELECT extract(epoch FROM max(d.updated_at)) FROM deliveries d JOIN events e ON e.id = d.event_id "
+        e2e_sent, last_sent = db.execute(
+            "SELECT count(*), extract(epoch FROM max(d.updated_at)) FROM deliveries d JOIN events e ON e.id = d.event_id "
             "WHERE e.phase = 'e2e' AND d.status = 'sent'"
-        ).fetchone()[0]
+        ).fetchone()
         e2e_s = max(float(last_sent or e2e_t1) - e2e_t0, 1e-9)
     finally:
         if worker:
@@ -265,23 +268,40 @@ def main():
         "SELECT count(*), count(*) FILTER (WHERE status = 'sent'), count(*) FILTER (WHERE status = 'failed'), "
         "count(*) FILTER (WHERE attempts > 1) FROM deliveries"
     ).fetchone()
+    # And against what the simulator accepted: a `sent` row counts only if a push with its
+    # retry key was answered 200 (the simulator records every request it answered).
+    accepted = {}
+    for r in requests.get(f"{os.environ['NOTIFY_SIM_URL'].rstrip('/')}/_sim/requests?provider=line", timeout=120).json():
+        key = r["headers"].get("x-line-retry-key")
+        if key and r["status"] == 200:
+            accepted[key] = accepted.get(key, 0) + 1
+    delivered = duplicates = 0
+    for (key,) in db.execute("SELECT retry_key::text FROM deliveries WHERE status = 'sent'"):
+        n = accepted.get(key, 0)
+        delivered += n > 0
+        duplicates += max(n - 1, 0)
     db.close()
     if os.environ.get("NOTIFY_PEER_KEEP_DB") != "1":
         with psycopg.connect(with_db(pg_url, "postgres"), autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
-    lost = produced - sent
+    lost = produced - delivered
+    if sent != delivered:
+        failures.append(f"{sent - delivered} deliveries marked sent that the simulator never accepted")
+    if duplicates:
+        failures.append(f"{duplicates} pushes accepted twice for one delivery")
     if rows != produced:
         failures.append(f"{rows} delivery rows in Postgres, the producers committed {produced}")
     if lost:
         failures.append(f"{lost} deliveries not sent ({failed} failed)")
     print(
         f"peer: ingest phase {dl} deliveries in {ingest_s:.1f} s; the worker started and drained them in "
-        f"{drain_s:.1f} s; end-to-end phase {dl2} deliveries in {e2e_s:.1f} s; "
+        f"{drain_s:.1f} s; end-to-end phase {e2e_sent} of {dl2} deliveries sent in {e2e_s:.1f} s; "
+        f"{sent} sent in Postgres, {delivered} of them accepted by the simulator, {duplicates} duplicates; "
         f"redeliveries (attempts > 1) {redelivered}; {producers} producer processes, publisher confirms on"
     )
     print(
         f"peer (celery, 4 prefork, acks_late): ingest {ev / ingest_s:.0f} events/s ({dl / ingest_s:.0f} deliveries/s), "
-        f"end to end {dl2 / e2e_s:.0f} deliveries/s, {produced} deliveries, {lost} lost",
+        f"end to end {e2e_sent / e2e_s:.0f} deliveries/s, {produced} deliveries, {lost} lost",
         flush=True,
     )
     for f in failures:
