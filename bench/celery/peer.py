@@ -15,6 +15,11 @@ Postgres connection (psycopg 3) and one HTTP session (requests) per worker proce
 3. marks it `sent` (commit), or puts it back to `pending` and retries the task in 1 s
    when the provider answered 429, 5xx or not at all (a 4xx other than 409 is `failed`).
 
+As the claim is written (`pending` only), a row left `sending` by a process killed
+between claim and mark is not claimed again when RabbitMQ redelivers its task: the peer
+has no lease or sweeper, as the simple design has none; the bench kills nothing, so this
+does not show in its figures.
+
 Configuration (environment): PEER_BROKER_URL, PEER_PREFIX (queue and exchange names, so
 the peer never touches the platform's queues), PEER_DB_URL, NOTIFY_SIM_URL,
 NOTIFY_LINE_CHANNEL_TOKEN. `run.py` sets them and starts the worker with
