@@ -125,20 +125,28 @@ def produce(ctx, phase, producers, n_events):
     barrier = ctx.Barrier(producers + 1)
     out = ctx.Queue()
     share = [n_events // producers + (1 if i < n_events % producers else 0) for i in range(producers)]
-    procs = [ctx.Process(target=producer, args=(i, share[i], phase, barrier, out)) for i in range(producers)]
+    procs = [
+        ctx.Process(target=producer, args=(i, share[i], phase, barrier, out), daemon=True) for i in range(producers)
+    ]
     for p in procs:
         p.start()
     errors = []
+    finished = False
     try:
-        barrier.wait(timeout=60)
-    except Exception:
-        errors.append("producers did not start")
-    t0 = time.time()
-    results = [out.get(timeout=env_int("NOTIFY_PEER_TIMEOUT", 600)) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
-        if p.is_alive():
-            p.kill()
+        try:
+            barrier.wait(timeout=60)
+        except Exception:
+            errors.append("producers did not start")
+        t0 = time.time()
+        results = [out.get(timeout=env_int("NOTIFY_PEER_TIMEOUT", 600)) for _ in procs]
+        finished = True
+    finally:  # every producer ended (by pid) before this returns or unwinds
+        for p in procs:
+            if finished:
+                p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
     errors += [r[4] for r in results if r[4]]
     return (
         sum(r[1] for r in results),
@@ -195,6 +203,8 @@ class Worker:
 
 
 def main():
+    # SIGTERM (a stopped bench) unwinds like Ctrl-C, so the finally below stops the worker.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     producers = env_int("NOTIFY_PEER_PRODUCERS", 8)
     n_events = env_int("NOTIFY_PEER_EVENTS", 3334)
     timeout = env_int("NOTIFY_PEER_TIMEOUT", 600)
@@ -218,6 +228,17 @@ def main():
     db = psycopg.connect(env["PEER_DB_URL"], autocommit=True)
     db.execute(SCHEMA)
 
+    try:
+        return measure(env, db, prefix, producers, n_events, timeout, log_dir)
+    finally:
+        db.close()
+        if os.environ.get("NOTIFY_PEER_KEEP_DB") != "1":
+            with psycopg.connect(with_db(pg_url, "postgres"), autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
+
+
+def measure(env, db, prefix, producers, n_events, timeout, log_dir):
+    """Steps 2 to 5 of the module's list; returns the exit code."""
     queue = Queue(prefix + "deliver", Exchange(prefix + "deliver", type="direct"), routing_key=prefix + "deliver")
     with Connection(env["PEER_BROKER_URL"]) as c:
         queue(c.default_channel).declare()
@@ -280,10 +301,6 @@ def main():
         n = accepted.get(key, 0)
         delivered += n > 0
         duplicates += max(n - 1, 0)
-    db.close()
-    if os.environ.get("NOTIFY_PEER_KEEP_DB") != "1":
-        with psycopg.connect(with_db(pg_url, "postgres"), autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{db_name}" WITH (FORCE)')
     lost = produced - delivered
     if sent != delivered:
         failures.append(f"{sent - delivered} deliveries marked sent that the simulator never accepted")
