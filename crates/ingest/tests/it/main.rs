@@ -31,4 +31,5 @@ mod scheduled;
 mod security;
 mod telemetry;
 mod templates;
+mod webhook_console;
 mod webhooks;

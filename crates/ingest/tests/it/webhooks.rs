@@ -152,7 +152,7 @@ fn now() -> i64 {
 }
 
 /// A platform whose link policy lets plain http reach 127.0.0.1 (the receivers).
-async fn platform(workers: &[Channel]) -> Platform {
+pub(crate) async fn platform(workers: &[Channel]) -> Platform {
     Platform::start_with(Options {
         workers: workers.to_vec(),
         smtp_sim: true,
@@ -166,7 +166,7 @@ async fn platform(workers: &[Channel]) -> Platform {
 }
 
 /// Settings of a test webhook worker: short timeout and lease, quick retries.
-fn webhook_config(p: &Platform) -> worker_webhook::WebhookConfig {
+pub(crate) fn webhook_config(p: &Platform) -> worker_webhook::WebhookConfig {
     let mut worker = p.worker_config();
     worker.lease = Duration::from_secs(4);
     worker_webhook::WebhookConfig {
@@ -186,7 +186,7 @@ fn webhook_config(p: &Platform) -> worker_webhook::WebhookConfig {
 
 /// Starts a webhook worker in-process on `pool`; cancel the token (or abort the task) to
 /// stop it.
-fn start_webhook_worker(
+pub(crate) fn start_webhook_worker(
     cfg: worker_webhook::WebhookConfig,
     pool: notify_store::PgPool,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
@@ -204,7 +204,7 @@ fn webhooks(
     pb::webhook_service_client::WebhookServiceClient::new(p.grpc.clone())
 }
 
-async fn create_endpoint(p: &Platform, url: &str, types: &[&str]) -> (String, String) {
+pub(crate) async fn create_endpoint(p: &Platform, url: &str, types: &[&str]) -> (String, String) {
     let r = webhooks(p)
         .create_webhook_endpoint(pb::CreateWebhookEndpointRequest {
             url: url.into(),

@@ -1,0 +1,207 @@
+//! The console's webhooks page: an endpoint worker-webhook disabled after failing too
+//! long is listed with its reason, failure run and attempts; a staff member enables it
+//! again through the confirmation page (audited), and a POST without the session's CSRF
+//! token changes nothing.
+
+use crate::support;
+use crate::webhooks::{create_endpoint, platform, start_webhook_worker, webhook_config};
+
+use axum::http::StatusCode;
+use notify_core::Channel;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use support::{SendExt, console_login, csrf_token, eventually, no_redirects, session_cookie, uniq};
+
+/// A receiver that answers every POST with 500; returns its URL and the request count.
+async fn failing_receiver() -> (String, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counted = hits.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                (StatusCode::INTERNAL_SERVER_ERROR, "receiver broken")
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://127.0.0.1:{}/hook",
+        listener.local_addr().unwrap().port()
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, hits)
+}
+
+/// (enabled, disabled_reason, failing_since is set) of endpoint `id`.
+async fn endpoint_state(p: &support::Platform, id: uuid::Uuid) -> (bool, Option<String>, bool) {
+    sqlx::query_as(
+        "SELECT enabled, disabled_reason, failing_since IS NOT NULL FROM webhook_endpoints
+          WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_sees_a_disabled_endpoint_with_its_attempts_and_enables_it_again() {
+    let p = platform(&[Channel::InApp]).await;
+    let (hook_url, hits) = failing_receiver().await;
+    let (id, _) = create_endpoint(&p, &hook_url, &["delivery.sent"]).await;
+    let id = uuid::Uuid::parse_str(&id).unwrap();
+    let mut cfg = webhook_config(&p);
+    cfg.retry.delays = vec![Duration::from_millis(100), Duration::from_millis(200)];
+    cfg.disable_after = Duration::from_millis(800);
+    let (stop, task) = start_webhook_worker(cfg, p.pool.clone());
+    p.add_type("order.paid", &["inapp"]).await;
+    let user = uniq("u");
+    p.add_recipient(&user, "U", "", "").await;
+    p.send(&uniq("e"), "order.paid", &[&user]).await;
+    let reason = eventually(
+        "worker-webhook disables the failing endpoint",
+        Duration::from_secs(30),
+        async || match endpoint_state(&p, id).await {
+            (false, Some(reason), true) => Ok(reason),
+            other => Err(other),
+        },
+    )
+    .await;
+    assert!(reason.starts_with("failing since"), "{reason}");
+    stop.cancel();
+    task.await.unwrap();
+    let posts = hits.load(Ordering::SeqCst);
+    assert!(posts >= 2, "{posts} POSTs");
+
+    let http = no_redirects();
+    let url = |path: &str| format!("{}{path}", p.http_url);
+    let cookie = session_cookie(&console_login(&http, &p.http_url).send().await.unwrap());
+    let overview = http
+        .get(url("/console"))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    assert!(
+        overview.contains("<a href=\"/console/webhooks\">Webhooks</a>"),
+        "the nav links the page: {overview}"
+    );
+    let page = http
+        .get(url("/console/webhooks"))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    assert!(
+        page.contains(&format!("<h2 id=\"endpoint-{id}\">{hook_url}</h2>")),
+        "{page}"
+    );
+    assert!(
+        page.contains("<th>Event types</th><td>delivery.sent</td>"),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!("<span class=\"failed\">disabled</span>: {reason}")),
+        "the reason is shown: {page}"
+    );
+    assert!(
+        !page.contains("<th>Failing since</th><td>–</td>"),
+        "the failure run's start is shown: {page}"
+    );
+    // Every POST the receiver answered is an attempt row: status 500 and its error.
+    let rows = page.matches("<td class=\"failed\">500</td>").count();
+    assert_eq!(rows, posts.min(20), "{page}");
+    assert!(page.contains("<td>delivery.sent</td><td>1</td>"), "{page}");
+    assert!(page.contains("<td>http_500</td>"), "{page}");
+    let link = format!("/console/webhooks/confirm-enable/{id}");
+    assert!(page.contains(&link), "{page}");
+
+    let confirm = http
+        .get(url(&link))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    let action = format!("/console/actions/webhooks/{id}/enable");
+    assert!(
+        confirm.contains(&format!("action=\"{action}\"")),
+        "{confirm}"
+    );
+    // A forged token, or none, is refused and changes nothing.
+    let forged = http
+        .post(url(&action))
+        .header("cookie", &cookie)
+        .form(&[("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    let missing = http
+        .post(url(&action))
+        .header("cookie", &cookie)
+        .form(&[("other", "x")])
+        .send()
+        .await
+        .unwrap();
+    assert!(missing.status().is_client_error(), "{}", missing.status());
+    assert_eq!(
+        endpoint_state(&p, id).await,
+        (false, Some(reason.clone()), true)
+    );
+    assert_eq!(p.count("console_audit").await, 0);
+
+    let done = http
+        .post(url(&action))
+        .header("cookie", &cookie)
+        .form(&[("csrf", csrf_token(&confirm).as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), 303);
+    assert_eq!(
+        done.headers()["location"],
+        format!("/console/webhooks#endpoint-{id}").as_str()
+    );
+    assert_eq!(
+        endpoint_state(&p, id).await,
+        (true, None, false),
+        "enabled, its failure run cleared"
+    );
+    let caller: String = sqlx::query_scalar("SELECT caller FROM webhook_endpoints WHERE id = $1")
+        .bind(id)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+    assert!(
+        page.contains(&format!("<th>Caller</th><td>{caller}</td>")),
+        "{page}"
+    );
+    let audit: Vec<(String, String, String, String)> =
+        sqlx::query_as("SELECT staff, action, target, detail FROM console_audit ORDER BY id")
+            .fetch_all(&p.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        audit,
+        [(
+            support::CONSOLE_USER.to_string(),
+            "webhook_enable".to_string(),
+            id.to_string(),
+            format!("{hook_url} ({caller}; was: {reason})"),
+        )]
+    );
+    let page = http
+        .get(url("/console/webhooks"))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    assert!(
+        page.contains("<span class=\"sent\">enabled</span>"),
+        "{page}"
+    );
+    assert!(
+        !page.contains(&link),
+        "no re-enable link once enabled: {page}"
+    );
+}
