@@ -138,6 +138,11 @@ pub async fn run_with_readiness(
     consuming: notify_worker::Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    // Exported from the start at 0, so that the first disabled endpoint is an increase
+    // (an alert on increase() does not see a series that appears at 1).
+    notify_telemetry::metrics()
+        .webhook_endpoints_disabled
+        .add(0, &[]);
     let links = cfg.worker.links.clone();
     let ctx = Arc::new(Ctx {
         http: post::client(&links, cfg.timeout)?,
