@@ -31,5 +31,5 @@ mod scheduled;
 mod security;
 mod telemetry;
 mod templates;
-mod webhook_console;
+mod webhook_ops;
 mod webhooks;

@@ -1,7 +1,8 @@
-//! The console's webhooks page: an endpoint worker-webhook disabled after failing too
-//! long is listed with its reason, failure run and attempts; a staff member enables it
-//! again through the confirmation page (audited), and a POST without the session's CSRF
-//! token changes nothing.
+//! Operating status webhooks: the console's webhooks page (an endpoint worker-webhook
+//! disabled after failing too long is listed with its reason, failure run and attempts; a
+//! staff member enables it again through the confirmation page, audited; a POST without
+//! the session's CSRF token changes nothing), and worker-webhook's `/readyz`, which
+//! needs its broker consumer as the channel workers' does.
 
 use crate::support;
 use crate::webhooks::{create_endpoint, platform, start_webhook_worker, webhook_config};
@@ -204,4 +205,71 @@ async fn an_operator_sees_a_disabled_endpoint_with_its_attempts_and_enables_it_a
         !page.contains(&link),
         "no re-enable link once enabled: {page}"
     );
+}
+
+/// `GET url`: (status, body); a connection error is `None`.
+async fn get(url: &str) -> Option<(u16, String)> {
+    let r = reqwest::get(url).await.ok()?;
+    Some((r.status().as_u16(), r.text().await.unwrap_or_default()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_webhook_is_ready_only_while_it_consumes_from_rabbitmq() {
+    let p = support::Platform::start_with_workers(&[]).await;
+    // RabbitMQ unreachable: alive, Postgres fine, not ready, and says why.
+    let cut_off = support::free_addr();
+    let _cut = p.spawn(
+        "worker-webhook",
+        &[],
+        &[
+            ("NOTIFY_ADMIN_ADDR", cut_off.to_string()),
+            (
+                "NOTIFY_AMQP_URL",
+                "amqp://guest:guest@127.0.0.1:1/%2f".into(),
+            ),
+        ],
+    );
+    let body = eventually(
+        "worker-webhook without RabbitMQ answers /readyz 503",
+        Duration::from_secs(20),
+        async || match get(&format!("http://{cut_off}/readyz")).await {
+            Some((503, body)) => Ok(body),
+            other => Err(other),
+        },
+    )
+    .await;
+    assert!(
+        body.contains("rabbitmq: not consuming from deliveries.webhook"),
+        "{body}"
+    );
+    assert!(!body.contains("postgres"), "{body}");
+    assert_eq!(
+        get(&format!("http://{cut_off}/healthz")).await.map(|r| r.0),
+        Some(200)
+    );
+
+    // With the broker: ready, and the disabled-endpoint counter is exported at 0 from the
+    // start (so the alert's increase() sees the first one).
+    let admin = support::free_addr();
+    let _worker = p.spawn(
+        "worker-webhook",
+        &[],
+        &[("NOTIFY_ADMIN_ADDR", admin.to_string())],
+    );
+    eventually(
+        "worker-webhook with RabbitMQ ready",
+        Duration::from_secs(20),
+        async || match get(&format!("http://{admin}/readyz")).await {
+            Some((200, body)) => Ok(body),
+            other => Err(other),
+        },
+    )
+    .await;
+    let (_, metrics) = get(&format!("http://{admin}/metrics")).await.unwrap();
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("notify_webhook_endpoints_disabled_total"))
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(line.ends_with(" 0"), "{line}");
+    p.stop().await;
 }
