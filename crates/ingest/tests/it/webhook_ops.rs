@@ -273,3 +273,58 @@ async fn worker_webhook_is_ready_only_while_it_consumes_from_rabbitmq() {
     assert!(line.ends_with(" 0"), "{line}");
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backlog_counts_messages_pending_over_a_minute_and_the_page_counts_each_endpoints() {
+    let p = platform(&[]).await;
+    let (a, _) = create_endpoint(&p, "https://a.example.test/hook", &[]).await;
+    let (b, _) = create_endpoint(&p, "https://b.example.test/hook", &[]).await;
+    // Rows as enqueue writes them: two of a's pending, one for two minutes; b's one sent
+    // long ago; and one of b's pending for five minutes.
+    for (endpoint, status, age_s) in [
+        (&a, "pending", 120),
+        (&a, "pending", 5),
+        (&b, "sent", 600),
+        (&b, "pending", 300),
+    ] {
+        sqlx::query(
+            "INSERT INTO webhook_messages (id, endpoint_id, event_type, payload, delivery_id,
+                                           state_version, status, created_at)
+             VALUES (gen_random_uuid(), $1::uuid, 'delivery.sent', '{}', gen_random_uuid(), 1,
+                     $2, now() - $3 * interval '1 second')",
+        )
+        .bind(endpoint)
+        .bind(status)
+        .bind(age_s)
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    }
+    assert_eq!(
+        notify_store::webhooks::pending_backlog(&p.pool)
+            .await
+            .unwrap(),
+        2,
+        "a's two-minute-old and b's five-minute-old message"
+    );
+    let http = no_redirects();
+    let cookie = session_cookie(&console_login(&http, &p.http_url).send().await.unwrap());
+    let page = http
+        .get(format!("{}/console/webhooks", p.http_url))
+        .header("cookie", &cookie)
+        .text_body()
+        .await;
+    for (id, pending) in [(&a, 2), (&b, 1)] {
+        let at = page
+            .find(&format!("<td>{id}</td>"))
+            .unwrap_or_else(|| panic!("{page}"));
+        let count = format!("<th>Pending messages</th><td>{pending}</td>");
+        assert_eq!(
+            page[at..].find(&count),
+            page[at..].find("<th>Pending messages</th>"),
+            "{id}: {pending} pending: {page}"
+        );
+    }
+    assert!(page.contains("<th>Event types</th><td>all</td>"), "{page}");
+    p.stop().await;
+}
