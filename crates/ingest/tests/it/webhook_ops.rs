@@ -328,3 +328,61 @@ async fn the_backlog_counts_messages_pending_over_a_minute_and_the_page_counts_e
     assert!(page.contains("<th>Event types</th><td>all</td>"), "{page}");
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_webhook_exports_its_posts_by_outcome_with_their_duration() {
+    let p = platform(&[Channel::InApp]).await;
+    let (hook_url, hits) = failing_receiver().await;
+    create_endpoint(&p, &hook_url, &["delivery.sent"]).await;
+    let admin = support::free_addr();
+    let _worker = p.spawn(
+        "worker-webhook",
+        &[],
+        &[
+            ("NOTIFY_ADMIN_ADDR", admin.to_string()),
+            ("NOTIFY_DEV_HTTP_HOSTS", "127.0.0.1".into()),
+            ("NOTIFY_WEBHOOK_RETRY_DELAYS", "1s".into()),
+            ("NOTIFY_WEBHOOK_MAX_ATTEMPTS", "2".into()),
+        ],
+    );
+    p.add_type("order.paid", &["inapp"]).await;
+    let user = uniq("u");
+    p.add_recipient(&user, "U", "", "").await;
+    p.send(&uniq("e"), "order.paid", &[&user]).await;
+    // Two POSTs answered 500: the first is retried, the second spends the attempts.
+    let metrics = eventually(
+        "both POSTs counted on /metrics",
+        Duration::from_secs(30),
+        async || {
+            let (_, text) = get(&format!("http://{admin}/metrics"))
+                .await
+                .ok_or("no answer")?;
+            let has = |needle: &str| {
+                text.lines()
+                    .any(|l| l.starts_with(needle) && l.ends_with(" 1"))
+            };
+            if has("notify_webhook_attempts_total{outcome=\"retry\"")
+                && has("notify_webhook_attempts_total{outcome=\"failed\"")
+            {
+                Ok(text)
+            } else {
+                Err("not yet")
+            }
+        },
+    )
+    .await;
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    for outcome in ["retry", "failed"] {
+        let count = format!("notify_webhook_attempt_duration_seconds_count{{outcome=\"{outcome}\"");
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with(&count))
+            .unwrap_or_else(|| panic!("{metrics}"));
+        assert!(line.ends_with(" 1"), "{line}");
+    }
+    assert!(
+        !metrics.contains("notify_webhook_attempts_total{outcome=\"sent\""),
+        "{metrics}"
+    );
+    p.stop().await;
+}
