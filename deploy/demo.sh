@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# `make demo`: start the local stack, build, migrate a fresh demo database, start ingest and
-# the four workers, run `notifyctl demo`, stop the services again (the stack keeps running
+# `make demo`: start the local stack, build, migrate a fresh demo database, start ingest,
+# the four channel workers and worker-webhook, run `notifyctl demo`, stop the services again (the stack keeps running
 # so MailDev's web UI can be opened; `make down` stops it).
 set -euo pipefail
 
@@ -12,6 +12,8 @@ prepare debug notify_demo "${NOTIFY_DEMO_GRPC_PORT:-50151}"
 export NOTIFY_AMQP_PREFIX=demo.
 export NOTIFY_EMAIL_FROM='ฝ่ายบริการลูกค้า ร้านตัวอย่าง <noreply@example.test>'
 export NOTIFY_WORKER_CONCURRENCY=8
+# The demo's status-webhook receiver (examples/python) listens on 127.0.0.1 over plain http.
+export NOTIFY_DEV_HTTP_HOSTS=127.0.0.1
 
 pids=()
 cleanup() {
@@ -23,7 +25,8 @@ trap cleanup EXIT
 # Each service's admin endpoint (/healthz, /readyz, /metrics) on its own port.
 admin_base=${NOTIFY_DEMO_ADMIN_PORT:-59464}
 declare -A admin_port=([ingest]=$admin_base [worker-inapp]=$((admin_base + 1))
-  [worker-email]=$((admin_base + 2)) [worker-line]=$((admin_base + 3)) [worker-push]=$((admin_base + 4)))
+  [worker-email]=$((admin_base + 2)) [worker-line]=$((admin_base + 3)) [worker-push]=$((admin_base + 4))
+  [worker-webhook]=$((admin_base + 5)))
 start() { # name args...
   local name=$1; shift
   NOTIFY_ADMIN_ADDR=127.0.0.1:${admin_port[$name]} \
@@ -40,7 +43,7 @@ if [ -f "$STACK/pids/http-api.pid" ]; then
 fi
 setsid "$NOTIFY_BIN_DIR/http-api" >"$STACK/logs/demo-http-api.log" 2>&1 </dev/null &
 echo $! >"$STACK/pids/http-api.pid"
-for w in worker-inapp worker-email worker-line worker-push; do start "$w"; done
+for w in worker-inapp worker-email worker-line worker-push worker-webhook; do start "$w"; done
 
 for _ in $(seq 1 100); do
   (exec 3<>"/dev/tcp/${NOTIFY_GRPC_ADDR/://}") 2>/dev/null && break
@@ -51,9 +54,9 @@ done
 
 echo
 echo "== metrics: deliveries sent per channel and provider, from each worker's /metrics"
-for w in worker-inapp worker-email worker-line worker-push; do
+for w in worker-inapp worker-email worker-line worker-push worker-webhook; do
   url=http://127.0.0.1:${admin_port[$w]}
-  printf '%-13s readyz %s  ' "$w" "$(curl -s -o /dev/null -w '%{http_code}' "$url/readyz")"
-  curl -s "$url/metrics" | grep '^notify_deliveries_sent_total' | tr '\n' ' ' || true
+  printf '%-14s readyz %s  ' "$w" "$(curl -s -o /dev/null -w '%{http_code}' "$url/readyz")"
+  curl -s "$url/metrics" | grep -E '^notify_(deliveries_sent|webhook_attempts)_total' | tr '\n' ' ' || true
   echo
 done

@@ -7,6 +7,7 @@
 #   deploy/local-stack.sh stop S   stop one service (postgres, rabbitmq, maildev, provider-sim)
 #   deploy/local-stack.sh status   show what runs
 #   deploy/local-stack.sh env      print the environment the services and tests need
+#   deploy/local-stack.sh examples install only the example webhook receivers' dependencies
 #
 # Settings (environment, with defaults):
 #   NOTIFY_STACK_DIR  folder for data, logs and pids   (<repo>/.stack)
@@ -69,6 +70,8 @@ install_missing() {
   command -v curl >/dev/null || pkgs+=(curl)
   command -v node >/dev/null || pkgs+=(nodejs npm)
   command -v python3 >/dev/null || pkgs+=(python3)
+  # The example receivers' venv (Debian's python3 has venv/ensurepip in python3-venv).
+  python3 -c 'import ensurepip' >/dev/null 2>&1 || pkgs+=(python3-venv)
   # Browser tests: Debian's Chromium, driven by playwright-core (below).
   [ -x /usr/bin/chromium ] || pkgs+=(chromium)
   # Thai glyphs in the screenshots.
@@ -85,6 +88,31 @@ install_missing() {
     mkdir -p "$STACK/maildev"
     (cd "$STACK/maildev" && npm install --no-audit --no-fund --loglevel=error "maildev@$MAILDEV_VERSION" \
       >"$STACK/logs/npm.log" 2>&1) || die "npm install maildev failed: $STACK/logs/npm.log"
+  fi
+}
+
+sha() { sha256sum "$1" | cut -d' ' -f1; }
+
+# The example webhook receivers (examples/python, examples/node) and their reference
+# libraries, for the tests that run them: a venv at $STACK/examples/venv made anew when
+# missing or when requirements.txt changed, and `npm ci` in examples/node when
+# node_modules is missing or the lockfile changed (each install's hash stored beside it).
+install_examples() {
+  local req=$repo/examples/python/requirements.txt venv=$STACK/examples/venv
+  mkdir -p "$STACK/examples" "$STACK/logs"
+  if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$(sha "$req")" ]; then
+    log "python venv for the example receivers: $venv"
+    rm -rf "$venv"
+    { python3 -m venv "$venv" && "$venv/bin/pip" install --disable-pip-version-check -q -r "$req"; } \
+      >"$STACK/logs/examples-pip.log" 2>&1 || die "pip install -r $req failed: $STACK/logs/examples-pip.log"
+    sha "$req" >"$venv/.requirements.sha256"
+  fi
+  local node=$repo/examples/node
+  if [ ! -d "$node/node_modules" ] || [ "$(cat "$node/node_modules/.lock.sha256" 2>/dev/null)" != "$(sha "$node/package-lock.json")" ]; then
+    log "npm ci in $node"
+    (cd "$node" && npm ci --no-audit --no-fund --loglevel=error >"$STACK/logs/examples-npm.log" 2>&1) \
+      || die "npm ci in $node failed: $STACK/logs/examples-npm.log"
+    sha "$node/package-lock.json" >"$node/node_modules/.lock.sha256"
   fi
 }
 
@@ -308,6 +336,8 @@ export NOTIFY_CONSOLE_INSECURE_COOKIES=true
 export NOTIFY_CONSOLE_SECRET=local-console-session-secret-of-32-characters
 export NOTIFY_BROWSER_MODULES=$STACK/browser/node_modules
 export NOTIFY_CHROMIUM=/usr/bin/chromium
+export NOTIFY_EXAMPLES_PYTHON=$STACK/examples/venv/bin/python
+export NOTIFY_EXAMPLES_DIR=$repo/examples
 export NOTIFY_FCM_API_BASE=http://127.0.0.1:$SIM_PORT
 export NOTIFY_FCM_SERVICE_ACCOUNT_FILE=$STACK/keys/fcm-service-account.json
 export NOTIFY_FCM_PUBLIC_KEY_FILE=$STACK/keys/fcm-public.pem
@@ -328,6 +358,7 @@ case "$cmd" in
   up)
     mkdir -p "$STACK/logs" "$STACK/pids"
     install_missing
+    install_examples
     make_fcm_key
     make_apns_key
     make_vapid_key
@@ -356,5 +387,6 @@ case "$cmd" in
     done
     ;;
   env) print_env ;;
-  *) echo "usage: $0 up|down|stop SERVICE|status|env" >&2; exit 64 ;;
+  examples) install_examples ;;
+  *) echo "usage: $0 up|down|stop SERVICE|status|env|examples" >&2; exit 64 ;;
 esac

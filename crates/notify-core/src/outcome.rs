@@ -15,8 +15,10 @@ pub enum ErrorClass {
     /// The push token, subscription or address is gone: fail now and deactivate the
     /// endpoint.
     InvalidEndpoint,
-    /// The account's quota for the period is spent (LINE's monthly message limit): pause
-    /// the whole channel until `retry_after`, without spending this delivery's attempt.
+    /// The channel cannot take calls for a known period: the account's quota for the
+    /// period is spent (LINE's monthly message limit), or every email provider's circuit
+    /// breaker is open. Pause the whole channel until `retry_after`, without spending
+    /// this delivery's attempt.
     QuotaExhausted,
 }
 

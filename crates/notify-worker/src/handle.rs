@@ -144,7 +144,7 @@ impl<S: ChannelSender> Ctx<S> {
                 }
                 NextState::Paused { after, .. } => {
                     error!(%reason, paused_for_s = after.as_secs(), alert = "channel_paused",
-                        "provider quota spent: channel paused; its deliveries wait without spending attempts")
+                        "channel paused (provider quota spent, or every provider's breaker open); its deliveries wait without spending attempts")
                 }
             }
             let job = Arc::new(*job);

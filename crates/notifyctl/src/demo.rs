@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 mod line_card;
+mod webhooks;
 
 // The names `GetEvent` answers with (proto fields are text).
 const PENDING: &str = DeliveryStatus::Pending.as_str();
@@ -35,6 +36,10 @@ pub struct DemoConfig {
     pub http_url: String,
     /// HS256 secret of end-user inbox tokens.
     pub inbox_jwt_secret: String,
+    /// The Standard Webhooks receivers of `examples/`.
+    pub examples: crate::receivers::Examples,
+    /// Folder of the demo's logs (the receiver's request log goes there).
+    pub log_dir: std::path::PathBuf,
 }
 
 struct Person {
@@ -104,6 +109,8 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         .await
         .with_context(|| format!("connecting to ingest at {}", cfg.grpc_url))?;
     let channel = crate::keys::authed(channel);
+    let grpc = channel.clone();
+    let hooks = webhooks::start(&grpc, &cfg.examples, &cfg.log_dir).await?;
     let mut types = TypeServiceClient::new(channel.clone());
     let mut recipients = RecipientServiceClient::new(channel.clone());
     let mut ingest = IngestServiceClient::new(channel);
@@ -379,6 +386,14 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
         "one in-app notification per recipient",
         &mut failures,
     );
+
+    let ids: Vec<String> = event
+        .deliveries
+        .iter()
+        .map(|d| d.delivery_id.clone())
+        .collect();
+    let (what, held) = webhooks::check(hooks, &grpc, &ids).await?;
+    check(held, &what, &mut failures);
 
     quiet_hours_part(&mut ingest, &mut recipients, &pool, &mut failures).await?;
     let inbox_link = inbox_part(cfg, &mut failures).await?;

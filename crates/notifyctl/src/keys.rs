@@ -33,6 +33,14 @@ impl ApiKeyAuth {
     }
 }
 
+impl ApiKeyAuth {
+    /// Sends `key` as `authorization: Bearer <key>`; an error when `key` is not a valid
+    /// header value.
+    pub fn bearer(key: &str) -> anyhow::Result<Self> {
+        Ok(Self(Some(format!("Bearer {}", key.trim()).parse()?)))
+    }
+}
+
 impl Interceptor for ApiKeyAuth {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(v) = &self.0 {

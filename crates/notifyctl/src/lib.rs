@@ -9,3 +9,4 @@ pub mod demo;
 pub mod keys;
 pub mod observe;
 pub mod procs;
+pub mod receivers;

@@ -21,6 +21,9 @@ async fn main() -> ExitCode {
             let sim_url = env.required("NOTIFY_SIM_URL");
             let http_url = env.required("NOTIFY_HTTP_URL");
             let inbox_jwt_secret = env.required("NOTIFY_INBOX_JWT_SECRET");
+            let examples_python = env.required("NOTIFY_EXAMPLES_PYTHON");
+            let examples_dir = env.required("NOTIFY_EXAMPLES_DIR");
+            let log_dir = env.required("NOTIFY_LOG_DIR");
             let cfg = (|| {
                 Ok(notifyctl::demo::DemoConfig {
                     grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
@@ -29,6 +32,11 @@ async fn main() -> ExitCode {
                     sim_url: sim_url?,
                     http_url: http_url?,
                     inbox_jwt_secret: inbox_jwt_secret?,
+                    examples: notifyctl::receivers::Examples {
+                        python: examples_python?.into(),
+                        dir: examples_dir?.into(),
+                    },
+                    log_dir: log_dir?.into(),
                 })
             })();
             let cfg = notify_telemetry::config_or_exit("notifyctl", env, cfg);
@@ -43,8 +51,12 @@ async fn main() -> ExitCode {
             let maildev_url = env.required("NOTIFY_MAILDEV_URL");
             let sim_url = env.required("NOTIFY_SIM_URL");
             let amqp_url = env.required("NOTIFY_AMQP_URL");
+            let examples_python = env.required("NOTIFY_EXAMPLES_PYTHON");
+            let examples_dir = env.required("NOTIFY_EXAMPLES_DIR");
             let cfg = (|| {
                 Ok(notifyctl::chaos::ChaosConfig {
+                    examples_python: examples_python?.into(),
+                    examples_dir: examples_dir?.into(),
                     grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
                     settle: env.parse_with(
                         "NOTIFY_CHAOS_SETTLE",

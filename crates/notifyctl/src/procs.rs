@@ -8,8 +8,11 @@ use std::process::Stdio;
 use std::time::Duration;
 use tokio::process::{Child, Command};
 
-/// The four worker binaries.
+/// The four channel worker binaries.
 pub const WORKERS: [&str; 4] = ["worker-line", "worker-email", "worker-inapp", "worker-push"];
+
+/// The binary that POSTs status webhooks to callers (`crates/worker-webhook`).
+pub const WEBHOOK_WORKER: &str = "worker-webhook";
 
 /// Running platform processes, by binary name.
 pub struct Procs {

@@ -45,7 +45,7 @@
 //!   `X-Line-Signature`; `"signature"` in the body overrides it, for tests of forgeries),
 //!   answering `{"status", "body"}` of the receiver's reply;
 //! - `POST /_sim/ses/notify`: sends an SNS-signed SES bounce or complaint notification to
-//!   a URL ([`ses`]); `GET /_sim/sns/cert.pem`: the certificate it signs with;
+//!   a URL, or a subscription confirmation ([`ses`]); `GET /_sim/sns/cert.pem`: the certificate it signs with; `GET /_sim/sns/confirm`: its `SubscribeURL`;
 //! - `POST /_sim/faults` with a [`Fault`]; `DELETE /_sim/faults`; with the SMTP server
 //!   (`SIM_SMTP_ADDR`), `POST /_sim/smtp/fault` `{"reply"}` / `DELETE` ([`router_with_smtp`]);
 //! - `DELETE /_sim/tokens`: revokes every FCM access token issued so far;
@@ -186,6 +186,7 @@ pub fn router_with_smtp(cfg: SimConfig, smtp: Option<smtp::SmtpSim>) -> Router {
         .route("/_sim/line/webhook", post(line::send_webhook))
         .route("/v2/email/outbound-emails", post(ses::send_email))
         .route("/_sim/sns/cert.pem", get(ses::sns_cert))
+        .route("/_sim/sns/confirm", get(ses::sns_confirm))
         .route("/_sim/ses/notify", post(ses::notify))
         .with_state(sim)
         .merge(smtp_routes.unwrap_or_default())

@@ -20,6 +20,11 @@
 //! `bounce.bouncedRecipients`, or `complaint.complainedRecipients`), and whose
 //! `SigningCertURL` is this simulator's `GET /_sim/sns/cert.pem`. `forge: true` changes
 //! the signed `MessageId` after signing (the event itself intact). Answers `{"status", "body"}` of the receiver's reply.
+//! `event: "SubscriptionConfirmation"` sends the message SNS sends when a subscription is
+//! made (`Type: SubscriptionConfirmation`, `Token`, `SubscribeURL`; signed over
+//! `Message`, `MessageId`, `SubscribeURL`, `Timestamp`, `Token`, `TopicArn`, `Type`),
+//! whose `SubscribeURL` is this simulator's `GET /_sim/sns/confirm?Action=ConfirmSubscription&TopicArn=…&Token=…`,
+//! recorded as provider `sns` (what a receiver that confirms calls).
 //! Sources: SNS "Verifying the signatures of Amazon SNS messages"; SES "Contents of event
 //! data that Amazon SES publishes to Amazon SNS".
 
@@ -150,6 +155,26 @@ pub(crate) async fn send_email(
     )
 }
 
+/// `GET /_sim/sns/confirm`: the `SubscribeURL` of a subscription confirmation; recorded
+/// (provider `sns`, the query as the body) and answered with SNS's
+/// `ConfirmSubscriptionResponse`.
+pub(crate) async fn sns_confirm(
+    State(sim): State<Sim>,
+    headers: HeaderMap,
+    axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> Response {
+    let query = json!(q);
+    sim.record("sns", "/_sim/sns/confirm", &headers, &query, 200);
+    (
+        [("content-type", "text/xml")],
+        format!(
+            "<ConfirmSubscriptionResponse xmlns=\"http://sns.amazonaws.com/doc/2010-03-31/\"><ConfirmSubscriptionResult><SubscriptionArn>{TOPIC_ARN}:{}</SubscriptionArn></ConfirmSubscriptionResult></ConfirmSubscriptionResponse>",
+            Uuid::new_v4()
+        ),
+    )
+        .into_response()
+}
+
 /// `GET /_sim/sns/cert.pem`.
 pub(crate) async fn sns_cert() -> Response {
     ([("content-type", "application/x-pem-file")], SNS_CERT_PEM).into_response()
@@ -170,17 +195,33 @@ pub(crate) struct NotifyRequest {
     cert_url: Option<String>,
 }
 
-/// The SNS string to sign of a notification (SignatureVersion 2).
+/// The SNS string to sign (SignatureVersion 2) of a `Notification` (`Message`,
+/// `MessageId`, `Subject` if present, `Timestamp`, `TopicArn`, `Type`) or of a
+/// `SubscriptionConfirmation` / `UnsubscribeConfirmation` (`Message`, `MessageId`,
+/// `SubscribeURL`, `Timestamp`, `Token`, `TopicArn`, `Type`).
 pub fn sns_string_to_sign(n: &Value) -> String {
+    let keys: &[&str] = if n["Type"] == "Notification" {
+        &[
+            "Message",
+            "MessageId",
+            "Subject",
+            "Timestamp",
+            "TopicArn",
+            "Type",
+        ]
+    } else {
+        &[
+            "Message",
+            "MessageId",
+            "SubscribeURL",
+            "Timestamp",
+            "Token",
+            "TopicArn",
+            "Type",
+        ]
+    };
     let mut s = String::new();
-    for k in [
-        "Message",
-        "MessageId",
-        "Subject",
-        "Timestamp",
-        "TopicArn",
-        "Type",
-    ] {
+    for &k in keys {
         if let Some(v) = n[k].as_str() {
             s.push_str(&format!("{k}\n{v}\n"));
         }
@@ -208,6 +249,7 @@ pub(crate) async fn notify(
             "complainedRecipients": [{"emailAddress": r.address}],
             "complaintFeedbackType": "abuse",
             "timestamp": now, "feedbackId": Uuid::new_v4().to_string()}}),
+        "SubscriptionConfirmation" => Value::Null,
         other => {
             return answer(
                 400,
@@ -223,16 +265,32 @@ pub(crate) async fn notify(
     let cert_url = r
         .cert_url
         .unwrap_or_else(|| format!("http://{host}/_sim/sns/cert.pem"));
-    let mut n = json!({
-        "Type": "Notification",
-        "MessageId": Uuid::new_v4().to_string(),
-        "TopicArn": TOPIC_ARN,
-        "Message": event.to_string(),
-        "Timestamp": now,
-        "SignatureVersion": "2",
-        "SigningCertURL": cert_url,
-        "UnsubscribeURL": format!("http://{host}/_sim/sns/unsubscribe"),
-    });
+    let mut n = if event.is_null() {
+        let token = Uuid::new_v4().simple().to_string();
+        json!({
+            "Type": "SubscriptionConfirmation",
+            "MessageId": Uuid::new_v4().to_string(),
+            "Token": token,
+            "TopicArn": TOPIC_ARN,
+            "Message": format!("You have chosen to subscribe to the topic {TOPIC_ARN}.\nTo confirm the subscription, visit the SubscribeURL included in this message."),
+            "SubscribeURL": format!("http://{host}/_sim/sns/confirm?Action=ConfirmSubscription&TopicArn={TOPIC_ARN}&Token={token}"),
+            "Timestamp": now,
+            "SignatureVersion": "2",
+            "SigningCertURL": cert_url,
+        })
+    } else {
+        json!({
+            "Type": "Notification",
+            "MessageId": Uuid::new_v4().to_string(),
+            "TopicArn": TOPIC_ARN,
+            "Message": event.to_string(),
+            "Timestamp": now,
+            "SignatureVersion": "2",
+            "SigningCertURL": cert_url,
+            "UnsubscribeURL": format!("http://{host}/_sim/sns/unsubscribe"),
+        })
+    };
+    let kind = n["Type"].as_str().unwrap_or_default().to_string();
     let key = jsonwebtoken::EncodingKey::from_rsa_pem(SNS_KEY_PEM.as_bytes()).expect("fixture key");
     let sig = jsonwebtoken::crypto::sign(
         sns_string_to_sign(&n).as_bytes(),
@@ -252,7 +310,7 @@ pub(crate) async fn notify(
     let sent = reqwest::Client::new()
         .post(&r.url)
         .header("content-type", "text/plain; charset=UTF-8")
-        .header("x-amz-sns-message-type", "Notification")
+        .header("x-amz-sns-message-type", kind)
         .header("x-amz-sns-topic-arn", TOPIC_ARN)
         .body(n.to_string())
         .send()

@@ -132,6 +132,23 @@ impl Breaker {
         }
     }
 
+    /// How long from `now` until this breaker admits a call again: zero when closed (or
+    /// half-open with no probe out), the rest of the cooldown when open, and one second
+    /// when its half-open probe is still out (its answer decides).
+    pub fn admits_again_in(&self, now: Instant) -> Duration {
+        match self.state {
+            State::Closed => Duration::ZERO,
+            State::HalfOpen if self.probe_in_flight => Duration::from_secs(1),
+            State::HalfOpen => Duration::ZERO,
+            State::Open => {
+                let opened = self.opened_at.unwrap_or(now);
+                self.cfg
+                    .cooldown
+                    .saturating_sub(now.saturating_duration_since(opened))
+            }
+        }
+    }
+
     /// The admitted call got an answer that shows the provider working (accepted, or a
     /// permanent answer about the message or address).
     pub fn success(&mut self, now: Instant) -> Option<Transition> {
@@ -237,6 +254,8 @@ mod tests {
             })
         );
         assert_eq!(b.state(), State::Open);
+        assert_eq!(b.admits_again_in(at(t0, 5)), Duration::from_secs(30));
+        assert_eq!(b.admits_again_in(at(t0, 20_005)), Duration::from_secs(10));
         // Nothing is admitted until exactly 30 s after it opened.
         assert_eq!(b.admit(at(t0, 5)), (false, None));
         assert_eq!(b.admit(at(t0, 30_004)), (false, None));
@@ -250,8 +269,9 @@ mod tests {
                 })
             )
         );
-        // One probe at a time.
+        // One probe at a time; its answer decides, so look again in a second.
         assert_eq!(b.admit(at(t0, 30_006)), (false, None));
+        assert_eq!(b.admits_again_in(at(t0, 30_006)), Duration::from_secs(1));
         // A failed probe opens it again, for a new cooldown from the failure.
         assert_eq!(
             b.failure(at(t0, 30_100)),

@@ -175,8 +175,12 @@ impl Providers {
     }
 
     /// Sends `msg` through the first admitting provider, moving on after a transient
-    /// failure that accepted nothing (see the module). When no breaker admits the call,
-    /// a transient `email_providers_open` failure, retried per policy.
+    /// failure that accepted nothing (see the module). When no breaker admits the call
+    /// (every provider open, or half-open with its probe out), nothing is called: an
+    /// `email_providers_open` failure of class [`ErrorClass::QuotaExhausted`] with
+    /// `retry_after` = the time until the first breaker admits again (at least 1 s), so
+    /// the runtime pauses the email channel that long and the delivery waits **without
+    /// spending an attempt**.
     pub async fn send(&self, msg: &Outgoing<'_>, lease: &Lease) -> AttemptOutcome {
         let mut last: Option<AttemptOutcome> = None;
         for p in &self.list {
@@ -220,12 +224,24 @@ impl Providers {
             last = Some(outcome);
         }
         last.unwrap_or_else(|| {
+            let now = Instant::now();
+            let wait = self
+                .list
+                .iter()
+                .map(|p| lock(&p.breaker).admits_again_in(now))
+                .min()
+                .unwrap_or_default()
+                .max(Duration::from_secs(1));
             AttemptOutcome::failed(
-                ErrorClass::Transient,
+                ErrorClass::QuotaExhausted,
                 "email_providers_open",
                 msg.content.clone(),
             )
-            .with_response("every email provider's circuit breaker is open".to_string())
+            .with_response(format!(
+                "every email provider's circuit breaker is open; the first admits again in {} ms",
+                wait.as_millis()
+            ))
+            .with_retry_after(Some(wait))
         })
     }
 

@@ -137,6 +137,97 @@ async fn a_relay_answering_421_to_every_call_fails_over_and_email_returns_to_it_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_provider_open_the_email_channel_pauses_and_spends_no_attempt() {
+    let (backup, backup_url) = backup_smtp().await;
+    let cooldown = Duration::from_secs(3);
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Email],
+        smtp_sim: true,
+        email_backups: vec![backup_url.clone()],
+        email_breaker: worker_email::breaker::BreakerConfig {
+            failures: 1,
+            cooldown,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["email"]).await;
+    let user = uniq("open");
+    p.add_recipient(&user, "สมหญิง", &format!("{user}@example.test"), "")
+        .await;
+    p.smtp_sim
+        .set_fault(Some("421 4.3.2 service not available"));
+    backup.set_fault(Some("421 4.7.0 try again later"));
+
+    // Attempt 1 calls both providers (421 each) and opens both breakers; its retry, due
+    // 300 ms later and well inside the cooldown, finds no provider to call.
+    let ev = p.send("open:1", "order_paid", &[&user]).await;
+    let paused = eventually(
+        "the email channel paused by the open breakers",
+        Duration::from_secs(20),
+        async || {
+            let row: Option<(String, f64)> = sqlx::query_as(
+                "SELECT reason, extract(epoch FROM paused_until - now())::float8
+                 FROM channel_pauses WHERE channel = 'email' AND paused_until > now()",
+            )
+            .fetch_optional(&p.pool)
+            .await
+            .unwrap();
+            row.ok_or(())
+        },
+    )
+    .await;
+    assert!(paused.0.starts_with("email_providers_open"), "{paused:?}");
+    assert!(
+        paused.1 > 0.0 && paused.1 <= cooldown.as_secs_f64(),
+        "paused until the first breaker admits again: {paused:?}"
+    );
+    assert_eq!(
+        p.smtp_sim.mail_commands(),
+        1,
+        "the open primary is not called"
+    );
+    assert_eq!(backup.mail_commands(), 1, "nor the open backup");
+
+    // Both recover; once the pause ends the probe goes out and the email with it.
+    p.smtp_sim.set_fault(None);
+    backup.set_fault(None);
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_eq!(done.deliveries[0].status, "sent", "{done:?}");
+    let (attempts, max_attempts, open_attempts, open_calls): (i32, i32, i64, i64) = sqlx::query_as(
+        "SELECT d.attempts, d.max_attempts,
+                    count(*) FILTER (WHERE a.error_code = 'email_providers_open'),
+                    count(a.provider_name) FILTER (WHERE a.error_code = 'email_providers_open')
+             FROM notification_deliveries d JOIN delivery_attempts a ON a.delivery_id = d.id
+             WHERE d.event_id = $1::uuid GROUP BY d.id",
+    )
+    .bind(&ev.event_id)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert!(open_attempts >= 1, "a pass found every breaker open");
+    assert_eq!(open_calls, 0, "no provider named: none was called");
+    assert_eq!(
+        max_attempts,
+        5 + open_attempts as i32,
+        "each pass with every breaker open gave its attempt back"
+    );
+    assert_eq!(
+        attempts,
+        2 + open_attempts as i32,
+        "the 421 pass, the open passes, the send"
+    );
+    assert_eq!(
+        p.smtp_sim.messages().len(),
+        1,
+        "sent through the primary, once"
+    );
+    assert!(backup.messages().is_empty());
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_550_5_1_1_on_the_primary_does_not_fail_over_and_marks_the_address() {
     let (backup, backup_url) = backup_smtp().await;
     let p = Platform::start_with(Options {
@@ -266,6 +357,40 @@ async fn a_signed_bounce_marks_the_address_and_a_forged_one_is_refused_and_write
     );
     let ev = p.send("s:1", "order_paid", &[&soft]).await;
     assert_eq!(ev.skipped[0].reason, "suppressed");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_subscription_confirmation_is_confirmed_and_a_forged_one_is_not() {
+    let mut p = Platform::start_with_workers(&[]).await;
+    let http = trusting_http_api(&mut p).await;
+
+    let forged = notify(
+        &p,
+        &http,
+        json!({"event": "SubscriptionConfirmation", "address": "", "forge": true}),
+    )
+    .await;
+    assert_eq!(forged["status"], 401, "{forged}");
+    assert_eq!(p.sim_count("sns").await, 0, "a forged one is not confirmed");
+
+    let signed = notify(
+        &p,
+        &http,
+        json!({"event": "SubscriptionConfirmation", "address": ""}),
+    )
+    .await;
+    assert_eq!(signed["status"], 200, "{signed}");
+    let confirmed = p.sim_requests("sns").await;
+    assert_eq!(
+        confirmed.len(),
+        1,
+        "its SubscribeURL fetched once: {confirmed:?}"
+    );
+    let q = &confirmed[0]["body"];
+    assert_eq!(q["Action"], "ConfirmSubscription");
+    assert_eq!(q["TopicArn"], provider_sim::ses::TOPIC_ARN);
+    assert_eq!(q["Token"].as_str().map(str::len), Some(32), "{q}");
     p.stop().await;
 }
 

@@ -25,6 +25,7 @@ mod promises;
 mod push;
 mod push_rich;
 mod recovery;
+mod reference_receivers;
 mod rich;
 mod rich_edges;
 mod scheduled;

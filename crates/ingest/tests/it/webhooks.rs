@@ -198,7 +198,7 @@ pub(crate) fn start_webhook_worker(
     (stop, task)
 }
 
-fn webhooks(
+pub(crate) fn webhooks(
     p: &Platform,
 ) -> pb::webhook_service_client::WebhookServiceClient<tonic::transport::Channel> {
     pb::webhook_service_client::WebhookServiceClient::new(p.grpc.clone())
@@ -219,7 +219,7 @@ pub(crate) async fn create_endpoint(p: &Platform, url: &str, types: &[&str]) -> 
 }
 
 /// Deliveries: (id, status, state_version).
-async fn deliveries(p: &Platform) -> Vec<(uuid::Uuid, String, i32)> {
+pub(crate) async fn deliveries(p: &Platform) -> Vec<(uuid::Uuid, String, i32)> {
     sqlx::query_as("SELECT id, status, state_version FROM notification_deliveries ORDER BY id")
         .fetch_all(&p.pool)
         .await

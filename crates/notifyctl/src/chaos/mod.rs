@@ -28,8 +28,16 @@
 //! - early: a delivery sent before its event's `send_at`;
 //! - canceled_sent: a canceled delivery a provider has a record of, or a delivery of a
 //!   canceled event sent after the cancel was answered.
+//!
+//! Each run also sends a 1,000-delivery event of a caller with two status-webhook
+//! endpoints, served by the Python and the Node receivers of `examples/` (the Standard
+//! Webhooks reference libraries), while `worker-webhook` is killed too; one line per
+//! receiver (see `hooks.rs`):
+//!
+//! `chaos: webhooks receiver=python deliveries=1000 messages=M received=R webhooks_lost=0 webhooks_duplicates=D unwritten=0 rejected=0`
 
 mod check;
+mod hooks;
 mod wave;
 
 pub use check::RunReport;
@@ -69,9 +77,13 @@ pub struct ChaosConfig {
     pub amqp_url: String,
     /// Prefix of the run's exchanges and queues.
     pub amqp_prefix: String,
+    /// Python of the examples' virtual environment (`NOTIFY_EXAMPLES_PYTHON`).
+    pub examples_python: PathBuf,
+    /// The repository's `examples/` folder (`NOTIFY_EXAMPLES_DIR`).
+    pub examples_dir: PathBuf,
 }
 
-use crate::procs::WORKERS;
+use crate::procs::{WEBHOOK_WORKER, WORKERS};
 
 async fn stack(cfg: &ChaosConfig, args: &[&str]) -> anyhow::Result<()> {
     let out = Command::new(&cfg.stack_script)
@@ -152,6 +164,8 @@ struct KillSnapshot {
     ids: Vec<Uuid>,
     tokens: Vec<Uuid>,
     recovered_after: Option<Duration>,
+    /// Leases of webhook messages rather than of deliveries.
+    webhooks: bool,
 }
 
 async fn snapshot(pool: &PgPool, event_id: Uuid, channel: &str) -> anyhow::Result<KillSnapshot> {
@@ -168,6 +182,22 @@ async fn snapshot(pool: &PgPool, event_id: Uuid, channel: &str) -> anyhow::Resul
         ids: rows.iter().map(|r| r.0).collect(),
         tokens: rows.iter().map(|r| r.1).collect(),
         recovered_after: None,
+        webhooks: false,
+    })
+}
+
+/// [`snapshot`] of the webhook messages `sending` (worker-webhook's leases).
+async fn snapshot_webhooks(pool: &PgPool) -> anyhow::Result<KillSnapshot> {
+    let rows: Vec<(Uuid, Uuid)> =
+        sqlx::query_as("SELECT id, lease_token FROM webhook_messages WHERE status = 'sending'")
+            .fetch_all(pool)
+            .await?;
+    Ok(KillSnapshot {
+        at: Instant::now(),
+        ids: rows.iter().map(|r| r.0).collect(),
+        tokens: rows.iter().map(|r| r.1).collect(),
+        recovered_after: None,
+        webhooks: true,
     })
 }
 
@@ -181,10 +211,13 @@ async fn watch_recovery(
         {
             let mut snaps = snapshots.lock().await;
             for s in snaps.iter_mut().filter(|s| s.recovered_after.is_none()) {
-                let held: Result<i64, _> = sqlx::query_scalar(
+                let held: Result<i64, _> = sqlx::query_scalar(if s.webhooks {
+                    "SELECT count(*) FROM webhook_messages
+                     WHERE id = ANY($1) AND status = 'sending' AND lease_token = ANY($2)"
+                } else {
                     "SELECT count(*) FROM notification_deliveries
-                     WHERE id = ANY($1) AND status = 'sending' AND lease_token = ANY($2)",
-                )
+                     WHERE id = ANY($1) AND status = 'sending' AND lease_token = ANY($2)"
+                })
                 .bind(&s.ids)
                 .bind(&s.tokens)
                 .fetch_one(&pool)
@@ -239,7 +272,17 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
     for w in WORKERS {
         procs.spawn(w)?;
     }
+    procs.spawn(WEBHOOK_WORKER)?;
     let grpc = connect_grpc(&cfg.grpc_url).await?;
+    pb::type_service_client::TypeServiceClient::new(grpc.clone())
+        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
+            key: "chaos_hooks".into(),
+            priority: "normal".into(),
+            default_channels: vec!["line".into(), "inapp".into()],
+            critical: false,
+            ..Default::default()
+        })
+        .await?;
 
     let audiences = [
         Audience {
@@ -270,10 +313,14 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
                 return Err(e);
             }
         };
-        let (report, wave) = report;
+        let (report, wave, hooks) = report;
         println!("{}", report.line());
         println!("{}", wave.line());
         all_ok &= wave.ok();
+        for h in &hooks {
+            println!("{}", h.line());
+            all_ok &= h.ok();
+        }
         if report.unexplained_duplicates > 0 {
             println!(
                 "  {} duplicate(s) not matched by an ambiguous retry",
@@ -292,7 +339,7 @@ async fn chaos_run(
     procs: &mut Procs,
     a: &Audience,
     run: usize,
-) -> anyhow::Result<(RunReport, wave::WaveReport)> {
+) -> anyhow::Result<(RunReport, wave::WaveReport, Vec<hooks::HooksReport>)> {
     let grpc = connect_grpc(&cfg.grpc_url).await?;
     let reply = pb::ingest_service_client::IngestServiceClient::new(grpc.clone())
         .create_event(pb::CreateEventRequest {
@@ -320,11 +367,17 @@ async fn chaos_run(
         .map(|i| format!("{}-{i:06}", a.label))
         .collect();
     let wave = wave::start(&grpc, a.type_key, &wave_users, run).await?;
+    let hooks = hooks::start(cfg, pool, &cfg.grpc_url, &wave_users, run).await?;
     let mut watched = wave.ids();
     watched.push(event_id);
+    watched.push(hooks.event_id());
     println!(
         "  wave: {} events scheduled 6-25 s ahead, half of them to be canceled by cancellation key",
-        watched.len() - 1
+        watched.len() - 2
+    );
+    println!(
+        "  webhooks: event {} to 500 recipients on LINE and in-app, status webhooks to the Python and Node receivers",
+        hooks.event_id()
     );
 
     // The chaos plan: every worker type and ingest killed, two SIGTERM restarts, one
@@ -334,6 +387,7 @@ async fn chaos_run(
         "kill:worker-email",
         "kill:worker-inapp",
         "kill:worker-push",
+        "kill:worker-webhook",
         "kill:ingest",
         "kill:worker-line",
         "term:worker-line",
@@ -355,6 +409,23 @@ async fn chaos_run(
         snapshots.clone(),
         stop_watch.clone(),
     ));
+    // First, worker-webhook killed while it holds leases of the webhook event's messages
+    // (the random plan below may find it idle): the POSTs it was making go out again
+    // after their lease, duplicated, never lost.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        match snapshot_webhooks(pool).await {
+            Ok(s) if !s.ids.is_empty() || Instant::now() > until => {
+                let in_flight = s.ids.len();
+                snapshots.lock().await.push(s);
+                procs.kill9(WEBHOOK_WORKER).await?;
+                println!("  kill -9 {WEBHOOK_WORKER} ({in_flight} in flight)");
+                procs.spawn(WEBHOOK_WORKER)?;
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
     for action in plan {
         let wait = rand::rng().random_range(500..2_500);
         tokio::time::sleep(Duration::from_millis(wait)).await;
@@ -364,6 +435,7 @@ async fn chaos_run(
             "worker-email" => "worker-email",
             "worker-inapp" => "worker-inapp",
             "worker-push" => "worker-push",
+            "worker-webhook" => WEBHOOK_WORKER,
             "ingest" => "ingest",
             "rabbitmq" => "rabbitmq",
             _ => "postgres",
@@ -371,7 +443,21 @@ async fn chaos_run(
         match verb {
             "kill" => {
                 let mut in_flight = 0;
-                if let Some(channel) = channel_of(target) {
+                if target == WEBHOOK_WORKER {
+                    // Kill during POSTs: wait (up to 5 s) until it holds some leases.
+                    let until = Instant::now() + Duration::from_secs(5);
+                    loop {
+                        match snapshot_webhooks(pool).await {
+                            Ok(s) if !s.ids.is_empty() || Instant::now() > until => {
+                                in_flight = s.ids.len();
+                                snapshots.lock().await.push(s);
+                                break;
+                            }
+                            Err(_) if Instant::now() > until => break,
+                            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                        }
+                    }
+                } else if let Some(channel) = channel_of(target) {
                     // Kill during provider calls: wait (up to 5 s) until the worker holds some.
                     let until = Instant::now() + Duration::from_secs(5);
                     loop {
@@ -387,7 +473,7 @@ async fn chaos_run(
                     }
                 }
                 procs.kill9(target).await?;
-                println!("  kill -9 {target} ({in_flight} deliveries in flight)");
+                println!("  kill -9 {target} ({in_flight} in flight)");
                 tokio::time::sleep(Duration::from_millis(rand::rng().random_range(100..1_000)))
                     .await;
                 procs.spawn(target)?;
@@ -446,14 +532,25 @@ async fn chaos_run(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    let hooks_event = hooks.event_id();
+    let hooks = hooks.finish(pool, cfg.settle).await?;
     stop_watch.cancel();
     let _ = watcher.await;
     let mut report = check(cfg, pool, &[event_id]).await?;
     let wave = wave.finish(cfg, pool).await?;
+    let hooks_deliveries = check(cfg, pool, &[hooks_event]).await?;
+    println!(
+        "  webhook event's deliveries: {}",
+        hooks_deliveries.line().trim_start_matches("chaos: ")
+    );
+    let mut hooks = hooks;
+    for h in &mut hooks {
+        h.deliveries_ok = hooks_deliveries.ok();
+    }
     for s in snapshots.lock().await.iter() {
         // Not recovered by the end: count the whole time.
         let took = s.recovered_after.unwrap_or_else(|| s.at.elapsed());
         report.max_recovery_s = report.max_recovery_s.max(took.as_secs_f64());
     }
-    Ok((report, wave))
+    Ok((report, wave, hooks))
 }

@@ -64,7 +64,9 @@ pub(crate) struct Stack {
     pub chromium: String,
 }
 
-fn stack_env() -> HashMap<String, String> {
+/// The environment, completed by the stack's env file (`$NOTIFY_STACK_DIR/env` or
+/// `.stack/env`): a variable set in the environment wins.
+pub(crate) fn stack_env() -> HashMap<String, String> {
     let mut vars: HashMap<String, String> = std::env::vars().collect();
     let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.stack/env");
     let dir = std::env::var("NOTIFY_STACK_DIR").map(|d| std::path::PathBuf::from(d).join("env"));
