@@ -216,7 +216,8 @@ fi
 rules_count=$(grep -o 'SUCCESS: [0-9]* rules found' "$work/promtool-check.out" | grep -o '[0-9]*' || echo 0)
 
 required_alerts=(NotifyDeliveryFailureRateHigh NotifyOldestPendingTooOld NotifyDeadLetterNotEmpty
-  NotifyLeaseRecoveries NotifyChannelPaused)
+  NotifyLeaseRecoveries NotifyChannelPaused NotifyWebhookEndpointDisabled NotifyWebhookFailureRate
+  NotifyEmailProviderBreakerOpen NotifyEmailAllProvidersOpen)
 monitoring_line=""
 if ! monitoring_line=$("$py" "$k8s/validate.py" monitoring --dir "$mon" --docs "$repo/docs/operations.md" \
     "${required_alerts[@]/#/--require-alert=}"); then

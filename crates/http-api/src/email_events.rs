@@ -272,6 +272,8 @@ async fn take_event(
         .map(|t| t.with_timezone(&chrono::Utc))
         .unwrap_or_else(chrono::Utc::now);
     let mut tx = pool.begin().await.map_err(notify_store::StoreError::from)?;
+    // Suppressions added, by reason, counted once the transaction commits.
+    let mut added: Vec<&'static str> = Vec::new();
     for r in list.as_array().into_iter().flatten() {
         let Some(address) = r["emailAddress"].as_str() else {
             continue;
@@ -321,13 +323,15 @@ async fn take_event(
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(notify_store::StoreError::from)?;
-                if count >= i64::from(cfg.soft_bounce_limit) {
-                    suppress(&mut tx, None, Some(&address), "all", "soft_bounces", "ses").await?;
+                if count >= i64::from(cfg.soft_bounce_limit)
+                    && suppress(&mut tx, None, Some(&address), "all", "soft_bounces", "ses").await?
+                {
+                    added.push("soft_bounces");
                 }
             }
             _ => {
                 for (user, _) in &users {
-                    suppress(
+                    if suppress(
                         &mut tx,
                         Some(user),
                         Some(&address),
@@ -335,12 +339,18 @@ async fn take_event(
                         "complaint",
                         "ses",
                     )
-                    .await?;
+                    .await?
+                    {
+                        added.push("complaint");
+                    }
                 }
             }
         }
     }
     tx.commit().await.map_err(notify_store::StoreError::from)?;
+    for reason in added {
+        notify_telemetry::metrics::count_suppression_added(reason);
+    }
     Ok(())
 }
 

@@ -494,7 +494,8 @@ fn server_span(req: &http::Request<()>) -> tracing::Span {
 }
 
 /// Samples the gauges every `cfg.metrics_interval`: outbox size and age, pending
-/// deliveries and the oldest due one per channel, paused channels (from Postgres) and the
+/// deliveries and the oldest due one per channel, paused channels, webhook messages
+/// pending for over a minute (from Postgres) and the
 /// dead-letter queue's depth (from RabbitMQ). Every replica samples the same values.
 async fn sample_gauges(
     pool: PgPool,
@@ -525,6 +526,10 @@ async fn sample_gauges(
                 }
             }
             Err(e) => warn!(error = %e, "metrics: database gauges not sampled"),
+        }
+        match notify_store::webhooks::pending_backlog(&pool).await {
+            Ok(n) => m.webhook_messages_pending.record(n.max(0) as u64, &[]),
+            Err(e) => warn!(error = %e, "metrics: webhook backlog not sampled"),
         }
         // The relay declares the queues when it connects; before that the dead-letter
         // queue may not exist yet.

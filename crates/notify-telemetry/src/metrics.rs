@@ -85,6 +85,35 @@ pub struct Metrics {
     /// `notify_deliveries_canceled_total{target}`: deliveries those cancels moved to
     /// `canceled` (a repeated cancel adds nothing).
     pub deliveries_canceled: Counter<u64>,
+    /// `notify_webhook_attempts_total{outcome}`: status webhook POSTs by worker-webhook,
+    /// by what follows: `sent` (2xx), `retry`, `failed` (attempts spent).
+    pub webhook_attempts: Counter<u64>,
+    /// `notify_webhook_attempt_duration_seconds{outcome}`: one webhook POST, from the
+    /// start of the request to the answer's head (or the failure: a timeout lands at
+    /// `NOTIFY_WEBHOOK_TIMEOUT`); outcome as [`Self::webhook_attempts`].
+    pub webhook_attempt_duration: Histogram<f64>,
+    /// `notify_webhook_endpoints_disabled_total`: endpoints worker-webhook disabled
+    /// because every attempt failed for longer than `NOTIFY_WEBHOOK_DISABLE_AFTER`.
+    pub webhook_endpoints_disabled: Counter<u64>,
+    /// `notify_webhook_messages_pending`: webhook messages still `pending` more than a
+    /// minute after they were written (sampled from Postgres by ingest, like the outbox).
+    pub webhook_messages_pending: Gauge<u64>,
+    /// `notify_email_breaker_state{provider}`: the email provider's circuit breaker in
+    /// this worker-email process: 0 closed, 1 half-open, 2 open (take the max across
+    /// replicas).
+    pub email_breaker_state: Gauge<u64>,
+    /// `notify_email_breaker_transitions_total{provider,to}`: breaker state changes, by
+    /// the state entered (`closed`, `half_open`, `open`).
+    pub email_breaker_transitions: Counter<u64>,
+    /// `notify_email_provider_attempts_total{provider,outcome}`: calls to one email
+    /// provider (an attempt that fails over calls several); outcome `answered` (accepted
+    /// or refused for good), `failed_over` (transient, nothing accepted: the next provider
+    /// is tried), `ambiguous` (transient, maybe accepted), `interrupted` (lease lost).
+    pub email_provider_attempts: Counter<u64>,
+    /// `notify_email_suppressions_added_total{reason}`: rows added to
+    /// `email_suppressions`, by reason: `complaint` and `soft_bounces` (the provider's
+    /// event feed), `console` (added by staff). Counted after the adding commit.
+    pub email_suppressions_added: Counter<u64>,
 }
 
 static METRICS: OnceLock<Metrics> = OnceLock::new();
@@ -183,6 +212,42 @@ pub fn metrics() -> &'static Metrics {
                 .u64_counter("notify_deliveries_canceled")
                 .with_description("Deliveries canceled before any provider call.")
                 .build(),
+            webhook_attempts: m
+                .u64_counter("notify_webhook_attempts")
+                .with_description("Webhook POSTs, by outcome.")
+                .build(),
+            webhook_attempt_duration: m
+                .f64_histogram("notify_webhook_attempt_duration")
+                .with_description("Webhook POST time, by outcome.")
+                .with_unit("s")
+                .with_boundaries(ATTEMPT_BUCKETS.to_vec())
+                .build(),
+            webhook_endpoints_disabled: m
+                .u64_counter("notify_webhook_endpoints_disabled")
+                .with_description("Webhook endpoints disabled after failing too long.")
+                .build(),
+            webhook_messages_pending: m
+                .u64_gauge("notify_webhook_messages_pending")
+                .with_description("Webhook messages pending for more than a minute.")
+                .build(),
+            email_breaker_state: m
+                .u64_gauge("notify_email_breaker_state")
+                .with_description("Email provider circuit breaker: 0 closed, 1 half-open, 2 open.")
+                .build(),
+            email_breaker_transitions: m
+                .u64_counter("notify_email_breaker_transitions")
+                .with_description(
+                    "Email provider circuit breaker state changes, by the state entered.",
+                )
+                .build(),
+            email_provider_attempts: m
+                .u64_counter("notify_email_provider_attempts")
+                .with_description("Calls to one email provider, by outcome.")
+                .build(),
+            email_suppressions_added: m
+                .u64_counter("notify_email_suppressions_added")
+                .with_description("Email suppressions added, by reason.")
+                .build(),
         }
     })
 }
@@ -218,6 +283,14 @@ pub fn count_cancel(target: &'static str, newly_canceled: u64) {
     let label = [KeyValue::new("target", target)];
     m.cancellations.add(1, &label);
     m.deliveries_canceled.add(newly_canceled, &label);
+}
+
+/// Counts one committed email suppression
+/// (`notify_email_suppressions_added_total{reason}`).
+pub fn count_suppression_added(reason: &'static str) {
+    metrics()
+        .email_suppressions_added
+        .add(1, &[KeyValue::new("reason", reason)]);
 }
 
 /// The text exposition of every metric, for `/metrics` (Prometheus text format 0.0.4).
@@ -284,6 +357,20 @@ mod tests {
         m.fallbacks
             .add(1, &fallback_labels("line", "email", "unreachable"));
         m.escalations.add(1, &[KeyValue::new("outcome", "created")]);
+        let outcome = [KeyValue::new("outcome", "sent")];
+        m.webhook_attempts.add(1, &outcome);
+        m.webhook_attempt_duration.record(0.1, &outcome);
+        m.webhook_endpoints_disabled.add(1, &[]);
+        m.webhook_messages_pending.record(2, &[]);
+        let provider = KeyValue::new("provider", "primary");
+        m.email_breaker_state
+            .record(2, std::slice::from_ref(&provider));
+        m.email_breaker_transitions
+            .add(1, &[provider.clone(), KeyValue::new("to", "open")]);
+        m.email_provider_attempts
+            .add(1, &[provider, KeyValue::new("outcome", "failed_over")]);
+        m.email_suppressions_added
+            .add(1, &[KeyValue::new("reason", "complaint")]);
 
         let text = render_prometheus();
         let mut exposed: BTreeMap<String, (String, String)> = BTreeMap::new();

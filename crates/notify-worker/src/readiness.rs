@@ -22,8 +22,9 @@ impl Readiness {
         self.consuming.load(Ordering::SeqCst)
     }
 
-    /// Records that the consumer started (`true`) or stopped (`false`).
-    pub(crate) fn set_consuming(&self, consuming: bool) {
+    /// Records that the consumer started (`true`) or stopped (`false`) (also used by
+    /// `worker-webhook`, which runs its own consumer).
+    pub fn set_consuming(&self, consuming: bool) {
         self.consuming.store(consuming, Ordering::SeqCst);
     }
 }

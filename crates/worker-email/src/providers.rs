@@ -12,6 +12,7 @@
 //! refused.
 //!
 //! The attempt's recorded content names the provider that answered (`content.provider`).
+//! Each provider call is counted (`notify_email_provider_attempts_total{provider,outcome}`).
 //! Breaker state changes are counted (`notify_email_breaker_transitions_total{provider,
 //! to}`), shown as `notify_email_breaker_state{provider}` (0 closed, 1 half-open, 2 open)
 //! and, when a database pool is given, written to `email_provider_states` for the console.
@@ -22,7 +23,7 @@ use notify_core::{AttemptOutcome, ErrorClass};
 use notify_worker::Lease;
 use opentelemetry::KeyValue;
 use serde_json::{Value, json};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How one provider sends.
@@ -54,6 +55,18 @@ pub enum Verdict {
     Ambiguous,
     /// The call ended before telling anything about the provider (lease lost): final.
     Neutral,
+}
+
+impl Verdict {
+    /// The `outcome` label of `notify_email_provider_attempts_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Answered => "answered",
+            Self::FailOver => "failed_over",
+            Self::Ambiguous => "ambiguous",
+            Self::Neutral => "interrupted",
+        }
+    }
 }
 
 /// The message of one attempt, as every transport needs it.
@@ -197,6 +210,13 @@ impl Providers {
                 }
             };
             self.transition(p, t);
+            notify_telemetry::metrics().email_provider_attempts.add(
+                1,
+                &[
+                    KeyValue::new("provider", p.name.clone()),
+                    KeyValue::new("outcome", verdict.as_str()),
+                ],
+            );
             if verdict != Verdict::FailOver {
                 return outcome;
             }
@@ -228,8 +248,7 @@ impl Providers {
     fn transition(&self, p: &Provider, t: Option<Transition>) {
         let Some(t) = t else { return };
         tracing::warn!(provider = %p.name, from = t.from.as_str(), to = t.to.as_str(), "email provider breaker");
-        let m = instruments();
-        m.1.add(
+        notify_telemetry::metrics().email_breaker_transitions.add(
             1,
             &[
                 KeyValue::new("provider", p.name.clone()),
@@ -241,8 +260,8 @@ impl Providers {
 
     /// Sets `notify_email_breaker_state{provider}` and the provider's row.
     fn record_state(&self, p: &Provider, state: State) {
-        instruments()
-            .0
+        notify_telemetry::metrics()
+            .email_breaker_state
             .record(state as u64, &[KeyValue::new("provider", p.name.clone())]);
         if let Some(pool) = &self.states {
             let (pool, provider, state) = (pool.clone(), p.name.clone(), state.as_str());
@@ -269,30 +288,6 @@ impl Providers {
 
 fn lock(b: &Mutex<Breaker>) -> std::sync::MutexGuard<'_, Breaker> {
     b.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// `notify_email_breaker_state{provider}` and `notify_email_breaker_transitions_total{provider,to}`.
-fn instruments() -> &'static (
-    opentelemetry::metrics::Gauge<u64>,
-    opentelemetry::metrics::Counter<u64>,
-) {
-    static I: OnceLock<(
-        opentelemetry::metrics::Gauge<u64>,
-        opentelemetry::metrics::Counter<u64>,
-    )> = OnceLock::new();
-    I.get_or_init(|| {
-        let m = opentelemetry::global::meter("notify");
-        (
-            m.u64_gauge("notify_email_breaker_state")
-                .with_description("Email provider circuit breaker: 0 closed, 1 half-open, 2 open.")
-                .build(),
-            m.u64_counter("notify_email_breaker_transitions")
-                .with_description(
-                    "Email provider circuit breaker state changes, by the state entered.",
-                )
-                .build(),
-        )
-    })
 }
 
 /// One SMTP exchange within `timeout`, classified (RFC 5321 §4.2.1, RFC 3463).

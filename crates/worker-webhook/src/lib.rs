@@ -20,9 +20,8 @@ use notify_core::links::LinkPolicy;
 use notify_store::PgPool;
 use notify_store::webhooks::{self as store, ClaimedMessage, MessageNext, Recorded};
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::Counter;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -104,31 +103,6 @@ impl WebhookConfig {
     }
 }
 
-/// The worker's instruments.
-struct Instruments {
-    /// `notify_webhook_attempts_total{outcome}`: POSTs, by `sent` / `retry` / `failed`.
-    attempts: Counter<u64>,
-    /// `notify_webhook_endpoints_disabled_total`: endpoints disabled after failing too long.
-    disabled: Counter<u64>,
-}
-
-fn instruments() -> &'static Instruments {
-    static I: OnceLock<Instruments> = OnceLock::new();
-    I.get_or_init(|| {
-        let m = opentelemetry::global::meter("notify");
-        Instruments {
-            attempts: m
-                .u64_counter("notify_webhook_attempts")
-                .with_description("Webhook POSTs, by outcome.")
-                .build(),
-            disabled: m
-                .u64_counter("notify_webhook_endpoints_disabled")
-                .with_description("Webhook endpoints disabled after failing too long.")
-                .build(),
-        }
-    })
-}
-
 /// What the tasks share.
 struct Ctx {
     pool: PgPool,
@@ -149,6 +123,26 @@ pub async fn run(
     pool: PgPool,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    run_with_readiness(cfg, pool, notify_worker::Readiness::new(), shutdown).await
+}
+
+/// [`run`], telling `consuming` whether the consumer of `deliveries.webhook` is open
+/// (false while connecting to RabbitMQ, after the connection is lost and while
+/// draining), for `/readyz` as the channel workers do.
+///
+/// # Errors
+/// The HTTP client could not be built.
+pub async fn run_with_readiness(
+    cfg: WebhookConfig,
+    pool: PgPool,
+    consuming: notify_worker::Readiness,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    // Exported from the start at 0, so that the first disabled endpoint is an increase
+    // (an alert on increase() does not see a series that appears at 1).
+    notify_telemetry::metrics()
+        .webhook_endpoints_disabled
+        .add(0, &[]);
     let links = cfg.worker.links.clone();
     let ctx = Arc::new(Ctx {
         http: post::client(&links, cfg.timeout)?,
@@ -160,7 +154,9 @@ pub async fn run(
     let sweeper = tokio::spawn(sweep(ctx.clone(), shutdown.clone()));
     let mut backoff = Duration::from_millis(200);
     loop {
-        match run_connected(&ctx, &shutdown).await {
+        let result = run_connected(&ctx, &consuming, &shutdown).await;
+        consuming.set_consuming(false);
+        match result {
             Ok(()) => break,
             Err(e) => {
                 error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "broker connection failed; reconnecting");
@@ -201,7 +197,11 @@ async fn sweep(ctx: Arc<Ctx>, shutdown: CancellationToken) {
     }
 }
 
-async fn run_connected(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> anyhow::Result<()> {
+async fn run_connected(
+    ctx: &Arc<Ctx>,
+    consuming: &notify_worker::Readiness,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
     let cfg = &ctx.cfg.worker;
     let channel = store::OUTBOX_CHANNEL;
     let conn = notify_broker::connect(&cfg.amqp_url, "worker-webhook").await?;
@@ -212,6 +212,7 @@ async fn run_connected(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> anyhow::
     let tag = format!("worker-webhook-{}", Uuid::new_v4());
     let mut consumer = Consumer::start(&conn, &queue, &tag, cfg.concurrency).await?;
     info!(%queue, concurrency = cfg.concurrency, "consuming");
+    consuming.set_consuming(true);
     let permits = Arc::new(Semaphore::new(cfg.concurrency as usize));
     let mut tasks = JoinSet::new();
     let mut failure = None;
@@ -243,6 +244,7 @@ async fn run_connected(ctx: &Arc<Ctx>, shutdown: &CancellationToken) -> anyhow::
         }
         while tasks.try_join_next().is_some() {}
     }
+    consuming.set_consuming(false);
     consumer.cancel().await;
     let _ = tokio::time::timeout(cfg.shutdown_grace, async {
         while tasks.join_next().await.is_some() {}
@@ -316,16 +318,20 @@ async fn deliver(ctx: &Ctx, id: Uuid) -> notify_store::Result<()> {
         MessageNext::Retry(_) => "retry",
         MessageNext::Failed => "failed",
     };
-    instruments()
-        .attempts
-        .add(1, &[KeyValue::new("outcome", outcome)]);
+    let m = notify_telemetry::metrics();
+    let label = [KeyValue::new("outcome", outcome)];
+    m.webhook_attempts.add(1, &label);
+    m.webhook_attempt_duration
+        .record(result.latency.as_secs_f64(), &label);
     match store::record_post(&ctx.pool, &msg, &result, next, ctx.cfg.disable_after).await? {
         Recorded::LeaseLost => {
             warn!(message_id = %msg.id, "lease lost during the POST; nothing recorded");
         }
         Recorded::Written { endpoint_disabled } => {
             if endpoint_disabled {
-                instruments().disabled.add(1, &[]);
+                notify_telemetry::metrics()
+                    .webhook_endpoints_disabled
+                    .add(1, &[]);
                 error!(
                     alert = "webhook_endpoint_disabled",
                     endpoint_id = %msg.endpoint_id,

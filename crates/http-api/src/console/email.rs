@@ -177,6 +177,9 @@ pub(super) async fn add(
         crate::email_events::suppress(&mut conn, user, address, &f.new.category, "console", &staff)
             .await
             .map_err(HtmlError)?;
+    if added {
+        notify_telemetry::metrics::count_suppression_added("console");
+    }
     let target = format!("{}/{}", user.unwrap_or(""), address.unwrap_or(""));
     let detail = format!(
         "{} ({})",

@@ -15,7 +15,9 @@
 //! a failed delivery, cancel an event's pending deliveries) go through a confirmation page
 //! and a CSRF token bound to the session, every POST has its `Origin` checked, and actions
 //! are recorded in `console_audit`. The email page shows each email provider's circuit
-//! breaker and the suppression list, which staff can add to and remove from. Every value is HTML-escaped; every page carries a
+//! breaker and the suppression list, which staff can add to and remove from. The webhooks
+//! page lists every caller's status-webhook endpoint with its pending messages and latest
+//! attempts, and enables a disabled one again (audited). Every value is HTML-escaped; every page carries a
 //! Content-Security-Policy with `frame-ancestors 'none'`.
 
 use crate::AppState;
@@ -30,6 +32,7 @@ mod email;
 mod pages;
 mod render;
 mod session;
+mod webhooks;
 
 use actions::Action;
 
@@ -220,6 +223,15 @@ pub(crate) fn routes() -> Router<AppState> {
         .route(
             "/console/actions/suppressions/{id}/remove",
             post(email::remove),
+        )
+        .route("/console/webhooks", get(webhooks::webhooks_page))
+        .route(
+            "/console/webhooks/confirm-enable/{id}",
+            get(webhooks::confirm_enable),
+        )
+        .route(
+            "/console/actions/webhooks/{id}/enable",
+            post(webhooks::enable),
         )
         .layer(axum::middleware::map_response(staff::security_headers))
 }

@@ -91,7 +91,7 @@ impl IntoResponse for HtmlError {
 pub(super) fn page(title: &str, user: Option<&str>, body: &str) -> Response {
     let nav = match user {
         Some(u) => format!(
-            "<nav><a href=\"/console\">Overview</a> · <a href=\"/console/audit\">Audit</a> · <a href=\"/console/email\">Email</a> · \
+            "<nav><a href=\"/console\">Overview</a> · <a href=\"/console/audit\">Audit</a> · <a href=\"/console/email\">Email</a> · <a href=\"/console/webhooks\">Webhooks</a> · \
              <form method=\"get\" action=\"/console/search\" style=\"display:inline\"><input name=\"q\" placeholder=\"event key, event id, user id or type\" size=\"40\"> <button>Search</button></form> \
              <span style=\"float:right\">{} · <a href=\"/console/logout\">Sign out…</a></span></nav>",
             esc(u)

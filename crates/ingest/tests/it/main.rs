@@ -32,4 +32,5 @@ mod scheduled;
 mod security;
 mod telemetry;
 mod templates;
+mod webhook_ops;
 mod webhooks;

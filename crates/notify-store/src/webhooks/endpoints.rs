@@ -31,7 +31,8 @@ pub struct Endpoint {
     pub updated_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "id, caller, url, event_types, enabled, disabled_reason, failing_since,
+pub(super) const COLUMNS: &str =
+    "id, caller, url, event_types, enabled, disabled_reason, failing_since,
     CASE WHEN previous_expires_at > now() THEN previous_expires_at END AS previous_expires_at,
     created_at, updated_at";
 

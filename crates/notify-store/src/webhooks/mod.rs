@@ -9,9 +9,11 @@
 
 mod endpoints;
 mod messages;
+mod ops;
 
 pub use endpoints::*;
 pub use messages::*;
+pub use ops::*;
 
 use crate::Result;
 pub use notify_core::webhook::EventType;
