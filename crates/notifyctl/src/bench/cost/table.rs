@@ -138,10 +138,12 @@ pub(crate) struct Cost {
     pub(crate) cpu_ms: Vec<(&'static str, Option<f64>)>,
 }
 
-/// A per-unit figure: two decimals below 10, one below 100, none above.
+/// A per-unit figure: three decimals below 1, two below 10, one below 100, none above.
 pub(crate) fn num(x: f64) -> String {
     if x == 0.0 {
         "0".into()
+    } else if x.abs() < 1.0 {
+        format!("{x:.3}")
     } else if x.abs() < 10.0 {
         format!("{x:.2}")
     } else if x.abs() < 100.0 {
@@ -408,8 +410,8 @@ mod tests {
         assert_eq!(
             line,
             "cost per delivery (end to end, 1000 deliveries): 7.10 statements (top 5: 3.10 COMMIT; 2.00 UPDATE notification_deliveries SET stat…; 1.00 DELETE FROM outbox WHERE delivery_id =…; 1.00 INSERT INTO outbox (delivery_id, channe…), \
-             6.00 rows written (2.00 ins / 3.00 upd / 1.00 del), 25% HOT updates, 2345 WAL bytes (0.12 full-page images), 3.10 transactions, \
-             1.00 broker messages (published; delivered 1.01, acked 1.00), CPU ms: ingest 0.41, worker-inapp 0.22, worker-line n/a, postgres 1.23, rabbitmq 0.30"
+             6.00 rows written (2.00 ins / 3.00 upd / 1.00 del), 25% HOT updates, 2345 WAL bytes (0.120 full-page images), 3.10 transactions, \
+             1.00 broker messages (published; delivered 1.01, acked 1.00), CPU ms: ingest 0.410, worker-inapp 0.220, worker-line n/a, postgres 1.23, rabbitmq 0.305"
         );
     }
 
@@ -434,10 +436,10 @@ mod tests {
             lines[4],
             "  top statements by calls (per delivery: calls, ms, rows; query):"
         );
-        assert_eq!(lines[5], "      3.10     0.01      0  COMMIT");
+        assert_eq!(lines[5], "      3.10    0.005      0  COMMIT");
         assert_eq!(
             lines[6],
-            "      2.00     0.90   2.00  UPDATE notification_deliveries SET status = $1, attempts = attempts + $2 WHERE…"
+            "      2.00    0.900   2.00  UPDATE notification_deliveries SET status = $1, attempts = attempts + $2 WHERE…"
         );
         let by_time = lines
             .iter()
@@ -464,7 +466,9 @@ mod tests {
             ),
             "{line}"
         );
-        assert!(line.contains("broker messages: n/a (rabbitmqctl not found), CPU ms: ingest 0.41"));
+        assert!(
+            line.contains("broker messages: n/a (rabbitmqctl not found), CPU ms: ingest 0.410")
+        );
         assert!(!out.contains("top statements"), "{out}");
     }
 
@@ -501,9 +505,10 @@ mod tests {
     }
 
     #[test]
-    fn per_unit_figures_keep_two_significant_decimals_when_small() {
+    fn per_unit_figures_keep_two_or_three_digits_when_small() {
         assert_eq!(num(0.0), "0");
-        assert_eq!(num(0.004), "0.00");
+        assert_eq!(num(0.0041), "0.004");
+        assert_eq!(num(0.18), "0.180");
         assert_eq!(num(7.1), "7.10");
         assert_eq!(num(23.44), "23.4");
         assert_eq!(num(2345.0), "2345");

@@ -108,7 +108,7 @@ async fn without_pg_stat_statements_the_table_says_so_and_counts_the_rest() {
     assert!(
         line.starts_with(
             "cost per delivery (end to end, 10 deliveries): statements: n/a (pg_stat_statements not loaded), \
-             2.50 rows written (1.00 ins / 1.00 upd / 0.50 del), 100% HOT updates, "
+             2.50 rows written (1.00 ins / 1.00 upd / 0.500 del), 100% HOT updates, "
         ),
         "{out}"
     );
@@ -123,7 +123,7 @@ async fn without_pg_stat_statements_the_table_says_so_and_counts_the_rest() {
     );
     assert!(
         out.contains(
-            "\n    t                                   1.00 /    1.00 /    0.50  HOT 100%\n"
+            "\n    t                                   1.00 /    1.00 /   0.500  HOT 100%\n"
         ),
         "{out}"
     );
@@ -141,16 +141,16 @@ async fn counts_the_statements_of_the_window_but_not_the_bench_s_own() {
     let line = out.lines().next().unwrap();
     assert!(
         line.starts_with(
-            "cost per delivery (end to end, 10 deliveries): 0.30 statements (top 5: \
-             0.10 DELETE FROM t WHERE id > $1; 0.10 INSERT INTO t SELECT g, $1 FROM generat…; 0.10 UPDATE t SET v = v + $1), \
-             2.50 rows written (1.00 ins / 1.00 upd / 0.50 del), 100% HOT updates, "
+            "cost per delivery (end to end, 10 deliveries): 0.300 statements (top 5: \
+             0.100 DELETE FROM t WHERE id > $1; 0.100 INSERT INTO t SELECT g, $1 FROM generat…; 0.100 UPDATE t SET v = v + $1), \
+             2.50 rows written (1.00 ins / 1.00 upd / 0.500 del), 100% HOT updates, "
         ),
         "{out}"
     );
     assert_transactions(line);
     assert!(
         out.contains(
-            "  top statements by calls (per delivery: calls, ms, rows; query):\n      0.10 "
+            "  top statements by calls (per delivery: calls, ms, rows; query):\n     0.100 "
         ),
         "{out}"
     );
