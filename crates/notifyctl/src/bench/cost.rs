@@ -209,7 +209,8 @@ pub(super) struct Window {
     unit: Unit,
     settle: Duration,
     before: DbSnapshot,
-    statements: Result<(), String>,
+    /// `pg_stat_statements_info.dealloc` at the start, or why there are no statements.
+    statements: Result<i64, String>,
     broker: Result<Broker, String>,
     cpu: CpuSample,
     own: AtomicU64,
@@ -232,12 +233,13 @@ impl Window {
         let own = AtomicU64::new(0);
         let before = db_snapshot(pool).await?;
         own.fetch_add(1, Ordering::Relaxed);
-        let statements = sqlx::query(
-            "/* notifyctl-bench */ SELECT pg_stat_statements_reset(0::oid, (SELECT oid FROM pg_database WHERE datname = current_database()), 0::bigint)",
+        let statements = sqlx::query_scalar(
+            "/* notifyctl-bench */ SELECT i.dealloc FROM pg_stat_statements_info i
+             CROSS JOIN LATERAL pg_stat_statements_reset(0::oid, (SELECT oid FROM pg_database WHERE datname = current_database()), 0::bigint) r",
         )
-        .execute(pool)
+        .fetch_one(pool)
         .await
-        .map(|_| {
+        .inspect(|_| {
             own.fetch_add(1, Ordering::Relaxed);
         })
         .map_err(|e| statements_unavailable(&e));
@@ -272,7 +274,7 @@ impl Window {
         let cpu = CpuSample::take(procs, stack_dir);
         let statements = match &self.statements {
             Err(why) => Err(why.clone()),
-            Ok(()) => read_statements(pool, &self.own).await,
+            Ok(dealloc) => read_statements(pool, &self.own, *dealloc).await,
         };
         let broker_after = broker.read().await;
         let broker = match (&self.broker, &broker_after) {
@@ -350,10 +352,15 @@ impl Ended {
 }
 
 /// This database's statements since the reset but the bench's own; counts the two it runs
-/// in `own`.
-async fn read_statements(pool: &PgPool, own: &AtomicU64) -> Result<Statements, String> {
-    let track: Option<String> = sqlx::query_scalar(
-        "/* notifyctl-bench */ SELECT current_setting('pg_stat_statements.track', true)",
+/// in `own`. `dealloc` is `pg_stat_statements_info.dealloc` at the start.
+async fn read_statements(
+    pool: &PgPool,
+    own: &AtomicU64,
+    dealloc: i64,
+) -> Result<Statements, String> {
+    let (track, dealloc_now): (Option<String>, i64) = sqlx::query_as(
+        "/* notifyctl-bench */ SELECT current_setting('pg_stat_statements.track', true),
+           (SELECT dealloc FROM pg_stat_statements_info)",
     )
     .fetch_one(pool)
     .await
@@ -370,6 +377,7 @@ async fn read_statements(pool: &PgPool, own: &AtomicU64) -> Result<Statements, S
     own.fetch_add(1, Ordering::Relaxed);
     Ok(Statements {
         track: track.unwrap_or_else(|| "?".into()),
+        evictions: dealloc_now - dealloc,
         list: rows
             .into_iter()
             .map(|(query, calls, total_ms, rows)| Statement {

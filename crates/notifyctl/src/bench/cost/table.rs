@@ -55,6 +55,10 @@ pub(crate) struct Statements {
     pub(crate) track: String,
     /// Every statement of the window except the bench's own.
     pub(crate) list: Vec<Statement>,
+    /// Times `pg_stat_statements` dropped its least-used entries in the window
+    /// (`pg_stat_statements_info.dealloc`, the whole cluster); when above zero, some of the
+    /// window's statements may be missing.
+    pub(crate) evictions: i64,
 }
 
 /// WAL written in the window, from the `pg_stat_wal` delta (the whole cluster).
@@ -290,6 +294,10 @@ impl Cost {
             }
         }
         let track = match &self.statements {
+            Ok(s) if s.evictions > 0 => format!(
+                "pg_stat_statements of this database (track={}, the bench's own queries left out; it evicted entries {} times in the window, so statements may be missing: raise pg_stat_statements.max)",
+                s.track, s.evictions
+            ),
             Ok(s) => format!(
                 "pg_stat_statements of this database (track={}, the bench's own queries left out)",
                 s.track
@@ -379,6 +387,7 @@ mod tests {
         };
         Statements {
             track: "all".into(),
+            evictions: 0,
             list: vec![
                 q(
                     "UPDATE notification_deliveries SET status = $1, attempts = attempts + $2 WHERE id = ANY($3) AND status = $4",
@@ -452,6 +461,14 @@ mod tests {
         assert!(lines.last().unwrap().starts_with(
             "  from: pg_stat_statements of this database (track=all, the bench's own queries left out); pg_stat_user_tables; pg_stat_database xact_commit (12 of the bench's own left out)"
         ));
+    }
+
+    #[test]
+    fn says_when_pg_stat_statements_evicted_entries_in_the_window() {
+        let mut s = statements();
+        s.evictions = 2;
+        let out = cost(Ok(s)).render();
+        assert!(out.contains("\n  from: pg_stat_statements of this database (track=all, the bench's own queries left out; it evicted entries 2 times in the window, so statements may be missing: raise pg_stat_statements.max); "), "{out}");
     }
 
     #[test]
