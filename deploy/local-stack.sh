@@ -162,8 +162,13 @@ start_postgres() {
       >"$STACK/logs/initdb.log" 2>&1 || die "initdb failed: $STACK/logs/initdb.log"
   fi
   log "starting postgres on 127.0.0.1:$PG_PORT"
+  # pg_stat_statements (preloaded, counting statements nested in functions too) feeds the
+  # per-delivery cost table of `make bench` (crates/notifyctl/src/bench/cost.rs), which runs
+  # CREATE EXTENSION itself; track_io_timing adds the time spent reading and writing blocks
+  # to it (blk_read_time, blk_write_time). That costs two clock reads per block, negligible
+  # with Linux's vDSO clock (check with pg_test_timing).
   as_pg "$bin/pg_ctl" -D "$data" -l "$dir/postgres.log" -w -t 60 start \
-    -o "-p $PG_PORT -k $sock -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=256MB -c max_wal_size=4GB -c shared_preload_libraries=pg_stat_statements" \
+    -o "-p $PG_PORT -k $sock -c listen_addresses=127.0.0.1 -c max_connections=400 -c shared_buffers=256MB -c max_wal_size=4GB -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all -c track_io_timing=on" \
     >"$STACK/logs/pg_ctl.log" 2>&1 || die "postgres did not start: $dir/postgres.log"
   head -n 1 "$data/postmaster.pid" >"$STACK/pids/postgres.pid"
   wait_for postgres 30 psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -c 'select 1'

@@ -22,6 +22,8 @@ pub(super) fn ms(d: Duration) -> f64 {
 pub(super) struct CpuSample {
     machine: Option<(u64, u64)>,
     parts: Vec<(&'static str, Option<u64>)>,
+    /// Each worker binary on its own (the `workers` part is their sum).
+    workers: Vec<(&'static str, Option<u64>)>,
 }
 
 impl CpuSample {
@@ -40,6 +42,10 @@ impl CpuSample {
             .map(process_jiffies)
             .sum();
         Self {
+            workers: WORKERS
+                .iter()
+                .map(|&w| (w, procs.pid(w).and_then(process_jiffies)))
+                .collect(),
             machine: cpu_jiffies(),
             parts: vec![
                 ("postgres", pid_of("postgres").and_then(tree_jiffies)),
@@ -53,6 +59,16 @@ impl CpuSample {
                 ("bench client", process_jiffies(std::process::id())),
             ],
         }
+    }
+
+    /// Jiffies used so far by one part (`postgres`, `rabbitmq`, `ingest`, `provider-sim`) or
+    /// one worker binary (`worker-line`, ...); `None` when it is not running or not readable.
+    pub(super) fn jiffies(&self, name: &str) -> Option<u64> {
+        self.parts
+            .iter()
+            .chain(&self.workers)
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, j)| *j)
     }
 
     /// One line: how busy all cores were and each part's share of all cores.

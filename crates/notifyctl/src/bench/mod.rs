@@ -4,7 +4,9 @@
 //! Prints, in order: the broker ceiling, the Postgres ceiling for the ingest transaction,
 //! ingest `CreateEvent` rate and latency at 32 and 128 clients, end-to-end deliveries per
 //! second, event-to-provider latency at a steady 500 events/s, the 100,000-recipient
-//! fan-out time, peak memory per process, and the ratios to the ceilings.
+//! fan-out time, peak memory per process, and the ratios to the ceilings. After each
+//! ingest run and the end-to-end phase it prints what one event or delivery cost
+//! (statements, rows, WAL, transactions, broker messages, CPU per process; see [`cost`]).
 
 use crate::procs::{Procs, WORKERS, connect_grpc, peak_rss_kib};
 use anyhow::Context;
@@ -16,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod ceilings;
+mod cost;
 mod figures;
 
 use ceilings::{broker_ceiling, postgres_ceiling};
@@ -58,7 +61,7 @@ async fn ingest_load(
     clients: usize,
     for_: Duration,
     tag: &str,
-) -> anyhow::Result<(f64, Duration, Duration, u64)> {
+) -> anyhow::Result<(f64, Duration, Duration, u64, u64)> {
     let stop = Arc::new(AtomicBool::new(false));
     let errors = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -106,12 +109,13 @@ async fn ingest_load(
         pct(&all, 0.5),
         pct(&all, 0.99),
         errors.load(Ordering::Relaxed),
+        all.len() as u64,
     ))
 }
 
 async fn open_deliveries(pool: &PgPool, type_key: &str) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(
-        "SELECT count(*) FROM notification_deliveries d JOIN notification_events e ON e.id = d.event_id
+        "/* notifyctl-bench */ SELECT count(*) FROM notification_deliveries d JOIN notification_events e ON e.id = d.event_id
          WHERE e.type = $1 AND d.status IN ('pending', 'sending')",
     )
     .bind(type_key)
@@ -127,6 +131,10 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
         .max_connections(8)
         .connect(&cfg.database_url)
         .await?;
+    if let Err(e) = cost::prepare(&pool).await {
+        println!("cost table: no pg_stat_statements ({e})");
+    }
+    let broker_counters = cost::BrokerCounters::new(&cfg.amqp_url, &cfg.stack_dir);
 
     println!(
         "bench: phases of {:?}; release build; 2 cores shared by everything",
@@ -181,13 +189,24 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     let mut ingest_rate = 0.0;
     let ingest_clients: &[usize] = if cfg.wants("ingest") { &[32, 128] } else { &[] };
     for &clients in ingest_clients {
+        let window = cost::Window::start(
+            &pool,
+            &procs,
+            &cfg.stack_dir,
+            &broker_counters,
+            format!("ingest at {clients} clients, 3 deliveries each"),
+            cost::Unit::Event,
+            cost::STATS_SETTLE,
+        )
+        .await?;
         let before = CpuSample::take(&procs, &cfg.stack_dir);
-        let (rate, p50, p99, errors) =
+        let (rate, p50, p99, errors, accepted) =
             ingest_load(&channel, clients, cfg.phase, &format!("c{clients}")).await?;
-        println!(
-            "{}",
-            before.report(&CpuSample::take(&procs, &cfg.stack_dir))
-        );
+        let after = CpuSample::take(&procs, &cfg.stack_dir);
+        let ended = window
+            .end(&pool, &procs, &cfg.stack_dir, &broker_counters)
+            .await?;
+        println!("{}", before.report(&after));
         if clients == 32 {
             ingest_rate = rate;
         }
@@ -196,6 +215,7 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
             ms(p50),
             ms(p99)
         );
+        println!("{}", ended.measure(&pool, accepted).await?);
     }
     // Clear what the load phases queued (no workers ran) before the end-to-end phase.
     sqlx::query("DELETE FROM outbox").execute(&pool).await?;
@@ -224,6 +244,22 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
 
     // End to end: a burst of events, until every delivery is final.
     let events = if cfg.wants("e2e") { 5_000usize } else { 0 };
+    let window = if events > 0 {
+        Some(
+            cost::Window::start(
+                &pool,
+                &procs,
+                &cfg.stack_dir,
+                &broker_counters,
+                "end to end",
+                cost::Unit::Delivery,
+                cost::STATS_SETTLE,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
     let before = CpuSample::take(&procs, &cfg.stack_dir);
     let started = Instant::now();
     let mut sends = Vec::new();
@@ -250,21 +286,28 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
         s.await?;
     }
     while open_deliveries(&pool, "bench_e2e").await? > 0 {
+        if let Some(w) = &window {
+            w.count_own();
+        }
         if started.elapsed() > Duration::from_secs(300) {
             anyhow::bail!("end-to-end phase did not finish in 300 s");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let e2e = (events * 2) as f64 / started.elapsed().as_secs_f64();
-    if events > 0 {
+    let after = CpuSample::take(&procs, &cfg.stack_dir);
+    if let Some(window) = window {
+        window.count_own(); // the poll that found none open
+        let ended = window
+            .end(&pool, &procs, &cfg.stack_dir, &broker_counters)
+            .await?;
+        let completed = cost::final_deliveries(&ended, &pool, "bench_e2e").await?;
         println!(
             "end to end: {e2e:.0} deliveries/s ({} events x in-app + LINE, zero-latency simulator, one replica per worker)",
             events
         );
-        println!(
-            "{}",
-            before.report(&CpuSample::take(&procs, &cfg.stack_dir))
-        );
+        println!("{}", before.report(&after));
+        println!("{}", ended.measure(&pool, completed).await?);
     }
 
     // Latency at a steady 500 events/s (LINE only: the simulator stamps arrival).
