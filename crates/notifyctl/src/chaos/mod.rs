@@ -202,6 +202,18 @@ async fn snapshot_webhooks(pool: &PgPool) -> anyhow::Result<KillSnapshot> {
     })
 }
 
+/// Whether the webhook messages are flowing: at least 50 sent and 50 still to go.
+async fn webhooks_mid_stream(pool: &PgPool) -> bool {
+    let counts: Result<(i64, i64), _> = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'sent'),
+                count(*) FILTER (WHERE status IN ('pending', 'sending'))
+         FROM webhook_messages",
+    )
+    .fetch_one(pool)
+    .await;
+    matches!(counts, Ok((done, open)) if done >= 50 && open >= 50)
+}
+
 /// Kills worker-webhook with SIGKILL; the messages still `sending` right after (before
 /// a new one starts) are the POSTs it was making, watched until a sweeper frees them.
 async fn kill_webhook_worker(
@@ -431,28 +443,22 @@ async fn chaos_run(
         snapshots.clone(),
         stop_watch.clone(),
     ));
-    // First, worker-webhook killed in the middle of the webhook event's messages (the
-    // random plan below may find it idle): the POSTs it was making go out again after
-    // their lease, duplicated, never lost.
-    let until = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (done, open): (i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE status = 'sent'),
-                    count(*) FILTER (WHERE status IN ('pending', 'sending'))
-             FROM webhook_messages",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap_or((0, 0));
-        if (done >= 50 && open >= 50) || Instant::now() > until {
-            kill_webhook_worker(pool, procs, &snapshots).await?;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // Besides the plan, worker-webhook is killed once in the middle of the webhook
+    // event's messages (the plan's own kill may find it idle; the event's deliveries
+    // queue behind the broadcast): looked for between the plan's actions and after them
+    // (up to 60 s). The POSTs it was making go out again after their lease, duplicated,
+    // never lost.
+    let mut webhook_kill_due = true;
     for action in plan {
-        let wait = rand::rng().random_range(500..2_500);
-        tokio::time::sleep(Duration::from_millis(wait)).await;
+        let wait = Duration::from_millis(rand::rng().random_range(500..2_500));
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            if webhook_kill_due && webhooks_mid_stream(pool).await {
+                kill_webhook_worker(pool, procs, &snapshots).await?;
+                webhook_kill_due = false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let (verb, target) = action.split_once(':').unwrap_or((action, ""));
         let target: &'static str = match target {
             "worker-line" => "worker-line",
@@ -515,6 +521,15 @@ async fn chaos_run(
                 println!("  {target} started again");
             }
         }
+    }
+
+    let until = Instant::now() + Duration::from_secs(60);
+    while webhook_kill_due {
+        if webhooks_mid_stream(pool).await || Instant::now() > until {
+            kill_webhook_worker(pool, procs, &snapshots).await?;
+            webhook_kill_due = false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
     // Let it settle with every process up: until nothing is open, or nothing has
