@@ -71,6 +71,9 @@ impl Examples {
             .env("HOST", "127.0.0.1")
             .env("PORT", port.to_string())
             .env("WEBHOOK_LOG", log)
+            // Nothing inherited: Node sets O_NONBLOCK on the stdio pipes it is given, which
+            // would make this tool's own writes to a shared pipe fail (EAGAIN).
+            .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(err))
             .kill_on_drop(true)

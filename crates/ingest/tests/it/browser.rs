@@ -34,6 +34,9 @@ fn node(p: &Platform, script: &str) -> (Command, PathBuf) {
         .env("BASE", &p.http_url)
         .env("SHOTS", &shots)
         .env("CHROMIUM", &p.stack.chromium)
+        // Not inherited: Node sets O_NONBLOCK on the stdio it is given, shared with the
+        // test harness's own output.
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     (cmd, shots)

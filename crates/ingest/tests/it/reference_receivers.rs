@@ -82,8 +82,13 @@ impl RefReceiver {
             .env("HOST", "127.0.0.1")
             .env("PORT", "0")
             .env("WEBHOOK_LOG", &log)
+            // Nothing inherited: Node sets O_NONBLOCK on the stdio pipes it is given, which
+            // would make the test harness's own writes to the shared pipe fail (EAGAIN).
+            .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::from(
+                std::fs::File::create(log.with_extension("stderr")).expect("receiver stderr file"),
+            ))
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("{program} {}: {e}", script.display()));
