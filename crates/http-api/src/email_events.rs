@@ -120,22 +120,46 @@ pub fn sns_string_to_sign(n: &Value) -> Option<String> {
 
 /// Whether `url` may serve an SNS signing certificate.
 fn trusted_cert_url(cfg: &EmailEventsConfig, url: &str) -> bool {
-    if cfg
-        .sns_cert_url_prefix
-        .as_deref()
-        .is_some_and(|p| url.starts_with(p))
-    {
-        return true;
-    }
     let Ok(u) = url::Url::parse(url) else {
         return false;
     };
-    let host = u.host_str().unwrap_or("");
+    // Compared after parsing, so `..` segments cannot step out of the prefix.
+    if cfg
+        .sns_cert_url_prefix
+        .as_deref()
+        .is_some_and(|p| u.as_str().starts_with(p))
+    {
+        return true;
+    }
     u.scheme() == "https"
         && u.port().is_none()
-        && host.starts_with("sns.")
-        && (host.ends_with(".amazonaws.com") || host.ends_with(".amazonaws.com.cn"))
+        && u.host_str().is_some_and(is_sns_host)
         && u.path().ends_with(".pem")
+}
+
+/// `sns.<region>.amazonaws.com` (or `.amazonaws.com.cn`) where `<region>` has the shape
+/// of an AWS Region code (`us-east-1`, `ap-southeast-1`, `us-gov-west-1`: two letters,
+/// one or more words, a number). AWS's own suggestion for `SigningCertURL`
+/// (`^sns\.[a-zA-Z0-9-]+\.amazonaws\.com(\.cn)?$`, "Verifying the signatures of Amazon
+/// SNS messages") still admits `sns.s3.amazonaws.com`, S3's address of a bucket named
+/// `sns`, whose wildcard certificate is valid: a forger's certificate could be served
+/// there. The region's shape keeps it out.
+fn is_sns_host(host: &str) -> bool {
+    let rest = host
+        .strip_suffix(".amazonaws.com")
+        .or_else(|| host.strip_suffix(".amazonaws.com.cn"));
+    let Some(region) = rest.and_then(|r| r.strip_prefix("sns.")) else {
+        return false;
+    };
+    let parts: Vec<&str> = region.split('-').collect();
+    let (number, words) = parts.split_last().expect("split yields one part at least");
+    parts.len() >= 3
+        && words[0].len() == 2
+        && words
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
+        && !number.is_empty()
+        && number.bytes().all(|b| b.is_ascii_digit())
 }
 
 /// The RSA public key (PKCS #1 DER) of the certificate at `url`, fetched once.
@@ -213,7 +237,7 @@ pub(crate) async fn email_webhook(
     let cfg = &app.cfg.email_events;
     if let Err(why) = verify_sns(cfg, &n).await {
         tracing::warn!(%why, "SNS notification refused");
-        return Err(ApiError::InvalidSignature);
+        return Err(ApiError::INVALID_SNS_SIGNATURE);
     }
     match n["Type"].as_str() {
         Some("SubscriptionConfirmation") => {
@@ -416,6 +440,25 @@ mod tests {
             "http://127.0.0.1:9/_sim/sns/cert.pem"
         ));
         assert!(!trusted_cert_url(&cfg, "https://sns.evil.example/x.pem"));
+        // S3's address of a bucket named `sns` (a valid wildcard certificate).
+        assert!(!trusted_cert_url(&cfg, "https://sns.s3.amazonaws.com/x.pem"));
+        assert!(!trusted_cert_url(
+            &cfg,
+            "https://sns.s3-website-us-east-1.amazonaws.com/x.pem"
+        ));
+        assert!(trusted_cert_url(
+            &cfg,
+            "https://sns.us-gov-west-1.amazonaws.com/SimpleNotificationService-abc.pem"
+        ));
+        assert!(trusted_cert_url(
+            &cfg,
+            "https://sns.cn-north-1.amazonaws.com.cn/SimpleNotificationService-abc.pem"
+        ));
+        // The prefix is compared after `..` is resolved.
+        assert!(!trusted_cert_url(
+            &cfg,
+            "http://127.0.0.1:9/_sim/sns/../../evil/cert.pem"
+        ));
         assert!(!trusted_cert_url(
             &cfg,
             "http://sns.us-east-1.amazonaws.com/x.pem"

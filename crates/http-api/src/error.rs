@@ -44,10 +44,17 @@ pub enum ApiError {
     /// the text says why (`missing`, `expired`, …).
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
-    /// A LINE webhook whose `X-Line-Signature` is missing or wrong: 401
-    /// `invalid_signature`.
-    #[error("invalid LINE signature")]
-    InvalidSignature,
+    /// A signed webhook whose signature is missing or wrong: 401 `invalid_signature`
+    /// naming where the signature is (`field`) and what it must be (`message`): LINE's
+    /// `X-Line-Signature` header ([`ApiError::INVALID_LINE_SIGNATURE`]), or an SNS
+    /// message's `Signature` ([`ApiError::INVALID_SNS_SIGNATURE`]).
+    #[error("invalid signature of {field}")]
+    InvalidSignature {
+        /// Where the signature is.
+        field: &'static str,
+        /// The rule it broke.
+        message: &'static str,
+    },
     /// Refused (the console: a foreign origin, an expired form): 403.
     #[error("forbidden: {0}")]
     Forbidden(&'static str),
@@ -81,6 +88,20 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// A LINE webhook's `X-Line-Signature` is missing or wrong (LINE Messaging API,
+    /// "Verify webhook signature").
+    pub const INVALID_LINE_SIGNATURE: ApiError = ApiError::InvalidSignature {
+        field: "X-Line-Signature",
+        message: "must be the base64 HMAC-SHA256 of the body keyed with the channel secret",
+    };
+    /// An SNS message whose signature does not verify, whose certificate is not a trusted
+    /// SNS one, or whose topic is not subscribed (Amazon SNS, "Verifying the signatures of
+    /// Amazon SNS messages").
+    pub const INVALID_SNS_SIGNATURE: ApiError = ApiError::InvalidSignature {
+        field: "Signature",
+        message: "must verify with the certificate at SigningCertURL (an https sns.<region>.amazonaws.com address) over the SNS string to sign, for a subscribed TopicArn",
+    };
+
     /// A 400 `invalid_argument` naming `field`.
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         ApiError::Invalid {
@@ -110,7 +131,7 @@ impl ApiError {
             ApiError::Invalid { .. } | ApiError::Violations(_) => StatusCode::BAD_REQUEST,
             ApiError::Body(e) => e.status(),
             ApiError::Unauthenticated(_)
-            | ApiError::InvalidSignature
+            | ApiError::InvalidSignature { .. }
             | ApiError::SignInRequired => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
@@ -202,12 +223,9 @@ impl IntoResponse for ApiError {
                     .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
                 r
             }
-            ApiError::InvalidSignature => error(
-                status,
-                "invalid_signature",
-                "X-Line-Signature",
-                "must be the base64 HMAC-SHA256 of the body keyed with the channel secret",
-            ),
+            ApiError::InvalidSignature { field, message } => {
+                error(status, "invalid_signature", field, message)
+            }
             ApiError::Forbidden(why) => error(status, "forbidden", "", why),
             ApiError::SignInRequired => {
                 error(status, "unauthenticated", "", "sign in to the console")

@@ -285,7 +285,7 @@ async fn line_webhook(
         .unwrap_or("");
     if !line_signature_valid(&app.cfg.line_channel_secret, &body, signature) {
         tracing::warn!("LINE webhook with a missing or invalid signature");
-        return Err(ApiError::InvalidSignature);
+        return Err(ApiError::INVALID_LINE_SIGNATURE);
     }
     let parsed: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::invalid_body("body", format!("must be JSON: {e}")))?;

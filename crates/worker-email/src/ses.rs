@@ -52,12 +52,28 @@ impl std::fmt::Debug for SesConfig {
 }
 
 impl SesConfig {
-    /// Parses `ses+https://host[:port]?region=…` (`ses+http://` for the simulator only).
+    /// Parses `ses+https://host[:port]?region=…`; `ses+http://` only to a loopback
+    /// address (`127.0.0.0/8`, `[::1]`, `localhost`: the simulator), so signed requests
+    /// and the mail they carry never cross a network in the clear.
     pub fn parse(url: &str, access_key: String, secret_key: String) -> Result<Self, String> {
         let rest = url.strip_prefix("ses+").ok_or("not an ses+ URL")?;
         let u = url::Url::parse(rest).map_err(|e| format!("not a URL: {e}"))?;
-        if !matches!(u.scheme(), "https" | "http") {
-            return Err("SES URL must be ses+https://".into());
+        let loopback = match u.host() {
+            Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+            Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+            Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+            None => false,
+        };
+        match u.scheme() {
+            "https" => {}
+            "http" if loopback => {}
+            "http" => {
+                return Err(
+                    "SES URL must be ses+https:// (ses+http:// only to a loopback address, for the simulator)"
+                        .into(),
+                );
+            }
+            _ => return Err("SES URL must be ses+https://".into()),
         }
         let host = u.host_str().ok_or("no host")?.to_string();
         let host = match u.port() {
@@ -333,6 +349,17 @@ mod tests {
         assert_eq!(c.base, "https://email.ap-southeast-1.amazonaws.com");
         assert_eq!(c.name(), "ses:email.ap-southeast-1.amazonaws.com");
         assert!(SesConfig::parse("ses+https://h", "k".into(), "s".into()).is_err());
+        // Plain http only to the loopback simulator.
+        let k = || ("k".to_string(), "s".to_string());
+        assert!(SesConfig::parse("ses+http://127.0.0.1:58080?region=r", k().0, k().1).is_ok());
+        assert!(SesConfig::parse("ses+http://[::1]:58080?region=r", k().0, k().1).is_ok());
+        let err = SesConfig::parse(
+            "ses+http://email.ap-southeast-1.amazonaws.com?region=ap-southeast-1",
+            k().0,
+            k().1,
+        )
+        .unwrap_err();
+        assert!(err.contains("ses+https://"), "{err}");
         assert!(!format!("{c:?}").contains("topsecret"));
     }
 }
