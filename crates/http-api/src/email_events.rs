@@ -441,7 +441,10 @@ mod tests {
         ));
         assert!(!trusted_cert_url(&cfg, "https://sns.evil.example/x.pem"));
         // S3's address of a bucket named `sns` (a valid wildcard certificate).
-        assert!(!trusted_cert_url(&cfg, "https://sns.s3.amazonaws.com/x.pem"));
+        assert!(!trusted_cert_url(
+            &cfg,
+            "https://sns.s3.amazonaws.com/x.pem"
+        ));
         assert!(!trusted_cert_url(
             &cfg,
             "https://sns.s3-website-us-east-1.amazonaws.com/x.pem"

@@ -153,7 +153,7 @@ impl Services {
         }
         let secret = new_secret();
         let overlap = Duration::from_secs(u64::from(r.overlap_seconds));
-        let e = store::rotate_secret(
+        let rotated = store::rotate_secret(
             &self.pool,
             id,
             self.webhook_scope(&caller),
@@ -162,6 +162,18 @@ impl Services {
         )
         .await
         .map_err(not_found(&r.id))?;
+        let e = match rotated {
+            store::Rotation::Rotated(e) => e,
+            store::Rotation::InOverlap { until } => {
+                return Err(ApiError::field(
+                    "overlap_seconds",
+                    format!(
+                        "must be 0 while the last rotation's old secret still signs (until {}): one old secret is kept, so a second overlap would stop it before then; rotate again after that time, or with 0 to stop every old secret now",
+                        until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    ),
+                ));
+            }
+        };
         Ok(pb::RotateWebhookSecretResponse {
             endpoint: Some(endpoint(e)),
             secret,

@@ -309,7 +309,10 @@ async fn a_signed_bounce_marks_the_address_and_a_forged_one_is_refused_and_write
     assert_eq!(forged["status"], 401, "{forged}");
     let refusal: Value = serde_json::from_str(forged["body"].as_str().unwrap()).unwrap();
     assert_eq!(refusal["error"]["code"], "invalid_signature");
-    assert_eq!(refusal["error"]["field"], "Signature", "names SNS's field: {refusal}");
+    assert_eq!(
+        refusal["error"]["field"], "Signature",
+        "names SNS's field: {refusal}"
+    );
     assert!(!marked(&p, &user).await);
     assert_eq!(count(&p, "email_feedback").await, 0);
     // The platform's own http-api does not trust the simulator's certificate URL.

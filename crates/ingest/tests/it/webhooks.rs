@@ -432,6 +432,30 @@ async fn during_a_rotation_both_secrets_verify_and_after_the_overlap_only_the_ne
     assert_eq!(verify(&old, &first, now()), Ok(()));
     assert_eq!(verify(&new, &first, now()), Ok(()));
 
+    // A second rotation with an overlap while the first one's runs would stop the old
+    // secret before the hour it was promised: refused by field, nothing changed.
+    let refused = webhooks(&p)
+        .rotate_webhook_secret(pb::RotateWebhookSecretRequest {
+            id: id.clone(),
+            overlap_seconds: 3600,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    let violations = refused.get_details_bad_request().unwrap().field_violations;
+    assert_eq!(violations.len(), 1);
+    assert_eq!(violations[0].field, "overlap_seconds");
+    assert!(
+        violations[0].description.contains("must be 0 while"),
+        "{violations:?}"
+    );
+    let secrets: (String, Option<String>) =
+        sqlx::query_as("SELECT secret, previous_secret FROM webhook_endpoints")
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    assert_eq!(secrets, (new.clone(), Some(old.clone())), "unchanged");
+
     // The overlap ends (moved to now instead of waiting an hour).
     sqlx::query("UPDATE webhook_endpoints SET previous_expires_at = now()")
         .execute(&p.pool)
@@ -445,6 +469,18 @@ async fn during_a_rotation_both_secrets_verify_and_after_the_overlap_only_the_ne
     assert_eq!(second.signature.split(' ').count(), 1, "{second:?}");
     assert_eq!(verify(&new, &second, now()), Ok(()));
     assert_eq!(verify(&old, &second, now()), Err("no signature matches"));
+
+    // After the overlap, rotating with one again is fine; with 0 during it, every old
+    // secret stops at once (a leaked secret).
+    for overlap_seconds in [3600, 0] {
+        webhooks(&p)
+            .rotate_webhook_secret(pb::RotateWebhookSecretRequest {
+                id: id.clone(),
+                overlap_seconds,
+            })
+            .await
+            .unwrap_or_else(|e| panic!("overlap {overlap_seconds}: {e:?}"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -110,27 +110,60 @@ pub async fn update_endpoint(
     .ok_or_else(|| StoreError::NotFound(format!("webhook endpoint {id}")))
 }
 
+/// What [`rotate_secret`] did.
+#[derive(Debug)]
+pub enum Rotation {
+    /// The new secret signs; the old one beside it until `previous_expires_at`.
+    Rotated(Endpoint),
+    /// Not rotated: an earlier rotation's overlap runs until `until`, and only one old
+    /// secret is kept, so a second overlap would stop the oldest secret before the time
+    /// the first rotation promised. Rotate with no overlap (stops every old secret now)
+    /// or after `until`.
+    InOverlap {
+        /// When the earlier rotation's old secret stops signing.
+        until: DateTime<Utc>,
+    },
+}
+
 /// Replaces the secret of endpoint `id` with `secret`; the old one keeps signing beside it
-/// for `overlap` (0: stops at once). `NotFound` when `caller` has no such endpoint.
+/// for `overlap` (0: stops at once, and so does any older one). A non-zero `overlap` while
+/// an earlier overlap runs is [`Rotation::InOverlap`], nothing changed. `NotFound` when
+/// `caller` has no such endpoint.
 pub async fn rotate_secret(
     db: &PgPool,
     id: Uuid,
     caller: Option<&str>,
     secret: &str,
     overlap: Duration,
-) -> Result<Endpoint> {
-    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+) -> Result<Rotation> {
+    let rotated: Option<Endpoint> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "UPDATE webhook_endpoints SET previous_secret = secret, secret = $3,
              previous_expires_at = now() + $4 * interval '1 millisecond', updated_at = now()
-         WHERE id = $1 AND ($2::text IS NULL OR caller = $2) RETURNING {COLUMNS}"
+         WHERE id = $1 AND ($2::text IS NULL OR caller = $2)
+           AND ($4 = 0 OR previous_expires_at IS NULL OR previous_expires_at <= now())
+         RETURNING {COLUMNS}"
     )))
     .bind(id)
     .bind(caller)
     .bind(secret)
     .bind(notify_core::retry::millis(overlap))
     .fetch_optional(db)
-    .await?
-    .ok_or_else(|| StoreError::NotFound(format!("webhook endpoint {id}")))
+    .await?;
+    if let Some(e) = rotated {
+        return Ok(Rotation::Rotated(e));
+    }
+    let until: Option<Option<DateTime<Utc>>> = sqlx::query_scalar(
+        "SELECT previous_expires_at FROM webhook_endpoints
+         WHERE id = $1 AND ($2::text IS NULL OR caller = $2)",
+    )
+    .bind(id)
+    .bind(caller)
+    .fetch_optional(db)
+    .await?;
+    match until {
+        Some(Some(until)) => Ok(Rotation::InOverlap { until }),
+        _ => Err(StoreError::NotFound(format!("webhook endpoint {id}"))),
+    }
 }
 
 /// Deletes endpoint `id` of `caller` and its messages. `NotFound` when there is none.
