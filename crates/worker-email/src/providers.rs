@@ -11,6 +11,12 @@
 //! message, and another provider would say the same, or worse, deliver what the first
 //! refused.
 //!
+//! A provider whose breaker is open and whose cooldown has passed is asked first by the
+//! next attempt (its half-open probe), even when an earlier provider is healthy: otherwise
+//! a backup that recovered would never be probed while the primary takes all the mail,
+//! and would stay `open` on the console and in the alert for good. A failed probe opens
+//! it again and the same attempt goes on down the list.
+//!
 //! The attempt's recorded content names the provider that answered (`content.provider`).
 //! Each provider call is counted (`notify_email_provider_attempts_total{provider,outcome}`).
 //! Breaker state changes are counted (`notify_email_breaker_transitions_total{provider,
@@ -183,7 +189,7 @@ impl Providers {
     /// spending an attempt**.
     pub async fn send(&self, msg: &Outgoing<'_>, lease: &Lease) -> AttemptOutcome {
         let mut last: Option<AttemptOutcome> = None;
-        for p in &self.list {
+        for p in self.order(Instant::now()) {
             let (admitted, t) = lock(&p.breaker).admit(Instant::now());
             self.transition(p, t);
             if !admitted {
@@ -243,6 +249,21 @@ impl Providers {
             ))
             .with_retry_after(Some(wait))
         })
+    }
+
+    /// The providers in the order this attempt asks them: the list's, except that the
+    /// first open provider whose cooldown has passed goes first (its probe).
+    fn order(&self, now: Instant) -> Vec<&Provider> {
+        let due = self.list.iter().position(|p| {
+            let b = lock(&p.breaker);
+            b.state() == State::Open && b.admits_again_in(now).is_zero()
+        });
+        let mut order: Vec<&Provider> = self.list.iter().collect();
+        if let Some(i) = due {
+            let probe = order.remove(i);
+            order.insert(0, probe);
+        }
+        order
     }
 
     fn transition(&self, p: &Provider, t: Option<Transition>) {

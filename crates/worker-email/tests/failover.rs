@@ -234,3 +234,61 @@ fn decoded_subject(raw: &str) -> String {
         })
         .collect()
 }
+
+#[tokio::test]
+async fn a_recovered_backup_is_probed_while_the_primary_is_healthy() {
+    let (primary, secondary) = (Sim::start().await, Sim::start().await);
+    let cooldown = Duration::from_millis(300);
+    let email = sender(
+        format!("{},{}", primary.smtp_url, secondary.smtp_url),
+        BreakerConfig {
+            failures: 1,
+            cooldown,
+            ..Default::default()
+        },
+    );
+    let s_name = host_port(&secondary.smtp_url);
+    // Both fail once: both open.
+    primary
+        .smtp
+        .set_fault(Some("421 4.3.2 service not available"));
+    secondary.smtp.set_fault(Some("421 4.7.0 try again later"));
+    let out = email.send(&mail_to("somchai@example.test"), &lease()).await;
+    assert!(sent_id(&out).is_none(), "{out:?}");
+    assert!(
+        email
+            .providers()
+            .states()
+            .iter()
+            .all(|(_, s)| *s == State::Open)
+    );
+    // Both recover. After the cooldown the first email probes the primary and closes it;
+    // the next one probes the backup although the primary is healthy, and closes it too.
+    primary.smtp.set_fault(None);
+    secondary.smtp.set_fault(None);
+    tokio::time::sleep(cooldown).await;
+    let first = email.send(&mail_to("somchai@example.test"), &lease()).await;
+    assert!(sent_id(&first).is_some(), "{first:?}");
+    let second = email.send(&mail_to("somying@example.test"), &lease()).await;
+    assert!(sent_id(&second).is_some(), "{second:?}");
+    assert_eq!(
+        second.content["provider"],
+        s_name.as_str(),
+        "the backup's probe"
+    );
+    assert!(
+        email
+            .providers()
+            .states()
+            .iter()
+            .all(|(_, s)| *s == State::Closed),
+        "{:?}",
+        email.providers().states()
+    );
+    // Closed again, the list's order holds: the primary takes the mail.
+    let third = email.send(&mail_to("wichai@example.test"), &lease()).await;
+    assert_eq!(
+        third.content["provider"],
+        host_port(&primary.smtp_url).as_str()
+    );
+}
