@@ -68,8 +68,10 @@ pub struct Gauges {
 }
 
 /// Samples outbox size and age, pending deliveries and the oldest due one per channel,
-/// and paused channels, in one statement (database clock). Uses the partial index on
-/// pending deliveries, so its cost follows the backlog, not the table.
+/// and paused channels, in one statement (database clock). One pass over the partial
+/// index on pending deliveries for every channel and figure (not one per channel and
+/// figure: twelve passes took 3 s at a 1,000,000-delivery backlog), so its cost follows
+/// the backlog, not the table.
 pub async fn gauges(db: &PgPool) -> Result<Gauges> {
     let row = sqlx::query(
         "SELECT (SELECT count(*) FROM outbox) AS outbox_rows,
@@ -78,19 +80,17 @@ pub async fn gauges(db: &PgPool) -> Result<Gauges> {
                 (SELECT coalesce(jsonb_agg(jsonb_build_object(
                             'channel', c.channel, 'pending', c.pending, 'oldest', c.oldest,
                             'scheduled', c.scheduled, 'paused', c.paused)), '[]'::jsonb)
-                   FROM (SELECT ch.channel,
-                                (SELECT count(*) FROM notification_deliveries d
-                                  WHERE d.status = 'pending' AND d.channel = ch.channel) AS pending,
-                                (SELECT count(*) FROM notification_deliveries d
-                                  WHERE d.status = 'pending' AND d.channel = ch.channel
-                                    AND d.next_attempt_at > now()) AS scheduled,
-                                (SELECT coalesce(extract(epoch FROM now() - min(d.next_attempt_at)), 0)::float8
-                                   FROM notification_deliveries d
-                                  WHERE d.status = 'pending' AND d.channel = ch.channel
-                                    AND d.next_attempt_at <= now()) AS oldest,
+                   FROM (SELECT ch.channel, coalesce(b.pending, 0) AS pending,
+                                coalesce(b.scheduled, 0) AS scheduled,
+                                coalesce(extract(epoch FROM now() - b.oldest_at), 0)::float8 AS oldest,
                                 EXISTS (SELECT 1 FROM channel_pauses p
                                          WHERE p.channel = ch.channel AND p.paused_until > now()) AS paused
-                           FROM unnest(ARRAY['inapp', 'email', 'push', 'line']) AS ch(channel)) c)
+                           FROM unnest(ARRAY['inapp', 'email', 'push', 'line']) AS ch(channel)
+                           LEFT JOIN (SELECT d.channel, count(*) AS pending,
+                                             count(*) FILTER (WHERE d.next_attempt_at > now()) AS scheduled,
+                                             min(d.next_attempt_at) FILTER (WHERE d.next_attempt_at <= now()) AS oldest_at
+                                        FROM notification_deliveries d WHERE d.status = 'pending'
+                                       GROUP BY d.channel) b ON b.channel = ch.channel) c)
                    AS channels",
     )
     .fetch_one(db)

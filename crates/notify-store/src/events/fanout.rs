@@ -107,7 +107,7 @@ pub async fn advance_fanout(
 /// The cancellation fence of a fan-out page: takes the event row `FOR SHARE` until the
 /// page's transaction ends (a cancel's `FOR UPDATE` waits for the page, and the page for
 /// a cancel that came first) and returns whether the whole event is canceled; then the
-/// caller writes nothing and stops. Call it first in the page's transaction.
+/// caller writes nothing and stops. Call it in the page's transaction before it writes.
 pub async fn lock_for_page(db: &mut sqlx::PgConnection, event_id: Uuid) -> Result<bool> {
     let canceled: Option<bool> = sqlx::query_scalar(
         "SELECT canceled_at IS NOT NULL OR fanout_status = 'canceled'
@@ -120,7 +120,7 @@ pub async fn lock_for_page(db: &mut sqlx::PgConnection, event_id: Uuid) -> Resul
 }
 
 /// Which of `users` were canceled for this event alone (`event_cancellations`): the page
-/// plans no delivery for them. Read under [`lock_for_page`]'s lock.
+/// writes no delivery for them. Read under [`lock_for_page`]'s lock.
 pub async fn canceled_recipients(
     db: &mut sqlx::PgConnection,
     event_id: Uuid,

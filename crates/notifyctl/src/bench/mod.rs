@@ -3,10 +3,11 @@
 //!
 //! Prints, in order: the broker ceiling, the Postgres ceiling for the ingest transaction,
 //! ingest `CreateEvent` rate and latency at 32 and 128 clients, end-to-end deliveries per
-//! second, event-to-provider latency at a steady 500 events/s, the 100,000-recipient
-//! fan-out time, peak memory per process, and the ratios to the ceilings. After each
-//! ingest run and the end-to-end phase it prints what one event or delivery cost
-//! (statements, rows, WAL, transactions, broker messages, CPU per process; see [`cost`]).
+//! second, event-to-provider latency at a steady 500 events/s, the 100,000- and
+//! 1,000,000-recipient fan-out times, peak memory per process, and the ratios to the
+//! ceilings. After each ingest run and the end-to-end phase it prints what one event or
+//! delivery cost (statements, rows, WAL, transactions, broker messages, CPU per process;
+//! see [`cost`]).
 
 use crate::procs::{Procs, WORKERS, connect_grpc, peak_rss_kib};
 use anyhow::Context;
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 
 mod ceilings;
 mod cost;
+mod fanout;
 mod figures;
 
 use ceilings::{broker_ceiling, postgres_ceiling};
@@ -373,51 +375,11 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
 
     let mut inapp_peak = procs.pid("worker-inapp").and_then(peak_rss_kib);
     if cfg.wants("fanout") {
-        // Fan-out: time to write every delivery of a 100,000-subscriber topic event.
-        let subs: Vec<String> = (0..100_000).map(|i| format!("fan-{i:06}")).collect();
-        sqlx::query("INSERT INTO topics (key) VALUES ('bench.fanout') ON CONFLICT DO NOTHING")
-            .execute(&pool)
-            .await?;
-        sqlx::query("INSERT INTO topic_subscriptions (topic, user_id) SELECT 'bench.fanout', u FROM UNNEST($1::text[]) AS u ON CONFLICT DO NOTHING")
-        .bind(&subs)
-        .execute(&pool)
-        .await?;
         inapp_peak = procs.pid("worker-inapp").and_then(peak_rss_kib);
         procs.terminate("worker-inapp").await?; // measure the fan-out alone
-        let started = Instant::now();
-        let reply = pb::ingest_service_client::IngestServiceClient::new(channel.clone())
-            .create_event(pb::CreateEventRequest {
-                event_key: "bench:fanout".into(),
-                r#type: "bench_fanout".into(),
-                topic: "bench.fanout".into(),
-                content: Some(pb::Content {
-                    title: "fan-out".into(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            })
-            .await?
-            .into_inner();
-        let reply_ms = ms(started.elapsed());
-        loop {
-            let status: String = sqlx::query_scalar(
-                "SELECT fanout_status FROM notification_events WHERE id = $1::uuid",
-            )
-            .bind(&reply.event_id)
-            .fetch_one(&pool)
-            .await?;
-            if status.parse::<notify_core::FanoutStatus>()? == notify_core::FanoutStatus::Done {
-                break;
-            }
-            if started.elapsed() > Duration::from_secs(300) {
-                anyhow::bail!("fan-out did not finish in 300 s");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        for subscribers in fanout::SIZES {
+            fanout::measure(&pool, &channel, subscribers).await?;
         }
-        println!(
-            "fan-out: 100,000 deliveries written in {:.1} s (CreateEvent replied in {reply_ms:.0} ms)",
-            started.elapsed().as_secs_f64()
-        );
     }
     if cfg.wants("console") {
         let http_url =
