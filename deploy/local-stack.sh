@@ -205,10 +205,11 @@ EOF
     exec setsid /usr/lib/rabbitmq/bin/rabbitmq-server >"$STACK/logs/rabbitmq.log" 2>&1 </dev/null
   ) &
   echo $! >"$STACK/pids/rabbitmq.pid"
-  (rabbit_env; timeout 60 /usr/lib/rabbitmq/bin/rabbitmqctl -q -n "$RABBIT_NODE" wait --timeout 60 \
-    "$STACK/rabbitmq/rabbit.pid" >"$STACK/logs/rabbitmqctl.log" 2>&1) ||
-    die "rabbitmq did not start: $STACK/logs/rabbitmq.log"
-  wait_for rabbitmq 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$AMQP_PORT"
+  # Ready when its AMQP listener accepts a connection: the broker opens it at the end of
+  # its boot. Not `rabbitmqctl wait`: that CLI is a second Erlang VM, and on a loaded
+  # machine its own start alone took over a minute (it was killed by its timeout while
+  # the broker was up).
+  wait_for rabbitmq 180 bash -c "exec 3<>/dev/tcp/127.0.0.1/$AMQP_PORT"
 }
 
 start_maildev() {
