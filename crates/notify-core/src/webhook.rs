@@ -4,7 +4,8 @@
 //! `webhook-signature` value (`v1,` + base64 of HMAC-SHA256 over
 //! `{webhook-id}.{webhook-timestamp}.{body}`, keyed with the base64-decoded part after
 //! `whsec_`; several space-separated during a rotation), and the endpoint URL rule
-//! (the link policy, plus no private, loopback or link-local address literal).
+//! (the link policy, then the host as the WHATWG URL parser reads it: no private,
+//! loopback, link-local or other non-public address however spelt, no `localhost`).
 //!
 //! Pure: no DNS, no I/O; randomness is passed in.
 

@@ -36,13 +36,14 @@ pub struct WebhookConfig {
     /// (`NOTIFY_LEASE`), shutdown grace, link policy (`NOTIFY_DEV_HTTP_HOSTS`): the
     /// runtime settings every worker reads.
     pub worker: notify_worker::WorkerConfig,
-    /// Total time of one POST, connect included (`NOTIFY_WEBHOOK_TIMEOUT`, 5 s).
+    /// Total time of one POST, connect included (`NOTIFY_WEBHOOK_TIMEOUT`, 5 s; 1 s to
+    /// 10 min).
     pub timeout: Duration,
     /// Continuous failure after which an endpoint is disabled
-    /// (`NOTIFY_WEBHOOK_DISABLE_AFTER`, 5 days).
+    /// (`NOTIFY_WEBHOOK_DISABLE_AFTER`, 5 days; at least 1 min).
     pub disable_after: Duration,
     /// Delays between attempts and the attempt cap (`NOTIFY_WEBHOOK_RETRY_DELAYS`, 5 s,
-    /// 5 min, 30 min, 2 h, 5 h, 10 h (then 10 h); `NOTIFY_WEBHOOK_MAX_ATTEMPTS`, 20: more
+    /// 5 min, 30 min, 2 h, 5 h, 10 h (then 10 h), each at least 1 s; `NOTIFY_WEBHOOK_MAX_ATTEMPTS`, 20: more
     /// than five days of attempts, so the disable comes first).
     pub retry: RetryPolicy,
     /// POSTs in flight per endpoint per worker (`NOTIFY_WEBHOOK_ENDPOINT_CONCURRENCY`, 4).
