@@ -49,6 +49,21 @@ pub struct NewApiKey {
     pub max_recipients: i32,
 }
 
+/// The rule of a caller's name, as told to a caller: the `api_keys.name` CHECK
+/// (`^[a-z0-9][a-z0-9._-]{0,62}$`, migration `20261201000015_api_keys.sql`).
+pub const NAME_RULE: &str =
+    "must be 1 to 63 characters of [a-z0-9._-], starting with a letter or digit (as API key names)";
+
+/// Whether `name` follows the rule of API key names ([`NAME_RULE`]), so it can be a
+/// caller's name.
+pub fn valid_name(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'_' | b'-')
+        })
+}
+
 /// SHA-256 of a presented key.
 pub fn hash_key(key: &str) -> Vec<u8> {
     Sha256::digest(key.as_bytes()).to_vec()

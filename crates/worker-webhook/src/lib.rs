@@ -36,13 +36,14 @@ pub struct WebhookConfig {
     /// (`NOTIFY_LEASE`), shutdown grace, link policy (`NOTIFY_DEV_HTTP_HOSTS`): the
     /// runtime settings every worker reads.
     pub worker: notify_worker::WorkerConfig,
-    /// Total time of one POST, connect included (`NOTIFY_WEBHOOK_TIMEOUT`, 5 s).
+    /// Total time of one POST, connect included (`NOTIFY_WEBHOOK_TIMEOUT`, 5 s; 1 s to
+    /// 10 min).
     pub timeout: Duration,
     /// Continuous failure after which an endpoint is disabled
-    /// (`NOTIFY_WEBHOOK_DISABLE_AFTER`, 5 days).
+    /// (`NOTIFY_WEBHOOK_DISABLE_AFTER`, 5 days; at least 1 min).
     pub disable_after: Duration,
     /// Delays between attempts and the attempt cap (`NOTIFY_WEBHOOK_RETRY_DELAYS`, 5 s,
-    /// 5 min, 30 min, 2 h, 5 h, 10 h (then 10 h); `NOTIFY_WEBHOOK_MAX_ATTEMPTS`, 20: more
+    /// 5 min, 30 min, 2 h, 5 h, 10 h (then 10 h), each at least 1 s; `NOTIFY_WEBHOOK_MAX_ATTEMPTS`, 20: more
     /// than five days of attempts, so the disable comes first).
     pub retry: RetryPolicy,
     /// POSTs in flight per endpoint per worker (`NOTIFY_WEBHOOK_ENDPOINT_CONCURRENCY`, 4).
@@ -58,18 +59,46 @@ pub struct WebhookConfig {
 /// 2 h, 5 h, 10 h.
 pub const DEFAULT_RETRY_DELAYS: &str = "5s,5m,30m,2h,5h,10h";
 
+/// Bounds of `NOTIFY_WEBHOOK_TIMEOUT`: 1 s to 10 min (as `NOTIFY_SMTP_TIMEOUT`).
+pub const TIMEOUT_RANGE: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(600));
+
+/// Shortest entry of `NOTIFY_WEBHOOK_RETRY_DELAYS`: 1 s.
+pub const MIN_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// Shortest `NOTIFY_WEBHOOK_DISABLE_AFTER`: 1 min. Shorter, an endpoint that is down for
+/// a restart (or one slow POST plus a retry) is disabled, and only an operator re-enables
+/// it.
+pub const MIN_DISABLE_AFTER: Duration = Duration::from_secs(60);
+
 impl WebhookConfig {
     /// Reads the settings; every problem is recorded in `env`. `None` when a required one
     /// is missing.
     pub fn from_env(env: &mut Env) -> Option<Self> {
         let worker = notify_worker::WorkerConfig::from_env(env).ok();
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
-        let durs = |s: &str| notify_core::retry::parse_durations(s).map_err(|e| e.to_string());
-        let timeout = env.parse_with("NOTIFY_WEBHOOK_TIMEOUT", Duration::from_secs(5), dur);
+        // Each delay at least 1 s: a 0 s delay retries a failing endpoint in a tight loop.
+        let durs = |s: &str| {
+            let list = notify_core::retry::parse_durations(s).map_err(|e| e.to_string())?;
+            if list.iter().any(|d| *d < MIN_RETRY_DELAY) {
+                return Err("every delay must be at least 1s".to_string());
+            }
+            Ok(list)
+        };
+        // As NOTIFY_SMTP_TIMEOUT: a timeout of 0 fails every POST, one of 11 min holds
+        // a lease and a per-endpoint slot for longer than any receiver needs.
+        let timeout = env.parse_with("NOTIFY_WEBHOOK_TIMEOUT", Duration::from_secs(5), |s| {
+            notify_core::retry::parse_duration_in(s, TIMEOUT_RANGE.0, TIMEOUT_RANGE.1)
+        });
         let disable_after = env.parse_with(
             "NOTIFY_WEBHOOK_DISABLE_AFTER",
             Duration::from_secs(5 * 86_400),
-            dur,
+            |s| {
+                notify_core::retry::parse_duration_in(
+                    s,
+                    MIN_DISABLE_AFTER,
+                    notify_core::retry::MAX_DURATION,
+                )
+            },
         );
         let delays = env.parse_with(
             "NOTIFY_WEBHOOK_RETRY_DELAYS",

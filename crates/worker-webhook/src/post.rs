@@ -73,21 +73,27 @@ pub fn headers(msg: &ClaimedMessage, timestamp: i64) -> [(&'static str, String);
     ]
 }
 
-/// POSTs `msg` (the URL checked again against `policy` first) and sorts the answer: a 2xx
+/// POSTs `msg` (the URL checked again against `policy` first, with
+/// [`webhook::endpoint_url`]: an IP-address host must be public unless a development
+/// host, else `refused: ...` and no connection is made) and sorts the answer: a 2xx
 /// is success (`error` None); anything else names what went wrong (`http_<status>`,
 /// `timeout`, `connect: ...`, `refused: ...`).
 pub async fn post(http: &reqwest::Client, policy: &LinkPolicy, msg: &ClaimedMessage) -> PostResult {
     let started = Instant::now();
-    if let Err(why) = webhook::endpoint_problem(policy, &msg.url) {
-        return PostResult {
-            error: Some(format!("refused: the endpoint URL {why}")),
-            latency: started.elapsed(),
-            ..Default::default()
-        };
-    }
-    let mut req = http
-        .post(&msg.url)
-        .header("content-type", "application/json");
+    // Parsed with the parser reqwest uses and that parsed URL connected to: a host
+    // that is an IP address (however spelt: `127.1`, `0x7f000001`) never reaches the
+    // resolver, so it is judged here, before any connection.
+    let url = match webhook::endpoint_url(policy, &msg.url) {
+        Ok(url) => url,
+        Err(why) => {
+            return PostResult {
+                error: Some(format!("refused: the endpoint URL {why}")),
+                latency: started.elapsed(),
+                ..Default::default()
+            };
+        }
+    };
+    let mut req = http.post(url).header("content-type", "application/json");
     for (name, value) in headers(msg, chrono::Utc::now().timestamp()) {
         req = req.header(name, value);
     }

@@ -165,3 +165,85 @@ async fn a_hanging_endpoint_times_out_within_the_timeout() {
     assert_eq!(r.error.as_deref(), Some("timeout"));
     assert!(r.latency < Duration::from_secs(2), "{:?}", r.latency);
 }
+
+/// An endpoint stored before the URL rule read hosts as reqwest does (a loopback address
+/// spelt `127.1`, `0x7f000001` ...: as a claimed message carries it from the database) is
+/// refused when the worker is about to connect: the attempt says `refused`, and the
+/// listener on that port accepts no connection.
+#[tokio::test]
+async fn a_stored_loopback_spelling_is_refused_before_any_connection() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let policy = dev_policy(&[]);
+    let http = post::client(&policy, Duration::from_secs(2)).unwrap();
+    for host in [
+        "127.1",
+        "2130706433",
+        "0x7f000001",
+        "0177.0.0.1",
+        "127.0.0.1.",
+        "%31%32%37.0.0.1",
+        "127\u{3002}0\u{3002}0\u{3002}1",
+        "[::ffff:127.0.0.1]",
+    ] {
+        let m = msg(&format!("https://{host}:{port}/hook"), &["whsec_AAAA"]);
+        let r = post::post(&http, &policy, &m).await;
+        let err = r.error.clone().unwrap_or_default();
+        assert!(err.starts_with("refused: "), "{host}: {r:?}");
+        assert_eq!(r.status_code, None, "{host}");
+    }
+    // Everything above ran to its result: had any attempt connected, the connection
+    // would be waiting in the backlog now.
+    let accepted = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
+    assert!(accepted.is_err(), "a connection was made: {accepted:?}");
+
+    // The same listener does accept when the URL is allowed (the probe works).
+    let policy = dev_policy(&["127.0.0.1"]);
+    let http = post::client(&policy, Duration::from_millis(500)).unwrap();
+    let m = msg(&format!("http://127.0.0.1:{port}/hook"), &["whsec_AAAA"]);
+    let (r, accepted) = tokio::join!(post::post(&http, &policy, &m), listener.accept());
+    assert!(accepted.is_ok(), "{r:?}");
+}
+
+fn config_errors(vars: &[(&str, &str)]) -> String {
+    let mut env = notify_core::config::Env::from_vars(vars.iter().copied());
+    let _ = WebhookConfig::from_env(&mut env);
+    env.finish().err().unwrap_or_default()
+}
+
+#[test]
+fn the_timeout_the_retry_delays_and_the_disable_period_are_bounded() {
+    for (var, value, rule) in [
+        ("NOTIFY_WEBHOOK_TIMEOUT", "0s", "must be from 1s to 600s"),
+        ("NOTIFY_WEBHOOK_TIMEOUT", "500ms", "must be from 1s to 600s"),
+        ("NOTIFY_WEBHOOK_TIMEOUT", "11m", "must be from 1s to 600s"),
+        (
+            "NOTIFY_WEBHOOK_RETRY_DELAYS",
+            "5s,0s,1m",
+            "every delay must be at least 1s",
+        ),
+        (
+            "NOTIFY_WEBHOOK_RETRY_DELAYS",
+            "500ms",
+            "every delay must be at least 1s",
+        ),
+        ("NOTIFY_WEBHOOK_DISABLE_AFTER", "59s", "must be from 60s to"),
+        ("NOTIFY_WEBHOOK_DISABLE_AFTER", "0s", "must be from 60s to"),
+    ] {
+        let errors = config_errors(&[(var, value)]);
+        let line = errors
+            .lines()
+            .find(|l| l.starts_with(var))
+            .unwrap_or_else(|| panic!("{var}={value} accepted: {errors}"));
+        assert!(line.contains(rule), "{var}={value}: {line}");
+    }
+    for (var, value) in [
+        ("NOTIFY_WEBHOOK_TIMEOUT", "1s"),
+        ("NOTIFY_WEBHOOK_TIMEOUT", "10m"),
+        ("NOTIFY_WEBHOOK_RETRY_DELAYS", "1s,2s,5s"),
+        ("NOTIFY_WEBHOOK_DISABLE_AFTER", "1m"),
+    ] {
+        let errors = config_errors(&[(var, value)]);
+        assert!(!errors.contains(var), "{var}={value}: {errors}");
+    }
+}

@@ -74,7 +74,9 @@ impl Services {
         let owner = if r.caller.is_empty() || r.caller == caller.name {
             caller.name.clone()
         } else if self.auth.reads_every_event(&caller) {
-            v.check_id("caller", &r.caller, 255);
+            if !notify_store::api_keys::valid_name(&r.caller) {
+                v.add("caller", notify_store::api_keys::NAME_RULE);
+            }
             r.caller.clone()
         } else {
             return Err(ApiError::PermissionDenied(

@@ -664,7 +664,12 @@ async fn a_worker_killed_during_the_post_loses_no_webhook() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_webhook_endpoint_names_every_bad_field() {
-    let p = platform(&[]).await;
+    // No development host: 127.0.0.1, however spelt, is refused as the tester found.
+    let p = Platform::start_with(Options {
+        links: notify_core::links::LinkPolicy::default(),
+        ..Default::default()
+    })
+    .await;
     for (url, types, fields) in [
         (
             "ftp://hooks.example.com/x",
@@ -674,6 +679,18 @@ async fn create_webhook_endpoint_names_every_bad_field() {
         ("http://hooks.example.com/x", vec![], vec!["url"]),
         ("https://10.1.2.3/x", vec![], vec!["url"]),
         ("https://169.254.169.254/latest", vec![], vec!["url"]),
+        // Spellings the WHATWG parser (reqwest's) reads as loopback, and NAT64 of it.
+        ("https://127.1:59830/a", vec![], vec!["url"]),
+        ("https://0x7f000001:59830/c", vec![], vec!["url"]),
+        ("https://%31%32%37.0.0.1:59830/f", vec![], vec!["url"]),
+        (
+            "https://127\u{3002}0\u{3002}0\u{3002}1:59830/g",
+            vec![],
+            vec!["url"],
+        ),
+        ("https://[64:ff9b::7f00:1]/", vec![], vec!["url"]),
+        ("https://LOCALHOST./", vec![], vec!["url"]),
+        ("https://example.com:99999/", vec![], vec!["url"]),
         (
             "https://hooks.example.com/x",
             vec!["delivery.sent", "delivery.exploded"],
@@ -698,6 +715,57 @@ async fn create_webhook_endpoint_names_every_bad_field() {
             .collect();
         assert_eq!(got, fields, "{url} {types:?}");
     }
+    // Over 2048 bytes, and a managing key naming a caller no key could have: each field
+    // named with its rule.
+    let long = format!("https://hooks.example.com/{}", "a".repeat(2048));
+    for (url, caller, field, rule) in [
+        (long.as_str(), "", "url", "2048 bytes"),
+        (
+            "https://hooks.example.com/x",
+            "Shop Orders!",
+            "caller",
+            "[a-z0-9._-]",
+        ),
+        (
+            "https://hooks.example.com/x",
+            "-shop",
+            "caller",
+            "[a-z0-9._-]",
+        ),
+    ] {
+        let e = webhooks(&p)
+            .create_webhook_endpoint(pb::CreateWebhookEndpointRequest {
+                url: url.into(),
+                event_types: vec![],
+                caller: caller.into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{caller}");
+        let got = e
+            .get_details_bad_request()
+            .expect("field violations")
+            .field_violations;
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].field, field);
+        assert!(got[0].description.contains(rule), "{:?}", got[0]);
+    }
+    // UpdateWebhookEndpoint applies the same rule.
+    let (id, _) = create_endpoint(&p, "https://hooks.example.com/x", &[]).await;
+    let e = webhooks(&p)
+        .update_webhook_endpoint(pb::UpdateWebhookEndpointRequest {
+            id,
+            url: Some("https://0x7f.1:443/".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let got = e
+        .get_details_bad_request()
+        .expect("field violations")
+        .field_violations;
+    assert_eq!(got[0].field, "url", "{got:?}");
     let missing = webhooks(&p)
         .delete_webhook_endpoint(pb::DeleteWebhookEndpointRequest {
             id: uuid::Uuid::new_v4().to_string(),
@@ -705,6 +773,48 @@ async fn create_webhook_endpoint_names_every_bad_field() {
         .await
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
+}
+
+/// An endpoint stored before the rule read hosts as reqwest does (written straight into
+/// the database here: `0x7f000001` is 127.0.0.1): the worker refuses it before
+/// connecting, and the listener on that port accepts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_stored_with_a_loopback_spelling_is_refused_before_the_worker_connects() {
+    let p = platform(&[Channel::InApp]).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (id, _) = create_endpoint(&p, "https://hooks.example.com/x", &["delivery.sent"]).await;
+    sqlx::query("UPDATE webhook_endpoints SET url = $1 WHERE id = $2")
+        .bind(format!("https://0x7f000001:{port}/hook"))
+        .bind(uuid::Uuid::parse_str(&id).unwrap())
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    // 127.0.0.1 is no development host of this worker.
+    let mut cfg = webhook_config(&p);
+    cfg.worker.links.http_hosts.clear();
+    let (_stop, _task) = start_webhook_worker(cfg, p.pool.clone());
+    p.add_type("order.paid", &["inapp"]).await;
+    let user = uniq("u");
+    p.add_recipient(&user, "U", "", "").await;
+    p.send(&uniq("e"), "order.paid", &[&user]).await;
+    let attempts = eventually("an attempt recorded", Duration::from_secs(20), async || {
+        let msg: Option<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM webhook_messages")
+            .fetch_optional(&p.pool)
+            .await
+            .unwrap();
+        let Some(msg) = msg else { return Err(vec![]) };
+        let a = notify_store::webhooks::attempts_of(&p.pool, msg)
+            .await
+            .unwrap();
+        if a.is_empty() { Err(a) } else { Ok(a) }
+    })
+    .await;
+    let error = attempts[0].error.clone().unwrap_or_default();
+    assert!(error.starts_with("refused: "), "{attempts:#?}");
+    assert_eq!(attempts[0].status_code, None);
+    let accepted = tokio::time::timeout(Duration::from_millis(300), listener.accept()).await;
+    assert!(accepted.is_err(), "the worker connected: {accepted:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
