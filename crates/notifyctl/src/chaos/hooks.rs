@@ -196,6 +196,11 @@ impl Hooks {
         self.event_id
     }
 
+    /// The run's two endpoints.
+    pub(super) fn endpoints(&self) -> Vec<Uuid> {
+        self.receivers.iter().map(|r| r.endpoint_id).collect()
+    }
+
     /// Waits (up to `settle`) until no message of the receivers' endpoints is pending or
     /// sending, stops the receivers and checks their logs against Postgres.
     pub(super) async fn finish(

@@ -202,13 +202,16 @@ async fn snapshot_webhooks(pool: &PgPool) -> anyhow::Result<KillSnapshot> {
     })
 }
 
-/// Whether the webhook messages are flowing: at least 50 sent and 50 still to go.
-async fn webhooks_mid_stream(pool: &PgPool) -> bool {
+/// Whether this run's webhook messages (of `endpoints`) are flowing: at least 50 sent
+/// and 50 still to go. (Counting every endpoint's, an earlier run's sent messages made
+/// the second run's kill fire as soon as 50 were queued, before any POST.)
+async fn webhooks_mid_stream(pool: &PgPool, endpoints: &[Uuid]) -> bool {
     let counts: Result<(i64, i64), _> = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE status = 'sent'),
                 count(*) FILTER (WHERE status IN ('pending', 'sending'))
-         FROM webhook_messages",
+         FROM webhook_messages WHERE endpoint_id = ANY($1)",
     )
+    .bind(endpoints)
     .fetch_one(pool)
     .await;
     matches!(counts, Ok((done, open)) if done >= 50 && open >= 50)
@@ -449,11 +452,12 @@ async fn chaos_run(
     // (up to 60 s). The POSTs it was making go out again after their lease, duplicated,
     // never lost.
     let mut webhook_kill_due = true;
+    let hook_endpoints = hooks.endpoints();
     for action in plan {
         let wait = Duration::from_millis(rand::rng().random_range(500..2_500));
         let until = Instant::now() + wait;
         while Instant::now() < until {
-            if webhook_kill_due && webhooks_mid_stream(pool).await {
+            if webhook_kill_due && webhooks_mid_stream(pool, &hook_endpoints).await {
                 kill_webhook_worker(pool, procs, &snapshots).await?;
                 webhook_kill_due = false;
             }
@@ -525,7 +529,7 @@ async fn chaos_run(
 
     let until = Instant::now() + Duration::from_secs(60);
     while webhook_kill_due {
-        if webhooks_mid_stream(pool).await || Instant::now() > until {
+        if webhooks_mid_stream(pool, &hook_endpoints).await || Instant::now() > until {
             kill_webhook_worker(pool, procs, &snapshots).await?;
             webhook_kill_due = false;
         }
