@@ -13,9 +13,10 @@
 //! drops recipients canceled meanwhile, applies fatigue caps, inserts, moves the checkpoint
 //! and commits; if page k failed or was fenced off, page k + 1 rolls back. Only one page
 //! holds the fence at a time and there is a moment between two pages where none does, so
-//! a waiting cancel gets the row (two overlapping `KEY SHARE` holders would starve its
-//! `FOR UPDATE`: the deliveries' foreign key takes `KEY SHARE` on the event row too, so
-//! the inserts of two pages never overlap). The checkpoint moves one page at a time.
+//! a waiting cancel gets the row (two overlapping share-lock holders would starve its
+//! `FOR UPDATE`, so the inserts of two pages never overlap). The checkpoint moves one page
+//! at a time. Each committed page's deliveries due now are handed to this replica's relay
+//! ([`crate::relay::Direct`]).
 
 use crate::clock::Clock;
 use crate::planning::{add_derived, count_derived, new_deliveries};
@@ -47,6 +48,7 @@ pub async fn run(
     caps: std::collections::BTreeMap<Channel, u32>,
     clock: Clock,
     poll: Duration,
+    direct: Option<(crate::relay::Direct, Duration)>,
     shutdown: CancellationToken,
 ) {
     let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
@@ -68,7 +70,9 @@ pub async fn run(
         }
         match events::claim_fanout(&pool, HOLD).await {
             Ok(Some(job)) => {
-                if let Err(e) = fan_out(&pool, &job, max_attempts, &caps, &clock, &shutdown).await {
+                if let Err(e) =
+                    fan_out(&pool, &job, max_attempts, &caps, &clock, &direct, &shutdown).await
+                {
                     warn!(event_id = %job.event_id, error = %e, "fan-out interrupted; it resumes from its checkpoint");
                 }
                 continue;
@@ -100,6 +104,7 @@ async fn fan_out(
     max_attempts: i32,
     caps: &std::collections::BTreeMap<Channel, u32>,
     clock: &Clock,
+    direct: &Option<(crate::relay::Direct, Duration)>,
     shutdown: &CancellationToken,
 ) -> notify_store::Result<()> {
     let Some(ty) = notify_store::catalog::get_type(pool, &job.type_key).await? else {
@@ -115,6 +120,7 @@ async fn fan_out(
         max_attempts,
         caps: caps.clone(),
         clock: clock.clone(),
+        direct: direct.clone(),
     });
     let mut inflight: VecDeque<PageWrite> = VecDeque::with_capacity(IN_FLIGHT);
     let mut cursor = job.cursor.clone();
@@ -175,6 +181,8 @@ struct PageContext {
     max_attempts: i32,
     caps: std::collections::BTreeMap<Channel, u32>,
     clock: Clock,
+    /// The relay each committed page's deliveries due now are handed to, and their hold.
+    direct: Option<(crate::relay::Direct, Duration)>,
 }
 
 impl PageContext {
@@ -264,7 +272,16 @@ impl PageContext {
             planned = merge_line_multicast(job.event_id, &cursor, planned, due);
         }
         let planned = new_deliveries(planned, self.max_attempts);
-        events::insert_deliveries(&mut tx, job.event_id, &planned).await?;
+        let rows: Vec<(uuid::Uuid, &notify_store::events::NewDelivery)> =
+            planned.iter().map(|d| (job.event_id, d)).collect();
+        let mut held = match &self.direct {
+            Some((_, hold)) => events::insert_deliveries_held(&mut tx, &rows, *hold).await?,
+            None => {
+                events::insert_deliveries_many(&mut tx, &rows).await?;
+                Vec::new()
+            }
+        };
+        drop(rows);
         events::insert_skips(&mut tx, job.event_id, &skipped).await?;
         if !events::advance_fanout(&mut tx, job.event_id, &cursor, &next, page_len, done, HOLD)
             .await?
@@ -276,6 +293,12 @@ impl PageContext {
         }
         tx.commit().await?;
         let _ = committed.send(true);
+        if let Some((direct, _)) = &self.direct {
+            for row in &mut held {
+                row.trace_context.clone_from(&job.trace_context);
+            }
+            direct.publish(held);
+        }
         count_derived(&ty.derivation, &planned, &skipped);
         if done {
             info!(event_id = %job.event_id, topic = %job.topic, "fan-out done");

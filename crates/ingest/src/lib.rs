@@ -210,9 +210,11 @@ impl IngestConfig {
             relay: relay::RelayConfig {
                 topology: Topology::new(env.string("NOTIFY_AMQP_PREFIX", "")),
                 batch: env.number("NOTIFY_RELAY_BATCH", 500, 1, 10_000),
+                // At most 10 s: rows written due later than that are not announced
+                // (migrations/20261201000028_delivery_write_cost.sql), the poll finds them.
                 poll: env
                     .parse_with("NOTIFY_RELAY_POLL", Duration::from_secs(1), dur)
-                    .max(Duration::from_millis(10)),
+                    .clamp(Duration::from_millis(10), Duration::from_secs(10)),
                 hold: Duration::from_secs(30),
                 confirm_timeout: Duration::from_secs(10),
                 retry_in: Duration::from_secs(5),
@@ -236,10 +238,13 @@ pub async fn run(
     let stats = Arc::new(relay::RelayStats::default());
     // `stop` ends everything once the drain is over; `shutdown` only starts the drain.
     let stop = CancellationToken::new();
+    // New deliveries due now are handed to this replica's relay after their commit.
+    let (direct, direct_rx) = relay::Direct::new(pool.clone());
     let relay_task = tokio::spawn(relay::run(
         pool.clone(),
         cfg.relay.clone(),
         stats.clone(),
+        direct_rx,
         stop.clone(),
     ));
     let readiness = {
@@ -274,6 +279,7 @@ pub async fn run(
         cfg.fatigue_caps.clone(),
         cfg.clock.clone(),
         cfg.relay.poll,
+        Some((direct.clone(), cfg.relay.hold)),
         stop.clone(),
     ));
 
@@ -288,6 +294,7 @@ pub async fn run(
             fatigue_caps: cfg.fatigue_caps.clone(),
             clock: cfg.clock.clone(),
             horizon: cfg.schedule_horizon,
+            direct: Some((direct, cfg.relay.hold)),
         },
         auth,
         cfg.links.clone(),

@@ -1,16 +1,76 @@
-//! The outbox relay: publishes due outbox rows to RabbitMQ with publisher confirms and
-//! deletes each row only after its confirm. Wakes on `LISTEN notify_outbox`, at the due
-//! time of the next row written for later (retries, deferrals), and polls as a fallback, and runs safely in any number of ingest replicas (claims use SKIP LOCKED).
+//! The outbox relay: publishes outbox rows to RabbitMQ with publisher confirms and
+//! deletes each row only after its confirm. Two doors lead to it:
+//!
+//! - **Handed over** ([`Direct`]): the event writer and the fan-out write the outbox rows
+//!   of deliveries due now already claimed (held for [`RelayConfig::hold`]) and hand them
+//!   to this replica's relay right after their commit, so a new delivery costs no claim
+//!   and no wake-up round trip. Rows the relay cannot take now (not connected, too far
+//!   behind, stopping) are released: made due at once for any relay's claim.
+//! - **Claimed** ([`outbox::claim_due`]): every other row (retries, deferrals, scheduled
+//!   sends, released rows, and held rows whose writer died before the confirm once their
+//!   hold has passed). Wakes on `LISTEN notify_outbox` (announced when a row due now is
+//!   written), at the due time of the next row written for later, and polls as a
+//!   fallback; runs safely in any number of ingest replicas (claims use SKIP LOCKED).
 
 use notify_broker::{DeliveryMessage, PublishOutcome, Publisher, Topology};
 use notify_core::Channel;
 use notify_store::PgPool;
-use notify_store::outbox;
+use notify_store::outbox::{self, OutboxRow};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
+
+/// Batches of held rows waiting for the relay, at most (each batch is one commit's rows).
+const DIRECT_BACKLOG: usize = 256;
+
+/// The writers' door to this replica's relay: outbox rows written held
+/// ([`notify_store::events::insert_deliveries_held`]) are handed over after their commit.
+/// Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Direct {
+    tx: mpsc::Sender<Vec<OutboxRow>>,
+    pool: PgPool,
+}
+
+/// The relay's end of [`Direct`].
+#[derive(Debug)]
+pub struct DirectRx(mpsc::Receiver<Vec<OutboxRow>>);
+
+impl Direct {
+    /// A door and its relay end; `pool` releases what the relay cannot take.
+    pub fn new(pool: PgPool) -> (Self, DirectRx) {
+        let (tx, rx) = mpsc::channel(DIRECT_BACKLOG);
+        (Self { tx, pool }, DirectRx(rx))
+    }
+
+    /// Hands committed held rows to the relay without waiting. When the relay cannot take
+    /// them (not connected, [`DIRECT_BACKLOG`] batches behind, stopped), they are released
+    /// in the background ([`outbox::release`]): due now for any relay's claim, so a
+    /// delivery waits no longer than a claim round, never the whole hold.
+    pub fn publish(&self, rows: Vec<OutboxRow>) {
+        if rows.is_empty() {
+            return;
+        }
+        if let Err(e) = self.tx.try_send(rows) {
+            let rows = match e {
+                mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
+            };
+            let pool = self.pool.clone();
+            tokio::spawn(async move { release(&pool, &rows).await });
+        }
+    }
+}
+
+/// Releases held rows; on failure they wait out their hold, then the relay claims them.
+async fn release(pool: &PgPool, rows: &[OutboxRow]) {
+    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    if let Err(e) = outbox::release(pool, &ids).await {
+        warn!(error = %e, count = ids.len(), "could not release held outbox rows; they are claimed after their hold");
+    }
+}
 
 /// Relay settings.
 #[derive(Debug, Clone)]
@@ -45,34 +105,46 @@ pub struct RelayStats {
 }
 
 /// Runs the relay until `shutdown`; reconnects to the broker after failures.
+/// Held rows handed over while it is not connected wait in `direct` (up to
+/// [`DIRECT_BACKLOG`] batches; the writers release the rest); the ones still there when it
+/// stops are released.
 pub async fn run(
     pool: PgPool,
     cfg: RelayConfig,
     stats: Arc<RelayStats>,
+    mut direct: DirectRx,
     shutdown: CancellationToken,
 ) {
     let mut backoff = Duration::from_millis(200);
     while !shutdown.is_cancelled() {
-        let result = run_connected(&pool, &cfg, &stats, &shutdown).await;
+        let result = run_connected(&pool, &cfg, &stats, &mut direct, &shutdown).await;
         stats.connected.store(false, Ordering::SeqCst);
         match result {
-            Ok(()) => return,
+            Ok(()) => break,
             Err(e) => {
                 error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "relay failed; reconnecting");
                 tokio::select! {
-                    _ = shutdown.cancelled() => return,
+                    _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(10));
             }
         }
     }
+    // What was handed over and not published goes to another replica's claim at once.
+    direct.0.close();
+    let mut left = Vec::new();
+    while let Ok(rows) = direct.0.try_recv() {
+        left.extend(rows);
+    }
+    release(&pool, &left).await;
 }
 
 async fn run_connected(
     pool: &PgPool,
     cfg: &RelayConfig,
     stats: &RelayStats,
+    direct: &mut DirectRx,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let conn = notify_broker::connect(&cfg.amqp_url, "ingest-relay").await?;
@@ -93,87 +165,128 @@ async fn run_connected(
             return Ok(());
         }
         let rows = outbox::claim_due(pool, cfg.batch, cfg.hold).await?;
-        if rows.is_empty() {
-            // Sleep until the next row is due (a retry written by a worker is announced
-            // when written, but due later), a new row is announced, or the poll interval.
-            let wait = outbox::next_due_in(pool)
-                .await?
-                .map_or(cfg.poll, |d| d.min(cfg.poll));
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                n = listener.recv() => { n?; }
-                _ = tokio::time::sleep(wait) => {}
+        if !rows.is_empty() {
+            publish_rows(pool, cfg, stats, &publisher, rows).await?;
+            // Handed-over rows do not wait behind a long claimed backlog.
+            if let Some(rows) = take_handed_over(direct, cfg.batch) {
+                publish_rows(pool, cfg, stats, &publisher, rows).await?;
             }
             continue;
         }
-        let messages: Vec<DeliveryMessage> = rows
-            .iter()
-            .map(|r| DeliveryMessage {
-                v: 1,
-                delivery_id: r.delivery_id,
-                channel: r.channel.clone(),
-            })
-            .collect();
-        // One producer span per message, a child of the event's stored trace context;
-        // its own context travels in the message headers to the worker.
-        let spans: Vec<tracing::Span> = rows.iter().map(|r| producer_span(cfg, r)).collect();
-        let headers: Vec<_> = spans
-            .iter()
-            .map(notify_telemetry::propagation::headers_of)
-            .collect();
-        let outcomes = publisher
-            .publish_batch_with_headers(&messages, &headers)
-            .await;
-        for (span, outcome) in spans.iter().zip(&outcomes) {
-            if *outcome != PublishOutcome::Confirmed {
-                span.record("otel.status_code", "ERROR");
-                span.record("notify.publish_outcome", format!("{outcome:?}"));
-            }
-        }
-        drop(spans);
-        let mut done = Vec::new();
-        let mut unroutable = Vec::new();
-        let mut failed = Vec::new();
-        let mut last_error = String::new();
-        for (row, outcome) in rows.iter().zip(outcomes) {
-            match outcome {
-                PublishOutcome::Confirmed => done.push(row.id),
-                PublishOutcome::Unroutable => unroutable.push(row.id),
-                PublishOutcome::Nacked => {
-                    last_error = "nacked by broker".into();
-                    failed.push(row.id)
+        // Until the next row is due (a retry written by a worker is announced when
+        // written, but due later), a row due now is announced, or the poll interval:
+        // publish what the writers hand over.
+        let wait = outbox::next_due_in(pool)
+            .await?
+            .map_or(cfg.poll, |d| d.min(cfg.poll));
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                n = listener.recv() => { n?; break; }
+                _ = tokio::time::sleep_until(until) => break,
+                rows = direct.0.recv(), if !direct.0.is_closed() => {
+                    let Some(mut rows) = rows else { continue };
+                    if let Some(more) = take_handed_over(direct, cfg.batch - rows.len() as i64) {
+                        rows.extend(more);
+                    }
+                    publish_rows(pool, cfg, stats, &publisher, rows).await?;
                 }
-                PublishOutcome::Unknown(e) => {
-                    last_error = e;
-                    failed.push(row.id)
-                }
-            }
-        }
-        outbox::delete(pool, &done).await?;
-        stats
-            .published
-            .fetch_add(done.len() as u64, Ordering::Relaxed);
-        if !unroutable.is_empty() {
-            stats
-                .unroutable
-                .fetch_add(unroutable.len() as u64, Ordering::Relaxed);
-            error!(
-                count = unroutable.len(),
-                "unroutable: no queue bound for the routing key; kept in the outbox"
-            );
-            outbox::publish_failed(pool, &unroutable, "unroutable", cfg.retry_in).await?;
-        }
-        if !failed.is_empty() {
-            stats
-                .failed
-                .fetch_add(failed.len() as u64, Ordering::Relaxed);
-            warn!(count = failed.len(), error = %last_error, "publish not confirmed; kept in the outbox");
-            outbox::publish_failed(pool, &failed, &last_error, cfg.retry_in).await?;
-            if !publisher.is_healthy() {
-                anyhow::bail!("publisher channel closed: {last_error}");
             }
         }
     }
+}
+
+/// Handed-over batches waiting now, up to about `limit` rows (whole batches).
+fn take_handed_over(direct: &mut DirectRx, limit: i64) -> Option<Vec<OutboxRow>> {
+    let mut out: Vec<OutboxRow> = Vec::new();
+    while (out.len() as i64) < limit {
+        match direct.0.try_recv() {
+            Ok(rows) => out.extend(rows),
+            Err(_) => break,
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// Publishes `rows` with confirms and settles each: deleted once confirmed; kept, with the
+/// failure counted and recorded, and due again after `cfg.retry_in` otherwise. Fails when
+/// the publisher's channel is gone (the caller reconnects).
+async fn publish_rows(
+    pool: &PgPool,
+    cfg: &RelayConfig,
+    stats: &RelayStats,
+    publisher: &Publisher,
+    rows: Vec<OutboxRow>,
+) -> anyhow::Result<()> {
+    let messages: Vec<DeliveryMessage> = rows
+        .iter()
+        .map(|r| DeliveryMessage {
+            v: 1,
+            delivery_id: r.delivery_id,
+            channel: r.channel.clone(),
+        })
+        .collect();
+    // One producer span per message, a child of the event's stored trace context;
+    // its own context travels in the message headers to the worker.
+    let spans: Vec<tracing::Span> = rows.iter().map(|r| producer_span(cfg, r)).collect();
+    let headers: Vec<_> = spans
+        .iter()
+        .map(notify_telemetry::propagation::headers_of)
+        .collect();
+    let outcomes = publisher
+        .publish_batch_with_headers(&messages, &headers)
+        .await;
+    for (span, outcome) in spans.iter().zip(&outcomes) {
+        if *outcome != PublishOutcome::Confirmed {
+            span.record("otel.status_code", "ERROR");
+            span.record("notify.publish_outcome", format!("{outcome:?}"));
+        }
+    }
+    drop(spans);
+    let mut done = Vec::new();
+    let mut unroutable = Vec::new();
+    let mut failed = Vec::new();
+    let mut last_error = String::new();
+    for (row, outcome) in rows.iter().zip(outcomes) {
+        match outcome {
+            PublishOutcome::Confirmed => done.push(row.id),
+            PublishOutcome::Unroutable => unroutable.push(row.id),
+            PublishOutcome::Nacked => {
+                last_error = "nacked by broker".into();
+                failed.push(row.id)
+            }
+            PublishOutcome::Unknown(e) => {
+                last_error = e;
+                failed.push(row.id)
+            }
+        }
+    }
+    outbox::delete(pool, &done).await?;
+    stats
+        .published
+        .fetch_add(done.len() as u64, Ordering::Relaxed);
+    if !unroutable.is_empty() {
+        stats
+            .unroutable
+            .fetch_add(unroutable.len() as u64, Ordering::Relaxed);
+        error!(
+            count = unroutable.len(),
+            "unroutable: no queue bound for the routing key; kept in the outbox"
+        );
+        outbox::publish_failed(pool, &unroutable, "unroutable", cfg.retry_in).await?;
+    }
+    if !failed.is_empty() {
+        stats
+            .failed
+            .fetch_add(failed.len() as u64, Ordering::Relaxed);
+        warn!(count = failed.len(), error = %last_error, "publish not confirmed; kept in the outbox");
+        outbox::publish_failed(pool, &failed, &last_error, cfg.retry_in).await?;
+        if !publisher.is_healthy() {
+            anyhow::bail!("publisher channel closed: {last_error}");
+        }
+    }
+    Ok(())
 }
 
 /// The producer span of one publish (OpenTelemetry messaging semantic conventions:

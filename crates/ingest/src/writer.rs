@@ -70,6 +70,10 @@ pub struct WriterConfig {
     /// Furthest a scheduled event may be due after the planning instant
     /// (`NOTIFY_SCHEDULE_HORIZON`).
     pub horizon: std::time::Duration,
+    /// The relay to hand new deliveries due now to after each commit, and how long their
+    /// outbox rows are held for it ([`crate::relay::RelayConfig::hold`]); `None`: every
+    /// row is left to the relay's claim.
+    pub direct: Option<(crate::relay::Direct, std::time::Duration)>,
 }
 
 /// Handle to the writer tasks; cheap to clone. The tasks stop when every handle is gone.
@@ -562,7 +566,13 @@ async fn try_write(
         .iter()
         .flat_map(|(&i, (d, _))| d.iter().map(move |d| (ready[i].id, d)))
         .collect();
-    events::insert_deliveries_many(&mut tx, &rows).await?;
+    let held = match &cfg.direct {
+        Some((_, hold)) => events::insert_deliveries_held(&mut tx, &rows, *hold).await?,
+        None => {
+            events::insert_deliveries_many(&mut tx, &rows).await?;
+            Vec::new()
+        }
+    };
     attach_digests(&mut tx, ready, &mut planned, cfg.max_attempts).await?;
     let skips: Vec<(Uuid, &SkippedDelivery)> = planned
         .iter()
@@ -575,6 +585,9 @@ async fn try_write(
         return Ok((Vec::new(), false));
     }
     tx.commit().await?;
+    if let Some((direct, _)) = &cfg.direct {
+        direct.publish(with_trace_contexts(held, ready));
+    }
     for (&i, (d, sk)) in &planned {
         count_derived(&ready[i].derivation, d, sk);
     }
@@ -595,4 +608,22 @@ async fn try_write(
         })
         .collect();
     Ok((results, true))
+}
+
+/// Held outbox rows with their event's trace context, for the relay's producer spans.
+fn with_trace_contexts(
+    mut held: Vec<notify_store::outbox::OutboxRow>,
+    ready: &[Ready],
+) -> Vec<notify_store::outbox::OutboxRow> {
+    let traces: HashMap<Uuid, &str> = ready
+        .iter()
+        .filter_map(|r| Some((r.id, r.job.event.trace_context.as_deref()?)))
+        .collect();
+    for row in &mut held {
+        row.trace_context = row
+            .event_id
+            .and_then(|e| traces.get(&e))
+            .map(|t| t.to_string());
+    }
+    held
 }

@@ -81,6 +81,20 @@ pub async fn delete(db: &PgPool, ids: &[i64]) -> Result<u64> {
     Ok(done.rows_affected())
 }
 
+/// Makes held rows ([`crate::events::insert_deliveries_held`]) due now, for the relay's
+/// next claim: their writer could not hand them to its publisher (it is not connected,
+/// or too far behind, or stopping). Rows already published and deleted are not touched.
+pub async fn release(db: &PgPool, ids: &[i64]) -> Result<u64> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let done = sqlx::query("UPDATE outbox SET available_at = now() WHERE id = ANY($1)")
+        .bind(ids)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected())
+}
+
 /// Keeps rows whose publish failed (nack, unroutable, channel error), counts the failure,
 /// records the error and makes them due again after `retry_in`.
 pub async fn publish_failed(

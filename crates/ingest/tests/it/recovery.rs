@@ -195,6 +195,25 @@ async fn a_message_lost_after_the_confirm_is_republished_from_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_claimed_by_a_relay_that_died_before_the_confirm_are_published_again() {
+    held_rows_are_published_again_after_the_hold(DiedHolding::Relay).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_held_by_a_writer_that_died_before_handing_them_over_are_published_after_the_hold() {
+    held_rows_are_published_again_after_the_hold(DiedHolding::Writer).await;
+}
+
+/// Who held the outbox row and died before the broker's confirm.
+enum DiedHolding {
+    /// A relay that claimed it.
+    Relay,
+    /// An event writer that wrote it held for its own relay and died right after the
+    /// commit, before handing it over.
+    Writer,
+}
+
+/// A row hidden for a 2 s hold by a process that died is published once, after the hold.
+async fn held_rows_are_published_again_after_the_hold(died: DiedHolding) {
     let p = Platform::start_with_workers(&[Channel::Line]).await;
     p.add_type("order_paid", &["line"]).await;
     let (u, _) = p.add_line_recipient("u").await;
@@ -236,17 +255,29 @@ async fn rows_claimed_by_a_relay_that_died_before_the_confirm_are_published_agai
         chrono::Utc::now(),
         false,
     );
-    notify_store::events::insert_deliveries(
-        &mut tx,
-        event_id,
-        &ingest::planning::new_deliveries(planned, 5),
-    )
-    .await
-    .unwrap();
-    sqlx::query("UPDATE outbox SET available_at = now() + interval '2 seconds'")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let planned = ingest::planning::new_deliveries(planned, 5);
+    match died {
+        DiedHolding::Relay => {
+            notify_store::events::insert_deliveries(&mut tx, event_id, &planned)
+                .await
+                .unwrap();
+            sqlx::query("UPDATE outbox SET available_at = now() + interval '2 seconds'")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+        }
+        DiedHolding::Writer => {
+            let rows: Vec<_> = planned.iter().map(|d| (event_id, d)).collect();
+            let held = notify_store::events::insert_deliveries_held(
+                &mut tx,
+                &rows,
+                Duration::from_secs(2),
+            )
+            .await
+            .unwrap();
+            assert_eq!(held.len(), 1, "the delivery due now is held: {held:?}");
+        }
+    }
     tx.commit().await.unwrap();
 
     // For the whole hold (until the row is due again in the database's time), LINE sees

@@ -24,6 +24,8 @@ pub struct FanoutJob {
     pub line_multicast: bool,
     /// A scheduled event's due time: its deliveries are planned at it.
     pub send_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The event's W3C `traceparent`, when its request carried or started a trace.
+    pub trace_context: Option<String>,
 }
 
 /// Claims the oldest topic event whose fan-out is pending and not held by a live replica,
@@ -38,7 +40,8 @@ pub async fn claim_fanout(
                WHERE fanout_status = 'pending' AND (fanout_locked_until IS NULL OR fanout_locked_until < now())
                ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED) due
          WHERE e.id = due.id
-         RETURNING e.id, e.type, e.topic, e.channels, e.fanout_cursor, e.line_multicast, e.send_at",
+         RETURNING e.id, e.type, e.topic, e.channels, e.fanout_cursor, e.line_multicast, e.send_at,
+                   e.trace_context",
     )
     .bind(notify_core::retry::millis(hold))
     .fetch_optional(db)
@@ -52,6 +55,7 @@ pub async fn claim_fanout(
             cursor: r.get("fanout_cursor"),
             line_multicast: r.get("line_multicast"),
             send_at: r.get("send_at"),
+            trace_context: r.get("trace_context"),
         })
     })
     .transpose()

@@ -21,8 +21,9 @@ pub use read::{
     delivery_counts, endpoint_state, get_event, list_deliveries, list_skips, skip_of,
 };
 pub use write::{
-    EventInsert, ExistingEvent, NewDelivery, insert_deliveries, insert_deliveries_many,
-    insert_event_or_get_existing, insert_events, insert_skips, insert_skips_many,
+    EventInsert, ExistingEvent, NewDelivery, insert_deliveries, insert_deliveries_held,
+    insert_deliveries_many, insert_event_or_get_existing, insert_events, insert_skips,
+    insert_skips_many,
 };
 
 /// The caller every event belongs to when callers are not authenticated

@@ -241,8 +241,34 @@ pub async fn insert_deliveries_many(
     db: &mut sqlx::PgConnection,
     deliveries: &[(Uuid, &NewDelivery)],
 ) -> Result<u64> {
+    Ok(write_deliveries(db, deliveries, None).await?.0)
+}
+
+/// [`insert_deliveries_many`] for a writer that publishes its own messages right after
+/// its commit: the outbox row of each delivery due now is written already claimed, due
+/// `hold` from now (as [`crate::outbox::claim_due`] leaves the rows it claims), so no
+/// relay publishes it meanwhile; if the writer dies before its publish is confirmed, the
+/// relay publishes the row once `hold` has passed. Rows due later are written due then,
+/// as usual. Returns the held rows, oldest first (`trace_context` unset), for
+/// [`crate::outbox::delete`] after the broker's confirm or
+/// [`crate::outbox::release`] when the publish cannot be made now.
+pub async fn insert_deliveries_held(
+    db: &mut sqlx::PgConnection,
+    deliveries: &[(Uuid, &NewDelivery)],
+    hold: std::time::Duration,
+) -> Result<Vec<crate::outbox::OutboxRow>> {
+    Ok(write_deliveries(db, deliveries, Some(hold)).await?.1)
+}
+
+/// The one statement of [`insert_deliveries_many`] and [`insert_deliveries_held`]: how
+/// many were inserted, and the outbox rows held (none when `hold` is `None`).
+async fn write_deliveries(
+    db: &mut sqlx::PgConnection,
+    deliveries: &[(Uuid, &NewDelivery)],
+    hold: Option<std::time::Duration>,
+) -> Result<(u64, Vec<crate::outbox::OutboxRow>)> {
     if deliveries.is_empty() {
-        return Ok(0);
+        return Ok((0, Vec::new()));
     }
     let events = column(deliveries, |(e, _)| *e);
     let ids = column(deliveries, |(_, d)| d.id);
@@ -260,7 +286,7 @@ pub async fn insert_deliveries_many(
     let digests = column(deliveries, |(_, d)| d.plan.digest_key.as_deref());
     let causes = column(deliveries, |(_, d)| d.plan.cause.as_str());
     let caused_by = column(deliveries, |(_, d)| d.caused_by);
-    sqlx::query(
+    let rows = sqlx::query(
         "WITH d AS (
              INSERT INTO notification_deliveries
                  (id, event_id, user_id, channel, provider, endpoint_id, address, idempotency_key,
@@ -277,9 +303,17 @@ pub async fn insert_deliveries_many(
                        retry_key, max_attempts, deferred, decision, throttle, digest, cause,
                        caused_by)
              ON CONFLICT (channel, idempotency_key) DO NOTHING
-             RETURNING id, channel, next_attempt_at)
-         INSERT INTO outbox (delivery_id, channel, available_at)
-         SELECT id, channel, next_attempt_at FROM d",
+             RETURNING id, event_id, channel, next_attempt_at,
+                       $17::bigint IS NOT NULL AND next_attempt_at <= now() AS held),
+         o AS (
+             INSERT INTO outbox (delivery_id, channel, available_at)
+             SELECT id, channel,
+                    CASE WHEN held THEN now() + $17 * interval '1 millisecond'
+                         ELSE next_attempt_at END
+             FROM d
+             RETURNING id, delivery_id)
+         SELECT o.id, o.delivery_id, d.event_id, d.channel, d.held
+         FROM o JOIN d ON d.id = o.delivery_id",
     )
     .bind(&events)
     .bind(&ids)
@@ -297,8 +331,21 @@ pub async fn insert_deliveries_many(
     .bind(&digests)
     .bind(&causes)
     .bind(&caused_by)
-    .execute(&mut *db)
-    .await
-    .map(|done| done.rows_affected())
-    .map_err(Into::into)
+    .bind(hold.map(notify_core::retry::millis))
+    .fetch_all(&mut *db)
+    .await?;
+    let inserted = rows.len() as u64;
+    let mut held: Vec<crate::outbox::OutboxRow> = rows
+        .into_iter()
+        .filter(|r| r.get::<bool, _>("held"))
+        .map(|r| crate::outbox::OutboxRow {
+            id: r.get("id"),
+            delivery_id: r.get("delivery_id"),
+            channel: r.get("channel"),
+            event_id: Some(r.get("event_id")),
+            trace_context: None,
+        })
+        .collect();
+    held.sort_by_key(|r| r.id);
+    Ok((inserted, held))
 }
