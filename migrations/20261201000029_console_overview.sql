@@ -6,9 +6,10 @@
 -- Minutes, not hours: "the last hour" stays the last 60 minutes (to the minute) instead
 -- of up to two clock hours. A day is at most 1,441 minutes x 4 channels x 9 states.
 --
--- `kind` 'status': deliveries by their creation minute (created_at, UTC), channel and
--- current status. `kind` 'attempt': attempts by the minute they finished, the channel of
--- their delivery and their outcome.
+-- `kind` 'status': deliveries by their creation minute, channel and current status.
+-- `kind` 'attempt': attempts by the minute they finished, the channel of their delivery
+-- and their outcome. A minute is `date_bin('1 minute', t, '2000-01-01 00:00:00+00')`: the
+-- same in every session time zone, and half the cost of a date_trunc with a zone.
 CREATE TABLE delivery_counts (
     minute  timestamptz NOT NULL,
     channel text NOT NULL,
@@ -40,7 +41,7 @@ CREATE TABLE delivery_count_deltas (
 CREATE FUNCTION delivery_counts_on_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO delivery_count_deltas (minute, channel, kind, state, n)
-    SELECT date_trunc('minute', created_at, 'UTC'), channel, 'status', status, count(*)
+    SELECT date_bin('1 minute', created_at, timestamptz '2000-01-01 00:00:00+00'), channel, 'status', status, count(*)
     FROM inserted GROUP BY 1, 2, 4;
     RETURN NULL;
 END $$;
@@ -56,8 +57,8 @@ BEGIN
     SELECT c.minute, c.channel, 'status', c.state, sum(c.n)
     FROM old_rows o JOIN new_rows d ON d.id = o.id
     CROSS JOIN LATERAL (VALUES
-        (date_trunc('minute', d.created_at, 'UTC'), d.channel, d.status, 1),
-        (date_trunc('minute', o.created_at, 'UTC'), o.channel, o.status, -1)
+        (date_bin('1 minute', d.created_at, timestamptz '2000-01-01 00:00:00+00'), d.channel, d.status, 1),
+        (date_bin('1 minute', o.created_at, timestamptz '2000-01-01 00:00:00+00'), o.channel, o.status, -1)
     ) AS c (minute, channel, state, n)
     WHERE d.status <> o.status OR d.channel <> o.channel OR d.created_at <> o.created_at
     GROUP BY 1, 2, 4
@@ -69,7 +70,7 @@ END $$;
 CREATE FUNCTION delivery_counts_on_delete() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO delivery_count_deltas (minute, channel, kind, state, n)
-    SELECT date_trunc('minute', created_at, 'UTC'), channel, 'status', status, -count(*)
+    SELECT date_bin('1 minute', created_at, timestamptz '2000-01-01 00:00:00+00'), channel, 'status', status, -count(*)
     FROM deleted GROUP BY 1, 2, 4;
     RETURN NULL;
 END $$;
@@ -79,7 +80,7 @@ END $$;
 CREATE FUNCTION attempt_counts_on_insert() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO delivery_count_deltas (minute, channel, kind, state, n)
-    SELECT date_trunc('minute', a.finished_at, 'UTC'), d.channel, 'attempt', a.outcome, count(*)
+    SELECT date_bin('1 minute', a.finished_at, timestamptz '2000-01-01 00:00:00+00'), d.channel, 'attempt', a.outcome, count(*)
     FROM inserted a JOIN notification_deliveries d ON d.id = a.delivery_id
     GROUP BY 1, 2, 4;
     RETURN NULL;
@@ -104,7 +105,7 @@ CREATE TRIGGER attempt_counts_insert AFTER INSERT ON delivery_attempts
 -- Backfill the two days the rollup keeps. Deliveries by their UUIDv7 id range (the
 -- primary key; created_at has no index), the smallest id of the millisecond two days ago.
 INSERT INTO delivery_counts (minute, channel, kind, state, n)
-SELECT date_trunc('minute', created_at, 'UTC'), channel, 'status', status, count(*)
+SELECT date_bin('1 minute', created_at, timestamptz '2000-01-01 00:00:00+00'), channel, 'status', status, count(*)
 FROM notification_deliveries
 WHERE id >= (lpad(to_hex((extract(epoch FROM now() - interval '2 days') * 1000)::bigint), 12, '0')
              || '70008000000000000000')::uuid
@@ -112,7 +113,7 @@ WHERE id >= (lpad(to_hex((extract(epoch FROM now() - interval '2 days') * 1000):
 GROUP BY 1, 2, 4;
 
 INSERT INTO delivery_counts (minute, channel, kind, state, n)
-SELECT date_trunc('minute', a.finished_at, 'UTC'), d.channel, 'attempt', a.outcome, count(*)
+SELECT date_bin('1 minute', a.finished_at, timestamptz '2000-01-01 00:00:00+00'), d.channel, 'attempt', a.outcome, count(*)
 FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
 WHERE a.finished_at >= now() - interval '2 days'
 GROUP BY 1, 2, 4;

@@ -66,13 +66,13 @@ pub async fn overview(db: &PgPool) -> Result<(Vec<ChannelOverview>, Option<i64>)
         .collect();
     let rows = sqlx::query(
         "SELECT channel, kind, state,
-                coalesce(sum(n) FILTER (WHERE minute >= date_trunc('minute', now() - interval '1 hour', 'UTC')), 0)::bigint AS hour,
+                coalesce(sum(n) FILTER (WHERE minute >= date_bin('1 minute', now() - interval '1 hour', timestamptz '2000-01-01 00:00:00+00')), 0)::bigint AS hour,
                 sum(n)::bigint AS day
          FROM (SELECT minute, channel, kind, state, n FROM delivery_counts
-               WHERE minute >= date_trunc('minute', now() - interval '1 day', 'UTC')
+               WHERE minute >= date_bin('1 minute', now() - interval '1 day', timestamptz '2000-01-01 00:00:00+00')
                UNION ALL
                SELECT minute, channel, kind, state, n FROM delivery_count_deltas
-               WHERE minute >= date_trunc('minute', now() - interval '1 day', 'UTC')) c
+               WHERE minute >= date_bin('1 minute', now() - interval '1 day', timestamptz '2000-01-01 00:00:00+00')) c
          GROUP BY channel, kind, state",
     )
     .fetch_all(db)

@@ -23,10 +23,10 @@ type Counts = (BTreeMap<(String, String), (i64, i64)>, BTreeMap<String, f64>);
 async fn counted(db: &PgPool) -> Counts {
     let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
         "SELECT channel, status,
-                count(*) FILTER (WHERE created_at >= date_trunc('minute', now() - interval '1 hour', 'UTC')),
+                count(*) FILTER (WHERE created_at >= date_bin('1 minute', now() - interval '1 hour', timestamptz '2000-01-01 00:00:00+00')),
                 count(*)
          FROM notification_deliveries
-         WHERE created_at >= date_trunc('minute', now() - interval '1 day', 'UTC')
+         WHERE created_at >= date_bin('1 minute', now() - interval '1 day', timestamptz '2000-01-01 00:00:00+00')
          GROUP BY 1, 2",
     )
     .fetch_all(db)
@@ -35,7 +35,7 @@ async fn counted(db: &PgPool) -> Counts {
     let rates: Vec<(String, f64)> = sqlx::query_as(
         "SELECT d.channel, avg((a.outcome = 'retry')::int)::float8
          FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
-         WHERE a.finished_at >= date_trunc('minute', now() - interval '1 hour', 'UTC')
+         WHERE a.finished_at >= date_bin('1 minute', now() - interval '1 hour', timestamptz '2000-01-01 00:00:00+00')
          GROUP BY 1",
     )
     .fetch_all(db)
