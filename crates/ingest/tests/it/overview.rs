@@ -18,7 +18,10 @@ use support::{Options, Platform, cancel, eventually, uniq};
 /// (channel, status) -> (last hour, last day), and channel -> retry rate, counted from
 /// the rows themselves with the overview's windows (from the start of the minute an hour
 /// or a day ago).
-type Counts = (BTreeMap<(String, String), (i64, i64)>, BTreeMap<String, f64>);
+type Counts = (
+    BTreeMap<(String, String), (i64, i64)>,
+    BTreeMap<String, f64>,
+);
 
 async fn counted(db: &PgPool) -> Counts {
     let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
@@ -81,7 +84,10 @@ async fn assert_exact(db: &PgPool, when: &str) {
         "{when}: channels with attempts"
     );
     for (c, r) in &want_rates {
-        assert!((got_rates[c] - r).abs() < 1e-9, "{when}: {c} {got_rates:?} {want_rates:?}");
+        assert!(
+            (got_rates[c] - r).abs() < 1e-9,
+            "{when}: {c} {got_rates:?} {want_rates:?}"
+        );
     }
 }
 
@@ -114,7 +120,9 @@ async fn every_status_change_between_any_two_statuses_is_counted_exactly() {
     .fetch_one(db)
     .await
     .unwrap();
-    let statuses = ["pending", "sending", "sent", "failed", "canceled", "skipped"];
+    let statuses = [
+        "pending", "sending", "sent", "failed", "canceled", "skipped",
+    ];
     for s in statuses {
         assert!(allowed.contains(&format!("'{s}'")), "{allowed}");
         assert!(
@@ -122,7 +130,11 @@ async fn every_status_change_between_any_two_statuses_is_counted_exactly() {
             "the overview shows {s}"
         );
     }
-    assert_eq!(allowed.matches("::text").count(), statuses.len(), "{allowed}");
+    assert_eq!(
+        allowed.matches("::text").count(),
+        statuses.len(),
+        "{allowed}"
+    );
 
     // 40 rows per (channel, status, age): now, 3 hours, 30 hours and 3 days old.
     let event = uuid::Uuid::now_v7();
@@ -243,7 +255,11 @@ async fn every_status_change_between_any_two_statuses_is_counted_exactly() {
         tokio::spawn(race(db.clone()))
     );
     let (a, b) = (a.unwrap(), b.unwrap());
-    assert_eq!(a + b, before, "each delta folded by exactly one rollup ({a} + {b})");
+    assert_eq!(
+        a + b,
+        before,
+        "each delta folded by exactly one rollup ({a} + {b})"
+    );
     assert_eq!(deltas(db).await, 0);
     assert_exact(db, "after two racing rollups").await;
     p.stop().await;
@@ -254,7 +270,7 @@ async fn every_status_change_between_any_two_statuses_is_counted_exactly() {
 /// its due time by an opt-out, and claims in between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellations_and_skips() {
-    let p = Platform::start_with_workers(&[Channel::Inapp, Channel::Line]).await;
+    let p = Platform::start_with_workers(&[Channel::InApp, Channel::Line]).await;
     let db = &p.pool;
     p.add_type("ov_paid", &["inapp", "line"]).await;
     assert_exact(db, "empty").await;
@@ -262,17 +278,31 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
     let (ok, _) = p.add_line_recipient("ok").await;
     let (flaky, flaky_line) = p.add_line_recipient("flaky").await;
     let (bad, bad_line) = p.add_line_recipient("bad").await;
-    p.sim_fault(json!({"provider": "line", "target_contains": flaky_line, "status": 500, "times": 1}))
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": flaky_line, "status": 500, "times": 1}),
+    )
+    .await;
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": bad_line, "status": 400, "times": 1,
+                       "body": {"message": "The property, 'to', in the request body is invalid"}}),
+    )
+    .await;
+    let ev = p
+        .send(&uniq("ov:sent"), "ov_paid", &[&ok, &flaky, &bad])
         .await;
-    p.sim_fault(json!({"provider": "line", "target_contains": bad_line, "status": 400, "times": 1,
-                       "body": {"message": "The property, 'to', in the request body is invalid"}}))
-        .await;
-    let ev = p.send(&uniq("ov:sent"), "ov_paid", &[&ok, &flaky, &bad]).await;
     assert_exact(db, "planned").await;
     let done = p.wait_final(&ev.event_id, 60).await;
     let states: Vec<_> = done.deliveries.iter().map(|d| d.status.as_str()).collect();
-    assert_eq!(states.iter().filter(|s| **s == "sent").count(), 5, "{states:?}");
-    assert_eq!(states.iter().filter(|s| **s == "failed").count(), 1, "{states:?}");
+    assert_eq!(
+        states.iter().filter(|s| **s == "sent").count(),
+        5,
+        "{states:?}"
+    );
+    assert_eq!(
+        states.iter().filter(|s| **s == "failed").count(),
+        1,
+        "{states:?}"
+    );
     assert_exact(db, "sent, retried and failed").await;
 
     // A scheduled send canceled; another skipped when due (the user opted out meanwhile).
@@ -319,10 +349,14 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
     assert_exact(db, "skipped when due").await;
 
     // The rollup task folds every delta; the figures stay the same.
-    eventually("the rollup task folds the deltas", Duration::from_secs(20), async || {
-        let n = deltas(db).await;
-        (n == 0).then_some(()).ok_or(n)
-    })
+    eventually(
+        "the rollup task folds the deltas",
+        Duration::from_secs(20),
+        async || {
+            let n = deltas(db).await;
+            (n == 0).then_some(()).ok_or(n)
+        },
+    )
     .await;
     assert_exact(db, "rolled up").await;
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_counts")
