@@ -1,5 +1,6 @@
 //! The ingest service: the gRPC API (events, recipients, types, health, reflection), the
-//! outbox relay and the lease sweeper, in one process that may run as many replicas.
+//! outbox relay, the lease sweeper and the console counts' rollup, in one process that
+//! may run as many replicas.
 //! `main.rs` only reads configuration and calls [`run`]; tests call [`run`] in-process.
 
 pub mod auth;
@@ -38,6 +39,9 @@ pub struct IngestConfig {
     pub sweep_batch: i64,
     /// A pending delivery due this long with no outbox row is republished.
     pub republish_after: Duration,
+    /// How often the console's delivery counts are rolled up
+    /// ([`notify_store::console::roll_up_counts`]).
+    pub counts_rollup_interval: Duration,
     /// Group-commit writer tasks for `CreateEvent` (transactions in flight at once).
     pub writers: usize,
     /// Most `CreateEvent` requests written in one transaction.
@@ -175,6 +179,11 @@ impl IngestConfig {
                     )
                 },
             ),
+            // Deltas wait at most this long; the overview reads them anyway, so this only
+            // bounds how many it sums.
+            counts_rollup_interval: env
+                .parse_with("NOTIFY_COUNTS_ROLLUP_INTERVAL", Duration::from_secs(5), dur)
+                .max(Duration::from_secs(1)),
             writers: env.number("NOTIFY_INGEST_WRITERS", 4, 1, 64),
             write_batch: env.number("NOTIFY_INGEST_BATCH", 200, 1, 1000),
             fatigue_caps: env.parse_with(
@@ -224,8 +233,8 @@ impl IngestConfig {
     }
 }
 
-/// Serves the gRPC API on `listener` and runs the relay, the sweeper and the metrics
-/// sampler until `shutdown` is cancelled. Then it drains: the health service reports
+/// Serves the gRPC API on `listener` and runs the relay, the sweeper, the console counts'
+/// rollup and the metrics sampler until `shutdown` is cancelled. Then it drains: the health service reports
 /// NOT_SERVING for every service (and `/readyz` 503) for `cfg.drain` while requests are
 /// still served; after that it stops accepting, finishes in-flight requests and stops the
 /// tasks. The admin endpoint listens on `NOTIFY_ADMIN_ADDR` when set.
@@ -273,6 +282,11 @@ pub async fn run(
         stop.clone(),
     ));
     let sweeper_task = tokio::spawn(sweep(pool.clone(), cfg.clone(), stop.clone()));
+    let counts_task = tokio::spawn(roll_up_counts(
+        pool.clone(),
+        cfg.counts_rollup_interval,
+        stop.clone(),
+    ));
     let fanout_task = tokio::spawn(fanout::run(
         pool.clone(),
         cfg.max_attempts,
@@ -393,6 +407,7 @@ pub async fn run(
     let _ = sampler_task.await;
     let _ = relay_task.await;
     let _ = sweeper_task.await;
+    let _ = counts_task.await;
     let _ = fanout_task.await;
     Ok(())
 }
@@ -460,6 +475,31 @@ async fn sweep(pool: PgPool, cfg: IngestConfig, shutdown: CancellationToken) {
                 "pending deliveries without a message were republished"
             ),
             Err(e) => warn!(error = %e, "republish sweep failed"),
+        }
+    }
+}
+
+/// Most deltas folded per rollup transaction.
+const COUNTS_ROLLUP_BATCH: i64 = 10_000;
+
+/// The console counts' rollup: every `interval`, folds the delivery count deltas into the
+/// summary until none are left (a full batch means there may be more). Any number of
+/// ingest replicas may roll up at once ([`notify_store::console::roll_up_counts`]).
+async fn roll_up_counts(pool: PgPool, interval: Duration, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        loop {
+            match notify_store::console::roll_up_counts(&pool, COUNTS_ROLLUP_BATCH).await {
+                Ok(n) if n as i64 >= COUNTS_ROLLUP_BATCH && !shutdown.is_cancelled() => {}
+                Ok(_) => break,
+                Err(e) => {
+                    warn!(error = %e, "delivery counts rollup failed");
+                    break;
+                }
+            }
         }
     }
 }

@@ -19,16 +19,18 @@ pub struct ChannelOverview {
     pub last_day: [i64; OVERVIEW_STATUSES.len()],
     /// Age in seconds of the oldest pending delivery that is due.
     pub oldest_pending_s: Option<i64>,
-    /// Share of the last hour's attempts that ended in a retry.
+    /// Share of the last hour's attempts (finished since the minute an hour ago) that
+    /// ended in a retry; `None` with no attempt.
     pub retry_rate: Option<f64>,
 }
 
 /// The statuses counted in [`ChannelOverview::last_hour`] and `last_day`, in that order.
-pub const OVERVIEW_STATUSES: [DeliveryStatus; 5] = [
+pub const OVERVIEW_STATUSES: [DeliveryStatus; 6] = [
     DeliveryStatus::Pending,
     DeliveryStatus::Sending,
     DeliveryStatus::Sent,
     DeliveryStatus::Failed,
+    DeliveryStatus::Canceled,
     DeliveryStatus::Skipped,
 ];
 
@@ -44,6 +46,13 @@ pub fn uuid_v7_floor(t: DateTime<Utc>) -> Uuid {
 }
 
 /// Per-channel figures and the outbox lag (age in seconds of the oldest due outbox row).
+///
+/// The counts come from `delivery_counts` and the deltas not rolled up yet
+/// (`delivery_count_deltas`), both kept by triggers on `notification_deliveries` and
+/// `delivery_attempts` (migration `20261201000029_console_overview.sql`), read in one
+/// statement: exact at any moment, by minute. "The last hour" is the deliveries created
+/// (and the attempts finished) since the start of the minute an hour ago, "the last day"
+/// the same from a day ago (database clock).
 pub async fn overview(db: &PgPool) -> Result<(Vec<ChannelOverview>, Option<i64>)> {
     let mut out: Vec<ChannelOverview> = Channel::ALL
         .iter()
@@ -55,27 +64,46 @@ pub async fn overview(db: &PgPool) -> Result<(Vec<ChannelOverview>, Option<i64>)
             retry_rate: None,
         })
         .collect();
-    let now = Utc::now();
     let rows = sqlx::query(
-        "SELECT channel, status, count(*) FILTER (WHERE id >= $2) AS hour, count(*) AS day
-         FROM notification_deliveries WHERE id >= $1
-         GROUP BY channel, status",
+        "SELECT channel, kind, state,
+                coalesce(sum(n) FILTER (WHERE minute >= date_bin('1 minute', now() - interval '1 hour', timestamptz '2000-01-01 00:00:00+00')), 0)::bigint AS hour,
+                sum(n)::bigint AS day
+         FROM (SELECT minute, channel, kind, state, n FROM delivery_counts
+               WHERE minute >= date_bin('1 minute', now() - interval '1 day', timestamptz '2000-01-01 00:00:00+00')
+               UNION ALL
+               SELECT minute, channel, kind, state, n FROM delivery_count_deltas
+               WHERE minute >= date_bin('1 minute', now() - interval '1 day', timestamptz '2000-01-01 00:00:00+00')) c
+         GROUP BY channel, kind, state",
     )
-    .bind(uuid_v7_floor(now - chrono::Duration::days(1)))
-    .bind(uuid_v7_floor(now - chrono::Duration::hours(1)))
     .fetch_all(db)
     .await?;
+    // Attempts of the last hour per channel: (retry, all).
+    let mut attempts = [(0i64, 0i64); Channel::ALL.len()];
     for r in rows {
-        let (channel, status): (Channel, DeliveryStatus) =
-            (parse(&r, "channel")?, parse(&r, "status")?);
-        if let (Some(o), Some(i)) = (
-            out.iter_mut().find(|o| o.channel == channel),
-            OVERVIEW_STATUSES.iter().position(|s| *s == status),
-        ) {
-            o.last_hour[i] = r.get("hour");
-            o.last_day[i] = r.get("day");
+        let channel: Channel = parse(&r, "channel")?;
+        let Some(c) = Channel::ALL.iter().position(|c| *c == channel) else {
+            continue;
+        };
+        let (kind, state): (String, String) = (r.get("kind"), r.get("state"));
+        let (hour, day): (i64, i64) = (r.get("hour"), r.get("day"));
+        if kind == COUNT_KIND_ATTEMPT {
+            attempts[c].1 += hour;
+            if state == ATTEMPT_RETRY {
+                attempts[c].0 += hour;
+            }
+            continue;
+        }
+        let status: DeliveryStatus = parse(&r, "state")?;
+        if let Some(i) = OVERVIEW_STATUSES.iter().position(|s| *s == status) {
+            out[c].last_hour[i] = hour;
+            out[c].last_day[i] = day;
         }
     }
+    for (o, (retry, all)) in out.iter_mut().zip(attempts) {
+        o.retry_rate = (all > 0).then(|| retry as f64 / all as f64);
+    }
+    // The partial index `notification_deliveries_due` (next_attempt_at WHERE pending):
+    // one range scan of the due rows.
     let rows = sqlx::query(
         "SELECT channel, extract(epoch FROM now() - min(next_attempt_at))::bigint AS age
          FROM notification_deliveries WHERE status = 'pending' AND next_attempt_at <= now()
@@ -89,27 +117,58 @@ pub async fn overview(db: &PgPool) -> Result<(Vec<ChannelOverview>, Option<i64>)
             o.oldest_pending_s = r.get("age");
         }
     }
-    // Retry rate of the attempts made for the last hour's deliveries.
-    let rows = sqlx::query(
-        "SELECT d.channel, avg((a.outcome = 'retry')::int)::float8 AS rate
-         FROM notification_deliveries d JOIN delivery_attempts a ON a.delivery_id = d.id
-         WHERE d.id >= $1 GROUP BY d.channel",
-    )
-    .bind(uuid_v7_floor(now - chrono::Duration::hours(1)))
-    .fetch_all(db)
-    .await?;
-    for r in rows {
-        let channel: Channel = parse(&r, "channel")?;
-        if let Some(o) = out.iter_mut().find(|o| o.channel == channel) {
-            o.retry_rate = r.get("rate");
-        }
-    }
     let lag: Option<i64> = sqlx::query_scalar(
         "SELECT extract(epoch FROM now() - min(available_at))::bigint FROM outbox WHERE available_at <= now()",
     )
     .fetch_one(db)
     .await?;
     Ok((out, lag))
+}
+
+/// `delivery_counts.kind` of attempts by outcome (the other kind is `status`).
+const COUNT_KIND_ATTEMPT: &str = "attempt";
+/// `delivery_attempts.outcome` of an attempt that ended in a retry.
+const ATTEMPT_RETRY: &str = "retry";
+
+/// How many days of minutes `delivery_counts` keeps: the overview reads one; the rest is
+/// slack for a clock that moved and for a slow rollup.
+pub const COUNTS_KEPT: chrono::Duration = chrono::Duration::days(2);
+
+/// Folds up to `batch` deltas of `delivery_count_deltas` into `delivery_counts` in one
+/// transaction and deletes the minutes older than [`COUNTS_KEPT`]; returns how many
+/// deltas it folded (less than `batch`: none are left that it could take).
+///
+/// Safe with any number of ingest replicas at once: each takes deltas with `FOR UPDATE
+/// SKIP LOCKED`, so two rollups fold disjoint rows and never wait for each other there,
+/// and each adds into the summary rows in key order, so two that meet on the same
+/// minutes wait in one order (no deadlock). The delete and the add commit together, so a
+/// reader sees every delta exactly once, before or after.
+pub async fn roll_up_counts(db: &PgPool, batch: i64) -> Result<u64> {
+    let mut tx = db.begin().await?;
+    let folded: i64 = sqlx::query_scalar(
+        "WITH taken AS (
+             DELETE FROM delivery_count_deltas
+             WHERE ctid = ANY (ARRAY(SELECT ctid FROM delivery_count_deltas
+                                     LIMIT $1 FOR UPDATE SKIP LOCKED))
+             RETURNING minute, channel, kind, state, n),
+         added AS (
+             INSERT INTO delivery_counts AS c (minute, channel, kind, state, n)
+             SELECT minute, channel, kind, state, sum(n) FROM taken
+             GROUP BY minute, channel, kind, state
+             ORDER BY minute, channel, kind, state
+             ON CONFLICT (minute, channel, kind, state) DO UPDATE SET n = c.n + EXCLUDED.n)
+         -- `added` runs to completion though nothing reads it (a data-modifying WITH).
+         SELECT count(*) FROM taken",
+    )
+    .bind(batch)
+    .fetch_one(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM delivery_counts WHERE minute < now() - make_interval(secs => $1)")
+        .bind(COUNTS_KEPT.num_seconds() as f64)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(folded.max(0) as u64)
 }
 
 /// An event in search results.

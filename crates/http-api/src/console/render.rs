@@ -102,7 +102,7 @@ pub(super) fn page(title: &str, user: Option<&str>, body: &str) -> Response {
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{} · notify console</title>\
          <style>body{{font-family:system-ui,sans-serif;margin:1.5rem;color:#222}}table{{border-collapse:collapse;margin:.5rem 0}}\
          td,th{{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;vertical-align:top}}th{{background:#f4f4f4}}\
-         .failed{{color:#b00020;font-weight:600}}.sent{{color:#137333}}.pending{{color:#a56300}}.skipped{{color:#5f6368;font-style:italic}}pre{{white-space:pre-wrap;max-width:60rem;margin:0}}\
+         .failed{{color:#b00020;font-weight:600}}.sent{{color:#137333}}.pending{{color:#a56300}}.skipped,.canceled{{color:#5f6368;font-style:italic}}pre{{white-space:pre-wrap;max-width:60rem;margin:0}}\
          nav{{margin-bottom:1rem;padding-bottom:.5rem;border-bottom:1px solid #ddd}}</style></head>\
          <body>{nav}<h1>{}</h1>{body}</body></html>",
         esc(title),

@@ -20,6 +20,7 @@ mod inbox;
 mod inbox_rich;
 mod intent_edges;
 mod line_rich;
+mod overview;
 mod pipeline;
 mod promises;
 mod push;

@@ -134,6 +134,8 @@ pub(crate) struct Options {
     pub lease: Duration,
     pub concurrency: u16,
     pub republish_after: Duration,
+    /// How often ingest rolls up the console's delivery counts.
+    pub counts_rollup_interval: Duration,
     /// Workers get their own pool of this size (else they share the platform's).
     pub worker_pool_size: Option<u32>,
     /// The email worker sends to the simulator's SMTP server (rejections by recipient
@@ -169,6 +171,7 @@ impl Default for Options {
             lease: Duration::from_secs(30),
             concurrency: 8,
             republish_after: Duration::from_secs(2),
+            counts_rollup_interval: Duration::from_secs(1),
             worker_pool_size: None,
             smtp_sim: false,
             email_backups: Vec::new(),
@@ -206,6 +209,7 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
         write_batch: 200,
         sweep_batch: 500,
         republish_after: opts.republish_after,
+        counts_rollup_interval: opts.counts_rollup_interval,
         fatigue_caps: opts.fatigue_caps.clone(),
         drain: Duration::ZERO,
         metrics_interval: Duration::from_secs(15),

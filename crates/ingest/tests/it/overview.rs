@@ -1,0 +1,368 @@
+//! The console overview's counts, kept by triggers as append-only deltas and rolled up
+//! into a per-minute summary: at every moment they equal a `count(*)` of the rows, through
+//! every status change the workers, the sweeper, cancellation and due-time skips make,
+//! before and after a rollup, and with rollups of several replicas racing.
+
+use crate::support;
+
+use notify_core::Channel;
+use notify_proto::v1 as pb;
+use notify_store::console::{OVERVIEW_STATUSES, overview, roll_up_counts};
+use pb::cancel_event_request::Target;
+use serde_json::json;
+use sqlx::PgPool;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use support::{Options, Platform, cancel, eventually, uniq};
+
+/// (channel, status) -> (last hour, last day), and channel -> retry rate, counted from
+/// the rows themselves with the overview's windows (from the start of the minute an hour
+/// or a day ago).
+type Counts = (
+    BTreeMap<(String, String), (i64, i64)>,
+    BTreeMap<String, f64>,
+);
+
+async fn counted(db: &PgPool) -> Counts {
+    let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
+        "SELECT channel, status,
+                count(*) FILTER (WHERE created_at >= date_bin('1 minute', now() - interval '1 hour', timestamptz '2000-01-01 00:00:00+00')),
+                count(*)
+         FROM notification_deliveries
+         WHERE created_at >= date_bin('1 minute', now() - interval '1 day', timestamptz '2000-01-01 00:00:00+00')
+         GROUP BY 1, 2",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap();
+    let rates: Vec<(String, f64)> = sqlx::query_as(
+        "SELECT d.channel, avg((a.outcome = 'retry')::int)::float8
+         FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
+         WHERE a.finished_at >= date_bin('1 minute', now() - interval '1 hour', timestamptz '2000-01-01 00:00:00+00')
+         GROUP BY 1",
+    )
+    .fetch_all(db)
+    .await
+    .unwrap();
+    (
+        rows.into_iter()
+            .map(|(c, s, h, d)| ((c, s), (h, d)))
+            .collect(),
+        rates.into_iter().collect(),
+    )
+}
+
+/// The overview's figures in the same shape (zeros left out).
+async fn shown(db: &PgPool) -> Counts {
+    let (channels, _) = overview(db).await.unwrap();
+    let mut counts = BTreeMap::new();
+    let mut rates = BTreeMap::new();
+    for c in channels {
+        for (i, s) in OVERVIEW_STATUSES.iter().enumerate() {
+            if c.last_day[i] != 0 || c.last_hour[i] != 0 {
+                counts.insert(
+                    (c.channel.as_str().to_string(), s.as_str().to_string()),
+                    (c.last_hour[i], c.last_day[i]),
+                );
+            }
+        }
+        if let Some(r) = c.retry_rate {
+            rates.insert(c.channel.as_str().to_string(), r);
+        }
+    }
+    (counts, rates)
+}
+
+/// The overview equals the rows' own counts (rates to 1e-9).
+async fn assert_exact(db: &PgPool, when: &str) {
+    let (want, want_rates) = counted(db).await;
+    let (got, got_rates) = shown(db).await;
+    assert_eq!(got, want, "{when}: counts");
+    assert_eq!(
+        got_rates.keys().collect::<Vec<_>>(),
+        want_rates.keys().collect::<Vec<_>>(),
+        "{when}: channels with attempts"
+    );
+    for (c, r) in &want_rates {
+        assert!(
+            (got_rates[c] - r).abs() < 1e-9,
+            "{when}: {c} {got_rates:?} {want_rates:?}"
+        );
+    }
+}
+
+async fn deltas(db: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM delivery_count_deltas")
+        .fetch_one(db)
+        .await
+        .unwrap()
+}
+
+/// Every status the table allows: each change between two of them, on several rows at
+/// once, moves the counts by exactly those rows; a statement that changes nothing moves
+/// nothing. A trigger that missed a kind of change (or counted a row whose status stayed)
+/// fails here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_status_change_between_any_two_statuses_is_counted_exactly() {
+    // No rollup task: this test decides when one runs.
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        counts_rollup_interval: Duration::from_secs(3600),
+        ..Default::default()
+    })
+    .await;
+    let db = &p.pool;
+    p.add_type("ov_seeded", &["inapp", "line"]).await;
+    let allowed: String = sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint
+         WHERE conname = 'notification_deliveries_status_check'",
+    )
+    .fetch_one(db)
+    .await
+    .unwrap();
+    let statuses = [
+        "pending", "sending", "sent", "failed", "canceled", "skipped",
+    ];
+    for s in statuses {
+        assert!(allowed.contains(&format!("'{s}'")), "{allowed}");
+        assert!(
+            OVERVIEW_STATUSES.iter().any(|o| o.as_str() == s),
+            "the overview shows {s}"
+        );
+    }
+    assert_eq!(
+        allowed.matches("::text").count(),
+        statuses.len(),
+        "{allowed}"
+    );
+
+    // 40 rows per (channel, status, age): now, 3 hours, 30 hours and 3 days old.
+    let event = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO notification_events (id, event_key, type, recipients, payload_json, content_json, channels, fingerprint)
+         VALUES ($1, $2, 'ov_seeded', '{}', '{}', '{\"title\": \"t\"}', ARRAY['inapp', 'line'], '\\x00')",
+    )
+    .bind(event)
+    .bind(uniq("ov"))
+    .execute(db)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO notification_deliveries
+             (id, event_id, user_id, channel, provider, idempotency_key, status, lease_token, lease_expires_at, created_at)
+         SELECT gen_random_uuid(), $1, 'u' || g, c, CASE c WHEN 'inapp' THEN 'inbox' ELSE 'line' END,
+                $1 || '/' || c || '/' || s || '/' || age || '/' || g, s,
+                gen_random_uuid(), now() + interval '1 hour', now() - age
+         FROM unnest($2::text[]) AS s, unnest(ARRAY['inapp', 'line']) AS c,
+              unnest(ARRAY[interval '0', interval '3 hours', interval '30 hours', interval '3 days']) AS age,
+              generate_series(1, 40) AS g",
+    )
+    .bind(event)
+    .bind(&statuses[..])
+    .execute(db)
+    .await
+    .unwrap();
+    assert!(deltas(db).await > 0, "the insert appended deltas");
+    assert_exact(db, "after the insert").await;
+
+    // Every ordered pair: 24 rows of `from` (of any age and channel) become `to`, in one
+    // statement that also rewrites 2 rows of `to` to themselves.
+    for from in statuses {
+        for to in statuses.iter().filter(|&&t| t != from) {
+            let r = sqlx::query(
+                "UPDATE notification_deliveries SET status = $2, updated_at = now()
+                 WHERE id IN (SELECT id FROM notification_deliveries WHERE status = $1
+                              ORDER BY id LIMIT 24)
+                    OR id IN (SELECT id FROM notification_deliveries WHERE status = $2
+                              ORDER BY id DESC LIMIT 2)",
+            )
+            .bind(from)
+            .bind(to)
+            .execute(db)
+            .await
+            .unwrap();
+            assert!(r.rows_affected() > 2, "{from} -> {to}");
+            assert_exact(db, &format!("after {from} -> {to}")).await;
+        }
+    }
+    // Statements that change no status append nothing.
+    let before = deltas(db).await;
+    sqlx::query("UPDATE notification_deliveries SET lease_expires_at = now() + interval '2 hours'")
+        .execute(db)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE notification_deliveries SET status = status WHERE user_id = 'u9'")
+        .execute(db)
+        .await
+        .unwrap();
+    assert_eq!(deltas(db).await, before, "no status changed");
+    sqlx::query("DELETE FROM notification_deliveries WHERE user_id = 'u40' AND channel = 'line'")
+        .execute(db)
+        .await
+        .unwrap();
+    assert_exact(db, "after a delete").await;
+
+    // Attempts by outcome, finished now and two hours ago (outside the hour).
+    sqlx::query(
+        "INSERT INTO delivery_attempts (delivery_id, attempt, started_at, finished_at, outcome)
+         SELECT id, 1, now(), now() - CASE WHEN user_id = 'u5' THEN interval '2 hours' ELSE interval '0' END,
+                (ARRAY['sent', 'retry', 'failed'])[1 + (substr(user_id, 2)::int % 3)]
+         FROM notification_deliveries WHERE user_id IN ('u4', 'u5', 'u6', 'u7', 'u8')",
+    )
+    .execute(db)
+    .await
+    .unwrap();
+    assert_exact(db, "after attempts, before a rollup").await;
+
+    let folded = roll_up_counts(db, 100_000).await.unwrap();
+    assert!(folded > 0);
+    assert_eq!(deltas(db).await, 0, "one rollup folds every delta");
+    assert_exact(db, "after a rollup").await;
+    let old: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM delivery_counts WHERE minute < now() - interval '2 days'",
+    )
+    .fetch_one(db)
+    .await
+    .unwrap();
+    assert_eq!(old, 0, "minutes older than two days are pruned");
+
+    // Many small statements, then two rollups racing with small batches until none is
+    // left: each delta is folded once.
+    for i in 0..150 {
+        sqlx::query(
+            "UPDATE notification_deliveries SET status = (ARRAY['pending', 'sent', 'failed'])[1 + $1 % 3]
+             WHERE id = (SELECT id FROM notification_deliveries ORDER BY id OFFSET $1 LIMIT 1)",
+        )
+        .bind(i)
+        .execute(db)
+        .await
+        .unwrap();
+    }
+    assert!(deltas(db).await > 100);
+    let race = |db: PgPool| async move {
+        let mut n = 0;
+        loop {
+            let k = roll_up_counts(&db, 7).await.unwrap();
+            n += k;
+            if k < 7 {
+                return n;
+            }
+        }
+    };
+    let before = deltas(db).await as u64;
+    let (a, b) = tokio::join!(
+        tokio::spawn(race(db.clone())),
+        tokio::spawn(race(db.clone()))
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(
+        a + b,
+        before,
+        "each delta folded by exactly one rollup ({a} + {b})"
+    );
+    assert_eq!(deltas(db).await, 0);
+    assert_exact(db, "after two racing rollups").await;
+    p.stop().await;
+}
+
+/// The real paths, with the rollup task running every second: in-app sent, LINE sent
+/// after a retry (pending again), LINE failed, a scheduled send canceled, one skipped at
+/// its due time by an opt-out, and claims in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellations_and_skips() {
+    let p = Platform::start_with_workers(&[Channel::InApp, Channel::Line]).await;
+    let db = &p.pool;
+    p.add_type("ov_paid", &["inapp", "line"]).await;
+    assert_exact(db, "empty").await;
+
+    let (ok, _) = p.add_line_recipient("ok").await;
+    let (flaky, flaky_line) = p.add_line_recipient("flaky").await;
+    let (bad, bad_line) = p.add_line_recipient("bad").await;
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": flaky_line, "status": 500, "times": 1}),
+    )
+    .await;
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": bad_line, "status": 400, "times": 1,
+                       "body": {"message": "The property, 'to', in the request body is invalid"}}),
+    )
+    .await;
+    let ev = p
+        .send(&uniq("ov:sent"), "ov_paid", &[&ok, &flaky, &bad])
+        .await;
+    assert_exact(db, "planned").await;
+    let done = p.wait_final(&ev.event_id, 60).await;
+    let states: Vec<_> = done.deliveries.iter().map(|d| d.status.as_str()).collect();
+    assert_eq!(
+        states.iter().filter(|s| **s == "sent").count(),
+        5,
+        "{states:?}"
+    );
+    assert_eq!(
+        states.iter().filter(|s| **s == "failed").count(),
+        1,
+        "{states:?}"
+    );
+    assert_exact(db, "sent, retried and failed").await;
+
+    // A scheduled send canceled; another skipped when due (the user opted out meanwhile).
+    let (later, _) = p.add_line_recipient("later").await;
+    let (gone, _) = p.add_line_recipient("gone").await;
+    let mut req = p.event(&uniq("ov:later"), "ov_paid", &[&later]);
+    req.delay = "1h".into();
+    let scheduled = p.ingest().create_event(req).await.unwrap().into_inner();
+    let mut req = p.event(&uniq("ov:gone"), "ov_paid", &[&gone]);
+    req.delay = "1h".into();
+    let skipping = p.ingest().create_event(req).await.unwrap().into_inner();
+    assert_exact(db, "scheduled").await;
+    let out = cancel(&p, Target::EventId(scheduled.event_id.clone()), &[]).await;
+    assert_eq!(out.canceled, 2, "{out:?}");
+    assert_exact(db, "canceled").await;
+    p.recipients()
+        .set_preference(pb::SetPreferenceRequest {
+            user_id: gone.clone(),
+            r#type: "ov_paid".into(),
+            channel: "line".into(),
+            enabled: false,
+        })
+        .await
+        .unwrap();
+    for sql in [
+        "UPDATE notification_deliveries SET next_attempt_at = now() WHERE event_id = $1::uuid",
+        "UPDATE outbox SET available_at = now() WHERE delivery_id IN
+           (SELECT id FROM notification_deliveries WHERE event_id = $1::uuid)",
+    ] {
+        sqlx::query(sql)
+            .bind(&skipping.event_id)
+            .execute(db)
+            .await
+            .unwrap();
+    }
+    let done = p.wait_final(&skipping.event_id, 60).await;
+    let mut states: Vec<_> = done
+        .deliveries
+        .iter()
+        .map(|d| (d.channel.as_str(), d.status.as_str()))
+        .collect();
+    states.sort();
+    assert_eq!(states, [("inapp", "sent"), ("line", "skipped")]);
+    assert_exact(db, "skipped when due").await;
+
+    // The rollup task folds every delta; the figures stay the same.
+    eventually(
+        "the rollup task folds the deltas",
+        Duration::from_secs(20),
+        async || {
+            let n = deltas(db).await;
+            (n == 0).then_some(()).ok_or(n)
+        },
+    )
+    .await;
+    assert_exact(db, "rolled up").await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_counts")
+        .fetch_one(db)
+        .await
+        .unwrap();
+    assert!(rows > 0);
+    p.stop().await;
+}
