@@ -75,7 +75,7 @@ const notify = grpc.loadPackageDefinition(
 // error details (protobufjs is the library @grpc/proto-loader itself parses with).
 const googleapis = new protobuf.Root();
 googleapis.resolvePath = (_origin, target) => getProtoPath('..', target);
-googleapis.loadSync(['google/rpc/status.proto', 'google/rpc/error_details.proto']);
+googleapis.loadSync(['google/rpc/status.proto', 'google/rpc/error_details.proto'], { keepCase: true });
 const RpcStatus = googleapis.lookupType('google.rpc.Status');
 const BadRequest = googleapis.lookupType('google.rpc.BadRequest');
 
@@ -109,8 +109,8 @@ function fieldViolations(err) {
   if (!bin) return [];
   const found = [];
   for (const detail of RpcStatus.decode(bin).details) {
-    if (detail.typeUrl === `type.googleapis.com/${BadRequest.fullName.slice(1)}`) {
-      for (const v of BadRequest.decode(detail.value).fieldViolations) found.push([v.field, v.description]);
+    if (detail.type_url === `type.googleapis.com/${BadRequest.fullName.slice(1)}`) {
+      for (const v of BadRequest.decode(detail.value).field_violations) found.push([v.field, v.description]);
     }
   }
   return found;

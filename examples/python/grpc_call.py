@@ -30,6 +30,7 @@ import time
 
 import grpc
 from google.protobuf import descriptor_pool, json_format, message_factory
+from google.protobuf.descriptor import FieldDescriptor
 from google.rpc import error_details_pb2
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
@@ -37,6 +38,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from grpc_status import rpc_status
 
 MAX_TRIES = 5
+# Scalar field types by number, as the .proto spells them.
+SCALARS = {v: k[len("TYPE_"):].lower() for k, v in vars(FieldDescriptor).items() if k.startswith("TYPE_")}
 FIRST_BACKOFF_SECONDS = 0.2
 
 
@@ -73,6 +76,46 @@ def report(err: grpc.RpcError) -> int:
     return 1
 
 
+def describe(pool, name: str) -> int:
+    """Prints the service, method or message `name` (a full name), asking the server's
+    reflection for the file that defines it once."""
+    # The server's reflection knows services and messages; a method by its service.
+    file = None
+    for symbol in (name, name.rsplit(".", 1)[0]):
+        try:
+            file = with_retry(lambda: pool.FindFileContainingSymbol(symbol))
+            break
+        except KeyError:
+            continue
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.NOT_FOUND:
+                raise
+    if file is None:
+        print(f"{name}: not found on the server", file=sys.stderr)
+        return 1
+    local = name[len(file.package) + 1:] if file.package else name
+    head, _, tail = local.partition(".")
+    if local in file.services_by_name:
+        service = file.services_by_name[local]
+        print(f"service {service.full_name}")
+        for m in service.methods:
+            print(f"  rpc {m.name}({m.input_type.full_name}) returns ({m.output_type.full_name})")
+    elif local in file.message_types_by_name:
+        message = file.message_types_by_name[local]
+        print(f"message {message.full_name}")
+        for f in message.fields:
+            kind = f.message_type.full_name if f.message_type else f.enum_type.full_name if f.enum_type else SCALARS[f.type]
+            repeated = "repeated " if f.is_repeated else ""
+            print(f"  {repeated}{kind} {f.name} = {f.number}  (JSON {f.json_name})")
+    elif head in file.services_by_name and tail in file.services_by_name[head].methods_by_name:
+        m = file.services_by_name[head].methods_by_name[tail]
+        print(f"rpc {m.full_name}({m.input_type.full_name}) returns ({m.output_type.full_name})")
+    else:
+        print(f"{name}: not a service, method or top-level message", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         return usage()
@@ -91,20 +134,7 @@ def main(argv) -> int:
                     print(name)
                 return 0
             if argv[0] == "describe" and len(argv) == 2:
-                name = argv[1].replace("/", ".")
-                for find in (pool.FindServiceByName, pool.FindMethodByName, pool.FindMessageTypeByName):
-                    try:
-                        found = with_retry(lambda: find(name))
-                    except KeyError:
-                        continue
-                    print(f"{type(found).__name__} {found.full_name}")
-                    for part in getattr(found, "methods", None) or getattr(found, "fields", None) or []:
-                        print(f"  {part.name}")
-                    if hasattr(found, "input_type"):
-                        print(f"  {found.input_type.full_name} -> {found.output_type.full_name}")
-                    return 0
-                print(f"{name}: not found on the server", file=sys.stderr)
-                return 1
+                return describe(pool, argv[1].replace("/", "."))
             if "/" not in argv[0] or len(argv) > 2:
                 return usage()
             service_name, method_name = argv[0].split("/", 1)

@@ -13,8 +13,9 @@
 //! `NOTIFY_EXAMPLES_PYTHON` (the venv's python) and `NOTIFY_EXAMPLES_DIR` to the stack's
 //! env file; this test never skips.
 
-use crate::support::{self, Options, Platform, api_key, eventually, free_addr, uniq};
+use crate::support::{self, Options, Platform, api_key, eventually, free_addr, uniq, with_key};
 use notify_core::Channel;
+use notify_proto::v1 as pb;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -160,6 +161,18 @@ async fn the_python_node_and_reflection_clients_each_send_an_event_that_reaches_
     let key = api_key(&p, "shop-checkout", true).await;
     let user = uniq("customer");
     register(&addr, &key, &user).await;
+    let list = grpc_call(&["list"], &addr, &key).await;
+    assert!(
+        list.lines().contains(&"notify.v1.IngestService"),
+        "{list:#?}"
+    );
+    let described = grpc_call(&["describe", "notify.v1.CreateEventRequest"], &addr, &key).await;
+    assert!(
+        described
+            .lines()
+            .contains(&"  string event_key = 1  (JSON eventKey)"),
+        "{described:#?}"
+    );
 
     for client in BOTH {
         let event_key = uniq(&format!("order:{client:?}:paid"));
@@ -182,7 +195,18 @@ async fn the_python_node_and_reflection_clients_each_send_an_event_that_reaches_
             "{client:?}: {out:#?}"
         );
         assert_eq!(inbox_row(&p, event_id, &user).await, "Order 1001 paid");
-        let ev = p.get_event(event_id).await;
+        let ev = p
+            .ingest()
+            .get_event(with_key(
+                pb::GetEventRequest {
+                    selector: Some(pb::get_event_request::Selector::EventId(event_id.into())),
+                    ..Default::default()
+                },
+                &key,
+            ))
+            .await
+            .expect("GetEvent")
+            .into_inner();
         assert_eq!(ev.event_key, event_key);
         support::assert_all_sent(&ev);
 
@@ -235,10 +259,10 @@ async fn every_client_prints_the_field_violations_of_a_bad_request_one_per_line(
     let p = platform().await;
     let addr = p.grpc_addr.to_string();
     let key = api_key(&p, "shop-checkout", true).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    register(&addr, &key, &uniq("customer")).await;
     let expected = [
-        "event_key: is required",
-        "recipients[0]: must not be blank",
+        "event_key: is required and must not be blank",
+        "recipients[0]: is required and must not be blank",
     ];
     for client in BOTH {
         let out = send(client, &["--bad"], &addr, &key).await;
@@ -248,12 +272,18 @@ async fn every_client_prints_the_field_violations_of_a_bad_request_one_per_line(
             "{client:?}: {out:#?}"
         );
         for line in expected {
-            assert!(out.lines().contains(&line), "{client:?} lacks {line:?}: {out:#?}");
+            assert!(
+                out.lines().contains(&line),
+                "{client:?} lacks {line:?}: {out:#?}"
+            );
         }
         assert!(
-            out.lines().iter().any(|l| l.starts_with("payload: ")),
+            out.lines()
+                .iter()
+                .any(|l| l.starts_with("payload: must be a JSON object")),
             "{client:?}: {out:#?}"
         );
+        assert_eq!(out.lines().len(), 3, "one line per violation: {out:#?}");
     }
     let bad = grpc_call(
         &[
@@ -267,7 +297,10 @@ async fn every_client_prints_the_field_violations_of_a_bad_request_one_per_line(
     assert_eq!(bad.code, Some(1), "{bad:#?}");
     assert!(bad.stderr.starts_with("ERROR INVALID_ARGUMENT"), "{bad:#?}");
     for line in expected {
-        assert!(bad.lines().contains(&line), "reflection lacks {line:?}: {bad:#?}");
+        assert!(
+            bad.lines().contains(&line),
+            "reflection lacks {line:?}: {bad:#?}"
+        );
     }
     // Nothing was written.
     assert_eq!(p.count("notification_events").await, 0);
