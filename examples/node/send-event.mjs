@@ -79,6 +79,20 @@ googleapis.loadSync(['google/rpc/status.proto', 'google/rpc/error_details.proto'
 const RpcStatus = googleapis.lookupType('google.rpc.Status');
 const BadRequest = googleapis.lookupType('google.rpc.BadRequest');
 
+/** `request`, once every field it names is a field of the proto's message `type` (nested
+ * messages too): proto-loader drops unknown fields silently, so without this a field
+ * renamed in the proto would go unnoticed until the server refuses the request. */
+function checked(type, request) {
+  const fields = new Map(type.type.field.map((f) => [f.name, f]));
+  for (const [name, value] of Object.entries(request)) {
+    const field = fields.get(name);
+    if (!field) throw new Error(`${type.type.name} has no field ${name}: does this code match proto/notify/v1?`);
+    const nested = field.typeName && notify[field.typeName.split('.').pop()];
+    if (nested?.type?.field && value && typeof value === 'object' && !Array.isArray(value)) checked(nested, value);
+  }
+  return request;
+}
+
 const metadata = new grpc.Metadata();
 metadata.set('authorization', `Bearer ${key}`);
 
@@ -118,7 +132,7 @@ function fieldViolations(err) {
 
 async function main() {
   const ingest = new notify.IngestService(addr, grpc.credentials.createInsecure());
-  const request = args.bad
+  const request = checked(notify.CreateEventRequest, args.bad
     ? { event_key: '', type: args.type, recipients: [''], payload: '{not json', content: { title: 'Order paid' } }
     : {
         event_key: args['event-key'],
@@ -126,7 +140,7 @@ async function main() {
         recipients: [args.user],
         payload: JSON.stringify({ order_id: '1001', amount: '1,250.00' }),
         content: { title: 'Order 1001 paid', body: 'We received 1,250.00 THB. Thank you!' },
-      };
+      });
   let created;
   try {
     created = await callWithRetry(ingest, 'CreateEvent', request);
@@ -147,7 +161,7 @@ async function main() {
   let event;
   for (;;) {
     try {
-      event = await callWithRetry(ingest, 'GetEvent', { event_id: created.event_id });
+      event = await callWithRetry(ingest, 'GetEvent', checked(notify.GetEventRequest, { event_id: created.event_id }));
     } catch (err) {
       console.error(`GetEvent failed: ${grpc.status[err.code]}: ${err.details}`);
       return 1;
