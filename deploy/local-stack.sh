@@ -7,7 +7,7 @@
 #   deploy/local-stack.sh stop S   stop one service (postgres, rabbitmq, maildev, provider-sim)
 #   deploy/local-stack.sh status   show what runs
 #   deploy/local-stack.sh env      print the environment the services and tests need
-#   deploy/local-stack.sh examples install only the example webhook receivers' dependencies
+#   deploy/local-stack.sh examples install only the examples' dependencies (receivers, gRPC clients)
 #
 # Settings (environment, with defaults):
 #   NOTIFY_STACK_DIR  folder for data, logs and pids   (<repo>/.stack)
@@ -93,19 +93,25 @@ install_missing() {
 
 sha() { sha256sum "$1" | cut -d' ' -f1; }
 
-# The example webhook receivers (examples/python, examples/node) and their reference
-# libraries, for the tests that run them: a venv at $STACK/examples/venv made anew when
-# missing or when requirements.txt changed, and `npm ci` in examples/node when
-# node_modules is missing or the lockfile changed (each install's hash stored beside it).
+# The examples (examples/python, examples/node: the webhook receivers and their reference
+# libraries, the gRPC clients and theirs), for the tests that run them: a venv at
+# $STACK/examples/venv made anew when missing or when a requirements file changed, and
+# `npm ci` in examples/node when node_modules is missing or the lockfile changed (each
+# install's hash stored beside it). Two pip runs: requirements.txt is hash-checked, and
+# pip checks hashes for every package of a run once one file has them.
 install_examples() {
-  local req=$repo/examples/python/requirements.txt venv=$STACK/examples/venv
+  local req=$repo/examples/python/requirements.txt grpc_req=$repo/examples/python/requirements-grpc.txt
+  local venv=$STACK/examples/venv want
+  want="$(sha "$req") $(sha "$grpc_req")"
   mkdir -p "$STACK/examples" "$STACK/logs"
-  if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$(sha "$req")" ]; then
-    log "python venv for the example receivers: $venv"
+  if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$want" ]; then
+    log "python venv for the examples: $venv"
     rm -rf "$venv"
-    { python3 -m venv "$venv" && "$venv/bin/pip" install --disable-pip-version-check -q -r "$req"; } \
-      >"$STACK/logs/examples-pip.log" 2>&1 || die "pip install -r $req failed: $STACK/logs/examples-pip.log"
-    sha "$req" >"$venv/.requirements.sha256"
+    { python3 -m venv "$venv" \
+        && "$venv/bin/pip" install --disable-pip-version-check -q -r "$req" \
+        && "$venv/bin/pip" install --disable-pip-version-check -q -r "$grpc_req"; } \
+      >"$STACK/logs/examples-pip.log" 2>&1 || die "pip install of the examples' requirements failed: $STACK/logs/examples-pip.log"
+    echo "$want" >"$venv/.requirements.sha256"
   fi
   local node=$repo/examples/node
   if [ ! -d "$node/node_modules" ] || [ "$(cat "$node/node_modules/.lock.sha256" 2>/dev/null)" != "$(sha "$node/package-lock.json")" ]; then

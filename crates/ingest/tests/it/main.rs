@@ -8,6 +8,7 @@ mod support;
 mod browser;
 mod callbacks;
 mod cancel;
+mod client_examples;
 mod console;
 mod decisions;
 mod docs;
