@@ -23,44 +23,54 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-/// Batches of held rows waiting for the relay, at most (each batch is one commit's rows).
-const DIRECT_BACKLOG: usize = 256;
+/// Held rows waiting for the relay, at most: a few fan-out pages or a few hundred group
+/// commits, about 1 MiB. Beyond it a writer releases its rows instead, so memory stays
+/// bounded whatever the broker's pace.
+const DIRECT_BACKLOG_ROWS: usize = 8_000;
+
+/// A handed-over batch and its share of [`DIRECT_BACKLOG_ROWS`], given back when dropped.
+type Handed = (Vec<OutboxRow>, tokio::sync::OwnedSemaphorePermit);
 
 /// The writers' door to this replica's relay: outbox rows written held
 /// ([`notify_store::events::insert_deliveries_held`]) are handed over after their commit.
 /// Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Direct {
-    tx: mpsc::Sender<Vec<OutboxRow>>,
+    tx: mpsc::UnboundedSender<Handed>,
+    room: Arc<tokio::sync::Semaphore>,
     pool: PgPool,
 }
 
 /// The relay's end of [`Direct`].
 #[derive(Debug)]
-pub struct DirectRx(mpsc::Receiver<Vec<OutboxRow>>);
+pub struct DirectRx(mpsc::UnboundedReceiver<Handed>);
 
 impl Direct {
     /// A door and its relay end; `pool` releases what the relay cannot take.
     pub fn new(pool: PgPool) -> (Self, DirectRx) {
-        let (tx, rx) = mpsc::channel(DIRECT_BACKLOG);
-        (Self { tx, pool }, DirectRx(rx))
+        let (tx, rx) = mpsc::unbounded_channel();
+        let room = Arc::new(tokio::sync::Semaphore::new(DIRECT_BACKLOG_ROWS));
+        (Self { tx, room, pool }, DirectRx(rx))
     }
 
     /// Hands committed held rows to the relay without waiting. When the relay cannot take
-    /// them (not connected, [`DIRECT_BACKLOG`] batches behind, stopped), they are released
-    /// in the background ([`outbox::release`]): due now for any relay's claim, so a
-    /// delivery waits no longer than a claim round, never the whole hold.
+    /// them (not connected, [`DIRECT_BACKLOG_ROWS`] rows behind, stopped), they are
+    /// released in the background ([`outbox::release`]): due now for any relay's claim,
+    /// so a delivery waits no longer than a claim round, never the whole hold.
     pub fn publish(&self, rows: Vec<OutboxRow>) {
         if rows.is_empty() {
             return;
         }
-        if let Err(e) = self.tx.try_send(rows) {
-            let rows = match e {
-                mpsc::error::TrySendError::Full(r) | mpsc::error::TrySendError::Closed(r) => r,
-            };
-            let pool = self.pool.clone();
-            tokio::spawn(async move { release(&pool, &rows).await });
-        }
+        let n = u32::try_from(rows.len()).unwrap_or(u32::MAX);
+        let rows = match self.room.clone().try_acquire_many_owned(n) {
+            Ok(permit) => match self.tx.send((rows, permit)) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError((rows, _))) => rows,
+            },
+            Err(_) => rows,
+        };
+        let pool = self.pool.clone();
+        tokio::spawn(async move { release(&pool, &rows).await });
     }
 }
 
@@ -106,7 +116,7 @@ pub struct RelayStats {
 
 /// Runs the relay until `shutdown`; reconnects to the broker after failures.
 /// Held rows handed over while it is not connected wait in `direct` (up to
-/// [`DIRECT_BACKLOG`] batches; the writers release the rest); the ones still there when it
+/// [`DIRECT_BACKLOG_ROWS`]; the writers release the rest); the ones still there when it
 /// stops are released.
 pub async fn run(
     pool: PgPool,
@@ -134,7 +144,7 @@ pub async fn run(
     // What was handed over and not published goes to another replica's claim at once.
     direct.0.close();
     let mut left = Vec::new();
-    while let Ok(rows) = direct.0.try_recv() {
+    while let Ok((rows, _room)) = direct.0.try_recv() {
         left.extend(rows);
     }
     release(&pool, &left).await;
@@ -185,8 +195,8 @@ async fn run_connected(
                 _ = shutdown.cancelled() => break,
                 n = listener.recv() => { n?; break; }
                 _ = tokio::time::sleep_until(until) => break,
-                rows = direct.0.recv(), if !direct.0.is_closed() => {
-                    let Some(mut rows) = rows else { continue };
+                handed = direct.0.recv(), if !direct.0.is_closed() => {
+                    let Some((mut rows, _room)) = handed else { continue };
                     if let Some(more) = take_handed_over(direct, cfg.batch - rows.len() as i64) {
                         rows.extend(more);
                     }
@@ -202,7 +212,8 @@ fn take_handed_over(direct: &mut DirectRx, limit: i64) -> Option<Vec<OutboxRow>>
     let mut out: Vec<OutboxRow> = Vec::new();
     while (out.len() as i64) < limit {
         match direct.0.try_recv() {
-            Ok(rows) => out.extend(rows),
+            // Its room is given back now: the rows are about to be published.
+            Ok((rows, _room)) => out.extend(rows),
             Err(_) => break,
         }
     }
