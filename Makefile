@@ -46,7 +46,6 @@ status:
 
 ## migrate: apply database migrations to NOTIFY_DATABASE_URL (default: the local stack's)
 migrate: up
-	cargo build -p ingest
 	source $(STACK_DIR)/env && $(TARGET_DIR)/debug/ingest migrate
 
 ## lint: formatting, clippy (warnings are errors) and cargo deny (licences, bans incl.

@@ -130,16 +130,23 @@ function fieldViolations(err) {
   return found;
 }
 
+// The order a key of the form order:<id>:... names, as a real caller has it.
+function orderOf(eventKey) {
+  const parts = eventKey.split(':');
+  return parts.length >= 3 && parts[0] === 'order' ? parts[1] : '1001';
+}
+
 async function main() {
   const ingest = new notify.IngestService(addr, grpc.credentials.createInsecure());
+  const order = orderOf(args['event-key']);
   const request = checked(notify.CreateEventRequest, args.bad
     ? { event_key: '', type: args.type, recipients: [''], payload: '{not json', content: { title: 'Order paid' } }
     : {
         event_key: args['event-key'],
         type: args.type,
         recipients: [args.user],
-        payload: JSON.stringify({ order_id: '1001', amount: '1,250.00' }),
-        content: { title: 'Order 1001 paid', body: 'We received 1,250.00 THB. Thank you!' },
+        payload: JSON.stringify({ order_id: order, amount: '1,250.00' }),
+        content: { title: `Order ${order} paid`, body: 'We received 1,250.00 THB. Thank you!' },
       });
   let created;
   try {

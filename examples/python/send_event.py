@@ -139,12 +139,15 @@ def main() -> int:
                 content=pb.Content(title="Order paid"),
             )
         else:
+            # The order a key of the form order:<id>:... names, as a real caller has it.
+            parts = args.event_key.split(":")
+            order_id = parts[1] if len(parts) >= 3 and parts[0] == "order" else "1001"
             request = pb.CreateEventRequest(
                 event_key=args.event_key,
                 type=args.type,
                 recipients=[args.user],
-                payload=json.dumps({"order_id": "1001", "amount": "1,250.00"}),
-                content=pb.Content(title="Order 1001 paid", body="We received 1,250.00 THB. Thank you!"),
+                payload=json.dumps({"order_id": order_id, "amount": "1,250.00"}),
+                content=pb.Content(title=f"Order {order_id} paid", body="We received 1,250.00 THB. Thank you!"),
             )
         try:
             created = call_with_retry(ingest.CreateEvent, request, metadata)

@@ -194,7 +194,12 @@ async fn the_python_node_and_reflection_clients_each_send_an_event_that_reaches_
             [format!("inapp {user} sent attempts=1")],
             "{client:?}: {out:#?}"
         );
-        assert_eq!(inbox_row(&p, event_id, &user).await, "Order 1001 paid");
+        // The example names the order its key names: order:<id>:...
+        let order = event_key.split(':').nth(1).expect("order:<id>:paid");
+        assert_eq!(
+            inbox_row(&p, event_id, &user).await,
+            format!("Order {order} paid")
+        );
         let ev = p
             .ingest()
             .get_event(with_key(
