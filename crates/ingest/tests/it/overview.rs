@@ -366,3 +366,62 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
     assert!(rows > 0);
     p.stop().await;
 }
+
+/// A statement updating many deliveries on a connection whose earlier updates were
+/// small (the sweeper's, a claim's) is counted in time linear in its rows: a cancel of
+/// 20,000 pending deliveries took more than a minute in the counting trigger when it
+/// joined the old and new rows by a plan cached for small statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_update_after_small_ones_on_one_connection_is_counted_without_a_quadratic_join() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        counts_rollup_interval: Duration::from_secs(3600),
+        ..Default::default()
+    })
+    .await;
+    let db = &p.pool;
+    p.add_type("ov_large", &["inapp"]).await;
+    let event = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO notification_events (id, event_key, type, recipients, payload_json,
+                                          content_json, channels, fingerprint)
+         VALUES ($1, $2, 'ov_large', '{}', '{}', '{}', '{inapp}', '\\x00')",
+    )
+    .bind(event)
+    .bind(uniq("ov-large"))
+    .execute(db)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO notification_deliveries (id, event_id, user_id, channel, provider, idempotency_key)
+         SELECT gen_random_uuid(), $1, 'u' || g, 'inapp', 'inbox', $1 || '/' || g
+         FROM generate_series(1, 20000) AS g",
+    )
+    .bind(event)
+    .execute(db)
+    .await
+    .unwrap();
+    let mut conn = db.acquire().await.unwrap();
+    // The small statements first, as the sweeper's and claims' are on a pooled connection.
+    for user in ["nobody", "u1"] {
+        sqlx::query("UPDATE notification_deliveries SET updated_at = now() WHERE user_id = $1")
+            .bind(user)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
+    sqlx::query("SET statement_timeout = '20s'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let done = sqlx::query(
+        "UPDATE notification_deliveries SET status = 'canceled' WHERE event_id = $1 AND status = 'pending'",
+    )
+    .bind(event)
+    .execute(&mut *conn)
+    .await
+    .expect("the large update finishes well within the timeout");
+    assert_eq!(done.rows_affected(), 20_000);
+    drop(conn);
+    assert_exact(db, "after the large update").await;
+}
