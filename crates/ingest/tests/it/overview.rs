@@ -73,6 +73,38 @@ async fn shown(db: &PgPool) -> Counts {
     (counts, rates)
 }
 
+/// [`assert_exact`] while workers move deliveries: the rows are counted before and after
+/// the overview is read, and the overview must equal them whenever they did not change
+/// meanwhile (tried again, for up to 20 s, when a worker moved one during the reads).
+async fn assert_exact_live(db: &PgPool, when: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let before = counted(db).await;
+        let (got, got_rates) = shown(db).await;
+        let (want, want_rates) = counted(db).await;
+        if before.0 == want && before.1 == want_rates {
+            assert_eq!(got, want, "{when}: counts");
+            assert_eq!(
+                got_rates.keys().collect::<Vec<_>>(),
+                want_rates.keys().collect::<Vec<_>>(),
+                "{when}: channels with attempts"
+            );
+            for (c, r) in &want_rates {
+                assert!(
+                    (got_rates[c] - r).abs() < 1e-9,
+                    "{when}: {c} {got_rates:?} {want_rates:?}"
+                );
+            }
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{when}: the rows never held still for one read"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The overview equals the rows' own counts (rates to 1e-9).
 async fn assert_exact(db: &PgPool, when: &str) {
     let (want, want_rates) = counted(db).await;
@@ -273,7 +305,7 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
     let p = Platform::start_with_workers(&[Channel::InApp, Channel::Line]).await;
     let db = &p.pool;
     p.add_type("ov_paid", &["inapp", "line"]).await;
-    assert_exact(db, "empty").await;
+    assert_exact_live(db, "empty").await;
 
     let (ok, _) = p.add_line_recipient("ok").await;
     let (flaky, flaky_line) = p.add_line_recipient("flaky").await;
@@ -290,7 +322,7 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
     let ev = p
         .send(&uniq("ov:sent"), "ov_paid", &[&ok, &flaky, &bad])
         .await;
-    assert_exact(db, "planned").await;
+    assert_exact_live(db, "planned").await;
     let done = p.wait_final(&ev.event_id, 60).await;
     let states: Vec<_> = done.deliveries.iter().map(|d| d.status.as_str()).collect();
     assert_eq!(
@@ -303,7 +335,7 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
         1,
         "{states:?}"
     );
-    assert_exact(db, "sent, retried and failed").await;
+    assert_exact_live(db, "sent, retried and failed").await;
 
     // A scheduled send canceled; another skipped when due (the user opted out meanwhile).
     let (later, _) = p.add_line_recipient("later").await;
@@ -314,10 +346,10 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
     let mut req = p.event(&uniq("ov:gone"), "ov_paid", &[&gone]);
     req.delay = "1h".into();
     let skipping = p.ingest().create_event(req).await.unwrap().into_inner();
-    assert_exact(db, "scheduled").await;
+    assert_exact_live(db, "scheduled").await;
     let out = cancel(&p, Target::EventId(scheduled.event_id.clone()), &[]).await;
     assert_eq!(out.canceled, 2, "{out:?}");
-    assert_exact(db, "canceled").await;
+    assert_exact_live(db, "canceled").await;
     p.recipients()
         .set_preference(pb::SetPreferenceRequest {
             user_id: gone.clone(),
@@ -346,7 +378,7 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
         .collect();
     states.sort();
     assert_eq!(states, [("inapp", "sent"), ("line", "skipped")]);
-    assert_exact(db, "skipped when due").await;
+    assert_exact_live(db, "skipped when due").await;
 
     // The rollup task folds every delta; the figures stay the same.
     eventually(
@@ -358,7 +390,7 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
         },
     )
     .await;
-    assert_exact(db, "rolled up").await;
+    assert_exact_live(db, "rolled up").await;
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_counts")
         .fetch_one(db)
         .await
