@@ -80,22 +80,10 @@ async fn assert_exact_live(db: &PgPool, when: &str) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         let before = counted(db).await;
-        let (got, got_rates) = shown(db).await;
-        let (want, want_rates) = counted(db).await;
-        if before.0 == want && before.1 == want_rates {
-            assert_eq!(got, want, "{when}: counts");
-            assert_eq!(
-                got_rates.keys().collect::<Vec<_>>(),
-                want_rates.keys().collect::<Vec<_>>(),
-                "{when}: channels with attempts"
-            );
-            for (c, r) in &want_rates {
-                assert!(
-                    (got_rates[c] - r).abs() < 1e-9,
-                    "{when}: {c} {got_rates:?} {want_rates:?}"
-                );
-            }
-            return;
+        let got = shown(db).await;
+        let want = counted(db).await;
+        if before == want {
+            return assert_same(&got, &want, when);
         }
         assert!(
             std::time::Instant::now() < deadline,
@@ -107,15 +95,21 @@ async fn assert_exact_live(db: &PgPool, when: &str) {
 
 /// The overview equals the rows' own counts (rates to 1e-9).
 async fn assert_exact(db: &PgPool, when: &str) {
-    let (want, want_rates) = counted(db).await;
-    let (got, got_rates) = shown(db).await;
+    let want = counted(db).await;
+    let got = shown(db).await;
+    assert_same(&got, &want, when);
+}
+
+/// What the overview showed against the rows' counts: counts equal, rates to 1e-9.
+fn assert_same(got: &Counts, want: &Counts, when: &str) {
+    let ((got, got_rates), (want, want_rates)) = (got, want);
     assert_eq!(got, want, "{when}: counts");
     assert_eq!(
         got_rates.keys().collect::<Vec<_>>(),
         want_rates.keys().collect::<Vec<_>>(),
         "{when}: channels with attempts"
     );
-    for (c, r) in &want_rates {
+    for (c, r) in want_rates {
         assert!(
             (got_rates[c] - r).abs() < 1e-9,
             "{when}: {c} {got_rates:?} {want_rates:?}"

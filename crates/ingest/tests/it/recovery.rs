@@ -1036,3 +1036,52 @@ async fn an_smtp_server_that_never_answers_after_data_ends_each_attempt_at_the_d
     worker.await.unwrap();
     p.stop().await;
 }
+
+/// Held rows a writer cannot hand over (its relay stopped, or too far behind) are released
+/// at once: due now, so a relay publishes them well before their 30 s hold ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_rows_the_relay_cannot_take_are_released_and_published_before_their_hold_ends() {
+    let p = Platform::start_with_workers(&[]).await;
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO outbox (delivery_id, channel, available_at)
+         SELECT gen_random_uuid(), 'inapp', now() + interval '30 seconds'
+         FROM generate_series(1, 3)
+         RETURNING id",
+    )
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    let rows: Vec<notify_store::outbox::OutboxRow> = ids
+        .iter()
+        .map(|&id| notify_store::outbox::OutboxRow {
+            id,
+            delivery_id: uuid::Uuid::new_v4(),
+            channel: "inapp".into(),
+            event_id: None,
+            trace_context: None,
+        })
+        .collect();
+    // A door whose relay end is gone: the writer's relay stopped.
+    let (direct, relay_end) = ingest::relay::Direct::new(p.pool.clone());
+    drop(relay_end);
+    let asked = std::time::Instant::now();
+    direct.publish(rows);
+    eventually(
+        "the released rows published by the running relay",
+        Duration::from_secs(10),
+        async || {
+            let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE id = ANY($1)")
+                .bind(&ids)
+                .fetch_one(&p.pool)
+                .await
+                .unwrap();
+            if left == 0 { Ok(()) } else { Err(left) }
+        },
+    )
+    .await;
+    assert!(
+        asked.elapsed() < Duration::from_secs(30),
+        "not after the hold"
+    );
+    p.stop().await;
+}
