@@ -451,3 +451,63 @@ async fn a_large_update_after_small_ones_on_one_connection_is_counted_without_a_
     drop(conn);
     assert_exact(db, "after the large update").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_oldest_due_pending_delivery_of_each_channel_is_shown_and_scheduled_ones_are_not() {
+    let p = Platform::start_with(Options {
+        workers: vec![],
+        counts_rollup_interval: Duration::from_secs(3600),
+        ..Default::default()
+    })
+    .await;
+    let db = &p.pool;
+    p.add_type("ov_oldest", &["inapp", "line", "email"]).await;
+    let event = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO notification_events (id, event_key, type, recipients, payload_json,
+                                          content_json, channels, fingerprint)
+         VALUES ($1, $2, 'ov_oldest', '{}', '{}', '{}', '{inapp,line,email}', '\\x00')",
+    )
+    .bind(event)
+    .bind(uniq("ov-oldest"))
+    .execute(db)
+    .await
+    .unwrap();
+    // inapp: due 90 s and 30 s ago, and 1,000 due in the future; line: only scheduled ones;
+    // email: a sent one due an hour ago (not pending) and a pending one due 10 s ago.
+    sqlx::query(
+        "INSERT INTO notification_deliveries
+             (id, event_id, user_id, channel, provider, idempotency_key, status, next_attempt_at)
+         SELECT gen_random_uuid(), $1, 'u' || g, c, p, $1 || '/' || c || '/' || due || '/' || g, s, now() + due
+         FROM (VALUES ('inapp', 'inbox', 'pending', interval '-90 seconds'),
+                      ('inapp', 'inbox', 'pending', interval '-30 seconds'),
+                      ('line', 'line', 'pending', interval '1 hour'),
+                      ('email', 'smtp', 'sent', interval '-1 hour'),
+                      ('email', 'smtp', 'pending', interval '-10 seconds')) AS v(c, p, s, due),
+              generate_series(1, 3) AS g
+         UNION ALL
+         SELECT gen_random_uuid(), $1, 'f' || g, 'inapp', 'inbox', $1 || '/future/' || g, 'pending',
+                now() + g * interval '1 second'
+         FROM generate_series(1, 1000) AS g",
+    )
+    .bind(event)
+    .execute(db)
+    .await
+    .unwrap();
+    let (channels, _) = overview(db).await.unwrap();
+    let oldest = |ch: Channel| {
+        channels
+            .iter()
+            .find(|c| c.channel == ch)
+            .and_then(|c| c.oldest_pending_s)
+    };
+    let inapp = oldest(Channel::InApp).expect("inapp has due deliveries");
+    assert!((89..=95).contains(&inapp), "inapp oldest due {inapp} s");
+    let email = oldest(Channel::Email).expect("email has a due delivery");
+    assert!(
+        (9..=15).contains(&email),
+        "email oldest due {email} s, the sent one left out"
+    );
+    assert_eq!(oldest(Channel::Line), None, "nothing of line is due yet");
+    assert_eq!(oldest(Channel::Push), None, "push has no pending delivery");
+}

@@ -121,7 +121,7 @@ pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<Expir
     Ok(out)
 }
 
-/// Republishes up to `limit` deliveries that have been due for longer than `stale` with
+/// Republishes up to `limit` deliveries of each channel that have been due for longer than `stale` with
 /// no outbox row: their message was lost after the broker confirmed it (a purged or
 /// deleted queue, a lost node) or sits unconsumed in a long queue. Each gets a new outbox
 /// row. The wait grows with every republish of the same delivery (`stale`, `2 x stale`,
@@ -130,13 +130,16 @@ pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<Expir
 /// harmless: the claim lets only one through. Returns how many.
 pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result<u64> {
     let done = sqlx::query(
+        // One ordered range scan of `notification_deliveries_channel_due` per channel, from
+        // the oldest due delivery, up to `limit` each.
         "WITH stale AS (
-             SELECT id FROM notification_deliveries d
-             WHERE status = 'pending'
-               AND next_attempt_at < now() - least($1 * interval '1 millisecond' * power(2, least(d.republish_count, 16)),
-                                                   greatest($1 * interval '1 millisecond', interval '1 day'))
-               AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = d.id)
-             ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED),
+             SELECT s.id FROM unnest($3::text[]) AS ch(channel),
+             LATERAL (SELECT d.id FROM notification_deliveries d
+                      WHERE d.channel = ch.channel AND d.status = 'pending'
+                        AND d.next_attempt_at < now() - least($1 * interval '1 millisecond' * power(2, least(d.republish_count, 16)),
+                                                              greatest($1 * interval '1 millisecond', interval '1 day'))
+                        AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = d.id)
+                      ORDER BY d.next_attempt_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED) s),
          upd AS (
              UPDATE notification_deliveries d
              SET next_attempt_at = now(), republish_count = d.republish_count + 1, updated_at = now()
@@ -147,6 +150,7 @@ pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result
     // At least a second, whatever the caller passes: 0 would republish on every sweep.
     .bind(notify_core::retry::millis(stale.max(Duration::from_secs(1))))
     .bind(limit)
+    .bind(Channel::ALL.map(Channel::as_str).as_slice())
     .execute(db)
     .await?;
     Ok(done.rows_affected())
