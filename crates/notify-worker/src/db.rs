@@ -19,16 +19,25 @@ pub(crate) struct DbBatches {
 /// Most claims or records in one statement or transaction.
 const DB_BATCH: usize = 100;
 
+/// Batches of one kind in flight at once. One: the calls that arrive while a batch runs
+/// wait for it and go together in the next, so under load a batch grows with the time a
+/// statement takes instead of being split between loops. Measured end to end (`make
+/// bench`, 64 messages in flight): with two loops claims carried 7.7 deliveries each and
+/// cost 0.249 ms of statement time per delivery, with one 14 and 0.168 ms (records 0.175
+/// to 0.119 ms), 922 to 1,078 deliveries/s. Under light load a batch is one call either
+/// way and waits for nothing.
+const DB_LOOPS: usize = 1;
+
 impl DbBatches {
     pub(crate) fn start(pool: &PgPool, channel: Channel, lease: Duration) -> Self {
         let p = pool.clone();
-        let claims = Batcher::start(2, DB_BATCH, move |ids: Vec<uuid::Uuid>| {
+        let claims = Batcher::start(DB_LOOPS, DB_BATCH, move |ids: Vec<uuid::Uuid>| {
             let p = p.clone();
             async move { deliveries::claim_many(&p, &ids, channel, lease).await }
         });
         let p = pool.clone();
         let records = Batcher::start(
-            2,
+            DB_LOOPS,
             DB_BATCH,
             move |batch: Vec<(Arc<DeliveryJob>, NextState, AttemptRecord)>| {
                 let p = p.clone();

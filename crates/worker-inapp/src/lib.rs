@@ -20,10 +20,12 @@ pub struct InAppSender {
 }
 
 impl InAppSender {
-    /// A sender writing through `pool`, up to 100 rows per statement. Call it inside a
-    /// Tokio runtime: it starts the batching loops.
+    /// A sender writing through `pool`, up to 100 rows per statement, one statement at a
+    /// time (the rows that arrive meanwhile go in the next: bigger statements under load,
+    /// see `notify_worker`'s claim and record batches). Call it inside a Tokio runtime:
+    /// it starts the batching loop.
     pub fn new(pool: PgPool) -> Self {
-        let inbox = Batcher::start(2, 100, move |jobs: Vec<Arc<Job>>| {
+        let inbox = Batcher::start(1, 100, move |jobs: Vec<Arc<Job>>| {
             let pool = pool.clone();
             async move {
                 let refs: Vec<&Job> = jobs.iter().map(|j| &**j).collect();
