@@ -6,8 +6,9 @@
 #
 #   layer 1 "base": the shared libraries the binaries link (found with ldd: glibc's
 #     libc/libm/ld.so and libgcc_s, merged-/usr paths as on Debian), the CA bundle
-#     /etc/ssl/certs/ca-certificates.crt (reqwest's platform verifier reads the system
-#     roots; sqlx, lapin, lettre and the OTLP exporter use built-in webpki roots),
+#     /etc/ssl/certs/ca-certificates.crt made from Debian's Mozilla set (reqwest's
+#     platform verifier reads the system roots; sqlx, lapin, lettre and the OTLP exporter
+#     use built-in webpki roots),
 #     /etc/passwd and /etc/group with `nonroot` (65532:65532), /etc/nsswitch.conf, an
 #     empty /tmp, and the Debian copyright files of what it copies. No tzdata: chrono-tz
 #     compiles the zone database into the binaries and nothing reads /etc/localtime;
@@ -27,6 +28,8 @@
 #   NOTIFY_IMAGE_DIR      output folder                 (${NOTIFY_STACK_DIR:-<repo>/.stack}/image)
 #   NOTIFY_IMAGE_NAME     image name                    (ghcr.io/example/notify)
 #   NOTIFY_IMAGE_TAG      tag in the layout             (the workspace version)
+#   NOTIFY_IMAGE_CA_FILE  CA bundle for the image       (Debian's Mozilla set, not the
+#                         build machine's own /etc/ssl/certs, which may hold local CAs)
 #   SOURCE_DATE_EPOCH     time stamp of every file and of the config (commit time of HEAD)
 #
 # Output in NOTIFY_IMAGE_DIR: oci/ (the layout; copy it to a registry with
@@ -105,9 +108,29 @@ if command -v dpkg >/dev/null; then
     [ -f "/usr/share/doc/$pkg/copyright" ] && copy_file "/usr/share/doc/$pkg/copyright"
   done
 fi
-[ -s /etc/ssl/certs/ca-certificates.crt ] || die "/etc/ssl/certs/ca-certificates.crt is missing (Debian package ca-certificates)"
-copy_file /etc/ssl/certs/ca-certificates.crt
+# The CA bundle: Debian's Mozilla set as /etc/ca-certificates.conf selects it, not the
+# machine's /etc/ssl/certs/ca-certificates.crt, which also holds whatever local CAs the
+# build machine trusts (/usr/local/share/ca-certificates). NOTIFY_IMAGE_CA_FILE replaces
+# it with a bundle of your own.
+mkdir -p "$base/etc/ssl/certs"
+if [ -n "${NOTIFY_IMAGE_CA_FILE:-}" ]; then
+  cp "$NOTIFY_IMAGE_CA_FILE" "$base/etc/ssl/certs/ca-certificates.crt"
+  ca_source=$NOTIFY_IMAGE_CA_FILE
+else
+  if [ ! -f /etc/ca-certificates.conf ] || [ ! -d /usr/share/ca-certificates/mozilla ]; then
+    die "Debian's ca-certificates is missing (install it, or set NOTIFY_IMAGE_CA_FILE)"
+  fi
+  grep -E '^mozilla/' /etc/ca-certificates.conf | LC_ALL=C sort | while read -r crt; do
+    cat "/usr/share/ca-certificates/$crt"
+    # update-ca-certificates adds a missing final newline the same way.
+    [ -z "$(tail -c 1 "/usr/share/ca-certificates/$crt")" ] || echo
+  done >"$base/etc/ssl/certs/ca-certificates.crt"
+  ca_source="Debian ca-certificates $(dpkg-query -W -f '${Version}' ca-certificates 2>/dev/null || echo '?') (mozilla/)"
+fi
 chmod 0644 "$base/etc/ssl/certs/ca-certificates.crt"
+ca_count=$(grep -c 'BEGIN CERTIFICATE' "$base/etc/ssl/certs/ca-certificates.crt" || true)
+[ "$ca_count" -gt 0 ] || die "the CA bundle holds no certificate"
+log "CA bundle: $ca_count certificates from $ca_source"
 cat >"$base/etc/passwd" <<EOF
 root:x:0:0:root:/root:/sbin/nologin
 nonroot:x:$UID_NONROOT:$UID_NONROOT:nonroot:/home/nonroot:/sbin/nologin
