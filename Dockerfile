@@ -5,9 +5,12 @@
 #
 #   docker build -t ghcr.io/example/notify:0.1.0 .
 #
-# NOTE: this file is not built on the project's development or CI machines (they have
-# no container engine); build it in the release pipeline. What it needs from the tree is
-# listed in .dockerignore (an allowlist).
+# The tested way to build the image is `make image` (deploy/image.sh): no container
+# engine, from scratch with the same binaries, libraries, CA certificates and user, and
+# deploy/image-check.sh starts every binary from it (docs/images.md). This Dockerfile is
+# the equivalent for pipelines that build with BuildKit; the project's machines have no
+# Docker engine and do not build it. What it needs from the tree is listed in
+# .dockerignore (an allowlist).
 
 ############################ build ############################
 FROM rust:1.95-bookworm AS builder

@@ -7,7 +7,7 @@ SHELL := /bin/bash
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 STACK_DIR := $(or $(NOTIFY_STACK_DIR),$(CURDIR)/.stack)
 
-.PHONY: demo test chaos bench up down status migrate lint fmt build check-deploy fuzz deny-advisories
+.PHONY: demo test chaos bench up down status migrate lint fmt build check-deploy fuzz deny-advisories image
 
 ## demo: start the stack and the services, send one event to every channel, show the outcome
 demo:
@@ -31,6 +31,14 @@ bench:
 ## KEDA schemas; check the alert rules (promtool, with their unit tests) and the dashboard
 check-deploy:
 	deploy/check-deploy.sh
+
+## image: the container image without a container engine (deploy/image.sh: an OCI layout
+## from scratch, layer sizes and digest printed; NOTIFY_IMAGE_BIN_DIR=DIR uses prebuilt
+## binaries instead of a release build), then every binary started from it until /healthz
+## answers and stopped with SIGTERM (deploy/image-check.sh: podman, else chroot). Not in `test`
+image:
+	deploy/image.sh
+	deploy/image-check.sh
 
 ## up: install what is missing and start PostgreSQL, RabbitMQ, MailDev and provider-sim
 up:

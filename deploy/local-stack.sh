@@ -8,6 +8,8 @@
 #   deploy/local-stack.sh status   show what runs
 #   deploy/local-stack.sh env      print the environment the services and tests need
 #   deploy/local-stack.sh examples install only the examples' dependencies (receivers, gRPC clients)
+#   deploy/local-stack.sh install PKG...  install Debian packages other scripts need (apt-get,
+#                                  as root; deploy/image-check.sh: podman, runc)
 #
 # Settings (environment, with defaults):
 #   NOTIFY_STACK_DIR  folder for data, logs and pids   (<repo>/.stack)
@@ -400,5 +402,11 @@ case "$cmd" in
     ;;
   env) print_env ;;
   examples) install_examples ;;
-  *) echo "usage: $0 up|down|stop SERVICE|status|env|examples" >&2; exit 64 ;;
+  install)
+    shift
+    [ $# -gt 0 ] || { echo "usage: $0 install PKG..." >&2; exit 64; }
+    mkdir -p "$STACK/logs"
+    apt_install "$@"
+    ;;
+  *) echo "usage: $0 up|down|stop SERVICE|status|env|examples|install PKG..." >&2; exit 64 ;;
 esac
