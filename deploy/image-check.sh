@@ -114,7 +114,13 @@ podman_ready() { # loads the layout into the private store; fails with the reaso
   command -v podman >/dev/null || missing+=(podman)
   command -v runc >/dev/null || missing+=(runc)
   if [ ${#missing[@]} -gt 0 ]; then "$here/local-stack.sh" install "${missing[@]}" || return 1; fi
-  "${podman[@]}" pull -q "oci:$OUT/oci:$TAG" >"$CHECK/podman-pull.log" 2>&1 || { tail -n 1 "$CHECK/podman-pull.log" >&2; return 1; }
+  # podman names an image pulled from a layout after its path, and a path with a
+  # component starting with a dot (the stack's `.stack`) or with capitals is not a valid
+  # image name: it is pulled through a link whose path is lowercase and dot-free.
+  local link=/tmp/notify-image-oci-$$
+  ln -sfn "$(cd "$OUT/oci" && pwd)" "$link"
+  "${podman[@]}" pull -q "oci:$link:$TAG" >"$CHECK/podman-pull.log" 2>&1 || { rm -f "$link"; tail -n 1 "$CHECK/podman-pull.log" >&2; return 1; }
+  rm -f "$link"
   image_id=$(tail -n 1 "$CHECK/podman-pull.log")
   "${podman[@]}" run --rm "${podman_flags[@]}" --entrypoint /usr/local/bin/ingest "$image_id" --help >/dev/null 2>"$CHECK/podman-try.log" ||
     { tail -n 1 "$CHECK/podman-try.log" >&2; return 1; }
