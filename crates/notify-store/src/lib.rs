@@ -10,6 +10,8 @@ pub mod clicks;
 pub mod console;
 pub mod deliveries;
 pub mod derived;
+pub mod erasure;
+pub mod export;
 pub mod events;
 pub mod inbox;
 pub mod outbox;
