@@ -8,6 +8,7 @@ mod support;
 mod browser;
 mod callbacks;
 mod cancel;
+mod data_rights;
 mod client_examples;
 mod console;
 mod decisions;
