@@ -387,6 +387,35 @@ async fn redact_events(
     .bind(ERASED)
     .execute(&mut *tx)
     .await?;
+    // The other recipients of an event with listed recipients (at most a key's recipient
+    // limit) got what its payload said: their inbox rows and attempts lose the needles
+    // too. Topic broadcasts are left out (one text for every subscriber, not the user's).
+    sqlx::query(
+        "WITH others AS (
+             SELECT d.id FROM notification_deliveries d
+             JOIN notification_events e ON e.id = d.event_id AND e.topic IS NULL
+             WHERE d.event_id = ANY($1)),
+         inbox AS (
+             UPDATE notifications n
+             SET title = erase_text(n.title, $2), body = erase_text(n.body, $2),
+                 url = erase_text(n.url, $2), data_json = erase_json(n.data_json, $2)
+             FROM others o
+             WHERE n.delivery_id = o.id
+               AND (erase_json(n.data_json, $2) IS DISTINCT FROM n.data_json
+                    OR erase_text(n.title || n.body || coalesce(n.url, ''), $2)
+                       IS DISTINCT FROM n.title || n.body || coalesce(n.url, '')))
+         UPDATE delivery_attempts a
+         SET content_json = erase_json(a.content_json, $2),
+             provider_response = erase_text(a.provider_response, $2)
+         FROM others o
+         WHERE a.delivery_id = o.id
+           AND (erase_json(a.content_json, $2) IS DISTINCT FROM a.content_json
+                OR erase_text(a.provider_response, $2) IS DISTINCT FROM a.provider_response)",
+    )
+    .bind(ids)
+    .bind(needles)
+    .execute(&mut *tx)
+    .await?;
     Ok(())
 }
 
