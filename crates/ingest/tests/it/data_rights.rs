@@ -284,8 +284,10 @@ async fn an_event_racing_an_erasure_is_planned_wholly_before_it_or_finds_nothing
     let (mut before, mut after) = (0, 0);
     for round in 0..15 {
         let (user, name, email, line, token) = full_recipient(&p, "race").await;
+        // Events that do not name the user in their payload: an event sent after the
+        // erasure holds what its caller sent then, which is not the erased data.
         let events = (0..4).map(|i| {
-            let req = naming_event(&p, &format!("race-{round}-{i}-{user}"), &user, &name, &email);
+            let req = p.event(&format!("race-{round}-{i}-{user}"), "account_notice", &[&user]);
             let mut c = p.ingest();
             async move { c.create_event(req).await.unwrap().into_inner() }
         });
