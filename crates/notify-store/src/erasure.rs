@@ -123,12 +123,11 @@ pub async fn erase_recipient(
     .fetch_one(&mut *tx)
     .await?;
     // Contact data as it is now (it may have changed since the needles were read).
-    let contact = sqlx::query(
-        "SELECT email, line_user_id FROM recipients WHERE user_id = $1 FOR UPDATE",
-    )
-    .bind(user_id)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let contact =
+        sqlx::query("SELECT email, line_user_id FROM recipients WHERE user_id = $1 FOR UPDATE")
+            .bind(user_id)
+            .fetch_optional(&mut *tx)
+            .await?;
     out.recipient_found = contact.is_some();
     let (email, line): (Option<String>, Option<String>) = contact
         .map(|r| (r.get("email"), r.get("line_user_id")))
@@ -423,7 +422,12 @@ async fn redact_events(
 /// batch's address, the user out of its `line-multicast:<first user>+n` name, the needles
 /// out of its attempts. Found by a scan of the multicast deliveries (erasure is rare; no
 /// index is kept for it on the write path).
-async fn redact_multicast(db: &PgPool, user_id: &str, line: &str, needles: &[String]) -> Result<()> {
+async fn redact_multicast(
+    db: &PgPool,
+    user_id: &str,
+    line: &str,
+    needles: &[String],
+) -> Result<()> {
     sqlx::query(
         "WITH m AS (
              UPDATE notification_deliveries

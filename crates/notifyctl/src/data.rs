@@ -62,11 +62,9 @@ pub async fn run(grpc_url: &str, command: &str, args: &[String]) -> anyhow::Resu
                 .await
                 .map_err(|s| anyhow::anyhow!("ExportRecipientData: {}: {}", s.code(), s.message()))?
                 .into_inner();
-            while let Some(chunk) = stream
-                .message()
-                .await
-                .map_err(|s| anyhow::anyhow!("ExportRecipientData: {}: {}", s.code(), s.message()))?
-            {
+            while let Some(chunk) = stream.message().await.map_err(|s| {
+                anyhow::anyhow!("ExportRecipientData: {}: {}", s.code(), s.message())
+            })? {
                 out.write_all(&chunk.data)?;
             }
             out.write_all(b"\n")?;

@@ -20,9 +20,8 @@ pub(super) const EXPORT_PAGE: i64 = 200;
 pub(super) const EXPORT_CHUNKS_AHEAD: usize = 4;
 
 /// The stream `ExportRecipientData` answers.
-pub(super) type ExportStream = Pin<
-    Box<dyn futures_util::Stream<Item = Result<pb::ExportRecipientDataChunk, Status>> + Send>,
->;
+pub(super) type ExportStream =
+    Pin<Box<dyn futures_util::Stream<Item = Result<pb::ExportRecipientDataChunk, Status>> + Send>>;
 
 fn user_id_of(user_id: &str) -> Result<(), ApiError> {
     let mut v = Violations::default();
@@ -101,10 +100,9 @@ impl Services {
         r: pb::ExportRecipientDataRequest,
     ) -> Result<ExportStream, ApiError> {
         user_id_of(&r.user_id)?;
-        let (tx, mut rx) =
-            tokio::sync::mpsc::channel::<Result<pb::ExportRecipientDataChunk, Status>>(
-                EXPORT_CHUNKS_AHEAD,
-            );
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<pb::ExportRecipientDataChunk, Status>>(
+            EXPORT_CHUNKS_AHEAD,
+        );
         let pool = self.pool.clone();
         tokio::spawn(async move {
             if let Err(ExportError::Store(e)) = write_export(&pool, &r.user_id, &tx).await {
@@ -150,10 +148,7 @@ async fn write_export(
 ) -> Result<(), ExportError> {
     let mut head = serde_json::Map::new();
     head.insert("user_id".into(), user_id.into());
-    head.insert(
-        "exported_at".into(),
-        chrono::Utc::now().to_rfc3339().into(),
-    );
+    head.insert("exported_at".into(), chrono::Utc::now().to_rfc3339().into());
     for (k, v) in export::head(pool, user_id).await? {
         head.insert(k.into(), v);
     }
