@@ -235,6 +235,9 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
     .unwrap();
     assert_eq!(queued, 0, "the canceled deliveries' outbox rows are gone");
 
+    // The console's counts moved with the cancel: they equal the rows' own.
+    crate::overview::assert_exact(&p.pool, "after the erasure").await;
+
     // The audit row: who, when, the hash; nothing else.
     let audit: Vec<(Vec<u8>, String, bool)> = sqlx::query_as(
         "SELECT user_sha256, erased_by, completed_at IS NOT NULL FROM recipient_erasures",
