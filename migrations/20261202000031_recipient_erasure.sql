@@ -57,3 +57,13 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN length(token) <= 8 THEN repeat('*', length(token))
                 ELSE left(token, 4) || repeat('*', length(token) - 8) || right(token, 4) END
 $$;
+
+-- Erasure deletes the user's push endpoints. With this foreign key, each deleted endpoint
+-- made Postgres scan every delivery for a reference (endpoint_id has no index) while the
+-- erasure holds the planning lock, and an endpoint that moved to the erased user from an
+-- earlier owner would be undeletable. A delivery's endpoint is read only by the claim's
+-- LEFT JOIN, which also requires the endpoint's current user to be the delivery's: a
+-- delivery whose endpoint is gone is skipped at its due time like one whose token moved
+-- to another user (no_push_endpoint). Deliveries are written only by planning, which reads
+-- the active endpoints in its transaction (as for the keys dropped in migration 028).
+ALTER TABLE notification_deliveries DROP CONSTRAINT notification_deliveries_endpoint_id_fkey;
