@@ -362,6 +362,9 @@ async fn redact_batch(
 /// [`ERASED`]; the payload of an event sent to this user alone is replaced by
 /// `{"erased": true}`; other payloads and every content keep their shape with the needles
 /// replaced. Event keys and cancellation keys are the caller's and stay (dedup holds).
+/// The other recipients' inbox rows and attempts of an event with listed recipients (at
+/// most a key's recipient limit) have the needles replaced too; topic broadcasts are left
+/// out.
 async fn redact_events(
     tx: &mut PgConnection,
     user_id: &str,
