@@ -516,6 +516,10 @@ async fn try_write(
             (e.type_key.as_str(), e.recipients.as_slice())
         })
         .collect();
+    // Held until the commit: an erasure happens wholly before or after this plan.
+    if !requests.is_empty() {
+        notify_store::erasure::hold_off_erasure(&mut tx).await?;
+    }
     let facts = catalog::load_recipient_facts_many(&mut tx, &requests).await?;
     let mut planned: HashMap<usize, (Vec<NewDelivery>, Vec<SkippedDelivery>)> = HashMap::new();
     // Fatigue caps count what each user already has scheduled, across this batch too.

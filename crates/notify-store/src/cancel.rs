@@ -240,6 +240,60 @@ async fn cancel_pending(
     Ok((canceled.len() + taken_out.len()) as u64)
 }
 
+/// The cancel of an erasure (`erasure::erase_recipient`): every delivery of `user_id`
+/// still `pending` or `sending` becomes `canceled` ("canceled by erasure"; a provider call
+/// in progress loses its lease, so its record writes nothing), its outbox rows go, and its
+/// `delivery.cancelled` webhook messages are written, as [`cancel`] does. A pending LINE
+/// multicast batch naming `line_user_id` loses that id (and is canceled when nobody is
+/// left). Call it in the erasure's transaction. Returns how many deliveries it canceled.
+pub(crate) async fn cancel_for_erasure(
+    db: &mut sqlx::PgConnection,
+    user_id: &str,
+    line_user_id: Option<&str>,
+) -> Result<u64> {
+    let emptied: Vec<Uuid> = match line_user_id {
+        Some(line) => {
+            sqlx::query_scalar::<_, Option<Uuid>>(
+                "UPDATE notification_deliveries d
+                 SET address = array_to_string(array_remove(string_to_array(d.address, ','), $1), ','),
+                     decision = d.decision || E'\n' || 'erasure: a recipient taken out of the batch',
+                     updated_at = now()
+                 WHERE d.status = 'pending' AND d.provider = 'line_multicast'
+                   AND $1 = ANY(string_to_array(d.address, ','))
+                 RETURNING CASE WHEN coalesce(d.address, '') = '' THEN d.id END",
+            )
+            .bind(line)
+            .fetch_all(&mut *db)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect()
+        }
+        None => Vec::new(),
+    };
+    let canceled: Vec<Uuid> = sqlx::query_scalar(
+        "WITH c AS (
+             UPDATE notification_deliveries
+             SET status = 'canceled', last_error = 'canceled by erasure', lease_token = NULL,
+                 lease_expires_at = NULL, updated_at = now(), state_version = state_version + 1
+             WHERE (user_id = $1 AND status IN ('pending', 'sending'))
+                OR (id = ANY($2) AND status = 'pending')
+             RETURNING id),
+         gone AS (DELETE FROM outbox o USING c WHERE o.delivery_id = c.id)
+         SELECT id FROM c",
+    )
+    .bind(user_id)
+    .bind(&emptied)
+    .fetch_all(&mut *db)
+    .await?;
+    let typed: Vec<(Uuid, crate::webhooks::EventType)> = canceled
+        .iter()
+        .map(|id| (*id, crate::webhooks::EventType::DeliveryCancelled))
+        .collect();
+    crate::webhooks::enqueue_for_deliveries(db, &typed).await?;
+    Ok(canceled.len() as u64)
+}
+
 /// The deliveries of `ids` (of `recipients` only, when not empty) counted by state, and
 /// the topic subscribers never planned because of a cancel, as [`cancel`] answers them
 /// (`event_ids` and `newly_canceled` left empty). For pages that show a canceled event.

@@ -3,6 +3,8 @@
 //! `notifyctl chaos` runs the crash and outage test (see the library docs).
 //! `notifyctl keys create|list|revoke` manages the API keys of calling services (see
 //! [`notifyctl::keys`]); every gRPC call this tool makes sends `NOTIFY_API_KEY`.
+//! `notifyctl erase-recipient USER_ID` and `notifyctl export-recipient USER_ID [--out FILE]`
+//! call `EraseRecipient` and `ExportRecipientData` (see [`notifyctl::data`]).
 //! `notifyctl demo` runs the demo scenario against a running ingest and workers and exits
 //! 0 only when every recipient x channel ended as expected. Environment:
 //! `NOTIFY_GRPC_URL` (http://127.0.0.1:50051), `NOTIFY_DATABASE_URL`, `NOTIFY_MAILDEV_URL`,
@@ -143,9 +145,29 @@ async fn main() -> ExitCode {
                 }
             }
         }
+        Some(command @ ("erase-recipient" | "export-recipient")) => {
+            let args: Vec<String> = std::env::args().skip(2).collect();
+            if args
+                .iter()
+                .any(|a| matches!(a.as_str(), "-h" | "--help" | "help"))
+            {
+                println!("{}", notifyctl::data::USAGE);
+                return ExitCode::SUCCESS;
+            }
+            let mut env = notify_telemetry::env();
+            let grpc_url = env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051");
+            let grpc_url = notify_telemetry::config_or_exit("notifyctl", env, Ok(grpc_url));
+            match notifyctl::data::run(&grpc_url, command, &args).await {
+                Ok(code) => ExitCode::from(code),
+                Err(e) => {
+                    eprintln!("notifyctl {command}: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         _ => {
             eprintln!(
-                "usage: notifyctl demo | notifyctl chaos | notifyctl bench | notifyctl keys (create NAME --types PATTERNS [--manage] [--rate N] [--max-recipients N] | list | revoke NAME)"
+                "usage: notifyctl demo | notifyctl chaos | notifyctl bench | notifyctl erase-recipient USER_ID | notifyctl export-recipient USER_ID [--out FILE] | notifyctl keys (create NAME --types PATTERNS [--manage] [--rate N] [--max-recipients N] | list | revoke NAME)"
             );
             ExitCode::from(64)
         }

@@ -420,6 +420,16 @@ impl pb::ingest_service_server::IngestService for Services {
         .await
     }
 
+    async fn list_events(
+        &self,
+        req: Request<pb::ListEventsRequest>,
+    ) -> Result<Response<pb::ListEventsResponse>, Status> {
+        self.call(req, Need::Read, |caller, r| {
+            Services::list_events(self, caller, r)
+        })
+        .await
+    }
+
     async fn explain_delivery(
         &self,
         req: Request<pb::ExplainDeliveryRequest>,

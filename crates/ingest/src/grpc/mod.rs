@@ -1,5 +1,5 @@
-//! The gRPC services, one per file: `IngestService` (`ingest.rs`), `RecipientService`
-//! (`recipients.rs`), `TypeService` (`types.rs`), `TopicService` (`topics.rs`) and `WebhookService`
+//! The gRPC services, one per file: `IngestService` (`ingest.rs`, `ListEvents` in `list.rs`), `RecipientService`
+//! (`recipients.rs`, its data rights in `data.rs`), `TypeService` (`types.rs`), `TopicService` (`topics.rs`) and `WebhookService`
 //! (`webhooks.rs`), all
 //! implemented on [`Services`]. Every method goes through `Services::call`, which
 //! authenticates the caller before anything else.
@@ -8,7 +8,9 @@
 //! module imports from it.
 
 mod cancel;
+mod data;
 mod ingest;
+mod list;
 mod recipients;
 mod topics;
 mod types;

@@ -1,5 +1,6 @@
-//! `RecipientService`: recipients, their endpoints, preferences and quiet hours. Every
-//! method needs a key that may manage.
+//! `RecipientService`: recipients, their endpoints, preferences and quiet hours (the data
+//! rights, `GetRecipient`, `EraseRecipient` and `ExportRecipientData`, are in `data.rs`).
+//! Every method needs a key that may manage.
 
 use super::Services;
 use crate::auth::Need;
@@ -225,6 +226,36 @@ impl Services {
 
 #[tonic::async_trait]
 impl pb::recipient_service_server::RecipientService for Services {
+    type ExportRecipientDataStream = super::data::ExportStream;
+
+    async fn get_recipient(
+        &self,
+        req: Request<pb::GetRecipientRequest>,
+    ) -> Result<Response<pb::GetRecipientResponse>, Status> {
+        self.call(req, Need::Manage, |_, r| Services::get_recipient(self, r))
+            .await
+    }
+
+    async fn erase_recipient(
+        &self,
+        req: Request<pb::EraseRecipientRequest>,
+    ) -> Result<Response<pb::EraseRecipientResponse>, Status> {
+        self.call(req, Need::Manage, |caller, r| {
+            Services::erase_recipient(self, caller, r)
+        })
+        .await
+    }
+
+    async fn export_recipient_data(
+        &self,
+        req: Request<pb::ExportRecipientDataRequest>,
+    ) -> Result<Response<Self::ExportRecipientDataStream>, Status> {
+        self.call(req, Need::Manage, |_, r| {
+            Services::export_recipient_data(self, r)
+        })
+        .await
+    }
+
     async fn upsert_recipient(
         &self,
         req: Request<pb::UpsertRecipientRequest>,

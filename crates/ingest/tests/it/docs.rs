@@ -129,3 +129,26 @@ fn every_invariant_is_numbered_in_order_named_and_shown_by_tests_that_exist() {
         "invariants name tests that do not exist: {missing:#?}"
     );
 }
+
+#[test]
+fn docs_data_names_every_table_the_migrations_create() {
+    let data = std::fs::read_to_string(repo().join("docs/data.md")).expect("docs/data.md");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(repo().join("migrations")).expect("migrations") {
+        let sql = std::fs::read_to_string(entry.expect("entry").path()).expect("a migration");
+        for rest in sql.split("CREATE TABLE ").skip(1) {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !data.contains(&format!("`{name}`")) {
+                missing.push(name);
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/data.md says nothing of {missing:?}"
+    );
+    assert!(data.contains("\n## Retention\n"), "the retention heading");
+}

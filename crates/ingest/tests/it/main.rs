@@ -10,6 +10,7 @@ mod callbacks;
 mod cancel;
 mod client_examples;
 mod console;
+mod data_rights;
 mod decisions;
 mod docs;
 mod due_time;

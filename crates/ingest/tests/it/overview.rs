@@ -94,7 +94,7 @@ async fn assert_exact_live(db: &PgPool, when: &str) {
 }
 
 /// The overview equals the rows' own counts (rates to 1e-9).
-async fn assert_exact(db: &PgPool, when: &str) {
+pub(crate) async fn assert_exact(db: &PgPool, when: &str) {
     let want = counted(db).await;
     let got = shown(db).await;
     assert_same(&got, &want, when);

@@ -72,6 +72,9 @@ pub struct RecipientFacts {
     pub user_id: String,
     /// Whether a `recipients` row exists.
     pub exists: bool,
+    /// The user id was erased (`EraseRecipient`) and not registered again: nothing is
+    /// planned for it, in-app included.
+    pub erased: bool,
     /// Email address, if any.
     pub email: Option<String>,
     /// LINE user id, if any.
@@ -323,7 +326,11 @@ pub fn plan(
                 Some(t) => Some(t.max(now)),
                 None => scheduled.then_some(now),
             };
-            if channel != Channel::InApp && !r.exists {
+            if !r.exists && (channel != Channel::InApp || r.erased) {
+                let mut decision = decision.clone();
+                if r.erased {
+                    decision.push_str("\nrecipient: erased, not registered again");
+                }
                 skipped.push(skip(SkipReason::RecipientNotFound, &decision));
                 continue;
             }

@@ -8,7 +8,9 @@ use std::collections::HashMap;
 
 /// Loads what the planner needs for `user_ids` (in that order) and type `type_key`:
 /// contact data, active push endpoints (oldest first) and preferences. Three queries,
-/// whatever the number of recipients.
+/// whatever the number of recipients (a fourth, by hash in `recipient_erasures`, for
+/// users without a recipients row). A planning transaction calls
+/// [`crate::erasure::hold_off_erasure`] first.
 pub async fn load_recipient_facts(
     db: &mut sqlx::PgConnection,
     type_key: &str,
@@ -48,6 +50,7 @@ pub async fn load_recipient_facts_many(
         timezone: Option<chrono_tz::Tz>,
         quiet_hours: Vec<notify_core::quiet::QuietWindow>,
         exists: bool,
+        erased: bool,
         push_endpoints: Vec<(uuid::Uuid, String)>,
         // (type or "*", channel) -> enabled
         // channel None = '*' (the type on every channel)
@@ -89,6 +92,31 @@ pub async fn load_recipient_facts_many(
             .get::<Option<serde_json::Value>, _>("quiet_hours_json")
             .and_then(|v| serde_json::from_value(v).ok())
             .unwrap_or_default();
+    }
+
+    // Users without a recipients row: erased ones (recipient_erasures by the id's
+    // SHA-256) get nothing at all. No query when every user is known.
+    let unknown: Vec<&str> = users
+        .iter()
+        .copied()
+        .filter(|u| !known.contains_key(*u))
+        .collect();
+    if !unknown.is_empty() {
+        let hashes: Vec<Vec<u8>> = unknown
+            .iter()
+            .map(|u| crate::erasure::user_sha256(u).to_vec())
+            .collect();
+        let erased: Vec<Vec<u8>> = sqlx::query_scalar(
+            "SELECT DISTINCT user_sha256 FROM recipient_erasures WHERE user_sha256 = ANY($1)",
+        )
+        .bind(&hashes)
+        .fetch_all(&mut *db)
+        .await?;
+        for (u, h) in unknown.iter().zip(&hashes) {
+            if erased.contains(h) {
+                known.entry((*u).to_string()).or_default().erased = true;
+            }
+        }
     }
 
     // Email suppressions (bounces, complaints, the console) by user or by address.
@@ -167,6 +195,7 @@ pub async fn load_recipient_facts_many(
                     };
                     if let Some(k) = known.get(u) {
                         f.exists = k.exists;
+                        f.erased = k.erased;
                         f.email = k.email.clone();
                         f.line_user_id = k.line_user_id.clone();
                         f.line_unfollowed = k.line_unfollowed;

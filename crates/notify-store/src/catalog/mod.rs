@@ -13,9 +13,9 @@ mod recipients;
 
 pub use facts::{distinct_users, load_recipient_facts, load_recipient_facts_many};
 pub use recipients::{
-    Recipient, UserPreferences, deactivate_endpoint, get_preferences, mark_email_undeliverable,
-    record_line_follow, register_endpoint, revoke_endpoint, set_preference, set_quiet_hours,
-    upsert_recipient,
+    MaskedEndpoint, Recipient, RecipientView, UserPreferences, deactivate_endpoint,
+    get_preferences, get_recipient, mark_email_undeliverable, record_line_follow,
+    register_endpoint, revoke_endpoint, set_preference, set_quiet_hours, upsert_recipient,
 };
 
 /// A notification type as stored.

@@ -249,3 +249,84 @@ pub async fn get_preferences(db: &sqlx::PgPool, user_id: &str) -> Result<Option<
         timezone,
     }))
 }
+
+/// A push endpoint as `GetRecipient` shows it: the token masked (SQL `mask_token`: the
+/// first 4 and last 4 characters kept).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MaskedEndpoint {
+    /// Endpoint id.
+    pub id: Uuid,
+    /// `fcm`, `apns` or `webpush`.
+    pub platform: String,
+    /// The token (the push service URL for Web Push), masked.
+    pub token_masked: String,
+    /// `active` or `revoked`.
+    pub status: String,
+    /// Why it was revoked.
+    pub revoked_reason: Option<String>,
+    /// When it was (last) registered.
+    pub registered_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// A recipient's row as `GetRecipient` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecipientView {
+    /// Contact data.
+    pub recipient: Recipient,
+    /// Set by a hard bounce (cleared when the address changes).
+    pub email_undeliverable_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Created.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// Last changed.
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+    /// Every endpoint, revoked ones included, oldest first.
+    pub endpoints: Vec<MaskedEndpoint>,
+}
+
+/// The recipient `user_id` with its endpoints (tokens masked); `None` when there is no
+/// recipients row.
+pub async fn get_recipient(db: &sqlx::PgPool, user_id: &str) -> Result<Option<RecipientView>> {
+    let Some(r) = sqlx::query(
+        "SELECT user_id, display_name, email, line_user_id, locale, timezone,
+                email_undeliverable_at, created_at, updated_at
+         FROM recipients WHERE user_id = $1",
+    )
+    .bind(user_id)
+    .fetch_optional(db)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let endpoints = sqlx::query(
+        "SELECT id, platform, mask_token(token) AS token_masked, status, revoked_reason,
+                registered_at
+         FROM notification_endpoints WHERE user_id = $1 ORDER BY registered_at, id",
+    )
+    .bind(user_id)
+    .fetch_all(db)
+    .await?
+    .into_iter()
+    .map(|e| MaskedEndpoint {
+        id: e.get("id"),
+        platform: e.get("platform"),
+        token_masked: e.get("token_masked"),
+        status: e.get("status"),
+        revoked_reason: e.get("revoked_reason"),
+        registered_at: e.get("registered_at"),
+    })
+    .collect();
+    Ok(Some(RecipientView {
+        recipient: Recipient {
+            user_id: r.get("user_id"),
+            display_name: r.get("display_name"),
+            email: r.get("email"),
+            line_user_id: r.get("line_user_id"),
+            locale: r.get("locale"),
+            timezone: r.get("timezone"),
+        },
+        email_undeliverable_at: r.get("email_undeliverable_at"),
+        created_at: r.get("created_at"),
+        updated_at: r.get("updated_at"),
+        endpoints,
+    }))
+}

@@ -1,5 +1,5 @@
 //! Events and their deliveries: the ingest transaction's writes (`write.rs`), the read
-//! side of `GetEvent` (`read.rs`), topic fan-out (`fanout.rs`) and what planning reads and
+//! side of `GetEvent` (`read.rs`), `ListEvents` (`list.rs`), topic fan-out (`fanout.rs`) and what planning reads and
 //! locks in its transaction (`planning.rs`). Everything is re-exported here: callers use
 //! `notify_store::events::*`.
 
@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use notify_core::NewEvent;
 
 mod fanout;
+mod list;
 mod planning;
 mod read;
 mod write;
@@ -15,6 +16,7 @@ mod write;
 pub use fanout::{
     FanoutJob, advance_fanout, canceled_recipients, claim_fanout, lock_for_page, subscribers_page,
 };
+pub use list::{EventFilter, EventSummary, list_events};
 pub use planning::{attach_digest_items, counted_toward_caps, digest_items_of};
 pub use read::{
     AttemptRow, DeliveryRecord, EventRecord, EventSelector, SkipRecord, attempts_of, deliveries_of,
