@@ -13,6 +13,7 @@ pub mod derived;
 pub mod events;
 pub mod inbox;
 pub mod outbox;
+pub mod retention;
 mod row;
 pub mod topics;
 pub mod webhooks;
