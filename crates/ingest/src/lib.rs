@@ -605,8 +605,7 @@ async fn purge(pool: PgPool, cfg: RetentionConfig, shutdown: CancellationToken) 
             }
         };
         let started = std::time::Instant::now();
-        match notify_store::retention::purge(&pool, &cfg.lengths, cfg.limits, now, &shutdown)
-            .await
+        match notify_store::retention::purge(&pool, &cfg.lengths, cfg.limits, now, &shutdown).await
         {
             Ok(None) => {}
             Ok(Some(p)) if p.is_nothing() => {}
