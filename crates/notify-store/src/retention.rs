@@ -249,7 +249,9 @@ async fn purge_locked(
     }
 
     // 2. Deliveries and events, type by type, walking the type's events in id order.
-    let event_batch = (batch / 4).max(1);
+    // Events have a few deliveries each (a broadcast has more: its deliveries still go
+    // `batch` at a time).
+    let event_batch = (batch / 2).max(1);
     for (key, r) in &types {
         let cutoff = before(now, r.deliveries);
         let mut after = Uuid::nil();

@@ -10,3 +10,4 @@ pub mod keys;
 pub mod observe;
 pub mod procs;
 pub mod receivers;
+pub mod retention_soak;
