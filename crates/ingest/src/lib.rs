@@ -1,6 +1,6 @@
 //! The ingest service: the gRPC API (events, recipients, types, health, reflection), the
-//! outbox relay, the lease sweeper and the console counts' rollup, in one process that
-//! may run as many replicas.
+//! outbox relay, the lease sweeper, the console counts' rollup and the retention purge, in
+//! one process that may run as many replicas.
 //! `main.rs` only reads configuration and calls [`run`]; tests call [`run`] in-process.
 
 pub mod auth;
@@ -312,7 +312,7 @@ impl IngestConfig {
 }
 
 /// Serves the gRPC API on `listener` and runs the relay, the sweeper, the console counts'
-/// rollup and the metrics sampler until `shutdown` is cancelled. Then it drains: the health service reports
+/// rollup, the retention purge and the metrics sampler until `shutdown` is cancelled. Then it drains: the health service reports
 /// NOT_SERVING for every service (and `/readyz` 503) for `cfg.drain` while requests are
 /// still served; after that it stops accepting, finishes in-flight requests and stops the
 /// tasks. The admin endpoint listens on `NOTIFY_ADMIN_ADDR` when set.

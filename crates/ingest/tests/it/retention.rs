@@ -223,6 +223,27 @@ async fn a_types_own_retention_beats_the_global_one() {
             || e.message().contains("content_retention_seconds"),
         "{e:?}"
     );
+
+    // The type file takes the same fields.
+    let filed = uniq("filed");
+    let file = serde_json::json!({"version": 1, "types": [{
+        "key": filed, "default_channels": ["inapp"],
+        "content_retention_seconds": 30, "delivery_retention_seconds": 120}]});
+    ingest::types_file::load(&p.pool, &file.to_string())
+        .await
+        .expect("type file");
+    let stored = notify_store::catalog::get_type(&p.pool, &filed)
+        .await
+        .unwrap()
+        .expect("the filed type");
+    assert_eq!(
+        stored.retention,
+        notify_store::retention::TypeRetention {
+            content_s: Some(30),
+            deliveries_s: Some(120),
+            archived_inbox_s: None,
+        }
+    );
     p.stop().await;
 }
 
