@@ -387,6 +387,8 @@ async fn clear_content_batch(
     .bind(cutoff)
     .fetch_all(&mut *tx)
     .await?;
+    let content: std::collections::HashMap<&str, Duration> =
+        types.iter().map(|(k, r)| (k.as_str(), r.content)).collect();
     let mut clear = Vec::new();
     let mut passed = cursor;
     let mut scanned = 0u64;
@@ -398,7 +400,7 @@ async fn clear_content_batch(
         passed = r.get("id");
         let ty: Option<String> = r.get("type");
         let length = ty
-            .and_then(|t| types.iter().find(|(k, _)| *k == t).map(|(_, r)| r.content))
+            .and_then(|t| content.get(t.as_str()).copied())
             .unwrap_or(global.content);
         if r.get::<bool, _>("kept") && length.as_secs() == length_s {
             clear.push(r.get::<i64, _>("id"));
