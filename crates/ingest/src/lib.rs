@@ -1,6 +1,6 @@
 //! The ingest service: the gRPC API (events, recipients, types, health, reflection), the
-//! outbox relay, the lease sweeper and the console counts' rollup, in one process that
-//! may run as many replicas.
+//! outbox relay, the lease sweeper, the console counts' rollup and the retention purge, in
+//! one process that may run as many replicas.
 //! `main.rs` only reads configuration and calls [`run`]; tests call [`run`] in-process.
 
 pub mod auth;
@@ -67,6 +67,82 @@ pub struct IngestConfig {
     /// Furthest ahead of the planning instant a `CreateEvent` may be scheduled
     /// (`send_at`, `delay`): `NOTIFY_SCHEDULE_HORIZON`, 1 s to 366 days, default 30 days.
     pub schedule_horizon: Duration,
+    /// What old data goes and when, and how the purge task goes about it.
+    pub retention: RetentionConfig,
+}
+
+/// The retention purge task's settings ([`notify_store::retention`]).
+#[derive(Debug, Clone)]
+pub struct RetentionConfig {
+    /// The global lengths (`NOTIFY_RETENTION_CONTENT`, `NOTIFY_RETENTION_DELIVERIES`,
+    /// `NOTIFY_RETENTION_ARCHIVED_INBOX`); a type's own lengths override them.
+    pub lengths: notify_store::retention::Retention,
+    /// Time between the end of one purge pass and the start of the next
+    /// (`NOTIFY_RETENTION_INTERVAL`, 1 s to 1 day, default 5 min).
+    pub interval: Duration,
+    /// Rows per statement (`NOTIFY_RETENTION_BATCH`, 100 to 5,000, default 1,000) and the
+    /// pause after each batch (`NOTIFY_RETENTION_PAUSE`, 0 to 10 s, default 20 ms).
+    pub limits: notify_store::retention::PurgeLimits,
+    /// The instant a pass measures ages from: the database's `now()` in production; a
+    /// test sets it (this clock is the purge's own, not the planning clock).
+    pub clock: clock::Clock,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            lengths: Default::default(),
+            interval: Duration::from_secs(300),
+            limits: Default::default(),
+            clock: clock::Clock::Database,
+        }
+    }
+}
+
+impl RetentionConfig {
+    /// Reads the `NOTIFY_RETENTION_*` variables (see the fields); every length is 1 s to
+    /// 366 days (`30d`, `180d`, `90d` by default; `90s` in a test of minutes).
+    pub fn from_env(env: &mut notify_core::config::Env) -> Self {
+        let d = Self::default();
+        let length = |env: &mut notify_core::config::Env, name: &str, default: Duration| {
+            env.parse_with(name, default, |s| {
+                notify_core::retry::parse_duration_in(
+                    s,
+                    Duration::from_secs(1),
+                    notify_core::retry::MAX_DURATION,
+                )
+            })
+        };
+        Self {
+            lengths: notify_store::retention::Retention {
+                content: length(env, "NOTIFY_RETENTION_CONTENT", d.lengths.content),
+                deliveries: length(env, "NOTIFY_RETENTION_DELIVERIES", d.lengths.deliveries),
+                archived_inbox: length(
+                    env,
+                    "NOTIFY_RETENTION_ARCHIVED_INBOX",
+                    d.lengths.archived_inbox,
+                ),
+            },
+            interval: env.parse_with("NOTIFY_RETENTION_INTERVAL", d.interval, |s| {
+                notify_core::retry::parse_duration_in(
+                    s,
+                    Duration::from_secs(1),
+                    Duration::from_secs(86_400),
+                )
+            }),
+            limits: notify_store::retention::PurgeLimits {
+                batch: env.number("NOTIFY_RETENTION_BATCH", d.limits.batch, 100, 5_000),
+                pause: env.parse_with("NOTIFY_RETENTION_PAUSE", d.limits.pause, |s| {
+                    notify_core::retry::parse_duration_in(
+                        s,
+                        Duration::ZERO,
+                        Duration::from_secs(10),
+                    )
+                }),
+            },
+            clock: clock::Clock::Database,
+        }
+    }
 }
 
 /// PEM files for the gRPC listener's TLS.
@@ -138,7 +214,8 @@ impl IngestConfig {
     /// `NOTIFY_METRICS_INTERVAL` (15s), `NOTIFY_GRPC_AUTH` (`api_key`), the TLS files (see
     /// [`TlsFiles::from_env`]), `NOTIFY_DEV_HTTP_HOSTS` and
     /// `NOTIFY_DEEP_LINK_SCHEMES` (empty; [`notify_core::links::LinkPolicy::from_env`]), `NOTIFY_GRPC_MAX_MESSAGE_BYTES`
-    /// (1 MiB), `NOTIFY_SCHEDULE_HORIZON` (30d; 1 s to 366 days).
+    /// (1 MiB), `NOTIFY_SCHEDULE_HORIZON` (30d; 1 s to 366 days), the `NOTIFY_RETENTION_*`
+    /// variables ([`RetentionConfig::from_env`]).
     ///
     /// # Errors
     /// [`Missing`](notify_core::config::Missing) without `NOTIFY_AMQP_URL`; every problem
@@ -216,6 +293,7 @@ impl IngestConfig {
                     )
                 },
             ),
+            retention: RetentionConfig::from_env(env),
             relay: relay::RelayConfig {
                 topology: Topology::new(env.string("NOTIFY_AMQP_PREFIX", "")),
                 batch: env.number("NOTIFY_RELAY_BATCH", 500, 1, 10_000),
@@ -234,7 +312,7 @@ impl IngestConfig {
 }
 
 /// Serves the gRPC API on `listener` and runs the relay, the sweeper, the console counts'
-/// rollup and the metrics sampler until `shutdown` is cancelled. Then it drains: the health service reports
+/// rollup, the retention purge and the metrics sampler until `shutdown` is cancelled. Then it drains: the health service reports
 /// NOT_SERVING for every service (and `/readyz` 503) for `cfg.drain` while requests are
 /// still served; after that it stops accepting, finishes in-flight requests and stops the
 /// tasks. The admin endpoint listens on `NOTIFY_ADMIN_ADDR` when set.
@@ -287,6 +365,7 @@ pub async fn run(
         cfg.counts_rollup_interval,
         stop.clone(),
     ));
+    let retention_task = tokio::spawn(purge(pool.clone(), cfg.retention.clone(), stop.clone()));
     let fanout_task = tokio::spawn(fanout::run(
         pool.clone(),
         cfg.max_attempts,
@@ -408,6 +487,7 @@ pub async fn run(
     let _ = relay_task.await;
     let _ = sweeper_task.await;
     let _ = counts_task.await;
+    let _ = retention_task.await;
     let _ = fanout_task.await;
     Ok(())
 }
@@ -500,6 +580,47 @@ async fn roll_up_counts(pool: PgPool, interval: Duration, shutdown: Cancellation
                     break;
                 }
             }
+        }
+    }
+}
+
+/// The retention purge: a pass every `cfg.interval` (after the last one ended), at the
+/// instant of `cfg.clock`. Any number of ingest replicas may run it: one pass runs at a
+/// time, the others skip their turn ([`notify_store::retention::purge`]).
+async fn purge(pool: PgPool, cfg: RetentionConfig, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(cfg.interval) => {}
+        }
+        let now = match pool.acquire().await {
+            Ok(mut conn) => cfg.clock.now(&mut conn).await,
+            Err(e) => Err(e.into()),
+        };
+        let now = match now {
+            Ok(now) => now,
+            Err(e) => {
+                warn!(error = %e, "retention purge could not read the clock");
+                continue;
+            }
+        };
+        let started = std::time::Instant::now();
+        match notify_store::retention::purge(&pool, &cfg.lengths, cfg.limits, now, &shutdown).await
+        {
+            Ok(None) => {}
+            Ok(Some(p)) if p.is_nothing() => {}
+            Ok(Some(p)) => info!(
+                deliveries = p.deliveries,
+                attempts = p.attempts,
+                attempts_cleared = p.attempts_cleared,
+                events = p.events,
+                inbox = p.inbox,
+                batches = p.batches,
+                batches_skipped = p.batches_skipped,
+                took_ms = started.elapsed().as_millis() as u64,
+                "retention purge"
+            ),
+            Err(e) => warn!(error = %e, "retention purge failed"),
         }
     }
 }

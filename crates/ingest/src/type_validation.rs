@@ -86,6 +86,30 @@ pub fn validate_type(
         v.add("dedup_window_seconds", "must be at most 31 days (2678400)");
     }
     let derivation = derivation(&mut v, &r.fallback_channels, &r.escalations);
+    let mut retention_s = |field: &str, s: u32| -> Option<i32> {
+        match s {
+            0 => None,
+            s if u64::from(s) > notify_core::retry::MAX_DURATION.as_secs() => {
+                v.add(
+                    field,
+                    format!(
+                        "must be 0 (the global setting) or 1 to {} seconds (366 days)",
+                        notify_core::retry::MAX_DURATION.as_secs()
+                    ),
+                );
+                None
+            }
+            s => i32::try_from(s).ok(),
+        }
+    };
+    let retention = notify_store::retention::TypeRetention {
+        content_s: retention_s("content_retention_seconds", r.content_retention_seconds),
+        deliveries_s: retention_s("delivery_retention_seconds", r.delivery_retention_seconds),
+        archived_inbox_s: retention_s(
+            "archived_inbox_retention_seconds",
+            r.archived_inbox_retention_seconds,
+        ),
+    };
     if r.templates.len() > 100 {
         v.add("templates", "at most 100 templates per type");
     }
@@ -170,6 +194,7 @@ pub fn validate_type(
         digest_window_s: r.digest_window_seconds as i32,
         sensitive_data,
         derivation,
+        retention,
     })?;
     Ok((t, templates))
 }

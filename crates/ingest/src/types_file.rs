@@ -61,6 +61,12 @@ pub struct TypeSpec {
     #[serde(default)]
     escalations: Vec<EscalationSpec>,
     #[serde(default)]
+    content_retention_seconds: u32,
+    #[serde(default)]
+    delivery_retention_seconds: u32,
+    #[serde(default)]
+    archived_inbox_retention_seconds: u32,
+    #[serde(default)]
     templates: Vec<notify_core::template::Template>,
 }
 
@@ -167,6 +173,9 @@ pub async fn load(pool: &PgPool, text: &str) -> Result<Loaded, LoadError> {
                     after_seconds: e.after_seconds,
                 })
                 .collect(),
+            content_retention_seconds: spec.content_retention_seconds,
+            delivery_retention_seconds: spec.delivery_retention_seconds,
+            archived_inbox_retention_seconds: spec.archived_inbox_retention_seconds,
             templates: spec
                 .templates
                 .into_iter()

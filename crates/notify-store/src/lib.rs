@@ -15,6 +15,7 @@ pub mod events;
 pub mod export;
 pub mod inbox;
 pub mod outbox;
+pub mod retention;
 mod row;
 pub mod topics;
 pub mod webhooks;

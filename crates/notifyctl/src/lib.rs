@@ -12,3 +12,4 @@ pub mod keys;
 pub mod observe;
 pub mod procs;
 pub mod receivers;
+pub mod retention_soak;

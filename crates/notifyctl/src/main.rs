@@ -5,6 +5,8 @@
 //! [`notifyctl::keys`]); every gRPC call this tool makes sends `NOTIFY_API_KEY`.
 //! `notifyctl erase-recipient USER_ID` and `notifyctl export-recipient USER_ID [--out FILE]`
 //! call `EraseRecipient` and `ExportRecipientData` (see [`notifyctl::data`]).
+//! `notifyctl retention-soak` runs the retention soak by hand (see
+//! [`notifyctl::retention_soak`] and bench/retention/README.md).
 //! `notifyctl demo` runs the demo scenario against a running ingest and workers and exits
 //! 0 only when every recipient x channel ended as expected. Environment:
 //! `NOTIFY_GRPC_URL` (http://127.0.0.1:50051), `NOTIFY_DATABASE_URL`, `NOTIFY_MAILDEV_URL`,
@@ -122,6 +124,12 @@ async fn main() -> ExitCode {
             let cfg = notify_telemetry::config_or_exit("notifyctl", env, cfg);
             exit_code("bench", notifyctl::bench::run(&cfg).await.map(|()| true))
         }
+        Some("retention-soak") => {
+            let mut env = notify_telemetry::env();
+            let cfg = notifyctl::retention_soak::SoakConfig::from_env(&mut env);
+            let cfg = notify_telemetry::config_or_exit("notifyctl", env, cfg);
+            exit_code("retention-soak", notifyctl::retention_soak::run(&cfg).await)
+        }
         Some("keys") => {
             if std::env::args()
                 .skip(2)
@@ -167,7 +175,7 @@ async fn main() -> ExitCode {
         }
         _ => {
             eprintln!(
-                "usage: notifyctl demo | notifyctl chaos | notifyctl bench | notifyctl erase-recipient USER_ID | notifyctl export-recipient USER_ID [--out FILE] | notifyctl keys (create NAME --types PATTERNS [--manage] [--rate N] [--max-recipients N] | list | revoke NAME)"
+                "usage: notifyctl demo | notifyctl chaos | notifyctl bench | notifyctl retention-soak | notifyctl erase-recipient USER_ID | notifyctl export-recipient USER_ID [--out FILE] | notifyctl keys (create NAME --types PATTERNS [--manage] [--rate N] [--max-recipients N] | list | revoke NAME)"
             );
             ExitCode::from(64)
         }

@@ -29,6 +29,7 @@ mod push;
 mod push_rich;
 mod recovery;
 mod reference_receivers;
+mod retention;
 mod rich;
 mod rich_edges;
 mod scheduled;

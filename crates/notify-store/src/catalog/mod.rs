@@ -45,6 +45,8 @@ pub struct NotificationType {
     pub digest_window_s: i32,
     /// Fallbacks and escalations (`fallback_channels`, `escalations`).
     pub derivation: notify_core::plan::Derivation,
+    /// Its own retention lengths, overriding the global ones ([`crate::retention`]).
+    pub retention: crate::retention::TypeRetention,
 }
 
 /// Creates or replaces a type together with its templates (replacing any saved before).
@@ -156,8 +158,8 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
         "INSERT INTO notification_types
              (key, priority, default_channels, critical, category, default_locale, sample_payload,
               dedup_window_s, over_cap, digest_window_s, sensitive_data, fallback_channels,
-              escalations)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+              escalations, content_retention_s, delivery_retention_s, archived_inbox_retention_s)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
          ON CONFLICT (key) DO UPDATE SET priority = EXCLUDED.priority,
              default_channels = EXCLUDED.default_channels, critical = EXCLUDED.critical,
              category = EXCLUDED.category, default_locale = EXCLUDED.default_locale,
@@ -165,6 +167,9 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
              over_cap = EXCLUDED.over_cap, digest_window_s = EXCLUDED.digest_window_s,
              sensitive_data = EXCLUDED.sensitive_data,
              fallback_channels = EXCLUDED.fallback_channels, escalations = EXCLUDED.escalations,
+             content_retention_s = EXCLUDED.content_retention_s,
+             delivery_retention_s = EXCLUDED.delivery_retention_s,
+             archived_inbox_retention_s = EXCLUDED.archived_inbox_retention_s,
              updated_at = now()
          RETURNING (xmax = 0) AS created",
     )
@@ -187,6 +192,9 @@ pub async fn upsert_type(db: impl PgExecutor<'_>, t: &NotificationType) -> Resul
             .collect::<Vec<_>>(),
     )
     .bind(serde_json::to_value(&t.derivation.escalations).unwrap_or_default())
+    .bind(t.retention.content_s)
+    .bind(t.retention.deliveries_s)
+    .bind(t.retention.archived_inbox_s)
     .fetch_one(db)
     .await?;
     Ok(row.get("created"))
@@ -202,7 +210,7 @@ pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<Not
     let rows = sqlx::query(
         "SELECT key, priority, default_channels, critical, category, default_locale, sample_payload,
                 dedup_window_s, over_cap, digest_window_s, sensitive_data, fallback_channels,
-                escalations
+                escalations, content_retention_s, delivery_retention_s, archived_inbox_retention_s
          FROM notification_types WHERE key = ANY($1)",
     )
     .bind(keys)
@@ -227,6 +235,11 @@ pub async fn get_types(db: impl PgExecutor<'_>, keys: &[&str]) -> Result<Vec<Not
                 sensitive_data: parse(r, "sensitive_data")?,
                 digest_window_s: r.get("digest_window_s"),
                 derivation: derivation_of(r)?,
+                retention: crate::retention::TypeRetention {
+                    content_s: r.get("content_retention_s"),
+                    deliveries_s: r.get("delivery_retention_s"),
+                    archived_inbox_s: r.get("archived_inbox_retention_s"),
+                },
             })
         })
         .collect()

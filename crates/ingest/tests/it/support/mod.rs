@@ -161,6 +161,9 @@ pub(crate) struct Options {
     /// The link policy of ingest and the workers: https only, and the app scheme
     /// `myshop` for deep links.
     pub links: notify_core::links::LinkPolicy,
+    /// The in-process ingest's retention purge (a pass an hour by default: tests that
+    /// purge call `notify_store::retention::purge` themselves or set this).
+    pub retention: ingest::RetentionConfig,
 }
 
 impl Default for Options {
@@ -185,6 +188,10 @@ impl Default for Options {
             links: notify_core::links::LinkPolicy {
                 http_hosts: Vec::new(),
                 deep_link_schemes: vec!["myshop".into()],
+            },
+            retention: ingest::RetentionConfig {
+                interval: Duration::from_secs(3600),
+                ..Default::default()
             },
         }
     }
@@ -219,6 +226,7 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
         max_message_bytes: 1 << 20,
         clock: opts.clock.clone(),
         schedule_horizon: Duration::from_secs(30 * 86_400),
+        retention: opts.retention.clone(),
     }
 }
 
