@@ -267,7 +267,7 @@ async fn purge_locked(
             )
             .bind(key)
             .bind(after)
-            .bind(uuid_floor(cutoff))
+            .bind(crate::console::uuid_v7_floor(cutoff))
             .bind(cutoff)
             .bind(event_batch)
             .fetch_all(&mut *conn)
@@ -338,15 +338,6 @@ fn before(now: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
         .ok()
         .and_then(|d| now.checked_sub_signed(d))
         .unwrap_or(DateTime::<Utc>::MIN_UTC)
-}
-
-/// The smallest UUIDv7 of the millisecond `at`: every id made before `at` sorts below it.
-/// Event ids are UUIDv7 (time-ordered), so this bounds the primary-key range scan.
-pub fn uuid_floor(at: DateTime<Utc>) -> Uuid {
-    let ms = at.timestamp_millis().max(0) as u64;
-    let mut b = [0u8; 16];
-    b[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
-    Uuid::from_bytes(b)
 }
 
 /// One batch of content clearing for the retention length `length_s`: the next `batch`
@@ -548,23 +539,5 @@ mod tests {
         assert_eq!(r.deliveries, Duration::from_secs(60));
         assert_eq!(r.content, global.content);
         assert_eq!(r.archived_inbox, global.archived_inbox);
-    }
-
-    #[test]
-    fn the_uuid_floor_sorts_below_every_id_of_its_millisecond_and_above_earlier_ones() {
-        let at = DateTime::from_timestamp_millis(1_764_000_000_123).unwrap();
-        let floor = uuid_floor(at);
-        let same = Uuid::new_v7(uuid::Timestamp::from_unix(
-            uuid::NoContext,
-            1_764_000_000,
-            123_000_000,
-        ));
-        let earlier = Uuid::new_v7(uuid::Timestamp::from_unix(
-            uuid::NoContext,
-            1_764_000_000,
-            122_000_000,
-        ));
-        assert!(floor <= same);
-        assert!(earlier < floor);
     }
 }
