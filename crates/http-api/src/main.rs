@@ -30,11 +30,13 @@ async fn main() -> anyhow::Result<()> {
     let addr = env.parse::<std::net::SocketAddr>("NOTIFY_HTTP_ADDR", ([127, 0, 0, 1], 8080).into());
     let database_url = env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]);
     let pool_size = env.number("NOTIFY_DB_POOL_SIZE", 10, 1, 1000);
+    let pooler = notify_store::Pooler::from_env(&mut env);
     let cfg = http_api::HttpConfig::from_env(&mut env);
     let (database_url, cfg) =
         notify_telemetry::config_or_exit("http-api", env, database_url.and_then(|d| Ok((d, cfg?))));
     let mut pool_cfg = notify_store::PoolConfig::new(database_url);
     pool_cfg.max_connections = pool_size;
+    pool_cfg.pooler = pooler;
     if let Err(problem) = http_api::inbox::Verifier::new(&cfg.inbox) {
         notify_telemetry::exit_bad_config("http-api", &problem);
     }

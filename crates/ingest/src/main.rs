@@ -26,9 +26,11 @@ async fn main() -> anyhow::Result<ExitCode> {
     let mut env = notify_telemetry::env();
     let database_url = env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]);
     let pool_size = env.number("NOTIFY_DB_POOL_SIZE", 20, 1, 1000);
+    let pooler = notify_store::Pooler::from_env(&mut env);
     let pool_cfg = |url: String| {
         let mut pool_cfg = notify_store::PoolConfig::new(url);
         pool_cfg.max_connections = pool_size;
+        pool_cfg.pooler = pooler;
         pool_cfg
     };
     match command.as_str() {

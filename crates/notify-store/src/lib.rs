@@ -94,6 +94,43 @@ impl StoreError {
 /// Result alias of this crate.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// What sits between the binaries and Postgres (`NOTIFY_DATABASE_POOLER`; docs/pooling.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pooler {
+    /// Postgres itself (`none`, the default): `statement_timeout` is sent as the startup
+    /// parameter `options`.
+    #[default]
+    None,
+    /// pgbouncer (`pgbouncer`): it refuses the startup parameters `options` (SQLSTATE
+    /// 08P01, "unsupported startup parameter") and, unless listed in its
+    /// `ignore_startup_parameters`, `extra_float_digits`, so neither is sent;
+    /// `statement_timeout` comes from the pooler's `connect_query` (or the role's
+    /// settings). Needs `pool_mode = session`, or `transaction` from pgbouncer 1.21 on
+    /// with `max_prepared_statements` > 0: sqlx names its prepared statements per
+    /// client connection, which transaction pooling before 1.21 mixes up between clients.
+    PgBouncer,
+}
+
+impl std::str::FromStr for Pooler {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Pooler::None),
+            "pgbouncer" => Ok(Pooler::PgBouncer),
+            other => Err(format!("{other:?} is not a pooler: use none or pgbouncer")),
+        }
+    }
+}
+
+impl Pooler {
+    /// Reads `NOTIFY_DATABASE_POOLER` (`none` when unset); another value is recorded in
+    /// `env` as an error naming the variable and the allowed values.
+    pub fn from_env(env: &mut notify_core::config::Env) -> Pooler {
+        env.parse("NOTIFY_DATABASE_POOLER", Pooler::None)
+    }
+}
+
 /// Pool settings.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
@@ -103,18 +140,22 @@ pub struct PoolConfig {
     pub max_connections: u32,
     /// How long a caller waits for a free connection before failing.
     pub acquire_timeout: Duration,
-    /// Server-side `statement_timeout` for every statement of this pool.
+    /// Server-side `statement_timeout` for every statement of this pool (sent only with
+    /// [`Pooler::None`]; behind a pooler its own setting applies).
     pub statement_timeout: Duration,
+    /// What the URL points at.
+    pub pooler: Pooler,
 }
 
 impl PoolConfig {
-    /// Defaults: 10 connections, 5 s acquire timeout, 30 s statement timeout.
+    /// Defaults: 10 connections, 5 s acquire timeout, 30 s statement timeout, no pooler.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
             max_connections: 10,
             acquire_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(30),
+            pooler: Pooler::None,
         }
     }
 }
@@ -122,16 +163,23 @@ impl PoolConfig {
 /// Opens a pool. Fails fast when the URL is malformed; connections are made lazily so a
 /// process can start while Postgres is still coming up.
 pub fn connect(cfg: &PoolConfig) -> Result<PgPool> {
-    let opts = PgConnectOptions::from_str(&cfg.url)?
-        .application_name("notify")
-        .options([(
-            "statement_timeout",
-            format!("{}", cfg.statement_timeout.as_millis()),
-        )]);
     Ok(PgPoolOptions::new()
         .max_connections(cfg.max_connections)
         .acquire_timeout(cfg.acquire_timeout)
-        .connect_lazy_with(opts))
+        .connect_lazy_with(connect_options(cfg)?))
+}
+
+/// The connection options of [`connect`]: the URL's, `application_name` = notify, and the
+/// startup parameters [`PoolConfig::pooler`] allows.
+pub fn connect_options(cfg: &PoolConfig) -> Result<PgConnectOptions> {
+    let opts = PgConnectOptions::from_str(&cfg.url)?.application_name("notify");
+    Ok(match cfg.pooler {
+        Pooler::None => opts.options([(
+            "statement_timeout",
+            format!("{}", cfg.statement_timeout.as_millis()),
+        )]),
+        Pooler::PgBouncer => opts.extra_float_digits(None),
+    })
 }
 
 /// One round trip to the database (`SELECT 1`), for readiness checks.
@@ -162,6 +210,34 @@ pub fn truncate_utf8(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pooler_setting_names_the_variable_and_the_allowed_values() {
+        let mut env = notify_core::config::Env::from_vars([("NOTIFY_DATABASE_POOLER", "pgpool")]);
+        assert_eq!(Pooler::from_env(&mut env), Pooler::None);
+        let err = env.finish().unwrap_err();
+        assert!(err.contains("NOTIFY_DATABASE_POOLER"), "{err}");
+        assert!(err.contains("use none or pgbouncer"), "{err}");
+        let mut env =
+            notify_core::config::Env::from_vars([("NOTIFY_DATABASE_POOLER", "pgbouncer")]);
+        assert_eq!(Pooler::from_env(&mut env), Pooler::PgBouncer);
+        let mut env = notify_core::config::Env::from_vars(Vec::<(String, String)>::new());
+        assert_eq!(Pooler::from_env(&mut env), Pooler::None);
+    }
+
+    #[test]
+    fn behind_pgbouncer_no_startup_parameter_it_refuses_is_sent() {
+        let mut cfg = PoolConfig::new("postgres://u@127.0.0.1:6432/notify");
+        let direct = connect_options(&cfg).unwrap();
+        assert!(
+            direct
+                .get_options()
+                .is_some_and(|o| o.contains("statement_timeout"))
+        );
+        cfg.pooler = Pooler::PgBouncer;
+        let pooled = connect_options(&cfg).unwrap();
+        assert_eq!(pooled.get_options(), None);
+    }
 
     #[test]
     fn truncation_keeps_whole_thai_characters() {

@@ -62,6 +62,12 @@ pub(crate) struct Stack {
     /// node_modules holding playwright-core, and Chromium (browser tests).
     pub browser_modules: String,
     pub chromium: String,
+    /// With `NOTIFY_TEST_VIA_PGBOUNCER=1`: the pooler's `postgres://user@host:port` (from
+    /// `NOTIFY_PGBOUNCER_URL`, which `deploy/local-stack.sh pgbouncer up` writes to
+    /// `$NOTIFY_STACK_DIR/pgbouncer/env`). The platform's pool (ingest, http-api, workers
+    /// and the tests' own queries) then goes through it; migrations, which hold a session
+    /// advisory lock, and out-of-process binaries (`Platform::db_url`) connect directly.
+    pub pgbouncer_url: Option<String>,
 }
 
 /// The environment, completed by the stack's env file (`$NOTIFY_STACK_DIR/env` or
@@ -101,6 +107,13 @@ impl Stack {
             vapid_key_file: get("NOTIFY_VAPID_PRIVATE_KEY_FILE"),
             browser_modules: get("NOTIFY_BROWSER_MODULES"),
             chromium: get("NOTIFY_CHROMIUM"),
+            pgbouncer_url: match vars.get("NOTIFY_TEST_VIA_PGBOUNCER").map(String::as_str) {
+                None | Some("" | "0") => None,
+                Some("1") => Some(vars.get("NOTIFY_PGBOUNCER_URL").cloned().unwrap_or_else(|| {
+                    panic!("NOTIFY_TEST_VIA_PGBOUNCER=1 needs NOTIFY_PGBOUNCER_URL: run `deploy/local-stack.sh pgbouncer up` and source $NOTIFY_STACK_DIR/pgbouncer/env")
+                })),
+                Some(other) => panic!("NOTIFY_TEST_VIA_PGBOUNCER={other:?}: use 1 (through pgbouncer) or 0"),
+            },
         }
     }
 }
@@ -339,6 +352,16 @@ impl Platform {
         cfg.max_connections = 20;
         let pool = notify_store::connect(&cfg).expect("pool");
         notify_store::migrate(&pool).await.expect("migrate");
+        let pool = match &stack.pgbouncer_url {
+            None => pool,
+            Some(pooler) => {
+                pool.close().await;
+                let mut cfg = notify_store::PoolConfig::new(format!("{pooler}/{db_name}"));
+                cfg.max_connections = 20;
+                cfg.pooler = notify_store::Pooler::PgBouncer;
+                notify_store::connect(&cfg).expect("pool through pgbouncer")
+            }
+        };
 
         let shutdown = CancellationToken::new();
         let worker_shutdown = CancellationToken::new();
