@@ -2,7 +2,8 @@
 //! docs for the routes.
 //!
 //! Environment: `NOTIFY_HTTP_ADDR` (127.0.0.1:8080), `NOTIFY_DATABASE_URL` (required),
-//! `NOTIFY_DB_POOL_SIZE` (10), `NOTIFY_LINE_CHANNEL_SECRET` (required),
+//! `NOTIFY_DB_POOL_SIZE` (10), `NOTIFY_DATABASE_POOLER` (`none`; `pgbouncer`, see
+//! docs/pooling.md), `NOTIFY_LINE_CHANNEL_SECRET` (required),
 //! `NOTIFY_UNSUBSCRIBE_SECRET` (required), `NOTIFY_INBOX_JWT_SECRET` or
 //! `NOTIFY_INBOX_JWKS_FILE` (one required), `NOTIFY_INBOX_RATE` (20),
 //! `NOTIFY_CORS_ORIGINS` (empty), the console's `NOTIFY_CONSOLE_*` (README).
