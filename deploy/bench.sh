@@ -8,7 +8,8 @@
 # NOTIFY_BENCH_PGBOUNCER=1 runs the same phases through pgbouncer (docs/pooling.md):
 # `deploy/local-stack.sh pgbouncer up` (pool mode NOTIFY_PGBOUNCER_POOL_MODE, session by
 # default), then ingest, the workers, http-api and notifyctl's own queries go through it
-# (NOTIFY_DATABASE_POOLER=pgbouncer); migrations and the API key are made directly. Every
+# (NOTIFY_DATABASE_POOLER=pgbouncer); migrations and the API key are made directly, and
+# the LISTEN connections and the retention pass use NOTIFY_DATABASE_DIRECT_URL. Every
 # line it prints starts with "via pgbouncer (<mode>): " so it can sit beside a direct
 # run's; the peer is left out (it does not go through the pooler) unless
 # NOTIFY_BENCH_PEER=1. NOTIFY_BENCH_PROFILE=debug uses debug binaries: only to check
@@ -42,6 +43,8 @@ if [[ ${NOTIFY_BENCH_PGBOUNCER:-0} == 1 ]]; then
   source "$STACK/pgbouncer/env"
   mode=$(awk '$1 == "pool_mode" {print $3}' "$STACK/pgbouncer/pgbouncer.ini")
   export NOTIFY_DATABASE_URL=$NOTIFY_PGBOUNCER_URL/notify_bench
+  # LISTEN and the retention's session lock go to Postgres itself (docs/pooling.md).
+  export NOTIFY_DATABASE_DIRECT_URL=${NOTIFY_DATABASE_DIRECT_URL%/*}/notify_bench
   echo "via pgbouncer ($mode): $(/usr/sbin/pgbouncer --version | head -n 1), $NOTIFY_DATABASE_URL"
   prefix="via pgbouncer ($mode): "
   peer_default=0

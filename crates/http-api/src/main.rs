@@ -3,7 +3,8 @@
 //!
 //! Environment: `NOTIFY_HTTP_ADDR` (127.0.0.1:8080), `NOTIFY_DATABASE_URL` (required),
 //! `NOTIFY_DB_POOL_SIZE` (10), `NOTIFY_DATABASE_POOLER` (`none`; `pgbouncer`, see
-//! docs/pooling.md), `NOTIFY_LINE_CHANNEL_SECRET` (required),
+//! docs/pooling.md), `NOTIFY_DATABASE_DIRECT_URL` (unset: the inbox's `LISTEN` uses
+//! `NOTIFY_DATABASE_URL`), `NOTIFY_LINE_CHANNEL_SECRET` (required),
 //! `NOTIFY_UNSUBSCRIBE_SECRET` (required), `NOTIFY_INBOX_JWT_SECRET` or
 //! `NOTIFY_INBOX_JWKS_FILE` (one required), `NOTIFY_INBOX_RATE` (20),
 //! `NOTIFY_CORS_ORIGINS` (empty), the console's `NOTIFY_CONSOLE_*` (README).
@@ -32,6 +33,7 @@ async fn main() -> anyhow::Result<()> {
     let database_url = env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]);
     let pool_size = env.number("NOTIFY_DB_POOL_SIZE", 10, 1, 1000);
     let pooler = notify_store::Pooler::from_env(&mut env);
+    let direct_url = notify_store::direct_url_from_env(&mut env, pooler);
     let cfg = http_api::HttpConfig::from_env(&mut env);
     let (database_url, cfg) =
         notify_telemetry::config_or_exit("http-api", env, database_url.and_then(|d| Ok((d, cfg?))));
@@ -41,7 +43,7 @@ async fn main() -> anyhow::Result<()> {
     if let Err(problem) = http_api::inbox::Verifier::new(&cfg.inbox) {
         notify_telemetry::exit_bad_config("http-api", &problem);
     }
-    let pool = notify_store::connect(&pool_cfg)?;
+    let pool = notify_store::connect_pools(&pool_cfg, direct_url.as_deref())?;
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => l,
         Err(e) => notify_telemetry::exit_bad_config(

@@ -182,6 +182,81 @@ pub fn connect_options(cfg: &PoolConfig) -> Result<PgConnectOptions> {
     })
 }
 
+/// The pools of a process: `main` for its statements, `session` for the connections that
+/// keep session state from one transaction to the next (`LISTEN` through `PgListener`,
+/// which holds one of its connections; session advisory locks). Without a pooler, or behind
+/// one in session mode, both are the same pool; behind a transaction pooler `session`
+/// reaches Postgres directly (`NOTIFY_DATABASE_DIRECT_URL`, docs/pooling.md).
+#[derive(Debug, Clone)]
+pub struct Pools {
+    /// Every statement that ends with its transaction.
+    pub main: PgPool,
+    /// `LISTEN` and session advisory locks.
+    pub session: PgPool,
+}
+
+impl From<PgPool> for Pools {
+    fn from(pool: PgPool) -> Self {
+        Pools {
+            session: pool.clone(),
+            main: pool,
+        }
+    }
+}
+
+/// Connections of a separate session pool: ingest's three listeners (relay, fan-out, API
+/// keys) and its retention pass, or http-api's inbox listener, with room for a reconnect.
+pub const SESSION_POOL_SIZE: u32 = 6;
+
+/// Opens [`Pools`]: `cfg`'s pool as both without `direct_url`; else `session` is a pool
+/// of [`SESSION_POOL_SIZE`] on `direct_url` (no pooler, `cfg`'s timeouts).
+///
+/// # Errors
+/// `StoreError::Db` when a URL is malformed.
+pub fn connect_pools(cfg: &PoolConfig, direct_url: Option<&str>) -> Result<Pools> {
+    let main = connect(cfg)?;
+    let Some(url) = direct_url else {
+        return Ok(main.into());
+    };
+    let mut direct = cfg.clone();
+    direct.url = url.to_string();
+    direct.pooler = Pooler::None;
+    direct.max_connections = SESSION_POOL_SIZE;
+    Ok(Pools {
+        main,
+        session: connect(&direct)?,
+    })
+}
+
+/// Reads `NOTIFY_DATABASE_DIRECT_URL`: Postgres itself, for the connections that must
+/// bypass a transaction pooler ([`Pools::session`], `ingest migrate`). Errors recorded in
+/// `env`: set while `pooler` is [`Pooler::None`] (nothing to bypass), or not a
+/// `postgres://` URL.
+pub fn direct_url_from_env(env: &mut notify_core::config::Env, pooler: Pooler) -> Option<String> {
+    const NAME: &str = "NOTIFY_DATABASE_DIRECT_URL";
+    let url = env
+        .get(NAME)
+        .map(str::trim)
+        .filter(|v| !v.is_empty())?
+        .to_string();
+    if pooler == Pooler::None {
+        env.error(format!(
+            "{NAME} is set but NOTIFY_DATABASE_POOLER is none: the direct URL is only for the connections that bypass a pooler; set NOTIFY_DATABASE_POOLER=pgbouncer or unset {NAME}"
+        ));
+        return None;
+    }
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        || PgConnectOptions::from_str(&url).is_err()
+    {
+        env.error(format!(
+            "{NAME}={:?} is invalid: use postgres://user@host:port/database (Postgres itself, not the pooler)",
+            notify_core::config::redact(&url)
+        ));
+        return None;
+    }
+    Some(url)
+}
+
 /// One round trip to the database (`SELECT 1`), for readiness checks.
 pub async fn ping(pool: &PgPool) -> Result<()> {
     sqlx::query("SELECT 1").execute(pool).await?;
@@ -223,6 +298,32 @@ mod tests {
         assert_eq!(Pooler::from_env(&mut env), Pooler::PgBouncer);
         let mut env = notify_core::config::Env::from_vars(Vec::<(String, String)>::new());
         assert_eq!(Pooler::from_env(&mut env), Pooler::None);
+    }
+
+    #[test]
+    fn the_direct_url_is_refused_without_a_pooler_and_when_it_is_not_postgres() {
+        let url = "postgres://u@127.0.0.1:5432/notify";
+        let mut env = notify_core::config::Env::from_vars([("NOTIFY_DATABASE_DIRECT_URL", url)]);
+        assert_eq!(direct_url_from_env(&mut env, Pooler::None), None);
+        let err = env.finish().unwrap_err();
+        assert!(
+            err.contains("NOTIFY_DATABASE_DIRECT_URL is set but NOTIFY_DATABASE_POOLER is none"),
+            "{err}"
+        );
+        let mut env =
+            notify_core::config::Env::from_vars([("NOTIFY_DATABASE_DIRECT_URL", "http://x")]);
+        assert_eq!(direct_url_from_env(&mut env, Pooler::PgBouncer), None);
+        assert!(
+            env.finish()
+                .unwrap_err()
+                .contains("NOTIFY_DATABASE_DIRECT_URL=\"http://x\" is invalid")
+        );
+        let mut env = notify_core::config::Env::from_vars([("NOTIFY_DATABASE_DIRECT_URL", url)]);
+        assert_eq!(
+            direct_url_from_env(&mut env, Pooler::PgBouncer).as_deref(),
+            Some(url)
+        );
+        assert!(env.finish().is_ok());
     }
 
     #[test]

@@ -66,7 +66,9 @@ pub(crate) struct Stack {
     /// `NOTIFY_PGBOUNCER_URL`, which `deploy/local-stack.sh pgbouncer up` writes to
     /// `$NOTIFY_STACK_DIR/pgbouncer/env`). The platform's pool (ingest, http-api, workers
     /// and the tests' own queries) then goes through it; migrations, which hold a session
-    /// advisory lock, and out-of-process binaries (`Platform::db_url`) connect directly.
+    /// advisory lock, the `LISTEN` connections and the retention pass
+    /// (`Platform::session_pool`) and out-of-process binaries (`Platform::db_url`) connect
+    /// directly.
     pub pgbouncer_url: Option<String>,
 }
 
@@ -279,6 +281,9 @@ pub(crate) struct Platform {
     pub db_name: String,
     pub db_url: String,
     pub pool: PgPool,
+    /// The pool of the `LISTEN` connections and the retention pass: `pool` itself, or the
+    /// direct one with `NOTIFY_TEST_VIA_PGBOUNCER=1`.
+    pub session_pool: PgPool,
     pub topology: Topology,
     /// The exchange and queue name prefix of this platform (`NOTIFY_AMQP_PREFIX`).
     pub amqp_prefix: String,
@@ -352,14 +357,16 @@ impl Platform {
         cfg.max_connections = 20;
         let pool = notify_store::connect(&cfg).expect("pool");
         notify_store::migrate(&pool).await.expect("migrate");
-        let pool = match &stack.pgbouncer_url {
-            None => pool,
+        // Through pgbouncer, the LISTEN connections and the retention pass keep the direct
+        // pool (notify_store::Pools::session), as NOTIFY_DATABASE_DIRECT_URL gives them.
+        let (pool, session_pool) = match &stack.pgbouncer_url {
+            None => (pool.clone(), pool),
             Some(pooler) => {
-                pool.close().await;
                 let mut cfg = notify_store::PoolConfig::new(format!("{pooler}/{db_name}"));
                 cfg.max_connections = 20;
                 cfg.pooler = notify_store::Pooler::PgBouncer;
-                notify_store::connect(&cfg).expect("pool through pgbouncer")
+                let pooled = notify_store::connect(&cfg).expect("pool through pgbouncer");
+                (pooled, pool)
             }
         };
 
@@ -402,7 +409,11 @@ impl Platform {
         let grpc_addr = listener.local_addr().unwrap();
         let grpc_url = format!("http://{grpc_addr}");
         if opts.ingest_in_process {
-            let (p, s) = (pool.clone(), shutdown.clone());
+            let p = notify_store::Pools {
+                main: pool.clone(),
+                session: session_pool.clone(),
+            };
+            let s = shutdown.clone();
             tasks.push(tokio::spawn(async move {
                 ingest::run(ingest_cfg, p, listener, s).await.unwrap();
             }));
@@ -427,7 +438,11 @@ impl Platform {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http_url = format!("http://{}", listener.local_addr().unwrap());
         let http_cfg = http_config(&stack, &topology);
-        let (p, s) = (pool.clone(), shutdown.clone());
+        let p = notify_store::Pools {
+            main: pool.clone(),
+            session: session_pool.clone(),
+        };
+        let s = shutdown.clone();
         tasks.push(tokio::spawn(async move {
             http_api::serve(listener, p, http_cfg, s).await.unwrap();
         }));
@@ -437,6 +452,7 @@ impl Platform {
             db_name,
             db_url,
             pool,
+            session_pool,
             topology,
             amqp_prefix: format!("t{id}."),
             grpc_addr,
@@ -622,6 +638,7 @@ impl Platform {
             let _ = tokio::time::timeout(Duration::from_secs(15), t).await;
         }
         self.pool.close().await;
+        self.session_pool.close().await;
         if let Ok(conn) = notify_broker::connect(&self.stack.amqp_url, "tests-cleanup").await
             && let Ok(ch) = conn.create_channel().await
         {
@@ -646,7 +663,11 @@ impl Platform {
         let cfg = ingest_config(&self.stack, &self.topology, &self.opts);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let (p, s) = (self.pool.clone(), self.shutdown.clone());
+        let p = notify_store::Pools {
+            main: self.pool.clone(),
+            session: self.session_pool.clone(),
+        };
+        let s = self.shutdown.clone();
         self.tasks.push(tokio::spawn(async move {
             ingest::run(cfg, p, listener, s).await.unwrap();
         }));
