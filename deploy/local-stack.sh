@@ -25,7 +25,8 @@
 #   NOTIFY_SIM_PORT   provider-sim HTTP port            (58080)
 #   NOTIFY_HTTP_PORT  where scripts start http-api      (58090; only written to the env)
 #   NOTIFY_PGBOUNCER_PORT  pgbouncer port               (NOTIFY_PG_PORT + 1)
-#   NOTIFY_PGBOUNCER_POOL_SIZE  server connections per database and user (40)
+#   NOTIFY_PGBOUNCER_POOL_SIZE  server connections per database and user (150 in session
+#                     mode, 40 in transaction mode)
 #   NOTIFY_PGBOUNCER_POOL_MODE  session (default) or transaction; with Debian 12's 1.18,
 #                     transaction pooling mixes up sqlx's prepared statements (docs/pooling.md)
 #   PROVIDER_SIM_BIN  provider-sim binary (built with cargo when unset)
@@ -45,8 +46,8 @@ MAILDEV_VERSION=3.0.0
 PLAYWRIGHT_VERSION=1.64.1
 HTTP_PORT=${NOTIFY_HTTP_PORT:-58090}
 PGB_PORT=${NOTIFY_PGBOUNCER_PORT:-$((PG_PORT + 1))}
-PGB_POOL_SIZE=${NOTIFY_PGBOUNCER_POOL_SIZE:-40}
 PGB_POOL_MODE=${NOTIFY_PGBOUNCER_POOL_MODE:-session}
+if [ "$PGB_POOL_MODE" = transaction ]; then PGB_POOL_SIZE=${NOTIFY_PGBOUNCER_POOL_SIZE:-40}; else PGB_POOL_SIZE=${NOTIFY_PGBOUNCER_POOL_SIZE:-150}; fi
 LINE_TOKEN=${NOTIFY_LINE_CHANNEL_TOKEN:-local-line-channel-access-token}
 LINE_SECRET=${NOTIFY_LINE_CHANNEL_SECRET:-local-line-channel-secret}
 
@@ -366,10 +367,11 @@ pool_mode = $PGB_POOL_MODE
 ; connection: a leftover one would collide), settings or advisory locks. transaction mode:
 ; not run (server_reset_query_always = 0), a transaction is expected to leave nothing.
 server_reset_query = DISCARD ALL
-; Server connections per (database, user). The platform's transactions are short (group
-; commits, batched claims and records): 40 serve ingest (20 client connections per
-; replica), four workers (10 each) and http-api (10) and keep Postgres (max_connections
-; 400) far from its limit with many replicas.
+; Server connections per (database, user). Session mode: a client connection keeps its
+; server connection until it closes, so this must cover every client pool at once (ingest
+; 20, five workers and http-api 10 each, the bench's 8: 88), else clients wait for one;
+; 150 stays below Postgres' max_connections (400). Transaction mode: the platform's
+; transactions are short (group commits, batched claims and records), 40 serve them.
 default_pool_size = $PGB_POOL_SIZE
 ; A burst (workers catching up after a broker restart) may take 10 more after 1 s waiting.
 reserve_pool_size = 10
