@@ -244,18 +244,23 @@ async fn inbox_example() -> Response {
         .into_response()
 }
 
-/// Serves on `listener` until `shutdown` is cancelled, with the inbox's `LISTEN` task.
+/// Serves on `listener` until `shutdown` is cancelled, with the inbox's `LISTEN` task,
+/// whose connection comes from the `session` pool of `pools` (one `PgPool` is both).
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    pool: PgPool,
+    pools: impl Into<notify_store::Pools>,
     cfg: HttpConfig,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<()> {
+    let notify_store::Pools {
+        main: pool,
+        session,
+    } = pools.into();
     let jwks_url = cfg.inbox.jwks_url.clone();
     let (router, hub, inbox_state) =
         router_parts(pool.clone(), cfg, shutdown.clone()).map_err(std::io::Error::other)?;
     let router_jwks = jwks_url.map(|u| (inbox_state, u));
-    let listen = tokio::spawn(inbox::listen(pool, hub));
+    let listen = tokio::spawn(inbox::listen(session, hub));
     // JWKS by URL: the keys are fetched in the background (first fetch at once).
     let jwks = router_jwks.map(|(state, url)| tokio::spawn(inbox::refresh_jwks(state, url)));
     // The peer address reaches the console's sign-in throttle.

@@ -2,7 +2,9 @@
 //! docs for the routes.
 //!
 //! Environment: `NOTIFY_HTTP_ADDR` (127.0.0.1:8080), `NOTIFY_DATABASE_URL` (required),
-//! `NOTIFY_DB_POOL_SIZE` (10), `NOTIFY_LINE_CHANNEL_SECRET` (required),
+//! `NOTIFY_DB_POOL_SIZE` (10), `NOTIFY_DATABASE_POOLER` (`none`; `pgbouncer`, see
+//! docs/pooling.md), `NOTIFY_DATABASE_DIRECT_URL` (unset: the inbox's `LISTEN` uses
+//! `NOTIFY_DATABASE_URL`), `NOTIFY_LINE_CHANNEL_SECRET` (required),
 //! `NOTIFY_UNSUBSCRIBE_SECRET` (required), `NOTIFY_INBOX_JWT_SECRET` or
 //! `NOTIFY_INBOX_JWKS_FILE` (one required), `NOTIFY_INBOX_RATE` (20),
 //! `NOTIFY_CORS_ORIGINS` (empty), the console's `NOTIFY_CONSOLE_*` (README).
@@ -30,15 +32,18 @@ async fn main() -> anyhow::Result<()> {
     let addr = env.parse::<std::net::SocketAddr>("NOTIFY_HTTP_ADDR", ([127, 0, 0, 1], 8080).into());
     let database_url = env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]);
     let pool_size = env.number("NOTIFY_DB_POOL_SIZE", 10, 1, 1000);
+    let pooler = notify_store::Pooler::from_env(&mut env);
+    let direct_url = notify_store::direct_url_from_env(&mut env, pooler);
     let cfg = http_api::HttpConfig::from_env(&mut env);
     let (database_url, cfg) =
         notify_telemetry::config_or_exit("http-api", env, database_url.and_then(|d| Ok((d, cfg?))));
     let mut pool_cfg = notify_store::PoolConfig::new(database_url);
     pool_cfg.max_connections = pool_size;
+    pool_cfg.pooler = pooler;
     if let Err(problem) = http_api::inbox::Verifier::new(&cfg.inbox) {
         notify_telemetry::exit_bad_config("http-api", &problem);
     }
-    let pool = notify_store::connect(&pool_cfg)?;
+    let pool = notify_store::connect_pools(&pool_cfg, direct_url.as_deref())?;
     let listener = match tokio::net::TcpListener::bind(addr).await {
         Ok(l) => l,
         Err(e) => notify_telemetry::exit_bad_config(

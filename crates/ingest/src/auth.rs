@@ -142,10 +142,12 @@ impl Auth {
     }
 
     /// Loads the keys now, then keeps them fresh: on every `api_keys` notification, and
-    /// every 30 s, until `stop`.
+    /// every 30 s, until `stop`. The `LISTEN` connection comes from `listen_pool`
+    /// (`notify_store::Pools::session`).
     pub async fn spawn_refresh(
         self: &Arc<Self>,
         pool: PgPool,
+        listen_pool: PgPool,
         stop: CancellationToken,
     ) -> Result<(), notify_store::StoreError> {
         if self.mode == AuthMode::Off {
@@ -158,15 +160,16 @@ impl Auth {
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(200);
             while !stop.is_cancelled() {
-                let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
-                    Ok(l) => l,
-                    Err(e) => {
-                        warn!(error = %e, "API key listener cannot connect; retrying");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
-                        continue;
-                    }
-                };
+                let mut listener =
+                    match sqlx::postgres::PgListener::connect_with(&listen_pool).await {
+                        Ok(l) => l,
+                        Err(e) => {
+                            warn!(error = %e, "API key listener cannot connect; retrying");
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(Duration::from_secs(5));
+                            continue;
+                        }
+                    };
                 if let Err(e) = listener.listen("api_keys").await {
                     warn!(error = %e, "LISTEN api_keys failed; retrying");
                     tokio::time::sleep(backoff).await;

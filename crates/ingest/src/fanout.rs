@@ -41,9 +41,12 @@ pub const IN_FLIGHT: usize = 2;
 const HOLD: Duration = Duration::from_secs(30);
 
 /// Runs until `shutdown`: wakes on `LISTEN notify_fanout` or every `poll`. Plans at
-/// `clock`'s instant (the database's `now()` in production).
+/// `clock`'s instant (the database's `now()` in production). The `LISTEN` connection
+/// comes from `listen_pool` (`notify_store::Pools::session`).
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     pool: PgPool,
+    listen_pool: PgPool,
     max_attempts: i32,
     caps: std::collections::BTreeMap<Channel, u32>,
     clock: Clock,
@@ -51,7 +54,7 @@ pub async fn run(
     direct: Option<(crate::relay::Direct, Duration)>,
     shutdown: CancellationToken,
 ) {
-    let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
+    let mut listener = match sqlx::postgres::PgListener::connect_with(&listen_pool).await {
         Ok(mut l) => match l.listen("notify_fanout").await {
             Ok(()) => Some(l),
             Err(e) => {

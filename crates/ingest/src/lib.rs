@@ -315,13 +315,19 @@ impl IngestConfig {
 /// rollup, the retention purge and the metrics sampler until `shutdown` is cancelled. Then it drains: the health service reports
 /// NOT_SERVING for every service (and `/readyz` 503) for `cfg.drain` while requests are
 /// still served; after that it stops accepting, finishes in-flight requests and stops the
-/// tasks. The admin endpoint listens on `NOTIFY_ADMIN_ADDR` when set.
+/// tasks. The admin endpoint listens on `NOTIFY_ADMIN_ADDR` when set. `pools` is one pool
+/// (`PgPool`) or [`notify_store::Pools`]: the `LISTEN` connections (relay, fan-out, API
+/// keys) and the retention pass (a session advisory lock) use its `session` pool.
 pub async fn run(
     cfg: IngestConfig,
-    pool: PgPool,
+    pools: impl Into<notify_store::Pools>,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let notify_store::Pools {
+        main: pool,
+        session,
+    } = pools.into();
     let stats = Arc::new(relay::RelayStats::default());
     // `stop` ends everything once the drain is over; `shutdown` only starts the drain.
     let stop = CancellationToken::new();
@@ -329,6 +335,7 @@ pub async fn run(
     let (direct, direct_rx) = relay::Direct::new(pool.clone());
     let relay_task = tokio::spawn(relay::run(
         pool.clone(),
+        session.clone(),
         cfg.relay.clone(),
         stats.clone(),
         direct_rx,
@@ -365,9 +372,10 @@ pub async fn run(
         cfg.counts_rollup_interval,
         stop.clone(),
     ));
-    let retention_task = tokio::spawn(purge(pool.clone(), cfg.retention.clone(), stop.clone()));
+    let retention_task = tokio::spawn(purge(session.clone(), cfg.retention.clone(), stop.clone()));
     let fanout_task = tokio::spawn(fanout::run(
         pool.clone(),
+        session.clone(),
         cfg.max_attempts,
         cfg.fatigue_caps.clone(),
         cfg.clock.clone(),
@@ -377,7 +385,8 @@ pub async fn run(
     ));
 
     let auth = auth::Auth::new(cfg.auth);
-    auth.spawn_refresh(pool.clone(), stop.clone()).await?;
+    auth.spawn_refresh(pool.clone(), session, stop.clone())
+        .await?;
     let services = grpc::Services::new(
         pool,
         writer::WriterConfig {

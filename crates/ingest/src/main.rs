@@ -26,9 +26,12 @@ async fn main() -> anyhow::Result<ExitCode> {
     let mut env = notify_telemetry::env();
     let database_url = env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]);
     let pool_size = env.number("NOTIFY_DB_POOL_SIZE", 20, 1, 1000);
+    let pooler = notify_store::Pooler::from_env(&mut env);
+    let direct_url = notify_store::direct_url_from_env(&mut env, pooler);
     let pool_cfg = |url: String| {
         let mut pool_cfg = notify_store::PoolConfig::new(url);
         pool_cfg.max_connections = pool_size;
+        pool_cfg.pooler = pooler;
         pool_cfg
     };
     match command.as_str() {
@@ -75,7 +78,11 @@ async fn main() -> anyhow::Result<ExitCode> {
                 env,
                 database_url,
             ));
-            let pool = notify_store::connect(&pool_cfg)?;
+            // The migrator holds a session advisory lock: Postgres itself, not a pooler.
+            let pool = match &direct_url {
+                Some(url) => notify_store::connect(&notify_store::PoolConfig::new(url.clone()))?,
+                None => notify_store::connect(&pool_cfg)?,
+            };
             notify_store::migrate(&pool).await?;
             tracing::info!("migrations applied");
             Ok(ExitCode::SUCCESS)
@@ -101,7 +108,8 @@ async fn main() -> anyhow::Result<ExitCode> {
                 env,
                 database_url.and_then(|url| Ok((url, cfg?))),
             );
-            let pool = notify_store::connect(&pool_cfg(database_url))?;
+            let pools =
+                notify_store::connect_pools(&pool_cfg(database_url), direct_url.as_deref())?;
             let listener = match tokio::net::TcpListener::bind(addr).await {
                 Ok(l) => l,
                 Err(e) => notify_telemetry::exit_bad_config(
@@ -110,7 +118,7 @@ async fn main() -> anyhow::Result<ExitCode> {
                 ),
             };
             let result =
-                ingest::run(cfg, pool, listener, notify_telemetry::shutdown_on_signal()).await;
+                ingest::run(cfg, pools, listener, notify_telemetry::shutdown_on_signal()).await;
             notify_telemetry::shutdown();
             result?;
             Ok(ExitCode::SUCCESS)

@@ -117,9 +117,11 @@ pub struct RelayStats {
 /// Runs the relay until `shutdown`; reconnects to the broker after failures.
 /// Held rows handed over while it is not connected wait in `direct` (up to
 /// [`DIRECT_BACKLOG_ROWS`]; the writers release the rest); the ones still there when it
-/// stops are released.
+/// stops are released. Its `LISTEN notify_outbox` connection comes from `listen_pool`
+/// (`notify_store::Pools::session`).
 pub async fn run(
     pool: PgPool,
+    listen_pool: PgPool,
     cfg: RelayConfig,
     stats: Arc<RelayStats>,
     mut direct: DirectRx,
@@ -127,7 +129,7 @@ pub async fn run(
 ) {
     let mut backoff = Duration::from_millis(200);
     while !shutdown.is_cancelled() {
-        let result = run_connected(&pool, &cfg, &stats, &mut direct, &shutdown).await;
+        let result = run_connected(&pool, &listen_pool, &cfg, &stats, &mut direct, &shutdown).await;
         stats.connected.store(false, Ordering::SeqCst);
         match result {
             Ok(()) => break,
@@ -152,6 +154,7 @@ pub async fn run(
 
 async fn run_connected(
     pool: &PgPool,
+    listen_pool: &PgPool,
     cfg: &RelayConfig,
     stats: &RelayStats,
     direct: &mut DirectRx,
@@ -165,7 +168,7 @@ async fn run_connected(
     cfg.topology.declare(&setup, &names).await?;
     let _ = setup.close(200, "topology declared".into()).await;
     let publisher = Publisher::new(&conn, &cfg.topology, cfg.confirm_timeout).await?;
-    let mut listener = sqlx::postgres::PgListener::connect_with(pool).await?;
+    let mut listener = sqlx::postgres::PgListener::connect_with(listen_pool).await?;
     listener.listen("notify_outbox").await?;
     info!("relay connected");
     stats.connected.store(true, Ordering::SeqCst);

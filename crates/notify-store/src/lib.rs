@@ -94,6 +94,43 @@ impl StoreError {
 /// Result alias of this crate.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// What sits between the binaries and Postgres (`NOTIFY_DATABASE_POOLER`; docs/pooling.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pooler {
+    /// Postgres itself (`none`, the default): `statement_timeout` is sent as the startup
+    /// parameter `options`.
+    #[default]
+    None,
+    /// pgbouncer (`pgbouncer`): it refuses the startup parameters `options` (SQLSTATE
+    /// 08P01, "unsupported startup parameter") and, unless listed in its
+    /// `ignore_startup_parameters`, `extra_float_digits`, so neither is sent;
+    /// `statement_timeout` comes from the pooler's `connect_query` (or the role's
+    /// settings). Needs `pool_mode = session`, or `transaction` from pgbouncer 1.21 on
+    /// with `max_prepared_statements` > 0: sqlx names its prepared statements per
+    /// client connection, which transaction pooling before 1.21 mixes up between clients.
+    PgBouncer,
+}
+
+impl std::str::FromStr for Pooler {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(Pooler::None),
+            "pgbouncer" => Ok(Pooler::PgBouncer),
+            other => Err(format!("{other:?} is not a pooler: use none or pgbouncer")),
+        }
+    }
+}
+
+impl Pooler {
+    /// Reads `NOTIFY_DATABASE_POOLER` (`none` when unset); another value is recorded in
+    /// `env` as an error naming the variable and the allowed values.
+    pub fn from_env(env: &mut notify_core::config::Env) -> Pooler {
+        env.parse("NOTIFY_DATABASE_POOLER", Pooler::None)
+    }
+}
+
 /// Pool settings.
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
@@ -103,18 +140,22 @@ pub struct PoolConfig {
     pub max_connections: u32,
     /// How long a caller waits for a free connection before failing.
     pub acquire_timeout: Duration,
-    /// Server-side `statement_timeout` for every statement of this pool.
+    /// Server-side `statement_timeout` for every statement of this pool (sent only with
+    /// [`Pooler::None`]; behind a pooler its own setting applies).
     pub statement_timeout: Duration,
+    /// What the URL points at.
+    pub pooler: Pooler,
 }
 
 impl PoolConfig {
-    /// Defaults: 10 connections, 5 s acquire timeout, 30 s statement timeout.
+    /// Defaults: 10 connections, 5 s acquire timeout, 30 s statement timeout, no pooler.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
             max_connections: 10,
             acquire_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(30),
+            pooler: Pooler::None,
         }
     }
 }
@@ -122,16 +163,98 @@ impl PoolConfig {
 /// Opens a pool. Fails fast when the URL is malformed; connections are made lazily so a
 /// process can start while Postgres is still coming up.
 pub fn connect(cfg: &PoolConfig) -> Result<PgPool> {
-    let opts = PgConnectOptions::from_str(&cfg.url)?
-        .application_name("notify")
-        .options([(
-            "statement_timeout",
-            format!("{}", cfg.statement_timeout.as_millis()),
-        )]);
     Ok(PgPoolOptions::new()
         .max_connections(cfg.max_connections)
         .acquire_timeout(cfg.acquire_timeout)
-        .connect_lazy_with(opts))
+        .connect_lazy_with(connect_options(cfg)?))
+}
+
+/// The connection options of [`connect`]: the URL's, `application_name` = notify, and the
+/// startup parameters [`PoolConfig::pooler`] allows.
+pub fn connect_options(cfg: &PoolConfig) -> Result<PgConnectOptions> {
+    let opts = PgConnectOptions::from_str(&cfg.url)?.application_name("notify");
+    Ok(match cfg.pooler {
+        Pooler::None => opts.options([(
+            "statement_timeout",
+            format!("{}", cfg.statement_timeout.as_millis()),
+        )]),
+        Pooler::PgBouncer => opts.extra_float_digits(None),
+    })
+}
+
+/// The pools of a process: `main` for its statements, `session` for the connections that
+/// keep session state from one transaction to the next (`LISTEN` through `PgListener`,
+/// which holds one of its connections; session advisory locks). Without a pooler, or behind
+/// one in session mode, both are the same pool; behind a transaction pooler `session`
+/// reaches Postgres directly (`NOTIFY_DATABASE_DIRECT_URL`, docs/pooling.md).
+#[derive(Debug, Clone)]
+pub struct Pools {
+    /// Every statement that ends with its transaction.
+    pub main: PgPool,
+    /// `LISTEN` and session advisory locks.
+    pub session: PgPool,
+}
+
+impl From<PgPool> for Pools {
+    fn from(pool: PgPool) -> Self {
+        Pools {
+            session: pool.clone(),
+            main: pool,
+        }
+    }
+}
+
+/// Connections of a separate session pool: ingest's three listeners (relay, fan-out, API
+/// keys) and its retention pass, or http-api's inbox listener, with room for a reconnect.
+pub const SESSION_POOL_SIZE: u32 = 6;
+
+/// Opens [`Pools`]: `cfg`'s pool as both without `direct_url`; else `session` is a pool
+/// of [`SESSION_POOL_SIZE`] on `direct_url` (no pooler, `cfg`'s timeouts).
+///
+/// # Errors
+/// `StoreError::Db` when a URL is malformed.
+pub fn connect_pools(cfg: &PoolConfig, direct_url: Option<&str>) -> Result<Pools> {
+    let main = connect(cfg)?;
+    let Some(url) = direct_url else {
+        return Ok(main.into());
+    };
+    let mut direct = cfg.clone();
+    direct.url = url.to_string();
+    direct.pooler = Pooler::None;
+    direct.max_connections = SESSION_POOL_SIZE;
+    Ok(Pools {
+        main,
+        session: connect(&direct)?,
+    })
+}
+
+/// Reads `NOTIFY_DATABASE_DIRECT_URL`: Postgres itself, for the connections that must
+/// bypass a transaction pooler ([`Pools::session`], `ingest migrate`). Errors recorded in
+/// `env`: set while `pooler` is [`Pooler::None`] (nothing to bypass), or not a
+/// `postgres://` URL.
+pub fn direct_url_from_env(env: &mut notify_core::config::Env, pooler: Pooler) -> Option<String> {
+    const NAME: &str = "NOTIFY_DATABASE_DIRECT_URL";
+    let url = env
+        .get(NAME)
+        .map(str::trim)
+        .filter(|v| !v.is_empty())?
+        .to_string();
+    if pooler == Pooler::None {
+        env.error(format!(
+            "{NAME} is set but NOTIFY_DATABASE_POOLER is none: the direct URL is only for the connections that bypass a pooler; set NOTIFY_DATABASE_POOLER=pgbouncer or unset {NAME}"
+        ));
+        return None;
+    }
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        || PgConnectOptions::from_str(&url).is_err()
+    {
+        env.error(format!(
+            "{NAME}={:?} is invalid: use postgres://user@host:port/database (Postgres itself, not the pooler)",
+            notify_core::config::redact(&url)
+        ));
+        return None;
+    }
+    Some(url)
 }
 
 /// One round trip to the database (`SELECT 1`), for readiness checks.
@@ -162,6 +285,60 @@ pub fn truncate_utf8(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pooler_setting_names_the_variable_and_the_allowed_values() {
+        let mut env = notify_core::config::Env::from_vars([("NOTIFY_DATABASE_POOLER", "pgpool")]);
+        assert_eq!(Pooler::from_env(&mut env), Pooler::None);
+        let err = env.finish().unwrap_err();
+        assert!(err.contains("NOTIFY_DATABASE_POOLER"), "{err}");
+        assert!(err.contains("use none or pgbouncer"), "{err}");
+        let mut env =
+            notify_core::config::Env::from_vars([("NOTIFY_DATABASE_POOLER", "pgbouncer")]);
+        assert_eq!(Pooler::from_env(&mut env), Pooler::PgBouncer);
+        let mut env = notify_core::config::Env::from_vars(Vec::<(String, String)>::new());
+        assert_eq!(Pooler::from_env(&mut env), Pooler::None);
+    }
+
+    #[test]
+    fn the_direct_url_is_refused_without_a_pooler_and_when_it_is_not_postgres() {
+        let url = "postgres://u@127.0.0.1:5432/notify";
+        let mut env = notify_core::config::Env::from_vars([("NOTIFY_DATABASE_DIRECT_URL", url)]);
+        assert_eq!(direct_url_from_env(&mut env, Pooler::None), None);
+        let err = env.finish().unwrap_err();
+        assert!(
+            err.contains("NOTIFY_DATABASE_DIRECT_URL is set but NOTIFY_DATABASE_POOLER is none"),
+            "{err}"
+        );
+        let mut env =
+            notify_core::config::Env::from_vars([("NOTIFY_DATABASE_DIRECT_URL", "http://x")]);
+        assert_eq!(direct_url_from_env(&mut env, Pooler::PgBouncer), None);
+        assert!(
+            env.finish()
+                .unwrap_err()
+                .contains("NOTIFY_DATABASE_DIRECT_URL=\"http://x\" is invalid")
+        );
+        let mut env = notify_core::config::Env::from_vars([("NOTIFY_DATABASE_DIRECT_URL", url)]);
+        assert_eq!(
+            direct_url_from_env(&mut env, Pooler::PgBouncer).as_deref(),
+            Some(url)
+        );
+        assert!(env.finish().is_ok());
+    }
+
+    #[test]
+    fn behind_pgbouncer_no_startup_parameter_it_refuses_is_sent() {
+        let mut cfg = PoolConfig::new("postgres://u@127.0.0.1:6432/notify");
+        let direct = connect_options(&cfg).unwrap();
+        assert!(
+            direct
+                .get_options()
+                .is_some_and(|o| o.contains("statement_timeout"))
+        );
+        cfg.pooler = Pooler::PgBouncer;
+        let pooled = connect_options(&cfg).unwrap();
+        assert_eq!(pooled.get_options(), None);
+    }
 
     #[test]
     fn truncation_keeps_whole_thai_characters() {

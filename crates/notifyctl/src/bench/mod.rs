@@ -138,8 +138,14 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     }
     let broker_counters = cost::BrokerCounters::new(&cfg.amqp_url, &cfg.stack_dir);
 
+    // notifyctl is built with the binaries it starts (deploy/common.sh `prepare`).
+    let build = if cfg!(debug_assertions) {
+        "debug build (NOTIFY_BENCH_PROFILE=debug: checks the path, the figures mean nothing)"
+    } else {
+        "release build"
+    };
     println!(
-        "bench: phases of {:?}; release build; 2 cores shared by everything",
+        "bench: phases of {:?}; {build}; 2 cores shared by everything",
         cfg.phase
     );
     let broker = broker_ceiling(&cfg.amqp_url, 50_000)

@@ -62,6 +62,14 @@ pub(crate) struct Stack {
     /// node_modules holding playwright-core, and Chromium (browser tests).
     pub browser_modules: String,
     pub chromium: String,
+    /// With `NOTIFY_TEST_VIA_PGBOUNCER=1`: the pooler's `postgres://user@host:port` (from
+    /// `NOTIFY_PGBOUNCER_URL`, which `deploy/local-stack.sh pgbouncer up` writes to
+    /// `$NOTIFY_STACK_DIR/pgbouncer/env`). The platform's pool (ingest, http-api, workers
+    /// and the tests' own queries) then goes through it; migrations, which hold a session
+    /// advisory lock, the `LISTEN` connections and the retention pass
+    /// (`Platform::session_pool`) and out-of-process binaries (`Platform::db_url`) connect
+    /// directly.
+    pub pgbouncer_url: Option<String>,
 }
 
 /// The environment, completed by the stack's env file (`$NOTIFY_STACK_DIR/env` or
@@ -101,6 +109,13 @@ impl Stack {
             vapid_key_file: get("NOTIFY_VAPID_PRIVATE_KEY_FILE"),
             browser_modules: get("NOTIFY_BROWSER_MODULES"),
             chromium: get("NOTIFY_CHROMIUM"),
+            pgbouncer_url: match vars.get("NOTIFY_TEST_VIA_PGBOUNCER").map(String::as_str) {
+                None | Some("" | "0") => None,
+                Some("1") => Some(vars.get("NOTIFY_PGBOUNCER_URL").cloned().unwrap_or_else(|| {
+                    panic!("NOTIFY_TEST_VIA_PGBOUNCER=1 needs NOTIFY_PGBOUNCER_URL: run `deploy/local-stack.sh pgbouncer up` and source $NOTIFY_STACK_DIR/pgbouncer/env")
+                })),
+                Some(other) => panic!("NOTIFY_TEST_VIA_PGBOUNCER={other:?}: use 1 (through pgbouncer) or 0"),
+            },
         }
     }
 }
@@ -266,6 +281,9 @@ pub(crate) struct Platform {
     pub db_name: String,
     pub db_url: String,
     pub pool: PgPool,
+    /// The pool of the `LISTEN` connections and the retention pass: `pool` itself, or the
+    /// direct one with `NOTIFY_TEST_VIA_PGBOUNCER=1`.
+    pub session_pool: PgPool,
     pub topology: Topology,
     /// The exchange and queue name prefix of this platform (`NOTIFY_AMQP_PREFIX`).
     pub amqp_prefix: String,
@@ -339,6 +357,18 @@ impl Platform {
         cfg.max_connections = 20;
         let pool = notify_store::connect(&cfg).expect("pool");
         notify_store::migrate(&pool).await.expect("migrate");
+        // Through pgbouncer, the LISTEN connections and the retention pass keep the direct
+        // pool (notify_store::Pools::session), as NOTIFY_DATABASE_DIRECT_URL gives them.
+        let (pool, session_pool) = match &stack.pgbouncer_url {
+            None => (pool.clone(), pool),
+            Some(pooler) => {
+                let mut cfg = notify_store::PoolConfig::new(format!("{pooler}/{db_name}"));
+                cfg.max_connections = 20;
+                cfg.pooler = notify_store::Pooler::PgBouncer;
+                let pooled = notify_store::connect(&cfg).expect("pool through pgbouncer");
+                (pooled, pool)
+            }
+        };
 
         let shutdown = CancellationToken::new();
         let worker_shutdown = CancellationToken::new();
@@ -379,7 +409,11 @@ impl Platform {
         let grpc_addr = listener.local_addr().unwrap();
         let grpc_url = format!("http://{grpc_addr}");
         if opts.ingest_in_process {
-            let (p, s) = (pool.clone(), shutdown.clone());
+            let p = notify_store::Pools {
+                main: pool.clone(),
+                session: session_pool.clone(),
+            };
+            let s = shutdown.clone();
             tasks.push(tokio::spawn(async move {
                 ingest::run(ingest_cfg, p, listener, s).await.unwrap();
             }));
@@ -404,7 +438,11 @@ impl Platform {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http_url = format!("http://{}", listener.local_addr().unwrap());
         let http_cfg = http_config(&stack, &topology);
-        let (p, s) = (pool.clone(), shutdown.clone());
+        let p = notify_store::Pools {
+            main: pool.clone(),
+            session: session_pool.clone(),
+        };
+        let s = shutdown.clone();
         tasks.push(tokio::spawn(async move {
             http_api::serve(listener, p, http_cfg, s).await.unwrap();
         }));
@@ -414,6 +452,7 @@ impl Platform {
             db_name,
             db_url,
             pool,
+            session_pool,
             topology,
             amqp_prefix: format!("t{id}."),
             grpc_addr,
@@ -599,6 +638,7 @@ impl Platform {
             let _ = tokio::time::timeout(Duration::from_secs(15), t).await;
         }
         self.pool.close().await;
+        self.session_pool.close().await;
         if let Ok(conn) = notify_broker::connect(&self.stack.amqp_url, "tests-cleanup").await
             && let Ok(ch) = conn.create_channel().await
         {
@@ -623,7 +663,11 @@ impl Platform {
         let cfg = ingest_config(&self.stack, &self.topology, &self.opts);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let (p, s) = (self.pool.clone(), self.shutdown.clone());
+        let p = notify_store::Pools {
+            main: self.pool.clone(),
+            session: self.session_pool.clone(),
+        };
+        let s = self.shutdown.clone();
         self.tasks.push(tokio::spawn(async move {
             ingest::run(cfg, p, listener, s).await.unwrap();
         }));
