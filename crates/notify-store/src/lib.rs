@@ -163,9 +163,15 @@ impl PoolConfig {
 /// Opens a pool. Fails fast when the URL is malformed; connections are made lazily so a
 /// process can start while Postgres is still coming up.
 pub fn connect(cfg: &PoolConfig) -> Result<PgPool> {
+    // Broken connections (a primary killed in a failover) are dropped by sqlx's
+    // `test_before_acquire`, on by default; a new connection that lands on a node in
+    // recovery (a standby, or the old primary before it is rebuilt) is refused here, so
+    // the pool never keeps one that would fail every write with SQLSTATE 25006.
     Ok(PgPoolOptions::new()
         .max_connections(cfg.max_connections)
         .acquire_timeout(cfg.acquire_timeout)
+        .test_before_acquire(true)
+        .after_connect(|conn, _meta| Box::pin(refuse_standby(conn)))
         .connect_lazy_with(connect_options(cfg)?))
 }
 
@@ -255,6 +261,24 @@ pub fn direct_url_from_env(env: &mut notify_core::config::Env, pooler: Pooler) -
         return None;
     }
     Some(url)
+}
+
+/// Fails when the server behind `conn` is in recovery (`pg_is_in_recovery()`: a hot
+/// standby, read-only), so the pool drops the connection and the caller's retry path
+/// (the same as for any database error) reconnects, through the failover switch point,
+/// to the primary.
+async fn refuse_standby(conn: &mut sqlx::PgConnection) -> std::result::Result<(), sqlx::Error> {
+    let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
+        .fetch_one(&mut *conn)
+        .await?;
+    if in_recovery {
+        return Err(sqlx::Error::Protocol(
+            "NOTIFY_DATABASE_URL reached a PostgreSQL server in recovery (a standby); \
+             the URL must lead to the primary"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// One round trip to the database (`SELECT 1`), for readiness checks.
