@@ -206,7 +206,8 @@ pub fn parse_fatigue_caps(
 }
 
 impl IngestConfig {
-    /// Reads `NOTIFY_AMQP_URL` (required), `NOTIFY_AMQP_PREFIX` (""), `NOTIFY_MAX_ATTEMPTS`
+    /// Reads `NOTIFY_AMQP_URL` (required; one URL or the comma-separated nodes of a cluster,
+    /// see [`notify_broker::connect`]), `NOTIFY_AMQP_PREFIX` (""), `NOTIFY_MAX_ATTEMPTS`
     /// (5), `NOTIFY_REQUEST_TIMEOUT` (30s), `NOTIFY_RELAY_BATCH` (500), `NOTIFY_RELAY_POLL`
     /// (1s), `NOTIFY_SWEEP_INTERVAL` (10s), `NOTIFY_REPUBLISH_AFTER` (5m), `NOTIFY_INGEST_WRITERS`
     /// (4), `NOTIFY_INGEST_BATCH` (200), `NOTIFY_FATIGUE_CAPS` (empty: no caps; e.g.
@@ -224,7 +225,7 @@ impl IngestConfig {
         env: &mut notify_core::config::Env,
     ) -> Result<Self, notify_core::config::Missing> {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
-        let amqp_url = env.url("NOTIFY_AMQP_URL", &["amqp", "amqps"]);
+        let amqp_url = env.url_list("NOTIFY_AMQP_URL", &["amqp", "amqps"]);
         // Fields are evaluated in the order written: every variable is read before the
         // `?`, so every problem is recorded.
         Ok(Self {

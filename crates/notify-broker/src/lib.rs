@@ -164,10 +164,47 @@ impl Topology {
     }
 }
 
-/// Connects to `url` (`amqp://user:pass@host:port/vhost`).
-pub async fn connect(url: &str, name: &str) -> Result<Connection, BrokerError> {
-    let props = ConnectionProperties::default().with_connection_name(name.into());
-    Ok(Connection::connect(url, props).await?)
+/// The addresses of a broker setting: `urls` split at commas, trimmed, empty entries
+/// dropped (`NOTIFY_AMQP_URL` may name every node of a cluster).
+pub fn addresses(urls: &str) -> Vec<&str> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .collect()
+}
+
+/// Where the next [`connect`] of this process starts in its address list, so that
+/// successive connects and reconnects spread over a cluster's nodes and one dead node is
+/// not always tried first.
+static NEXT_ADDRESS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Connects to the first reachable of `urls`: one `amqp://user:pass@host:port/vhost` or
+/// several separated by commas (the nodes of a cluster). Each call starts at the next
+/// address of the list (round robin) and goes on through the others; every reconnect
+/// loop calls it again, so a process reaches any live node.
+///
+/// # Errors
+/// The last address's error when none of them accepts the connection.
+pub async fn connect(urls: &str, name: &str) -> Result<Connection, BrokerError> {
+    let mut list = addresses(urls);
+    if list.is_empty() {
+        list.push(urls);
+    }
+    let n = list.len();
+    let start = NEXT_ADDRESS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % n;
+    let mut tried = 0;
+    loop {
+        let at = (start + tried) % n;
+        let props = ConnectionProperties::default().with_connection_name(name.into());
+        match Connection::connect(list[at], props).await {
+            Ok(conn) => return Ok(conn),
+            Err(e) if tried + 1 >= n => return Err(e.into()),
+            Err(e) => {
+                tracing::warn!(address = at + 1, of = n, error = %e, "broker address refused the connection; trying the next");
+                tried += 1;
+            }
+        }
+    }
 }
 
 /// The message body on a channel queue: a pointer to a delivery row. Workers read the row;
@@ -432,5 +469,44 @@ mod tests {
             ),
             None
         );
+    }
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::*;
+
+    #[test]
+    fn a_list_of_addresses_is_split_at_commas_and_trimmed() {
+        assert_eq!(
+            addresses(" amqp://a:5672/%2f ,amqp://b:5673/%2f,"),
+            vec!["amqp://a:5672/%2f", "amqp://b:5673/%2f"]
+        );
+        assert_eq!(addresses("amqp://a"), vec!["amqp://a"]);
+    }
+
+    /// Against the local stack's broker (`NOTIFY_AMQP_URL`, as `make test` sets it): a
+    /// list whose other address is a closed port still connects, whichever address the
+    /// round robin starts at; a list of closed ports fails.
+    #[tokio::test]
+    async fn connect_goes_on_to_the_next_address_when_one_node_is_down() {
+        let live = std::env::var("NOTIFY_AMQP_URL").expect("NOTIFY_AMQP_URL (source .stack/env)");
+        let live = addresses(&live)[0].to_string();
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            drop(l);
+            format!("amqp://guest:guest@127.0.0.1:{port}/%2f")
+        };
+        let both = format!("{closed},{live}");
+        for _ in 0..3 {
+            let conn = connect(&both, "test-addresses")
+                .await
+                .expect("the live node");
+            assert!(conn.status().connected());
+            conn.close(200, "done".into()).await.unwrap();
+        }
+        let none = format!("{closed}, {closed}");
+        assert!(connect(&none, "test-addresses").await.is_err());
     }
 }

@@ -99,6 +99,26 @@ impl Env {
         Ok(v)
     }
 
+    /// A required comma-separated list of URLs (e.g. the nodes of a RabbitMQ cluster:
+    /// `amqp://h1:5672/%2f,amqp://h2:5672/%2f`), each checked as [`Env::url`] checks one;
+    /// an empty entry is an error naming its position (1-based). Returns the value as
+    /// given.
+    pub fn url_list(&mut self, name: &str, schemes: &[&str]) -> Result<String, Missing> {
+        let v = self.required(name)?;
+        for (i, one) in v.split(',').map(str::trim).enumerate() {
+            if one.is_empty() {
+                self.errors.push(format!(
+                    "{name}={:?} is invalid: address {} of the comma-separated list is empty",
+                    redact(&v),
+                    i + 1
+                ));
+            } else {
+                self.check_url(name, one, schemes);
+            }
+        }
+        Ok(v)
+    }
+
     /// An optional `http://` or `https://` base URL (a provider's API), with a default,
     /// without a trailing `/`.
     pub fn base_url(&mut self, name: &str, default: &str) -> String {
@@ -233,6 +253,24 @@ mod tests {
             "N=\"70000\" is invalid: must be a whole number from 1 to 65535\n\
              DB=\"mysql://u:***@h/db\" is invalid: must start with postgres://\n\
              BLANK is required\nUNSET is required"
+        );
+    }
+
+    #[test]
+    fn a_url_list_checks_every_address_and_names_an_empty_one() {
+        let mut env = Env::from_vars([
+            ("OK", "amqp://h1:5672/%2f, amqp://u:pw@h2:5673/%2f"),
+            ("BAD", "amqp://h1:5672,,http://h3"),
+        ]);
+        assert_eq!(
+            env.url_list("OK", &["amqp"]).as_deref(),
+            Ok("amqp://h1:5672/%2f, amqp://u:pw@h2:5673/%2f")
+        );
+        env.url_list("BAD", &["amqp"]).unwrap();
+        assert_eq!(
+            env.finish().unwrap_err(),
+            "BAD=\"amqp://h1:5672,,http://h3\" is invalid: address 2 of the comma-separated list is empty\n\
+             BAD=\"http://h3\" is invalid: must start with amqp://"
         );
     }
 

@@ -47,7 +47,8 @@ pub fn parse_rate_limits(s: &str) -> Result<std::collections::BTreeMap<String, u
 }
 
 impl WorkerConfig {
-    /// Reads `NOTIFY_AMQP_URL` (required), `NOTIFY_AMQP_PREFIX` (""),
+    /// Reads `NOTIFY_AMQP_URL` (required; one URL or the comma-separated nodes of a cluster,
+    /// see [`notify_broker::connect`]), `NOTIFY_AMQP_PREFIX` (""),
     /// `NOTIFY_WORKER_CONCURRENCY` (16), `NOTIFY_LEASE` (60s), `NOTIFY_RETRY_DELAYS`
     /// (30s,2m,10m,1h,6h), `NOTIFY_SHUTDOWN_GRACE` (30s), `NOTIFY_WORKER_ID` (`$HOSTNAME-pid`),
     /// `NOTIFY_RATE_LIMITS` ([`DEFAULT_RATE_LIMITS`]; calls per second per process),
@@ -59,7 +60,7 @@ impl WorkerConfig {
     pub fn from_env(env: &mut Env) -> Result<Self, Missing> {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
         let durs = |s: &str| notify_core::retry::parse_durations(s).map_err(|e| e.to_string());
-        let amqp_url = env.url("NOTIFY_AMQP_URL", &["amqp", "amqps"]);
+        let amqp_url = env.url_list("NOTIFY_AMQP_URL", &["amqp", "amqps"]);
         let prefix = env.string("NOTIFY_AMQP_PREFIX", "");
         let concurrency = env.parse_with("NOTIFY_WORKER_CONCURRENCY", 16u16, |s| {
             match s.parse::<u16>() {
