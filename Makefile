@@ -7,7 +7,7 @@ SHELL := /bin/bash
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 STACK_DIR := $(or $(NOTIFY_STACK_DIR),$(CURDIR)/.stack)
 
-.PHONY: demo test chaos bench up down status migrate lint fmt build check-deploy fuzz deny-advisories image
+.PHONY: demo test chaos chaos-ha bench up down status migrate lint fmt build check-deploy fuzz deny-advisories image
 
 ## demo: start the stack and the services, send one event to every channel, show the outcome
 demo:
@@ -22,6 +22,13 @@ test: up check-deploy
 ## chaos: broadcasts under kill -9, SIGTERM, RabbitMQ and PostgreSQL restarts; prints chaos: lines
 chaos:
 	deploy/chaos.sh
+
+## chaos-ha: the chaos broadcasts on a three-node RabbitMQ cluster and a PostgreSQL primary
+## with a synchronous standby behind HAProxy, killing the node leading the LINE queue and
+## failing Postgres over; a failover check before. Prints chaos: lines with
+## broker_failovers and db_failovers. Not in `test`
+chaos-ha:
+	deploy/chaos.sh ha
 
 ## bench: release build; broker and Postgres ceilings, ingest, end-to-end and fan-out figures
 bench:

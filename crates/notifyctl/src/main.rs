@@ -57,6 +57,11 @@ async fn main() -> ExitCode {
             let amqp_url = env.required("NOTIFY_AMQP_URL");
             let examples_python = env.required("NOTIFY_EXAMPLES_PYTHON");
             let examples_dir = env.required("NOTIFY_EXAMPLES_DIR");
+            let ha = env
+                .parse("NOTIFY_CHAOS_HA", false)
+                .then(|| notifyctl::chaos::ha::HaConfig {
+                    pg_ha_script: env.string("NOTIFY_PG_HA_SCRIPT", "deploy/pg-ha.sh").into(),
+                });
             let cfg = (|| {
                 Ok(notifyctl::chaos::ChaosConfig {
                     examples_python: examples_python?.into(),
@@ -75,6 +80,7 @@ async fn main() -> ExitCode {
                     maildev_url: maildev_url?,
                     sim_url: sim_url?,
                     amqp_url: amqp_url?,
+                    ha,
                 })
             })();
             let cfg = notify_telemetry::config_or_exit("notifyctl", env, cfg);

@@ -37,6 +37,9 @@ pub struct RunReport {
     pub canceled_sent: i64,
     /// Skipped when due (the rules at due time said no).
     pub skipped: i64,
+    /// `make chaos-ha`: RabbitMQ nodes killed and PostgreSQL failovers during the run
+    /// (their recoveries count in `max_recovery_s`).
+    pub failovers: Option<(u32, u32)>,
 }
 
 impl RunReport {
@@ -52,7 +55,10 @@ impl RunReport {
             self.ambiguous,
             self.stuck,
             self.max_recovery_s
-        )
+        ) + &self
+            .failovers
+            .map(|(broker, db)| format!(" broker_failovers={broker} db_failovers={db}"))
+            .unwrap_or_default()
     }
 
     /// Whether the run kept every promise.

@@ -37,6 +37,7 @@
 //! `chaos: webhooks receiver=python deliveries=1000 messages=M received=R webhooks_lost=0 webhooks_duplicates=D unwritten=0 rejected=0`
 
 mod check;
+pub mod ha;
 mod hooks;
 mod wave;
 
@@ -82,6 +83,9 @@ pub struct ChaosConfig {
     pub examples_python: PathBuf,
     /// The repository's `examples/` folder (`NOTIFY_EXAMPLES_DIR`).
     pub examples_dir: PathBuf,
+    /// `make chaos-ha` (`NOTIFY_CHAOS_HA=1`): failovers of a RabbitMQ cluster and of
+    /// PostgreSQL instead of restarts of single servers ([`ha`]).
+    pub ha: Option<ha::HaConfig>,
 }
 
 use crate::procs::{WEBHOOK_WORKER, WORKERS};
@@ -311,6 +315,7 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
     }
     procs.spawn(WEBHOOK_WORKER)?;
     let grpc = connect_grpc(&cfg.grpc_url).await?;
+    let mut all_ok = true;
     pb::type_service_client::TypeServiceClient::new(grpc.clone())
         .upsert_notification_type(pb::UpsertNotificationTypeRequest {
             key: "chaos_hooks".into(),
@@ -320,6 +325,24 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
             ..Default::default()
         })
         .await?;
+
+    if let Some(h) = &cfg.ha {
+        ha::setup(&pool, &grpc).await?;
+        // Without synchronous replication first (measured), then with it (nothing
+        // acknowledged may be lost); the broadcasts run with it on.
+        for sync in [false, true] {
+            let report = ha::failover_check(h, &pool, &grpc, sync).await;
+            let report = match report {
+                Ok(r) => r,
+                Err(e) => {
+                    procs.stop_all().await;
+                    return Err(e);
+                }
+            };
+            println!("{}", report.line());
+            all_ok &= report.ok();
+        }
+    }
 
     let audiences = [
         Audience {
@@ -339,7 +362,6 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
             with_email: false,
         },
     ];
-    let mut all_ok = true;
     for (n, a) in audiences.iter().enumerate() {
         setup(&pool, &grpc, a).await?;
         let report = chaos_run(cfg, &pool, &mut procs, a, n).await;
@@ -432,6 +454,17 @@ async fn chaos_run(
         "restart:rabbitmq",
         "restart:postgres",
     ];
+    if cfg.ha.is_some() {
+        for action in &mut plan {
+            *action = match *action {
+                "restart:rabbitmq" => "failover:rabbitmq",
+                "restart:postgres" => "failover:postgres",
+                other => other,
+            };
+        }
+    }
+    let mut failovers: Vec<ha::Failover> = Vec::new();
+    let probe_user = format!("{}-000000", a.label);
     {
         let mut rng = rand::rng();
         for i in (1..plan.len()).rev() {
@@ -517,6 +550,17 @@ async fn chaos_run(
                 }
                 procs.spawn(target)?;
             }
+            "failover" => {
+                let ha = cfg
+                    .ha
+                    .as_ref()
+                    .context("a failover needs NOTIFY_CHAOS_HA")?;
+                failovers.push(if target == "rabbitmq" {
+                    ha::broker_failover(cfg, pool, &grpc, &probe_user).await?
+                } else {
+                    ha::db_failover(ha, pool, &grpc, &probe_user).await?
+                });
+            }
             _ => {
                 stack(cfg, &["stop", target]).await?;
                 println!("  {target} stopped");
@@ -579,6 +623,20 @@ async fn chaos_run(
         "  settled in {:.0} s after the last kill or restart",
         started.elapsed().as_secs_f64()
     );
+    let mut counts = (0, 0);
+    let mut failover_recovery_s = 0f64;
+    for f in failovers {
+        let (kind, took) = f.recovery_s().await;
+        println!(
+            "  {kind} failover: a probe event created after the kill was delivered {took:.1} s after it"
+        );
+        if kind == "broker" {
+            counts.0 += 1;
+        } else {
+            counts.1 += 1;
+        }
+        failover_recovery_s = failover_recovery_s.max(took);
+    }
     let hooks_event = hooks.event_id();
     let hooks = hooks.finish(pool, cfg.settle).await?;
     stop_watch.cancel();
@@ -598,6 +656,10 @@ async fn chaos_run(
         // Not recovered by the end: count the whole time.
         let took = s.recovered_after.unwrap_or_else(|| s.at.elapsed());
         report.max_recovery_s = report.max_recovery_s.max(took.as_secs_f64());
+    }
+    if cfg.ha.is_some() {
+        report.max_recovery_s = report.max_recovery_s.max(failover_recovery_s);
+        report.failovers = Some(counts);
     }
     Ok((report, wave, hooks))
 }
