@@ -187,23 +187,45 @@ data_primary() {
 }
 
 # Server settings: local-stack.sh's (max_connections, shared_buffers, max_wal_size,
-# pg_stat_statements, track_io_timing), plus replication. Each node follows the other one
-# when it has standby.signal (primary_conninfo and primary_slot_name are ignored on a
-# primary); its application_name is its node name, which synchronous_standby_names uses.
-# wal_log_hints lets pg_rewind rewind a crashed primary. The slot keeps the WAL a stopped
-# standby needs, up to max_slot_wal_keep_size (beyond that the slot is invalidated and `up`
-# rebuilds the standby). On the command line, so they win over postgresql.auto.conf, which
-# pg_basebackup and pg_rewind copy from the other node; synchronous_standby_names is
-# therefore not among them (ALTER SYSTEM sets it).
+# pg_stat_statements, track_io_timing), plus replication, in pg-ha.conf in each data folder
+# (included by postgresql.conf, written again before each start; pg_basebackup and
+# pg_rewind copy both). In the data folder rather than on the command line so that
+# pg_rewind's single-user crash recovery keeps wal_log_hints (which pg_rewind needs: it
+# reads it from pg_control) and a reload does not complain about values the command line
+# changed. The slot keeps the WAL a stopped standby needs, up to max_slot_wal_keep_size
+# (beyond that the slot is invalidated and `up` copies the standby afresh).
+write_node_conf() { # node
+  local data; data=$(data_of "$1")
+  as_pg tee "$data/pg-ha.conf" >/dev/null <<'EOF'
+# Written by deploy/pg-ha.sh before each start: edits are lost.
+listen_addresses = '127.0.0.1'
+max_connections = 400
+shared_buffers = 256MB
+max_wal_size = 4GB
+shared_preload_libraries = 'pg_stat_statements'
+pg_stat_statements.track = all
+track_io_timing = on
+wal_level = replica
+max_wal_senders = 10
+max_replication_slots = 10
+max_slot_wal_keep_size = 4GB
+wal_log_hints = on
+hot_standby = on
+hot_standby_feedback = on
+EOF
+  grep -q "^include_if_exists = 'pg-ha.conf'" "$data/postgresql.conf" ||
+    printf "\n# deploy/pg-ha.sh\ninclude_if_exists = 'pg-ha.conf'\n" | as_pg tee -a "$data/postgresql.conf" >/dev/null
+}
+
+# Per node, on the command line: its port and socket, and whom it follows when it has
+# standby.signal (primary_conninfo and primary_slot_name are ignored on a primary). Its
+# application_name is its node name, which synchronous_standby_names uses. The command line
+# wins over postgresql.auto.conf, where pg_basebackup -R and pg_rewind -R write (and copy
+# from the other node) a primary_conninfo; synchronous_standby_names is therefore not
+# here (ALTER SYSTEM sets it).
 node_opts() { # node
   local n=$1 o; o=$(other "$1")
-  printf '%s ' "-p $(port_of "$n")" "-k $(sock_of "$n")" "-c listen_addresses=127.0.0.1" \
-    "-c max_connections=400" "-c shared_buffers=256MB" "-c max_wal_size=4GB" \
-    "-c shared_preload_libraries=pg_stat_statements" "-c pg_stat_statements.track=all" \
-    "-c track_io_timing=on" \
-    "-c wal_level=replica" "-c max_wal_senders=10" "-c max_replication_slots=10" \
-    "-c hot_standby=on" "-c hot_standby_feedback=on" "-c wal_log_hints=on" \
-    "-c max_slot_wal_keep_size=4GB" "-c cluster_name=pg-ha-$n" \
+  printf '%s ' "-p $(port_of "$n")" "-k $(sock_of "$n")" "-c cluster_name=pg-ha-$n" \
     "-c primary_conninfo='host=127.0.0.1 port=$(port_of "$o") user=postgres application_name=$n'" \
     "-c primary_slot_name=pg_ha_$n"
 }
@@ -246,10 +268,11 @@ start_node() { # node
   prepare_node_dir "$n"
   local role=primary; is_standby_data "$n" && role=standby
   log "starting node $n ($role) on 127.0.0.1:$(port_of "$n")"
+  write_node_conf "$n"
   # Without -l the server writes to pg_ctl's standard output: the log file, opened here by
   # whoever runs the script, so the postgres user needs no write access to $STACK/logs.
   printf '\n=== %s pg_ctl start (%s)\n' "$(date -Is)" "$role" >>"$(log_of "$n")"
-  as_pg "$(pg_bin)/pg_ctl" -D "$data" -w -t 120 start -o "$(node_opts "$n")" >>"$(log_of "$n")" 2>&1 </dev/null || {
+  as_pg "$(pg_bin)/pg_ctl" -D "$data" -w -t 120 start -o "$(node_opts "$n")" >>"$(log_of "$n")" 2>&1 </dev/null 9>&- || {
     tail -n 20 "$(log_of "$n")" >&2
     die "node $n did not start: $(log_of "$n")"
   }
@@ -406,7 +429,10 @@ $user
 defaults
   mode tcp
   log global
+  # Logged: server state changes, and sessions that ended in an error (not every connect).
+  option tcplog
   option dontlognull
+  option dontlog-normal
   retries 2
   timeout connect 2s
   # Pools keep their connections for hours.
@@ -433,7 +459,7 @@ start_haproxy() {
   haproxy -c -q -f "$HA/haproxy.cfg" >>"$STACK/logs/pg-ha-haproxy.log" 2>&1 ||
     die "haproxy refuses $HA/haproxy.cfg: $STACK/logs/pg-ha-haproxy.log"
   log "starting haproxy on 127.0.0.1:$FRONT"
-  setsid haproxy -db -f "$HA/haproxy.cfg" >>"$STACK/logs/pg-ha-haproxy.log" 2>&1 </dev/null &
+  setsid haproxy -db -f "$HA/haproxy.cfg" >>"$STACK/logs/pg-ha-haproxy.log" 2>&1 </dev/null 9>&- &
   echo $! >"$f"
 }
 
@@ -470,6 +496,7 @@ EOF
 }
 
 up() {
+  local pid
   [ -n "$(pg_bin)" ] || apt_install postgresql
   command -v psql >/dev/null || apt_install postgresql-client
   ensure_pg_user
@@ -486,7 +513,9 @@ up() {
     stop_node "$s"
     rebuild_standby "$s" "$p"
   fi
-  if ! node_pid "$s" >/dev/null; then
+  if pid=$(node_pid "$s"); then
+    log "node $s already running (pid $pid)"
+  else
     # A slot lost with the primary's data is created again; if the standby needs WAL from
     # before it, it does not stream and is copied afresh below.
     ensure_slot "$p" "$s"
@@ -606,11 +635,11 @@ clean() {
   down
   local root; root=$(data_root)
   case "$root" in */pg-ha) ;; *) die "refusing to delete $root" ;; esac
-  log "deleting $root and $HA"
+  if [ "$root" = "$HA" ]; then log "deleting $HA"; else log "deleting $root and $HA"; fi
   rm -rf "$root" "$HA"
 }
 
-locked() { # verb... : one changing verb at a time
+locked() { # verb... : one changing verb at a time (the servers started close fd 9)
   mkdir -p "$STACK/logs" "$STACK/pids" "$HA"
   exec 9>"$STACK/pids/pg-ha.lock"
   flock -n 9 || die "another deploy/pg-ha.sh is running (lock $STACK/pids/pg-ha.lock)"
