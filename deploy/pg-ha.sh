@@ -82,7 +82,14 @@ apt_install() {
   rm -f /usr/sbin/policy-rc.d
 }
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# A live process: not gone, and not a zombie nobody reaped yet (a killed postmaster's
+# parent is init, which may take a while).
+pid_running() { # pid
+  kill -0 "$1" 2>/dev/null || return 1
+  local st; st=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+  [ -n "$st" ] && [ "$st" != Z ]
+}
+alive() { [ -f "$1" ] && pid_running "$(cat "$1")"; }
 
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 
@@ -91,11 +98,11 @@ stop_pid() { # name
   local f=$STACK/pids/$1.pid
   [ -f "$f" ] || return 0
   local pid; pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
+  if pid_running "$pid"; then
     log "stopping $1 (pid $pid)"
     kill "$pid" 2>/dev/null || true
     local i
-    for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    for ((i = 0; i < 100; i++)); do pid_running "$pid" || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
   fi
   rm -f "$f"
@@ -141,7 +148,7 @@ node_pid() { # node
   [ -f "$pm" ] || return 1
   local pid; pid=$(head -n 1 "$pm")
   case "$pid" in '' | *[!0-9]*) return 1 ;; esac
-  if kill -0 "$pid" 2>/dev/null && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = postgres ]; then
+  if pid_running "$pid" && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = postgres ]; then
     echo "$pid" >"$f"; echo "$pid"; return 0
   fi
   return 1
@@ -153,6 +160,17 @@ q() { # node|front sql...
   if [ "$1" = front ]; then port=$FRONT; else port=$(port_of "$1"); fi
   shift
   PGCONNECT_TIMEOUT=3 psql -X -w -h 127.0.0.1 -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1 -tAq -c "$*" 2>/dev/null
+}
+
+# Pids of every process of a node, the postmaster's children included (even orphaned):
+# the processes whose working directory is its data folder.
+node_procs() { # node
+  local data d p out=''; data=$(data_of "$1")
+  for d in /proc/[0-9]*; do
+    [ "$(readlink "$d/cwd" 2>/dev/null)" = "$data" ] || continue
+    p=${d#/proc/}; out="$out${out:+ }$p"
+  done
+  echo "$out"
 }
 
 role_of() { # node -> primary | standby | stopped | unreachable
@@ -285,10 +303,12 @@ stop_node() { # node
   log "stopping node $n (pid $pid)"
   as_pg "$(pg_bin)/pg_ctl" -D "$(data_of "$n")" -m fast -w -t 60 stop >>"$(log_of "$n")" 2>&1 || true
   local i
-  if kill -0 "$pid" 2>/dev/null; then kill -INT "$pid" 2>/dev/null || true; fi
-  for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if pid_running "$pid"; then kill -INT "$pid" 2>/dev/null || true; fi
+  for ((i = 0; i < 100; i++)); do pid_running "$pid" || break; sleep 0.1; done
   kill -9 "$pid" 2>/dev/null || true
   rm -f "$(pidfile_of "$n")"
+  for ((i = 0; i < 100; i++)); do [ -z "$(node_procs "$n")" ] && return 0; sleep 0.1; done
+  log "warning: processes of node $n still run: $(node_procs "$n")"
 }
 
 # The standby's physical slot on the primary, created reserving WAL from now. With
@@ -585,38 +605,46 @@ status() {
 }
 
 failover() {
-  local p s
-  p=$(live_primary) || die "no node answers as primary (\`$0 status\`; \`$0 up\` starts them)"
-  s=$(other "$p")
-  [ "$(role_of "$s")" = standby ] || die "node $s is not a running standby"
+  local p s ra rb
+  ra=$(role_of a) rb=$(role_of b)
+  if [ "$ra" = primary ] || [ "$rb" = primary ]; then
+    if [ "$ra" = primary ]; then p=a; else p=b; fi
+    s=$(other "$p")
+    [ "$(role_of "$s")" = standby ] || die "node $s is not a running standby (node $s: $(role_of "$s"))"
+    streaming "$p" "$s" || log "warning: node $s does not stream right now; it may lack recent commits"
+  elif [ "$ra" = standby ] || [ "$rb" = standby ]; then
+    # The primary crashed (or hangs) already: promote the standby all the same.
+    if [ "$ra" = standby ]; then s=a; else s=b; fi
+    p=$(other "$s")
+    log "node $p does not answer as primary ($(role_of "$p"))"
+  else
+    die "no node answers as primary or standby (\`$0 status\`; \`$0 up\` starts them)"
+  fi
   alive "$STACK/pids/pg-ha-haproxy.pid" || die "haproxy is not running (\`$0 up\`)"
-  streaming "$p" "$s" || log "warning: node $s does not stream right now; it may lack recent commits"
   local sync; sync=$(sync_wanted)
   # The node to promote must not wait for a synchronous standby it will not have for a
   # while: clear the setting it may have copied with its base backup (ALTER SYSTEM works on a
   # standby, and takes effect there at once).
   { q "$s" "alter system set synchronous_standby_names = ''" >/dev/null && q "$s" 'select pg_reload_conf()' >/dev/null; } ||
     die "cannot clear synchronous_standby_names on node $s"
-  local pid kids
-  pid=$(node_pid "$p") || die "node $p has no pid"
-  kids=$(ps -o pid= --ppid "$pid" | tr -s ' \n' ' ')
-  local t0; t0=$(now)
-  log "kill -9 node $p's postmaster (pid $pid)"
-  kill -9 "$pid"
+  local pid t0; t0=$(now)
+  if pid=$(node_pid "$p"); then
+    log "kill -9 node $p's postmaster (pid $pid)"
+    kill -9 "$pid"
+  fi
   rm -f "$(pidfile_of "$p")"
   log "promoting node $s"
   [ "$(q "$s" 'select pg_promote(true, 60)')" = t ] || die "promotion of node $s failed: $(log_of "$s")"
   echo "$s" >"$HA/primary"
+  log "node $s promoted after $(since "$t0")s"
   wait_routed "$s" 60 || die "haproxy does not route to node $s after 60 s"
   local routed; routed=$(since "$t0")
   log "haproxy routes to node $s after ${routed}s"
   # The dead postmaster's children end when they notice its death; pg_rewind's crash
   # recovery needs them gone (they hold its shared memory).
-  local k i
-  for k in $kids; do
-    for ((i = 0; i < 300; i++)); do kill -0 "$k" 2>/dev/null || break; sleep 0.1; done
-    kill -0 "$k" 2>/dev/null && die "pid $k of node $p's dead postmaster still runs"
-  done
+  local i
+  for ((i = 0; i < 300; i++)); do [ -z "$(node_procs "$p")" ] && break; sleep 0.1; done
+  [ -z "$(node_procs "$p")" ] || die "processes of node $p's dead postmaster still run: $(node_procs "$p")"
   rebuild_standby "$p" "$s"
   local back; back=$(since "$t0")
   apply_sync "$s" "$p" "$sync"
