@@ -29,10 +29,10 @@
 # and check-primary.sh, logs $STACK/logs/pg-ha-{a,b,haproxy}.log, pids
 # $STACK/pids/pg-ha-{a,b,haproxy}.pid, state $STACK/pg-ha/primary and $STACK/pg-ha/sync.
 #
-# Which node is primary is decided by the data: the node without standby.signal. Only when
-# both lack one (a failover interrupted between the promotion and the rebuild) does the
-# state file $STACK/pg-ha/primary (written right after each promotion) decide, and `up`
-# rebuilds the other as its standby.
+# Which node is primary is decided by the data: the node without standby.signal. When both
+# lack one (a failover interrupted between the promotion and the rebuild), the running
+# primary, else the later timeline, else the state file $STACK/pg-ha/primary (written right
+# after each promotion) decides, and `up` rebuilds the other as its standby.
 #
 # Synchronous mode is non-strict, like Patroni's synchronous_mode: synchronous_standby_names
 # names the standby only while it streams. A failover clears it on the promoted node before
@@ -173,6 +173,25 @@ node_procs() { # node
   echo "$out"
 }
 
+# A killed postmaster stays a zombie until init reaps it (here that took seconds), and
+# postgres takes the pid in postmaster.pid of a zombie for a live server. Waits for the
+# reaping, and removes the lock file of a zombie that no process of the node outlives.
+clear_stale_lock() { # node
+  local pm pid i; pm=$(data_of "$1")/postmaster.pid
+  [ -f "$pm" ] || return 0
+  pid=$(head -n 1 "$pm")
+  case "$pid" in '' | *[!0-9]*) return 0 ;; esac
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    pid_running "$pid" && return 0
+    sleep 0.1
+  done
+  if [ -z "$(node_procs "$1")" ]; then
+    log "node $1: postmaster $pid is a zombie nobody reaps: removing its postmaster.pid"
+    rm -f "$pm"
+  fi
+}
+
 role_of() { # node -> primary | standby | stopped | unreachable
   node_pid "$1" >/dev/null || { echo stopped; return; }
   case "$(q "$1" 'select pg_is_in_recovery()' || true)" in
@@ -199,9 +218,19 @@ data_primary() {
     0) if has_data a || has_data b; then die "no node's data is a primary (both have standby.signal)"; fi
        echo a ;;
     1) echo "${cands[0]}" ;;
-    *) local s; s=$(cat "$HA/primary" 2>/dev/null || echo a)
-       case "$s" in a | b) echo "$s" ;; *) echo a ;; esac ;;
+    *) # Both were primaries: the later timeline (a promotion) wins, else the state file.
+       local ta tb st; ta=$(tli_of a) tb=$(tli_of b)
+       if [ "$ta" -gt "$tb" ]; then echo a; return; fi
+       if [ "$tb" -gt "$ta" ]; then echo b; return; fi
+       st=$(cat "$HA/primary" 2>/dev/null || echo a)
+       case "$st" in a | b) echo "$st" ;; *) echo a ;; esac ;;
   esac
+}
+
+tli_of() { # node: the timeline of its last checkpoint (0 when unknown)
+  local t
+  t=$(as_pg "$(pg_bin)/pg_controldata" -D "$(data_of "$1")" 2>/dev/null | awk -F: '/^Latest checkpoint.s TimeLineID/ { gsub(/ /, "", $2); print $2 }')
+  case "$t" in '' | *[!0-9]*) echo 0 ;; *) echo "$t" ;; esac
 }
 
 # Server settings: local-stack.sh's (max_connections, shared_buffers, max_wal_size,
@@ -285,6 +314,7 @@ start_node() { # node
   has_data "$n" || die "node $n has no data ($data)"
   prepare_node_dir "$n"
   local role=primary; is_standby_data "$n" && role=standby
+  clear_stale_lock "$n"
   log "starting node $n ($role) on 127.0.0.1:$(port_of "$n")"
   write_node_conf "$n"
   # Without -l the server writes to pg_ctl's standard output: the log file, opened here by
@@ -362,6 +392,7 @@ rewind_node() { # node primary
   local n=$1 p=$2 data; data=$(data_of "$1")
   q "$p" checkpoint >/dev/null || return 1
   ensure_slot "$p" "$n" 1
+  clear_stale_lock "$n"
   log "pg_rewind node $n onto node $p"
   printf '\n=== %s pg_rewind onto node %s\n' "$(date -Is)" "$p" >>"$(log_of "$n")"
   as_pg "$(pg_bin)/pg_rewind" -D "$data" -R \
