@@ -308,8 +308,8 @@ EOF
   echo "$n" >"$HA/primary"
 }
 
-start_node() { # node
-  local n=$1 data pid; data=$(data_of "$1")
+start_node() { # node [try: return 1 instead of exiting when it does not start]
+  local n=$1 try=${2:-} data pid; data=$(data_of "$1")
   if pid=$(node_pid "$n"); then log "node $n already running (pid $pid)"; return 0; fi
   has_data "$n" || die "node $n has no data ($data)"
   prepare_node_dir "$n"
@@ -322,6 +322,7 @@ start_node() { # node
   printf '\n=== %s pg_ctl start (%s)\n' "$(date -Is)" "$role" >>"$(log_of "$n")"
   as_pg "$(pg_bin)/pg_ctl" -D "$data" -w -t 120 start -o "$(node_opts "$n")" >>"$(log_of "$n")" 2>&1 </dev/null 9>&- || {
     tail -n 20 "$(log_of "$n")" >&2
+    if [ "$try" = try ]; then log "node $n did not start: $(log_of "$n")"; stop_node "$n"; return 1; fi
     die "node $n did not start: $(log_of "$n")"
   }
   head -n 1 "$data/postmaster.pid" >"$(pidfile_of "$n")"
@@ -407,8 +408,9 @@ rewind_node() { # node primary
 rebuild_standby() { # node primary
   local n=$1 p=$2
   if has_data "$n" && rewind_node "$n" "$p"; then
-    start_node "$n"
-    if wait_streaming "$p" "$n" 60; then log "node $n streams from node $p (rewound)"; return 0; fi
+    if start_node "$n" try && wait_streaming "$p" "$n" 60; then
+      log "node $n streams from node $p (rewound)"; return 0
+    fi
     log "node $n does not stream after pg_rewind: taking a fresh base backup"
     stop_node "$n"
   fi
@@ -563,7 +565,8 @@ up() {
   if ! has_data "$s"; then
     basebackup_node "$s" "$p"
   elif ! is_standby_data "$s"; then
-    # Both were primaries (an interrupted failover): the state file chose $p.
+    # Both were primaries (an interrupted failover): the running primary, the later
+    # timeline or the state file chose $p.
     stop_node "$s"
     rebuild_standby "$s" "$p"
   fi
