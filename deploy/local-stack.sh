@@ -610,7 +610,10 @@ cluster_numbers() { # key
   python3 -c '
 import json, sys
 key, base = sys.argv[1], int(sys.argv[2])
-v = json.load(sys.stdin).get(key)
+try:
+    v = json.load(sys.stdin).get(key)
+except ValueError:
+    sys.exit(1)
 names = v if isinstance(v, list) else [v] if v else []
 out = []
 for n in names:
@@ -652,6 +655,28 @@ cluster_wait_joined() { # i seconds: until another running node sees node i runn
     sleep 0.5
   done
   die "rabbitmq cluster node $i runs but has not rejoined after ${secs}s (logs: $C_DIR/node$i/log)"
+}
+
+# Until node i's replica of every quorum queue with a member there runs again (the
+# management API's `online`, refreshed every few seconds); a warning after $2 seconds.
+cluster_wait_replicas() { # i seconds
+  local i=$1 secs=$2 n missing
+  for ((n = 0; n < secs * 2; n++)); do
+    missing=$(cluster_api 'queues?columns=name,type,members,online' | python3 -c '
+import json, sys
+node = sys.argv[1]
+try:
+    qs = json.load(sys.stdin)
+except ValueError:
+    print("?"); sys.exit()
+for q in qs:
+    if q.get("type") == "quorum" and node in (q.get("members") or []) and node not in (q.get("online") or []):
+        print(q["name"])
+' "$(c_name "$i")") || missing="?"
+    [ -z "$missing" ] && return 0
+    sleep 0.5
+  done
+  log "warning: after ${secs}s node $i is not yet an online member of: $(echo "$missing" | tr '\n' ' ')"
 }
 
 cluster_up() {
@@ -730,6 +755,7 @@ cluster_start() { # i
   if c_alive "$i"; then log "rabbitmq cluster node $i already running"; else cluster_start_node "$i"; fi
   cluster_wait_node "$i" 360
   cluster_wait_joined "$i" 120
+  cluster_wait_replicas "$i" 60
 }
 
 cluster_status() {
