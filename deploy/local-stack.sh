@@ -3,7 +3,7 @@
 # processes with data, logs and pid files under one folder this script owns.
 #
 #   deploy/local-stack.sh up       install what is missing, start everything, wait until ready
-#   deploy/local-stack.sh down     stop everything this script started (by pid)
+#   deploy/local-stack.sh down     stop everything this script started (by pid; rabbitmq-cluster too)
 #   deploy/local-stack.sh stop S   stop one service (postgres, rabbitmq, maildev, provider-sim)
 #   deploy/local-stack.sh status   show what runs
 #   deploy/local-stack.sh env      print the environment the services and tests need
@@ -15,6 +15,28 @@
 #                                  front of the stack's Postgres (docs/pooling.md); never started
 #                                  by `up`, `make up` or `make test`. `env` prints the settings
 #                                  that route the binaries through it (also in $STACK/pgbouncer/env)
+#   deploy/local-stack.sh rabbitmq-cluster VERB
+#                                  three clustered RabbitMQ nodes (numbered 1 to 3) beside the
+#                                  stack's single one, for failover tests; never started by `up`,
+#                                  `make up` or `make test`. VERB:
+#     up         start the 3 nodes (a blank cluster: node 1, then 2 and 3 join it; nodes with
+#                data: all together, each waits for the others), wait until all 3 run; idempotent
+#     down       stop all 3 (SIGTERM to each node's Erlang VM, by pid) and the cluster's epmd
+#     status     one line per node: running or stopped, pid, ports
+#     env        print the NOTIFY_AMQP_URL listing the 3 nodes
+#     leader Q   number of the node leading quorum queue Q (exit 1 if unknown)
+#     members Q  numbers of the nodes with a replica of Q, one a line
+#     kill N     SIGKILL node N's Erlang VM (beam.smp: a crash), wait until it is gone
+#     start N    start node N again, wait until its AMQP port accepts, it has rejoined the
+#                cluster and its quorum queue replicas are back online
+#                                  `leader` and `members` ask the management API (enabled on these
+#                                  nodes only) of the first running node: well under a second where
+#                                  the CLI (rabbitmqctl, a second Erlang VM) takes one or more.
+#                                  Node i: AMQP on NOTIFY_AMQP_CLUSTER_PORT + 11*(i-1), management
+#                                  API on that + 5, Erlang distribution + 20000, CLI + 30000..+30010;
+#                                  name notifyc<port>@localhost; data in $STACK/rabbitmq-cluster/
+#                                  node<i>, log $STACK/logs/rabbitmq-c<i>.log, pid (beam.smp)
+#                                  $STACK/pids/rabbitmq-c<i>.pid
 #
 # Settings (environment, with defaults):
 #   NOTIFY_STACK_DIR  folder for data, logs and pids   (<repo>/.stack)
@@ -24,6 +46,9 @@
 #   NOTIFY_MAILDEV_WEB_PORT  MailDev web UI / REST API  (51080)
 #   NOTIFY_SIM_PORT   provider-sim HTTP port            (58080)
 #   NOTIFY_HTTP_PORT  where scripts start http-api      (58090; only written to the env)
+#   NOTIFY_AMQP_CLUSTER_PORT  AMQP port of rabbitmq-cluster's node 1 (NOTIFY_AMQP_PORT + 100;
+#                     node i on + 11*(i-1): 5792, 5803, 5814 by default)
+#   NOTIFY_AMQP_CLUSTER_EPMD_PORT  the cluster's own epmd (NOTIFY_AMQP_CLUSTER_PORT + 10)
 #   NOTIFY_PGBOUNCER_PORT  pgbouncer port               (NOTIFY_PG_PORT + 1)
 #   NOTIFY_PGBOUNCER_POOL_SIZE  server connections per database and user (150 in session
 #                     mode, 40 in transaction mode)
@@ -801,6 +826,7 @@ case "$cmd" in
     # http-api is started by the demo and left running for its console and inbox links.
     stop_pid http-api
     stop_pid pgbouncer
+    cluster_down
     for s in provider-sim maildev rabbitmq postgres; do stop_service "$s"; done
     ;;
   stop)
