@@ -555,8 +555,9 @@ cluster_files() { # i: config of node i (rewritten on every start), the shared c
     # rejoins the nodes it last ran with, waiting for them (up to 5 minutes).
     echo "cluster_formation.peer_discovery_backend = classic_config"
     for j in $C_NODES; do echo "cluster_formation.classic_config.nodes.$j = $(c_name "$j")"; done
-    # A node that loses sight of both others stops serving until it sees them again,
-    # instead of going on as a second cluster.
+    # A node that loses sight of both others stops serving (closes its AMQP port) until
+    # it sees one again, instead of going on as a second cluster: with two nodes killed,
+    # the third pauses until one of them is started again.
     echo "cluster_partition_handling = pause_minority"
     # Alarms block publishers on every node of the cluster. 0.3 of RAM per node (the
     # three together below the machine's RAM; the single node keeps the default 0.4);
@@ -716,14 +717,14 @@ cluster_up() {
   # A blank cluster: node 1 first, the others then join it.
   if [ ${#seeded[@]} -eq 0 ] && [ ${#blank[@]} -eq 3 ]; then
     cluster_start_node 1
-    cluster_wait_node 1 180
+    cluster_wait_node 1 360
     blank=(2 3)
   fi
   # Nodes with data together: each waits for the nodes it last ran with.
   for i in "${seeded[@]}"; do cluster_start_node "$i"; done
   for i in "${seeded[@]}"; do cluster_wait_node "$i" 360; done
   for i in "${blank[@]}"; do cluster_start_node "$i"; done
-  for i in "${blank[@]}"; do cluster_wait_node "$i" 180; done
+  for i in "${blank[@]}"; do cluster_wait_node "$i" 360; done
   for ((n = 0; n < 120; n++)); do
     [ "$(cluster_running | wc -l)" = 3 ] && break
     sleep 0.5
@@ -786,8 +787,11 @@ cluster_start() { # i
 cluster_status() {
   local i
   for i in $C_NODES; do
-    if c_alive "$i"; then
+    if c_alive "$i" && c_port_open "$(c_port "$i")"; then
       echo "rabbitmq-c$i: running (pid $(cat "$(c_pidfile "$i")"), port $(c_port "$i"), management $(c_mgmt "$i"), $(c_name "$i"))"
+    elif c_alive "$i"; then
+      # Booting, waiting for its peers, or paused (pause_minority: it sees neither other node).
+      echo "rabbitmq-c$i: running, AMQP port closed (pid $(cat "$(c_pidfile "$i")"), port $(c_port "$i"), $(c_name "$i"))"
     else
       echo "rabbitmq-c$i: stopped (port $(c_port "$i"), $(c_name "$i"))"
     fi
