@@ -3,7 +3,7 @@
 # processes with data, logs and pid files under one folder this script owns.
 #
 #   deploy/local-stack.sh up       install what is missing, start everything, wait until ready
-#   deploy/local-stack.sh down     stop everything this script started (by pid)
+#   deploy/local-stack.sh down     stop everything this script started (by pid; rabbitmq-cluster too)
 #   deploy/local-stack.sh stop S   stop one service (postgres, rabbitmq, maildev, provider-sim)
 #   deploy/local-stack.sh status   show what runs
 #   deploy/local-stack.sh env      print the environment the services and tests need
@@ -15,6 +15,28 @@
 #                                  front of the stack's Postgres (docs/pooling.md); never started
 #                                  by `up`, `make up` or `make test`. `env` prints the settings
 #                                  that route the binaries through it (also in $STACK/pgbouncer/env)
+#   deploy/local-stack.sh rabbitmq-cluster VERB
+#                                  three clustered RabbitMQ nodes (numbered 1 to 3) beside the
+#                                  stack's single one, for failover tests; never started by `up`,
+#                                  `make up` or `make test`. VERB:
+#     up         start the 3 nodes (a blank cluster: node 1, then 2 and 3 join it; nodes with
+#                data: all together, each waits for the others), wait until all 3 run; idempotent
+#     down       stop all 3 (SIGTERM to each node's Erlang VM, by pid) and the cluster's epmd
+#     status     one line per node: running or stopped, pid, ports
+#     env        print the NOTIFY_AMQP_URL listing the 3 nodes
+#     leader Q   number of the node leading quorum queue Q (exit 1 if unknown)
+#     members Q  numbers of the nodes with a replica of Q, one a line
+#     kill N     SIGKILL node N's Erlang VM (beam.smp: a crash), wait until it is gone
+#     start N    start node N again, wait until its AMQP port accepts, it has rejoined the
+#                cluster and its quorum queue replicas are back online
+#                                  `leader` and `members` ask the management API (enabled on these
+#                                  nodes only) of the first running node: well under a second where
+#                                  the CLI (rabbitmqctl, a second Erlang VM) takes one or more.
+#                                  Node i: AMQP on NOTIFY_AMQP_CLUSTER_PORT + 11*(i-1), management
+#                                  API on that + 5, Erlang distribution + 20000, CLI + 30000..+30010;
+#                                  name notifyc<port>@localhost; data in $STACK/rabbitmq-cluster/
+#                                  node<i>, log $STACK/logs/rabbitmq-c<i>.log, pid (beam.smp)
+#                                  $STACK/pids/rabbitmq-c<i>.pid
 #
 # Settings (environment, with defaults):
 #   NOTIFY_STACK_DIR  folder for data, logs and pids   (<repo>/.stack)
@@ -24,6 +46,9 @@
 #   NOTIFY_MAILDEV_WEB_PORT  MailDev web UI / REST API  (51080)
 #   NOTIFY_SIM_PORT   provider-sim HTTP port            (58080)
 #   NOTIFY_HTTP_PORT  where scripts start http-api      (58090; only written to the env)
+#   NOTIFY_AMQP_CLUSTER_PORT  AMQP port of rabbitmq-cluster's node 1 (NOTIFY_AMQP_PORT + 100;
+#                     node i on + 11*(i-1): 5792, 5803, 5814 by default)
+#   NOTIFY_AMQP_CLUSTER_EPMD_PORT  the cluster's own epmd (NOTIFY_AMQP_CLUSTER_PORT + 10)
 #   NOTIFY_PGBOUNCER_PORT  pgbouncer port               (NOTIFY_PG_PORT + 1)
 #   NOTIFY_PGBOUNCER_POOL_SIZE  server connections per database and user (150 in session
 #                     mode, 40 in transaction mode)
@@ -46,6 +71,8 @@ MAILDEV_VERSION=3.0.0
 PLAYWRIGHT_VERSION=1.64.1
 HTTP_PORT=${NOTIFY_HTTP_PORT:-58090}
 PGB_PORT=${NOTIFY_PGBOUNCER_PORT:-$((PG_PORT + 1))}
+CLUSTER_PORT=${NOTIFY_AMQP_CLUSTER_PORT:-$((AMQP_PORT + 100))}
+CLUSTER_EPMD_PORT=${NOTIFY_AMQP_CLUSTER_EPMD_PORT:-$((CLUSTER_PORT + 10))}
 PGB_POOL_MODE=${NOTIFY_PGBOUNCER_POOL_MODE:-session}
 if [ "$PGB_POOL_MODE" = transaction ]; then PGB_POOL_SIZE=${NOTIFY_PGBOUNCER_POOL_SIZE:-40}; else PGB_POOL_SIZE=${NOTIFY_PGBOUNCER_POOL_SIZE:-150}; fi
 LINE_TOKEN=${NOTIFY_LINE_CHANNEL_TOKEN:-local-line-channel-access-token}
@@ -464,6 +491,325 @@ export NOTIFY_WEBPUSH_BASE_OVERRIDE=http://127.0.0.1:$SIM_PORT/webpush
 EOF
 }
 
+# --- rabbitmq-cluster: three RabbitMQ nodes clustered on this machine ------------------
+# Node i (1..3): AMQP on CLUSTER_PORT + 11*(i-1), Erlang distribution on that + 20000, its
+# CLI tools on that + 30000..+30010 (so no range overlaps the next node's), the management
+# plugin (HTTP API, for `leader` and `members`) on that + 5; name notifyc<port>@localhost.
+# Data under $STACK/rabbitmq-cluster/node<i>/, stdout in $STACK/logs/rabbitmq-c<i>.log, the
+# Erlang VM's (beam.smp) pid in $STACK/pids/rabbitmq-c<i>.pid. The three nodes and their
+# CLI share one cookie and a private epmd on CLUSTER_EPMD_PORT, started and stopped with
+# them (the machine's epmd on 4369 serves other nodes and is left alone).
+C_DIR=$STACK/rabbitmq-cluster
+C_NODES="1 2 3"
+
+c_port() { echo $((CLUSTER_PORT + 11 * ($1 - 1))); }
+c_mgmt() { echo $(($(c_port "$1") + 5)); }
+c_name() { echo "notifyc$(c_port "$1")@localhost"; }
+c_pidfile() { echo "$STACK/pids/rabbitmq-c$1.pid"; }
+c_alive() { alive "$(c_pidfile "$1")"; }
+c_port_open() { bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null; }
+
+cluster_env() { # i: the environment of node i's server and of the CLI tools aimed at it
+  local d=$C_DIR/node$1 p; p=$(c_port "$1")
+  export HOME=$d/home
+  export RABBITMQ_NODENAME=notifyc$p@localhost
+  export RABBITMQ_NODE_IP_ADDRESS=127.0.0.1
+  export RABBITMQ_NODE_PORT=$p
+  export RABBITMQ_DIST_PORT=$((p + 20000))
+  export RABBITMQ_MNESIA_BASE=$d/mnesia
+  export RABBITMQ_LOG_BASE=$d/log
+  export RABBITMQ_PID_FILE=$d/rabbit.pid
+  export RABBITMQ_ENABLED_PLUGINS_FILE=$d/enabled_plugins
+  export RABBITMQ_CONFIG_FILE=$d/rabbitmq.conf
+  export RABBITMQ_ADVANCED_CONFIG_FILE=$d/advanced.config
+  export RABBITMQ_CONF_ENV_FILE=$d/rabbitmq-env.conf
+  # Erlang distribution only on the loopback interface, through the cluster's own epmd.
+  export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}"
+  export ERL_EPMD_PORT=$CLUSTER_EPMD_PORT ERL_EPMD_ADDRESS=127.0.0.1
+}
+
+# The CLI (a second Erlang VM: seconds to start, longer on a loaded machine): only for
+# debugging, e.g. `cluster_ctl 1 cluster_status`.
+cluster_ctl() { # i args...
+  local i=$1; shift
+  (cluster_env "$i"; exec /usr/lib/rabbitmq/bin/rabbitmqctl -n "$(c_name "$i")" "$@")
+}
+
+cluster_files() { # i: config of node i (rewritten on every start), the shared cookie
+  local i=$1 d=$C_DIR/node$1 j
+  mkdir -p "$d/home" "$d/mnesia" "$d/log"
+  if [ ! -s "$C_DIR/cookie" ]; then
+    (umask 077; od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$C_DIR/cookie")
+  fi
+  if ! cmp -s "$C_DIR/cookie" "$d/home/.erlang.cookie"; then
+    rm -f "$d/home/.erlang.cookie"
+    cp "$C_DIR/cookie" "$d/home/.erlang.cookie"
+    chmod 400 "$d/home/.erlang.cookie"
+  fi
+  {
+    echo "# Generated by deploy/local-stack.sh rabbitmq-cluster (node $i of 3)."
+    echo "loopback_users = none"
+    # A blank node joins the first listed node that runs (`up` starts a blank cluster's
+    # node 1 alone first: blank nodes started together would each boot standalone once
+    # their discovery retries ran out). Only used on a node's first boot: afterwards it
+    # rejoins the nodes it last ran with, waiting for them (up to 5 minutes).
+    echo "cluster_formation.peer_discovery_backend = classic_config"
+    for j in $C_NODES; do echo "cluster_formation.classic_config.nodes.$j = $(c_name "$j")"; done
+    # A node that loses sight of both others stops serving (closes its AMQP port) until
+    # it sees one again, instead of going on as a second cluster: with two nodes killed,
+    # the third pauses until one of them is started again.
+    echo "cluster_partition_handling = pause_minority"
+    # Alarms block publishers on every node of the cluster. 0.3 of RAM per node (the
+    # three together below the machine's RAM; the single node keeps the default 0.4);
+    # the default free-disk limit (50 MB) made explicit: a relative one (a multiple of
+    # RAM, production's advice) would block publishers on a dev box with a fuller disk.
+    echo "vm_memory_high_watermark.relative = 0.3"
+    echo "disk_free_limit.absolute = 50MB"
+    echo "management.tcp.ip = 127.0.0.1"
+    echo "management.tcp.port = $(c_mgmt "$i")"
+  } >"$d/rabbitmq.conf"
+  # Quorum queues: members on quorum_cluster_size nodes when declared without
+  # x-quorum-initial-group-size (3.10 has no rabbitmq.conf key for it; its default is 3,
+  # written out here): all three nodes.
+  echo '[{rabbit, [{quorum_cluster_size, 3}]}].' >"$d/advanced.config"
+  echo '[rabbitmq_management].' >"$d/enabled_plugins"
+  : >"$d/rabbitmq-env.conf"
+}
+
+cluster_epmd_up() {
+  local f=$STACK/pids/rabbitmq-c-epmd.pid
+  alive "$f" && return
+  if c_port_open "$CLUSTER_EPMD_PORT"; then
+    die "port $CLUSTER_EPMD_PORT (NOTIFY_AMQP_CLUSTER_EPMD_PORT) is taken by something this script did not start"
+  fi
+  setsid /usr/bin/epmd -port "$CLUSTER_EPMD_PORT" -address 127.0.0.1 \
+    >"$STACK/logs/rabbitmq-c-epmd.log" 2>&1 </dev/null &
+  echo $! >"$f"
+  wait_for rabbitmq-c-epmd 10 c_port_open "$CLUSTER_EPMD_PORT"
+}
+
+cluster_start_node() { # i: starts node i in the background; cluster_wait_node waits for it
+  local i=$1 d=$C_DIR/node$1
+  cluster_files "$i"
+  rm -f "$d/rabbit.pid" "$(c_pidfile "$i")"
+  c_port_open "$(c_port "$i")" && die "port $(c_port "$i") is taken by something this script did not start"
+  log "starting rabbitmq cluster node $i ($(c_name "$i")) on 127.0.0.1:$(c_port "$i")"
+  printf '\n--- %s: start\n' "$(date -Is)" >>"$STACK/logs/rabbitmq-c$i.log"
+  (
+    cluster_env "$i"
+    exec setsid /usr/lib/rabbitmq/bin/rabbitmq-server >>"$STACK/logs/rabbitmq-c$i.log" 2>&1 </dev/null
+  ) &
+  # The server script waits for the Erlang VM it starts; the VM writes its own pid to
+  # RABBITMQ_PID_FILE early in its boot (copied to $STACK/pids by cluster_wait_node).
+  echo $! >"$d/wrapper.pid"
+}
+
+cluster_wait_node() { # i seconds: until node i's AMQP port accepts
+  local i=$1 secs=$2 d=$C_DIR/node$1 n pid
+  for ((n = 0; n < secs * 5; n++)); do
+    if [ ! -s "$(c_pidfile "$i")" ] && [ -s "$d/rabbit.pid" ]; then
+      pid=$(cat "$d/rabbit.pid")
+      if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = beam.smp ]; then echo "$pid" >"$(c_pidfile "$i")"; fi
+    fi
+    if [ -s "$(c_pidfile "$i")" ] && c_port_open "$(c_port "$i")"; then return 0; fi
+    if ! alive "$d/wrapper.pid" && ! c_alive "$i"; then
+      tail -n 20 "$STACK/logs/rabbitmq-c$i.log" >&2 2>/dev/null || true
+      die "rabbitmq cluster node $i exited during start (logs: $STACK/logs/rabbitmq-c$i.log, $d/log)"
+    fi
+    sleep 0.2
+  done
+  die "rabbitmq cluster node $i not ready after ${secs}s (logs: $STACK/logs/rabbitmq-c$i.log, $d/log)"
+}
+
+# GET on the management API of the first running node (or of node $2); prints the body.
+cluster_api() { # path [node]
+  local i
+  for i in ${2:-$C_NODES}; do
+    c_alive "$i" || continue
+    curl -fsS --max-time 3 -u guest:guest "http://127.0.0.1:$(c_mgmt "$i")/api/$1" 2>/dev/null && return 0
+  done
+  return 1
+}
+
+# Node numbers of the node names on stdin (JSON) at key $1 of the object; a list or one.
+cluster_numbers() { # key
+  python3 -c '
+import json, sys
+key, base = sys.argv[1], int(sys.argv[2])
+try:
+    v = json.load(sys.stdin).get(key)
+except ValueError:
+    sys.exit(1)
+names = v if isinstance(v, list) else [v] if v else []
+out = []
+for n in names:
+    try:
+        port = int(n.split("@")[0][len("notifyc"):])
+    except ValueError:
+        continue
+    if (port - base) % 11 == 0 and 0 <= (port - base) // 11 < 3:
+        out.append((port - base) // 11 + 1)
+for n in sorted(out):
+    print(n)
+sys.exit(0 if out else 1)
+' "$1" "$CLUSTER_PORT"
+}
+
+# Node numbers the cluster reports running, in node $1's view (any running node's if unset).
+cluster_running() { # [i]
+  cluster_api 'nodes?columns=name,running' "${1:-}" | python3 -c '
+import json, sys
+base = int(sys.argv[1])
+for n in json.load(sys.stdin):
+    if n.get("running"):
+        port = int(n["name"].split("@")[0][len("notifyc"):])
+        print((port - base) // 11 + 1)
+' "$CLUSTER_PORT" | sort
+}
+
+cluster_wait_joined() { # i seconds: until another running node sees node i running
+  local i=$1 secs=$2 n j others
+  for ((n = 0; n < secs * 2; n++)); do
+    others=0
+    for j in $C_NODES; do
+      if [ "$j" = "$i" ] || ! c_alive "$j"; then continue; fi
+      others=1
+      if cluster_running "$j" | grep -qx "$i"; then return 0; fi
+    done
+    # Alone: no other node to see it.
+    [ "$others" = 1 ] || return 0
+    sleep 0.5
+  done
+  die "rabbitmq cluster node $i runs but has not rejoined after ${secs}s (logs: $C_DIR/node$i/log)"
+}
+
+# Until node i's replica of every quorum queue with a member there runs again (the
+# management API's `online`, refreshed every few seconds); a warning after $2 seconds.
+cluster_wait_replicas() { # i seconds
+  local i=$1 secs=$2 n missing
+  for ((n = 0; n < secs * 2; n++)); do
+    missing=$(cluster_api 'queues?columns=name,type,members,online' | python3 -c '
+import json, sys
+node = sys.argv[1]
+try:
+    qs = json.load(sys.stdin)
+except ValueError:
+    print("?"); sys.exit()
+for q in qs:
+    if q.get("type") == "quorum" and node in (q.get("members") or []) and node not in (q.get("online") or []):
+        print(q["name"])
+' "$(c_name "$i")") || missing="?"
+    [ -z "$missing" ] && return 0
+    sleep 0.5
+  done
+  log "warning: after ${secs}s node $i is not yet an online member of: $(echo "$missing" | tr '\n' ' ')"
+}
+
+cluster_up() {
+  mkdir -p "$STACK/logs" "$STACK/pids" "$C_DIR"
+  [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] || apt_install rabbitmq-server
+  cluster_epmd_up
+  local i seeded=() blank=() n
+  for i in $C_NODES; do
+    if c_alive "$i"; then continue; fi
+    if [ -n "$(ls -A "$C_DIR/node$i/mnesia" 2>/dev/null)" ]; then seeded+=("$i"); else blank+=("$i"); fi
+  done
+  # A blank cluster: node 1 first, the others then join it.
+  if [ ${#seeded[@]} -eq 0 ] && [ ${#blank[@]} -eq 3 ]; then
+    cluster_start_node 1
+    cluster_wait_node 1 360
+    blank=(2 3)
+  fi
+  # Nodes with data together: each waits for the nodes it last ran with.
+  for i in "${seeded[@]}"; do cluster_start_node "$i"; done
+  for i in "${seeded[@]}"; do cluster_wait_node "$i" 360; done
+  for i in "${blank[@]}"; do cluster_start_node "$i"; done
+  for i in "${blank[@]}"; do cluster_wait_node "$i" 360; done
+  for ((n = 0; n < 120; n++)); do
+    [ "$(cluster_running | wc -l)" = 3 ] && break
+    sleep 0.5
+  done
+  [ "$(cluster_running | wc -l)" = 3 ] ||
+    die "the cluster does not report its 3 nodes running: $(cluster_running | tr '\n' ' ')(logs in $C_DIR/node*/log)"
+  log "rabbitmq cluster ready: $(cluster_env_line)"
+}
+
+cluster_down() {
+  local i pid n
+  # SIGTERM: each node stops as `rabbitmqctl stop` would (without starting a CLI VM).
+  for i in $C_NODES; do
+    if c_alive "$i"; then
+      pid=$(cat "$(c_pidfile "$i")")
+      log "stopping rabbitmq cluster node $i (pid $pid)"
+      kill "$pid" 2>/dev/null || true
+    fi
+  done
+  for i in $C_NODES; do
+    if c_alive "$i"; then
+      pid=$(cat "$(c_pidfile "$i")")
+      for ((n = 0; n < 600; n++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -0 "$pid" 2>/dev/null && { log "node $i still running after 60 s: SIGKILL"; kill -9 "$pid" 2>/dev/null || true; }
+    fi
+    # The server script exits with its VM; it is stopped too if the VM never started.
+    if alive "$C_DIR/node$i/wrapper.pid"; then
+      pid=$(cat "$C_DIR/node$i/wrapper.pid")
+      kill "$pid" 2>/dev/null || true
+      for ((n = 0; n < 100; n++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+    rm -f "$(c_pidfile "$i")" "$C_DIR/node$i/wrapper.pid"
+  done
+  stop_pid rabbitmq-c-epmd
+}
+
+cluster_kill() { # i
+  local i=$1 pid n
+  c_alive "$i" || die "rabbitmq cluster node $i is not running"
+  pid=$(cat "$(c_pidfile "$i")")
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = beam.smp ] || die "pid $pid of node $i is not beam.smp"
+  log "SIGKILL rabbitmq cluster node $i (beam.smp pid $pid)"
+  kill -9 "$pid"
+  for ((n = 0; n < 300; n++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -0 "$pid" 2>/dev/null && die "pid $pid still there 30 s after SIGKILL"
+  rm -f "$(c_pidfile "$i")"
+}
+
+cluster_start() { # i
+  local i=$1
+  mkdir -p "$STACK/logs" "$STACK/pids" "$C_DIR"
+  cluster_epmd_up
+  if c_alive "$i"; then log "rabbitmq cluster node $i already running"; else cluster_start_node "$i"; fi
+  cluster_wait_node "$i" 360
+  cluster_wait_joined "$i" 120
+  cluster_wait_replicas "$i" 60
+}
+
+cluster_status() {
+  local i
+  for i in $C_NODES; do
+    if c_alive "$i" && c_port_open "$(c_port "$i")"; then
+      echo "rabbitmq-c$i: running (pid $(cat "$(c_pidfile "$i")"), port $(c_port "$i"), management $(c_mgmt "$i"), $(c_name "$i"))"
+    elif c_alive "$i"; then
+      # Booting, waiting for its peers, or paused (pause_minority: it sees neither other node).
+      echo "rabbitmq-c$i: running, AMQP port closed (pid $(cat "$(c_pidfile "$i")"), port $(c_port "$i"), $(c_name "$i"))"
+    else
+      echo "rabbitmq-c$i: stopped (port $(c_port "$i"), $(c_name "$i"))"
+    fi
+  done
+}
+
+cluster_env_line() {
+  local i urls=()
+  for i in $C_NODES; do urls+=("amqp://guest:guest@127.0.0.1:$(c_port "$i")/%2f"); done
+  (IFS=,; echo "export NOTIFY_AMQP_URL=${urls[*]}")
+}
+
+cluster_queue() { # key queue: node numbers of the queue's leader or members
+  local q
+  q=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$2")
+  cluster_api "queues/%2f/$q" | cluster_numbers "$1"
+}
+
 cmd=${1:-}
 case "$cmd" in
   up)
@@ -484,6 +830,7 @@ case "$cmd" in
     # http-api is started by the demo and left running for its console and inbox links.
     stop_pid http-api
     stop_pid pgbouncer
+    cluster_down
     for s in provider-sim maildev rabbitmq postgres; do stop_service "$s"; done
     ;;
   stop)
@@ -509,6 +856,24 @@ case "$cmd" in
       *) echo "usage: $0 pgbouncer up|down|status|env" >&2; exit 64 ;;
     esac
     ;;
+  rabbitmq-cluster)
+    case "${2:-}" in
+      up) cluster_up ;;
+      down) mkdir -p "$STACK/pids"; cluster_down ;;
+      status) cluster_status ;;
+      env) cluster_env_line ;;
+      leader | members)
+        [ -n "${3:-}" ] || { echo "usage: $0 rabbitmq-cluster $2 QUEUE" >&2; exit 64; }
+        if [ "$2" = leader ]; then key=leader; else key=members; fi
+        cluster_queue "$key" "$3" || { echo "$2 of queue $3 unknown (no running node answered, or no such queue)" >&2; exit 1; }
+        ;;
+      kill | start)
+        case "${3:-}" in 1 | 2 | 3) ;; *) echo "usage: $0 rabbitmq-cluster $2 1|2|3" >&2; exit 64 ;; esac
+        if [ "$2" = kill ]; then cluster_kill "$3"; else cluster_start "$3"; fi
+        ;;
+      *) echo "usage: $0 rabbitmq-cluster up|down|status|env|leader QUEUE|members QUEUE|kill N|start N" >&2; exit 64 ;;
+    esac
+    ;;
   examples) install_examples ;;
   install)
     shift
@@ -516,5 +881,5 @@ case "$cmd" in
     mkdir -p "$STACK/logs"
     apt_install "$@"
     ;;
-  *) echo "usage: $0 up|down|stop SERVICE|status|env|examples|install PKG...|pgbouncer up|down|status|env" >&2; exit 64 ;;
+  *) echo "usage: $0 up|down|stop SERVICE|status|env|examples|install PKG...|pgbouncer up|down|status|env|rabbitmq-cluster VERB" >&2; exit 64 ;;
 esac
