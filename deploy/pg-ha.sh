@@ -240,7 +240,12 @@ tli_of() { # node: the timeline of its last checkpoint (0 when unknown)
 # pg_rewind's single-user crash recovery keeps wal_log_hints (which pg_rewind needs: it
 # reads it from pg_control) and a reload does not complain about values the command line
 # changed. The slot keeps the WAL a stopped standby needs, up to max_slot_wal_keep_size
-# (beyond that the slot is invalidated and `up` copies the standby afresh).
+# (beyond that the slot is invalidated and `up` copies the standby afresh). wal_keep_size
+# keeps the last 1 GB of WAL on every node: a rewound old primary replays from the last
+# checkpoint before the timelines diverged, older than its new slot on the promoted node,
+# and under load the promoted node's first checkpoints had already recycled that WAL
+# ("requested WAL segment ... has already been removed", then a full base backup: the
+# rebuild took 140 s instead of a few).
 write_node_conf() { # node
   local data; data=$(data_of "$1")
   as_pg tee "$data/pg-ha.conf" >/dev/null <<'EOF'
@@ -256,6 +261,7 @@ wal_level = replica
 max_wal_senders = 10
 max_replication_slots = 10
 max_slot_wal_keep_size = 4GB
+wal_keep_size = 1GB
 wal_log_hints = on
 hot_standby = on
 hot_standby_feedback = on
@@ -391,8 +397,8 @@ basebackup_node() { # node primary
 # WAL forever).
 rewind_node() { # node primary
   local n=$1 p=$2 data; data=$(data_of "$1")
-  q "$p" checkpoint >/dev/null || return 1
   ensure_slot "$p" "$n" 1
+  q "$p" checkpoint >/dev/null || return 1
   clear_stale_lock "$n"
   log "pg_rewind node $n onto node $p"
   printf '\n=== %s pg_rewind onto node %s\n' "$(date -Is)" "$p" >>"$(log_of "$n")"

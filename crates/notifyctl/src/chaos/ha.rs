@@ -49,6 +49,9 @@ const CHECK_CHANNELS: [&str; 2] = ["inapp", "line"];
 const CHECK_USERS: [&str; 2] = ["chaos-f-000000", "chaos-f-000001"];
 /// Concurrent `CreateEvent` callers of the failover check.
 const CHECK_CALLERS: usize = 8;
+/// How long the callers run before the primary is killed: the events acknowledged in this
+/// window are the ones the acceptance is about (all acknowledged ones are checked).
+const CHECK_WARM_UP: Duration = Duration::from_secs(10);
 /// Longest wait for a probe (created and delivered).
 const PROBE_LIMIT: Duration = Duration::from_secs(180);
 
@@ -264,7 +267,7 @@ impl FailoverCheck {
 }
 
 /// Sets synchronous replication, runs [`CHECK_CALLERS`] callers of `CreateEvent` (2
-/// recipients x 2 channels each), fails the primary over 3 s in, keeps calling 3 s after
+/// recipients x 2 channels each), fails the primary over [`CHECK_WARM_UP`] in, keeps calling 3 s after
 /// the script returns, then looks every acknowledged event up through the new primary.
 pub async fn failover_check(
     ha: &HaConfig,
@@ -313,7 +316,7 @@ pub async fn failover_check(
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(CHECK_WARM_UP).await;
     let killed_at = Instant::now();
     let said = script(&ha.pg_ha_script, &["failover"]).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
