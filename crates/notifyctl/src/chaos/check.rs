@@ -45,7 +45,7 @@ pub struct RunReport {
 impl RunReport {
     pub(super) fn line(&self) -> String {
         format!(
-            "chaos: deliveries={} sent={} failed={} lost={} duplicates_line={} duplicates_other={} ambiguous={} stuck={} max_recovery_s={:.0}",
+            "chaos: deliveries={} sent={} failed={} lost={} duplicates_line={} duplicates_other={} ambiguous={} stuck={} max_recovery_s={:.1}",
             self.deliveries,
             self.sent,
             self.failed,
@@ -235,7 +235,7 @@ mod tests {
         assert!(!ha.ok());
         assert!(
             ha.line()
-                .ends_with("max_recovery_s=61 broker_failovers=1 db_failovers=1")
+                .ends_with("max_recovery_s=61.0 broker_failovers=1 db_failovers=1")
         );
         assert!(
             RunReport {

@@ -464,7 +464,6 @@ async fn chaos_run(
         }
     }
     let mut failovers: Vec<ha::Failover> = Vec::new();
-    let probe_user = format!("{}-000000", a.label);
     {
         let mut rng = rand::rng();
         for i in (1..plan.len()).rev() {
@@ -556,9 +555,9 @@ async fn chaos_run(
                     .as_ref()
                     .context("a failover needs NOTIFY_CHAOS_HA")?;
                 failovers.push(if target == "rabbitmq" {
-                    ha::broker_failover(cfg, pool, &grpc, &probe_user).await?
+                    ha::broker_failover(cfg, pool, &grpc).await?
                 } else {
-                    ha::db_failover(ha, pool, &grpc, &probe_user).await?
+                    ha::db_failover(ha, pool, &grpc).await?
                 });
             }
             _ => {
