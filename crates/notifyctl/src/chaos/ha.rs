@@ -5,9 +5,9 @@
 //! In this mode the plan's RabbitMQ restart becomes a broker failover (SIGKILL of the
 //! node leading the run's LINE queue, started again seconds later) and its PostgreSQL
 //! restart a database failover (`pg-ha.sh failover`: SIGKILL of the primary, promotion of
-//! the standby, the dead node rebuilt as the new standby). After each, a probe event to
-//! one in-app inbox measures the recovery: the time from the kill until an event created
-//! after it was delivered.
+//! the standby, the dead node rebuilt as the new standby). After each, a probe event (one
+//! email to `chaos-probe`) measures the recovery: the time from the kill until an event
+//! created after it was delivered.
 //!
 //! Before the broadcasts, [`failover_check`] kills the primary under a stream of
 //! `CreateEvent` calls and looks up every acknowledged event on the new primary:
@@ -137,7 +137,7 @@ impl Failover {
     }
 }
 
-/// Creates one probe event to `user`'s inbox, retried until ingest answers OK (same
+/// Creates one probe event (an email to [`PROBE_USER`]), retried until ingest answers OK (same
 /// `event_key`, so a retry of an accepted call is a duplicate), then waits until its
 /// delivery is `sent`; returns the time since `since`.
 async fn probe(grpc: Grpc, pool: PgPool, since: Instant) -> anyhow::Result<Duration> {
