@@ -12,7 +12,7 @@
 //! waits for them (bounded) before it counts.
 
 use crate::{Result, StoreError};
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -129,7 +129,10 @@ pub async fn cancel(
         }
         tokio::time::sleep(IN_FLIGHT_POLL).await;
     }
-    let mut out = counts(db, &ids, recipients).await?;
+    // The counts on one snapshot, so they add up to the deliveries that exist.
+    let mut snap = crate::snapshot(db).await?;
+    let mut out = counts(&mut snap, &ids, recipients).await?;
+    snap.commit().await?;
     out.newly_canceled = newly;
     out.event_ids = ids;
     Ok(out)
@@ -297,7 +300,11 @@ pub(crate) async fn cancel_for_erasure(
 /// The deliveries of `ids` (of `recipients` only, when not empty) counted by state, and
 /// the topic subscribers never planned because of a cancel, as [`cancel`] answers them
 /// (`event_ids` and `newly_canceled` left empty). For pages that show a canceled event.
-pub async fn counts(db: &PgPool, ids: &[Uuid], recipients: &[String]) -> Result<CancelOutcome> {
+pub async fn counts(
+    db: &mut PgConnection,
+    ids: &[Uuid],
+    recipients: &[String],
+) -> Result<CancelOutcome> {
     let rows = sqlx::query(
         "SELECT status, count(*) AS n FROM notification_deliveries
          WHERE event_id = ANY($1) AND (cardinality($2::text[]) = 0 OR user_id = ANY($2))
@@ -305,7 +312,7 @@ pub async fn counts(db: &PgPool, ids: &[Uuid], recipients: &[String]) -> Result<
     )
     .bind(ids)
     .bind(recipients)
-    .fetch_all(db)
+    .fetch_all(&mut *db)
     .await?;
     let mut out = CancelOutcome::default();
     for r in &rows {
@@ -332,7 +339,7 @@ pub async fn counts(db: &PgPool, ids: &[Uuid], recipients: &[String]) -> Result<
         )
         .bind(ids)
         .bind(recipients)
-        .fetch_all(db)
+        .fetch_all(&mut *db)
         .await?;
         for r in &in_batches {
             let n = r.get::<i64, _>("n") as u64;
@@ -352,7 +359,7 @@ pub async fn counts(db: &PgPool, ids: &[Uuid], recipients: &[String]) -> Result<
              WHERE e.id = ANY($1) AND e.fanout_status = 'canceled'",
         )
         .bind(ids)
-        .fetch_one(db)
+        .fetch_one(&mut *db)
         .await?
     } else {
         sqlx::query_scalar(
@@ -370,7 +377,7 @@ pub async fn counts(db: &PgPool, ids: &[Uuid], recipients: &[String]) -> Result<
         )
         .bind(ids)
         .bind(recipients)
-        .fetch_one(db)
+        .fetch_one(&mut *db)
         .await?
     };
     out.not_created = not_created as u64;

@@ -287,6 +287,20 @@ pub async fn ping(pool: &PgPool) -> Result<()> {
     Ok(())
 }
 
+/// A read-only transaction on one snapshot (`REPEATABLE READ READ ONLY`, PostgreSQL docs
+/// §13.2.2): every read in it sees the database as of its first statement, so a view
+/// assembled from several queries (an event, its deliveries and its skips) never shows a
+/// fallback's skip beside the delivery that caused it still `sending`. It takes no locks
+/// and never fails on serialization (it writes nothing); drop or commit it when done.
+///
+/// # Errors
+/// No connection, or the `BEGIN` failed.
+pub async fn snapshot(pool: &PgPool) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    Ok(pool
+        .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .await?)
+}
+
 /// Applies every migration in `migrations/` that is not applied yet (idempotent; safe to
 /// run from several processes, sqlx takes an advisory lock).
 pub async fn migrate(pool: &PgPool) -> Result<()> {

@@ -110,16 +110,18 @@ pub(super) async fn event_page(
 ) -> Page {
     let user = require(&app, &headers).await?;
     let id = uuid(&id)?;
-    let event = events::get_event(&app.pool, &EventSelector::Id(id))
+    // One snapshot for the matrix, its skips and every attempt.
+    let mut snap = notify_store::snapshot(&app.pool).await?;
+    let event = events::get_event(&mut *snap, &EventSelector::Id(id))
         .await?
         .ok_or_else(HtmlError::not_found)?;
-    let deliveries = events::list_deliveries(&app.pool, id, None, 1000).await?;
-    let skips = events::list_skips(&app.pool, id, 1000)
+    let deliveries = events::list_deliveries(&mut *snap, id, None, 1000).await?;
+    let skips = events::list_skips(&mut *snap, id, 1000)
         .await
         .unwrap_or_default();
     let canceled = match &event.canceled_at {
         Some(at) => {
-            let c = notify_store::cancel::counts(&app.pool, &[id], &[]).await?;
+            let c = notify_store::cancel::counts(&mut *snap, &[id], &[]).await?;
             format!(
                 "<p class=\"canceled\">canceled {} by {} · canceled {} · sent {} · failed {} · skipped {} · in flight {} · not created {}</p>",
                 at.to_rfc3339(),
@@ -189,7 +191,7 @@ pub(super) async fn event_page(
     }
     body.push_str("</table><h2>Attempts</h2>");
     for d in deliveries.iter().filter(|d| d.attempts > 0).take(100) {
-        let attempts = events::attempts_of(&app.pool, d.id)
+        let attempts = events::attempts_of(&mut *snap, d.id)
             .await
             .unwrap_or_default();
         body.push_str(&format!("<h3>{} · {} · {}</h3><table><tr><th>#</th><th>outcome</th><th>provider status</th><th>error</th><th>provider's answer</th><th>content sent</th><th>started</th><th>worker</th></tr>", esc(&d.user_id), esc(d.channel.as_str()), d.id));

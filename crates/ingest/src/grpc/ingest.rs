@@ -39,11 +39,14 @@ impl Services {
         after: Option<Uuid>,
         page_size: u32,
     ) -> Result<Option<LoadedEvent>, ApiError> {
-        let Some(event) = events::get_event(&self.pool, sel).await? else {
+        // One snapshot for the event, its deliveries and its skips: a fallback's skip is
+        // never shown beside the delivery that caused it still `sending`.
+        let mut snap = notify_store::snapshot(&self.pool).await?;
+        let Some(event) = events::get_event(&mut *snap, sel).await? else {
             return Ok(None);
         };
         let page =
-            events::list_deliveries(&self.pool, event.id, after, i64::from(page_size) + 1).await?;
+            events::list_deliveries(&mut *snap, event.id, after, i64::from(page_size) + 1).await?;
         let more = page.len() > page_size as usize;
         let deliveries: Vec<pb::Delivery> = page
             .into_iter()
@@ -59,7 +62,7 @@ impl Services {
             String::new()
         };
         let skipped =
-            skipped_to_pb(events::list_skips(&self.pool, event.id, i64::from(PAGE_MAX)).await?);
+            skipped_to_pb(events::list_skips(&mut *snap, event.id, i64::from(PAGE_MAX)).await?);
         Ok(Some(LoadedEvent {
             event,
             deliveries,
@@ -199,7 +202,9 @@ impl Services {
         }
         v.into_result(()).map_err(ApiError::Invalid)?;
         let (event_id, channel) = (event_id.expect("checked"), channel.expect("checked"));
-        let found = events::get_event(&self.pool, &EventSelector::Id(event_id))
+        // One snapshot for every fact the trail is built from.
+        let mut snap = notify_store::snapshot(&self.pool).await?;
+        let found = events::get_event(&mut *snap, &EventSelector::Id(event_id))
             .await?
             .filter(|e| self.auth.may_read(&caller, &e.caller));
         let Some(event) = found else {
@@ -208,7 +213,7 @@ impl Services {
                 name: event_id.to_string(),
             });
         };
-        let ty = catalog::get_type(&self.pool, &event.type_key).await?;
+        let ty = catalog::get_type(&mut *snap, &event.type_key).await?;
         let type_defaults = explain::type_defaults(
             &event.type_key,
             ty.as_ref().map(|t| explain::TypeFacts {
@@ -219,15 +224,15 @@ impl Services {
                 default_channels: &t.default_channels,
             }),
         );
-        let skipped = events::skip_of(&self.pool, event_id, &r.user_id, channel).await?;
+        let skipped = events::skip_of(&mut *snap, event_id, &r.user_id, channel).await?;
         let mut found = Vec::new();
-        for d in events::deliveries_of(&self.pool, event_id, &r.user_id, channel).await? {
+        for d in events::deliveries_of(&mut *snap, event_id, &r.user_id, channel).await? {
             let endpoint = match d.endpoint_id {
-                Some(ep) => events::endpoint_state(&self.pool, ep).await?,
+                Some(ep) => events::endpoint_state(&mut *snap, ep).await?,
                 None => String::new(),
             };
-            let attempts = events::attempts_of(&self.pool, d.id).await?;
-            let clicks = notify_store::clicks::clicks_of(&self.pool, d.id).await?;
+            let attempts = events::attempts_of(&mut *snap, d.id).await?;
+            let clicks = notify_store::clicks::clicks_of(&mut *snap, d.id).await?;
             found.push((d, endpoint, attempts, clicks));
         }
         let trail = explain::trail(

@@ -1,7 +1,7 @@
 //! Documented promises taken along the paths that used to skip them: the attempt cap on
 //! the recovery path, a record the database refuses, retry spacing that grows, quiet hours
-//! at due time whatever made a delivery due, exact fatigue caps with several writers, and
-//! a bounded number of republished messages.
+//! at due time whatever made a delivery due, exact fatigue caps with several writers, a
+//! bounded number of republished messages, and an event read on one snapshot.
 
 use crate::support;
 
@@ -613,6 +613,73 @@ async fn republishing_a_waiting_backlog_adds_a_bounded_number_of_messages() {
     assert_eq!(
         republished, 3,
         "after 1 s, 2 s and 4 s more, not every sweep"
+    );
+    p.stop().await;
+}
+
+/// GetEvent answers from one snapshot: a delivery that ends and the skip its ending
+/// writes (a fallback's `opted_out`) commit together, and GetEvent never shows the skip
+/// beside the delivery still in flight. The test holds `delivery_skips` locked so that
+/// GetEvent has read the deliveries and waits to read the skips while the ending commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn get_event_shows_one_moment_of_an_event() {
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, _) = p.add_line_recipient("u").await;
+    let created = p.send(&uniq("snap"), "order_paid", &[&u]).await;
+    let (event_id, delivery_id) = (
+        created.event_id.clone(),
+        created.deliveries[0].delivery_id.clone(),
+    );
+
+    let mut tx = p.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE delivery_skips IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let end_the_delivery = async {
+        eventually(
+            "GetEvent waiting for the skips",
+            Duration::from_secs(20),
+            async || {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'
+                       AND query LIKE '%FROM delivery_skips%'",
+                )
+                .fetch_one(&p.pool)
+                .await
+                .unwrap();
+                if waiting > 0 { Ok(()) } else { Err(waiting) }
+            },
+        )
+        .await;
+        sqlx::query(
+            "UPDATE notification_deliveries SET status = 'failed', last_error = '400'
+             WHERE id = $1::uuid",
+        )
+        .bind(&delivery_id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO delivery_skips (event_id, user_id, channel, reason, decision)
+             VALUES ($1::uuid, $2, 'email', 'opted_out', 'fallback: LINE delivery failed')",
+        )
+        .bind(&event_id)
+        .bind(&u)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    };
+    let (during, ()) = tokio::join!(p.get_event(&event_id), end_the_delivery);
+    let seen = (during.deliveries[0].status.clone(), during.skipped.len());
+    assert_eq!(seen, ("pending".to_string(), 0), "{during:#?}");
+    let after = p.get_event(&event_id).await;
+    assert_eq!(
+        (after.deliveries[0].status.as_str(), after.skipped.len()),
+        ("failed", 1)
     );
     p.stop().await;
 }
