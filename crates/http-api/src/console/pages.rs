@@ -121,7 +121,7 @@ pub(super) async fn event_page(
         .unwrap_or_default();
     let canceled = match &event.canceled_at {
         Some(at) => {
-            let c = notify_store::cancel::counts(&mut *snap, &[id], &[]).await?;
+            let c = notify_store::cancel::counts(&mut snap, &[id], &[]).await?;
             format!(
                 "<p class=\"canceled\">canceled {} by {} · canceled {} · sent {} · failed {} · skipped {} · in flight {} · not created {}</p>",
                 at.to_rfc3339(),
