@@ -15,8 +15,9 @@ use notify_store::inbox;
 use serde_json::json;
 use std::time::Duration;
 
-/// Fans Postgres `inbox` notifications (`"<user> <seq>"`) out to the streams of this
-/// replica. Runs until the process ends; the listener reconnects by itself.
+/// Fans Postgres `inbox` notifications out to the streams of this replica: one per
+/// statement that wrote notifications, a line `"<user> <seq>"` per user it changed
+/// (`migrations/20261203000035_inbox_seq_per_statement.sql`). Runs until the process ends; the listener reconnects by itself.
 pub async fn listen(pool: notify_store::PgPool, hub: tokio::sync::broadcast::Sender<String>) {
     loop {
         let mut listener = match sqlx::postgres::PgListener::connect_with(&pool).await {
@@ -35,12 +36,9 @@ pub async fn listen(pool: notify_store::PgPool, hub: tokio::sync::broadcast::Sen
         loop {
             match listener.recv().await {
                 Ok(n) => {
-                    let user = n
-                        .payload()
-                        .rsplit_once(' ')
-                        .map_or("", |(u, _)| u)
-                        .to_string();
-                    let _ = hub.send(user);
+                    for user in users_of(n.payload()) {
+                        let _ = hub.send(user.to_string());
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "inbox LISTEN lost; reconnecting");
@@ -50,6 +48,14 @@ pub async fn listen(pool: notify_store::PgPool, hub: tokio::sync::broadcast::Sen
             }
         }
     }
+}
+
+/// The user ids of an `inbox` notification's payload: the part of each line before its
+/// last space (a user id may hold spaces; it holds no control characters).
+fn users_of(payload: &str) -> impl Iterator<Item = &str> {
+    payload
+        .lines()
+        .filter_map(|line| line.rsplit_once(' ').map(|(user, _)| user))
 }
 
 /// `GET /v1/inbox/stream`: Server-Sent Events (see the module docs).
@@ -128,4 +134,16 @@ pub(super) async fn stream(
     Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::users_of;
+
+    #[test]
+    fn every_line_of_a_payload_names_a_user_and_a_space_in_an_id_is_kept() {
+        let users: Vec<&str> = users_of("u-1 5\nสมชาย ใจดี 12\nu 3").collect();
+        assert_eq!(users, ["u-1", "สมชาย ใจดี", "u"]);
+        assert_eq!(users_of("").count(), 0);
+    }
 }

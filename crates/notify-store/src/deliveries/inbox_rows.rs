@@ -14,9 +14,12 @@ use uuid::Uuid;
 ///
 /// Each row takes its user's next feed position (`seq`) from the user's counter row,
 /// which stays locked until the statement commits, so concurrent batches for one user
-/// commit in seq order (see `migrations/20261201000019_inbox_stream_order.sql`). Rows are
-/// inserted in `user_id` order, so two batches lock their users' counters in one order
-/// and cannot deadlock.
+/// commit in seq order (see `migrations/20261201000019_inbox_stream_order.sql`). The
+/// statement bumps each user's counter once, by the number of its rows, in `user_id`
+/// order (so two batches lock their users' counters in one order and cannot deadlock),
+/// and numbers the user's rows in delivery-id order below the new value
+/// (`migrations/20261203000035_inbox_seq_per_statement.sql`); a row skipped as already
+/// written leaves a gap.
 pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> Result<Vec<bool>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
@@ -41,14 +44,23 @@ pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> R
         return Ok(out);
     }
     let written: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO notifications (id, delivery_id, event_id, user_id, type, title, body, url,
-                                    data_json, image_url, actions)
+        "WITH t AS (
+             SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[],
+                                  $6::text[], $7::text[], $8::text[], $9::jsonb[], $10::text[],
+                                  $11::jsonb[])
+                 AS t(id, delivery_id, event_id, user_id, type, title, body, url, data,
+                      image_url, actions)),
+         counters AS (
+             INSERT INTO inbox_user_seq AS s (user_id, seq)
+             SELECT user_id, count(*) FROM t GROUP BY user_id ORDER BY user_id
+             ON CONFLICT (user_id) DO UPDATE SET seq = s.seq + EXCLUDED.seq
+             RETURNING s.user_id, s.seq)
+         INSERT INTO notifications (id, delivery_id, event_id, user_id, type, title, body, url,
+                                    data_json, image_url, actions, seq)
          SELECT t.id, t.delivery_id, t.event_id, t.user_id, t.type, t.title, t.body,
-                NULLIF(t.url, ''), t.data, NULLIF(t.image_url, ''), t.actions
-         FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[],
-                     $7::text[], $8::text[], $9::jsonb[], $10::text[], $11::jsonb[])
-              AS t(id, delivery_id, event_id, user_id, type, title, body, url, data,
-                   image_url, actions)
+                NULLIF(t.url, ''), t.data, NULLIF(t.image_url, ''), t.actions,
+                c.seq + 1 - row_number() OVER (PARTITION BY t.user_id ORDER BY t.delivery_id DESC)
+         FROM t JOIN counters c ON c.user_id = t.user_id
          ORDER BY t.user_id
          ON CONFLICT (delivery_id) DO NOTHING
          RETURNING delivery_id",
