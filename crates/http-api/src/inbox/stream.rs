@@ -50,6 +50,9 @@ pub async fn listen(pool: notify_store::PgPool, hub: tokio::sync::broadcast::Sen
     }
 }
 
+/// Changes read per round of a stream.
+const STREAM_PAGE: i64 = 500;
+
 /// The user ids of an `inbox` notification's payload: the part of each line before its
 /// last space (a user id may hold spaces; it holds no control characters).
 fn users_of(payload: &str) -> impl Iterator<Item = &str> {
@@ -85,12 +88,16 @@ pub(super) async fn stream(
     let app2 = app.clone();
     tokio::spawn(async move {
         let tz = tz_of(&app2, &user).await;
-        let mut first = true;
+        // Whether changes went out since the last unread count (the first round sends one).
+        let mut uncounted = true;
         loop {
-            let changes = inbox::changes_since(&app2.pool, &user, last, 500)
+            let changes = inbox::changes_since(&app2.pool, &user, last, STREAM_PAGE)
                 .await
                 .unwrap_or_default();
-            let any = !changes.is_empty();
+            // A full page may have more behind it (one read-all changes every row but
+            // announces once): read on at once instead of waiting for the next wake-up.
+            let full = changes.len() == STREAM_PAGE as usize;
+            uncounted |= !changes.is_empty();
             for item in changes {
                 last = item.seq;
                 let ev = Event::default()
@@ -102,8 +109,11 @@ pub(super) async fn stream(
                     return;
                 }
             }
-            if any || first {
-                first = false;
+            if full {
+                continue;
+            }
+            if uncounted {
+                uncounted = false;
                 let n = inbox::unread_count(&app2.pool, &user).await.unwrap_or(0);
                 let ev = Event::default()
                     .event("unread_count")

@@ -336,6 +336,54 @@ async fn the_stream_delivers_new_notifications_live_and_resumes_after_a_reconnec
     p.stop().await;
 }
 
+/// A read-all of 1,200 notifications changes them in one statement, announced once: a
+/// connected stream sends all 1,200 changes at once, page after page, and then the
+/// unread count of 0, instead of one page per wake-up or per 15 s catch-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_all_of_more_than_a_page_reaches_the_stream_at_once() {
+    let p = Platform::start_with_workers(&[]).await;
+    let a = p.add_bare_recipient("a").await;
+    sqlx::query(
+        "INSERT INTO notifications (id, delivery_id, event_id, user_id, type, title, body)
+         SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), $1, 'news',
+                'ข่าว ' || i, ''
+         FROM generate_series(1, 1200) i",
+    )
+    .bind(&a)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let c = InboxClient {
+        p: &p,
+        token: token(&a, support::INBOX_SECRET, 300),
+    };
+    let resp = p
+        .http
+        .get(format!("{}/v1/inbox/stream", p.http_url))
+        .bearer_auth(&c.token)
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let mut buf = String::new();
+    assert_eq!(
+        read_events(&mut body, &mut buf, "unread_count", 1).await[0].1["unread"],
+        1200
+    );
+    let (status, _) = c.post("/v1/inbox/read-all", "{}").await;
+    assert_eq!(status, 200);
+    // read_events gives each event 10 s, less than the stream's 15 s catch-up timer.
+    let changed = read_events(&mut body, &mut buf, "notification", 1200).await;
+    assert!(changed.iter().all(|(_, item)| item["status"] == "read"));
+    let seqs: Vec<i64> = changed.iter().map(|(id, _)| id.parse().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "in seq order");
+    assert_eq!(
+        read_events(&mut body, &mut buf, "unread_count", 1).await[0].1["unread"],
+        0
+    );
+    p.stop().await;
+}
+
 /// `docs/openapi.json` lists exactly the inbox routes the service serves, and each of them
 /// answers (401 without a token, not 404).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,7 +19,11 @@ use uuid::Uuid;
 /// order (so two batches lock their users' counters in one order and cannot deadlock),
 /// and numbers the user's rows in delivery-id order below the new value
 /// (`migrations/20261203000035_inbox_seq_per_statement.sql`); a row skipped as already
-/// written leaves a gap.
+/// written leaves a gap. PostgreSQL does not order a data-modifying CTE against the rest
+/// of its statement, and this needs no such order: a user's rows take their seq from the
+/// CTE's answer for that user, so they are inserted only after that user's counter is
+/// locked, and two batches holding one delivery id hold the same user's counter, so
+/// neither waits on the other's row while holding a counter the other needs.
 pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> Result<Vec<bool>> {
     if jobs.is_empty() {
         return Ok(Vec::new());
