@@ -641,21 +641,8 @@ async fn a_cancel_waits_for_a_writer_holding_the_fence_and_cancels_what_it_wrote
             .unwrap()
             .into_inner()
     });
-    eventually(
-        "the cancel waits for the writer's lock",
-        Duration::from_secs(10),
-        async || {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
-            if waiting > 0 { Ok(()) } else { Err(waiting) }
-        },
-    )
-    .await;
+    p.wait_for_a_lock_wait("the cancel waits for the writer's lock", "")
+        .await;
     sqlx::query(
         "INSERT INTO notification_deliveries (id, event_id, user_id, channel, provider, idempotency_key)
          VALUES (gen_random_uuid(), $1, 'u-1', 'email', 'smtp', $1::text || '/u-1/email')",

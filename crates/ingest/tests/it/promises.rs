@@ -638,22 +638,8 @@ async fn get_event_shows_one_moment_of_an_event() {
         .await
         .unwrap();
     let end_the_delivery = async {
-        eventually(
-            "GetEvent waiting for the skips",
-            Duration::from_secs(20),
-            async || {
-                let waiting: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_stat_activity
-                     WHERE datname = current_database() AND wait_event_type = 'Lock'
-                       AND query LIKE '%FROM delivery_skips%'",
-                )
-                .fetch_one(&p.pool)
-                .await
-                .unwrap();
-                if waiting > 0 { Ok(()) } else { Err(waiting) }
-            },
-        )
-        .await;
+        p.wait_for_a_lock_wait("GetEvent waiting for the skips", "FROM delivery_skips")
+            .await;
         sqlx::query(
             "UPDATE notification_deliveries SET status = 'failed', last_error = '400'
              WHERE id = $1::uuid",

@@ -5,6 +5,25 @@ use super::{Platform, SendExt};
 use serde_json::Value;
 
 impl Platform {
+    /// Waits (up to 10 s, panicking with `what`) until a session of this test's database
+    /// waits for a lock while running a statement whose text contains `query_contains`
+    /// (`""`: any statement).
+    pub(crate) async fn wait_for_a_lock_wait(&self, what: &str, query_contains: &str) {
+        super::eventually(what, std::time::Duration::from_secs(10), async || {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'
+                   AND strpos(query, $1) > 0",
+            )
+            .bind(query_contains)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap();
+            if waiting > 0 { Ok(()) } else { Err(waiting) }
+        })
+        .await;
+    }
+
     /// Requests the simulator recorded for `provider`.
     pub(crate) async fn sim_requests(&self, provider: &str) -> Vec<Value> {
         self.http
