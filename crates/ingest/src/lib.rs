@@ -208,8 +208,9 @@ pub fn parse_fatigue_caps(
 impl IngestConfig {
     /// Reads `NOTIFY_AMQP_URL` (required; one URL or the comma-separated nodes of a cluster,
     /// see [`notify_broker::connect`]), `NOTIFY_AMQP_PREFIX` (""), `NOTIFY_MAX_ATTEMPTS`
-    /// (5), `NOTIFY_REQUEST_TIMEOUT` (30s), `NOTIFY_RELAY_BATCH` (500), `NOTIFY_RELAY_POLL`
-    /// (1s), `NOTIFY_SWEEP_INTERVAL` (10s), `NOTIFY_REPUBLISH_AFTER` (5m), `NOTIFY_INGEST_WRITERS`
+    /// (5), `NOTIFY_REQUEST_TIMEOUT` (30s), `NOTIFY_RELAY_BATCH` (500),
+    /// `NOTIFY_RELAY_DELIVERIES_PER_MESSAGE` (50; 1 to 500, 1 = version-1 messages only),
+    /// `NOTIFY_RELAY_POLL` (1s), `NOTIFY_SWEEP_INTERVAL` (10s), `NOTIFY_REPUBLISH_AFTER` (5m), `NOTIFY_INGEST_WRITERS`
     /// (4), `NOTIFY_INGEST_BATCH` (200), `NOTIFY_FATIGUE_CAPS` (empty: no caps; e.g.
     /// `email=5,line=10,push=10` per user per rolling hour), `NOTIFY_DRAIN_SECONDS` (5),
     /// `NOTIFY_METRICS_INTERVAL` (15s), `NOTIFY_GRPC_AUTH` (`api_key`), the TLS files (see
@@ -298,6 +299,12 @@ impl IngestConfig {
             relay: relay::RelayConfig {
                 topology: Topology::new(env.string("NOTIFY_AMQP_PREFIX", "")),
                 batch: env.number("NOTIFY_RELAY_BATCH", 500, 1, 10_000),
+                deliveries_per_message: env.number(
+                    "NOTIFY_RELAY_DELIVERIES_PER_MESSAGE",
+                    relay::DELIVERIES_PER_MESSAGE,
+                    1,
+                    notify_broker::MAX_DELIVERIES_PER_MESSAGE,
+                ),
                 // At most 10 s: rows written due later than that are not announced
                 // (migrations/20261201000028_delivery_write_cost.sql), the poll finds them.
                 poll: env

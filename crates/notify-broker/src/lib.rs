@@ -244,6 +244,73 @@ impl DeliveryMessage {
     }
 }
 
+/// Most deliveries one [`DeliveryBatch`] may name; a message naming more is refused by
+/// [`Pointers::parse`] (dead-lettered), so a worker's memory per message stays bounded.
+pub const MAX_DELIVERIES_PER_MESSAGE: usize = 500;
+
+/// The version-2 message body: pointers to several delivery rows of one channel, so the
+/// broker's work (publish, confirm, store, deliver, ack: its cost is per message) is
+/// shared by them. Each pointer carries its own W3C trace context, since the deliveries
+/// of one message may belong to different events (one trace each).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliveryBatch {
+    /// Format version, 2.
+    pub v: u8,
+    /// The channel of every delivery named (must match the queue).
+    pub channel: String,
+    /// The deliveries to send, 1 to [`MAX_DELIVERIES_PER_MESSAGE`].
+    pub deliveries: Vec<Pointer>,
+}
+
+/// One delivery named by a message, with the trace context its consumer span continues
+/// (W3C Trace Context `traceparent` / `tracestate`, <https://www.w3.org/TR/trace-context/>).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pointer {
+    /// The delivery row's id.
+    pub id: Uuid,
+    /// The producer span's `traceparent`, when tracing is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// The producer span's `tracestate`, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
+}
+
+/// What a channel-queue message points at, whichever version it is: a version-1
+/// [`DeliveryMessage`] (one delivery, its trace context in the message headers) or a
+/// version-2 [`DeliveryBatch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pointers {
+    /// The channel the message names.
+    pub channel: String,
+    /// The deliveries, in message order.
+    pub deliveries: Vec<Pointer>,
+}
+
+impl Pointers {
+    /// Parses a message body with its string `headers` ([`string_headers`]); `None` for
+    /// an unknown version, a malformed body, or a batch naming no delivery or more than
+    /// [`MAX_DELIVERIES_PER_MESSAGE`].
+    pub fn parse(body: &[u8], headers: &std::collections::HashMap<String, String>) -> Option<Self> {
+        if let Some(one) = DeliveryMessage::parse(body) {
+            return Some(Self {
+                channel: one.channel,
+                deliveries: vec![Pointer {
+                    id: one.delivery_id,
+                    traceparent: headers.get("traceparent").cloned(),
+                    tracestate: headers.get("tracestate").cloned(),
+                }],
+            });
+        }
+        let batch = serde_json::from_slice::<DeliveryBatch>(body).ok()?;
+        (batch.v == 2 && (1..=MAX_DELIVERIES_PER_MESSAGE).contains(&batch.deliveries.len()))
+            .then_some(Self {
+                channel: batch.channel,
+                deliveries: batch.deliveries,
+            })
+    }
+}
+
 /// How one publish ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PublishOutcome {
@@ -255,6 +322,14 @@ pub enum PublishOutcome {
     Nacked,
     /// The channel failed or the confirm did not arrive; the outcome is unknown.
     Unknown(String),
+}
+
+/// One message for [`Publisher::publish_bodies`].
+struct Outgoing<'a> {
+    routing_key: &'a str,
+    body: Vec<u8>,
+    message_id: Uuid,
+    headers: &'a std::collections::HashMap<String, String>,
 }
 
 /// A publisher on its own channel in confirm mode. Publishes are pipelined: a batch is
@@ -303,11 +378,40 @@ impl Publisher {
         messages: &[DeliveryMessage],
         headers: &[std::collections::HashMap<String, String>],
     ) -> Vec<PublishOutcome> {
-        let mut pending = Vec::with_capacity(messages.len());
-        for (i, m) in messages.iter().enumerate() {
-            let body = serde_json::to_vec(m).unwrap_or_default();
+        let none = std::collections::HashMap::new();
+        self.publish_bodies(messages.iter().enumerate().map(|(i, m)| Outgoing {
+            routing_key: &m.channel,
+            body: serde_json::to_vec(m).unwrap_or_default(),
+            message_id: m.delivery_id,
+            headers: headers.get(i).unwrap_or(&none),
+        }))
+        .await
+    }
+
+    /// Publishes version-2 messages ([`DeliveryBatch`], routing key = channel) as
+    /// persistent, mandatory messages; one outcome per message, in order, which holds for
+    /// every delivery it names. The message id is the first delivery's id. Never waits
+    /// longer than the confirm timeout in total.
+    pub async fn publish_delivery_batches(&self, batches: &[DeliveryBatch]) -> Vec<PublishOutcome> {
+        let none = std::collections::HashMap::new();
+        self.publish_bodies(batches.iter().map(|b| Outgoing {
+            routing_key: &b.channel,
+            body: serde_json::to_vec(b).unwrap_or_default(),
+            message_id: b.deliveries.first().map(|p| p.id).unwrap_or_default(),
+            headers: &none,
+        }))
+        .await
+    }
+
+    async fn publish_bodies<'a>(
+        &self,
+        messages: impl Iterator<Item = Outgoing<'a>>,
+    ) -> Vec<PublishOutcome> {
+        let mut pending = Vec::with_capacity(messages.size_hint().0);
+        for m in messages {
+            let body = m.body;
             let mut table = FieldTable::default();
-            for (k, v) in headers.get(i).into_iter().flatten() {
+            for (k, v) in m.headers {
                 table.insert(k.clone().into(), AMQPValue::LongString(v.clone().into()));
             }
             let props = BasicProperties::default()
@@ -315,12 +419,12 @@ impl Publisher {
                 // 2 = persistent: the message survives a broker restart.
                 .with_delivery_mode(2)
                 .with_content_type("application/json".into())
-                .with_message_id(m.delivery_id.to_string().into());
+                .with_message_id(m.message_id.to_string().into());
             let res = self
                 .channel
                 .basic_publish(
                     self.exchange.clone().into(),
-                    m.channel.clone().into(),
+                    m.routing_key.into(),
                     // mandatory: an unroutable message comes back instead of vanishing.
                     BasicPublishOptions {
                         mandatory: true,
@@ -469,6 +573,58 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn both_versions_parse_to_pointers_and_bad_batches_do_not() {
+        let mut headers = std::collections::HashMap::new();
+        headers.insert("traceparent".to_string(), "00-aa-bb-01".to_string());
+        let one = serde_json::to_vec(&DeliveryMessage {
+            v: 1,
+            delivery_id: Uuid::nil(),
+            channel: "line".into(),
+        })
+        .unwrap();
+        let p = Pointers::parse(&one, &headers).unwrap();
+        assert_eq!(p.channel, "line");
+        assert_eq!(p.deliveries.len(), 1);
+        assert_eq!(p.deliveries[0].traceparent.as_deref(), Some("00-aa-bb-01"));
+
+        let ids: Vec<Uuid> = (0..3).map(|_| Uuid::new_v4()).collect();
+        let batch = DeliveryBatch {
+            v: 2,
+            channel: "inapp".into(),
+            deliveries: ids
+                .iter()
+                .map(|id| Pointer {
+                    id: *id,
+                    traceparent: Some(format!("00-{}-01", id.simple())),
+                    tracestate: None,
+                })
+                .collect(),
+        };
+        let body = serde_json::to_vec(&batch).unwrap();
+        // The message headers do not apply to a batch: each pointer has its own context.
+        let p = Pointers::parse(&body, &headers).unwrap();
+        assert_eq!(p.channel, "inapp");
+        assert_eq!(p.deliveries.iter().map(|d| d.id).collect::<Vec<_>>(), ids);
+        assert_eq!(
+            p.deliveries[2].traceparent,
+            Some(format!("00-{}-01", ids[2].simple()))
+        );
+        // A version-1 reader (an older worker) does not take a batch for one delivery.
+        assert_eq!(DeliveryMessage::parse(&body), None);
+
+        let empty = br#"{"v":2,"channel":"inapp","deliveries":[]}"#;
+        assert_eq!(Pointers::parse(empty, &headers), None);
+        let too_many = DeliveryBatch {
+            deliveries: vec![batch.deliveries[0].clone(); MAX_DELIVERIES_PER_MESSAGE + 1],
+            ..batch.clone()
+        };
+        let body = serde_json::to_vec(&too_many).unwrap();
+        assert_eq!(Pointers::parse(&body, &headers), None);
+        let v3 = br#"{"v":3,"channel":"inapp","deliveries":[{"id":"00000000-0000-0000-0000-000000000000"}]}"#;
+        assert_eq!(Pointers::parse(v3, &headers), None);
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::db::DbBatches;
 use crate::{ChannelSender, Readiness, WorkerConfig, limit, templates};
-use notify_broker::{Consumer, lapin};
+use notify_broker::{Consumer, Pointers, lapin};
 use notify_store::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,24 +89,34 @@ async fn run_connected<S: ChannelSender>(
     info!(%channel, %queue, concurrency = cfg.concurrency, "consuming");
     readiness.set_consuming(true);
 
+    // One permit per delivery in progress: a message naming several deliveries
+    // (a version-2 batch) takes one for each, up to the whole concurrency, before its task
+    // starts, and never waits for more once started, so messages cannot starve each other.
     let permits = Arc::new(Semaphore::new(cfg.concurrency as usize));
     let mut tasks = JoinSet::new();
     let mut failure = None;
     let mut ended = false;
     loop {
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
-        };
         let next = tokio::select! {
             _ = shutdown.cancelled() => break,
             n = consumer.next() => n,
         };
         match next {
             Some(Ok(delivery)) => {
+                let pointers = Pointers::parse(delivery.body(), &delivery.headers());
+                let wanted = pointers
+                    .as_ref()
+                    .map_or(1, |p| p.deliveries.len())
+                    .clamp(1, cfg.concurrency.max(1) as usize);
+                // Not started yet: at a shutdown, closing the channel returns it to the queue.
+                let permit = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    p = permits.clone().acquire_many_owned(wanted as u32) => p.expect("semaphore never closed"),
+                };
                 let ctx = ctx.clone();
+                let stop = shutdown.clone();
                 tasks.spawn(async move {
-                    ctx.handle(delivery).await;
+                    ctx.handle(delivery, pointers, wanted, &stop).await;
                     drop(permit);
                 });
             }

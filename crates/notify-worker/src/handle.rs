@@ -6,53 +6,116 @@ use crate::db::{DbCall, with_db_retry};
 use crate::decide::decide;
 use crate::record_metrics::count_recorded;
 use crate::{ChannelSender, lease};
-use notify_broker::{DeliveryMessage, Inbound};
+use notify_broker::{Inbound, Pointer, Pointers};
 use notify_store::deliveries::{self, ClaimOutcome, NextState};
 use std::sync::Arc;
 use tracing::{Instrument, error, info, info_span, warn};
 
+/// How a message is settled once every delivery it names is done. Ordered by precedence:
+/// a message is requeued when any of its deliveries needs it again, else dead-lettered
+/// when any cannot be worked on, else acked (a delivery already ended is skipped by its
+/// claim when the message comes back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Settle {
+    /// Done with: the broker forgets it.
+    Ack,
+    /// To the dead-letter queue (unparseable, unknown delivery, wrong channel).
+    Reject,
+    /// Back to the queue (the database stayed unreachable).
+    Requeue,
+}
+
 impl<S: ChannelSender> Ctx<S> {
-    /// Handles one message to its end: it is settled (acked, rejected or requeued) before
-    /// this returns.
-    pub(crate) async fn handle(&self, msg: Inbound) {
+    /// Handles one message to its end: every delivery it names (`pointers`, parsed by the
+    /// consume loop; `None` when it could not be) is handled, up to `parallel` at once,
+    /// and the message is settled (acked, rejected or requeued) before this returns.
+    /// Once `stop` is cancelled no further delivery of it is started: the ones in hand
+    /// finish and are recorded, and a message with deliveries left unstarted is left
+    /// unsettled, so closing the channel returns it to the queue whole (the next claim
+    /// skips the deliveries already ended).
+    pub(crate) async fn handle(
+        &self,
+        msg: Inbound,
+        pointers: Option<Pointers>,
+        parallel: usize,
+        stop: &tokio_util::sync::CancellationToken,
+    ) {
+        use futures_util::StreamExt;
+        use futures_util::stream::FuturesUnordered;
         let channel = self.sender.channel();
-        let Some(pointer) = DeliveryMessage::parse(msg.body()) else {
+        let Some(pointers) = pointers else {
             warn!(%channel, bytes = msg.body().len(), "unparseable message: dead-lettered");
             msg.reject().await;
             return;
         };
-        let span = self.consumer_span(&msg, &pointer);
+        let tag = msg.delivery_tag();
+        let mut waiting = pointers.deliveries.iter();
+        let mut running = FuturesUnordered::new();
+        let mut settle = Settle::Ack;
+        let mut unstarted = false;
+        loop {
+            while running.len() < parallel.max(1) {
+                if stop.is_cancelled() {
+                    unstarted = waiting.len() > 0;
+                    break;
+                }
+                let Some(p) = waiting.next() else { break };
+                running.push(self.handle_delivery(&pointers.channel, p, tag));
+            }
+            match running.next().await {
+                Some(s) => settle = settle.max(s),
+                None => break,
+            }
+        }
+        if unstarted {
+            info!(
+                unstarted = waiting.len(),
+                "stopping: the message goes back to the queue with its unstarted deliveries"
+            );
+            return;
+        }
+        match settle {
+            Settle::Ack => msg.ack().await,
+            Settle::Reject => msg.reject().await,
+            Settle::Requeue => msg.nack_requeue().await,
+        }
+    }
+
+    /// One delivery of a message from claim to record; answers how the message should be
+    /// settled as far as this delivery is concerned.
+    async fn handle_delivery(&self, message_channel: &str, pointer: &Pointer, tag: u64) -> Settle {
+        let channel = self.sender.channel();
+        let span = self.consumer_span(tag, pointer);
         let s = span.clone();
         async {
-            if pointer.channel != channel.as_str() {
-                warn!(message_channel = %pointer.channel, "message for another channel: dead-lettered");
-                let _ = deliveries::fail_unclaimed(&self.pool, pointer.delivery_id, "unsupported_channel").await;
-                msg.reject().await;
-                return;
+            if message_channel != channel.as_str() {
+                warn!(%message_channel, "message for another channel: dead-lettered");
+                let _ = deliveries::fail_unclaimed(&self.pool, pointer.id, "unsupported_channel").await;
+                return Settle::Reject;
             }
             // Asked before the claim: the lease is held at least until then + its length.
             let asked = tokio::time::Instant::now();
-            let claimed = with_db_retry("claim", || self.db.claims.call(pointer.delivery_id)).await;
+            let claimed = with_db_retry("claim", || self.db.claims.call(pointer.id)).await;
             let job = match claimed {
-                DbCall::Unreachable => return msg.nack_requeue().await,
+                DbCall::Unreachable => return Settle::Requeue,
                 DbCall::Refused(_) => {
                     // Nothing was claimed, so no call was made; the delivery stays as it is
                     // and the sweeper republishes it later (with growing spacing).
                     warn!("claim refused by the database: dead-lettered");
-                    return msg.reject().await;
+                    return Settle::Reject;
                 }
                 DbCall::Done(ClaimOutcome::Missing) => {
                     warn!("message names no delivery: dead-lettered");
-                    return msg.reject().await;
+                    return Settle::Reject;
                 }
                 DbCall::Done(ClaimOutcome::WrongChannel(actual)) => {
                     warn!(%actual, "delivery belongs to another channel: dead-lettered");
-                    let _ = deliveries::fail_unclaimed(&self.pool, pointer.delivery_id, "unsupported_channel").await;
-                    return msg.reject().await;
+                    let _ = deliveries::fail_unclaimed(&self.pool, pointer.id, "unsupported_channel").await;
+                    return Settle::Reject;
                 }
                 DbCall::Done(ClaimOutcome::NotClaimable(status)) => {
                     info!(%status, "duplicate or early message: acked without sending");
-                    return msg.ack().await;
+                    return Settle::Ack;
                 }
                 DbCall::Done(ClaimOutcome::Exhausted { provider, attempts, fallback, .. }) => {
                     // Every attempt was spent, the last ones by workers that died during the
@@ -65,7 +128,7 @@ impl<S: ChannelSender> Ctx<S> {
                     m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", "attempts_spent")]);
                     error!(attempts, reason = "attempts_spent", alert = "delivery_failed",
                         "delivery failed: its attempt budget was spent (workers died during the calls); no further call");
-                    return msg.ack().await;
+                    return Settle::Ack;
                 }
                 DbCall::Done(ClaimOutcome::Claimed(job)) => job,
             };
@@ -77,16 +140,16 @@ impl<S: ChannelSender> Ctx<S> {
                 notify_core::due::Due::Now => {}
                 notify_core::due::Due::Defer { until, why } => {
                     match with_db_retry("defer", || deliveries::defer_claimed(&self.pool, &job, until, &why)).await {
-                        DbCall::Unreachable => return msg.nack_requeue().await,
+                        DbCall::Unreachable => return Settle::Requeue,
                         DbCall::Done(true) => info!(until = %until.to_rfc3339(), "due inside the recipient's quiet hours: deferred without a call"),
                         DbCall::Done(false) => warn!("lease lost before deferring; nothing written"),
                         DbCall::Refused(_) => {}
                     }
-                    return msg.ack().await;
+                    return Settle::Ack;
                 }
                 notify_core::due::Due::Skip { reason, why } => {
                     match with_db_retry("skip", || deliveries::skip_claimed(&self.pool, &job, reason, &why)).await {
-                        DbCall::Unreachable => return msg.nack_requeue().await,
+                        DbCall::Unreachable => return Settle::Requeue,
                         DbCall::Done(true) => {
                             let m = notify_telemetry::metrics();
                             m.deliveries_skipped.add(1, &[
@@ -103,7 +166,7 @@ impl<S: ChannelSender> Ctx<S> {
                         // delivery to pending, where the next claim decides again.
                         DbCall::Refused(_) => warn!(reason = reason.as_str(), "skip refused by the database; left to the sweeper"),
                     }
-                    return msg.ack().await;
+                    return Settle::Ack;
                 }
             }
             let mut job = job;
@@ -121,7 +184,7 @@ impl<S: ChannelSender> Ctx<S> {
                 // No provider call was made after the lease was found gone; whoever holds
                 // the delivery now (or the sweeper) sends it. Any record would match nothing.
                 warn!(attempt = job.attempt, "lease lost before the provider call: call abandoned, nothing written");
-                return msg.ack().await;
+                return Settle::Ack;
             }
             let error = outcome.error().cloned();
             let jitter: f64 = rand::random();
@@ -153,7 +216,7 @@ impl<S: ChannelSender> Ctx<S> {
             })
             .await;
             match recorded {
-                DbCall::Unreachable => msg.nack_requeue().await,
+                DbCall::Unreachable => Settle::Requeue,
                 DbCall::Refused(e) => {
                     // The full record cannot be stored (and never will be): end the
                     // delivery visibly rather than let its lease expire and call again.
@@ -170,7 +233,7 @@ impl<S: ChannelSender> Ctx<S> {
                     })
                     .await;
                     if matches!(ended, DbCall::Unreachable) {
-                        return msg.nack_requeue().await;
+                        return Settle::Requeue;
                     }
                     if sent.is_none() {
                         let m = notify_telemetry::metrics();
@@ -180,7 +243,7 @@ impl<S: ChannelSender> Ctx<S> {
                         error!(attempt = job.attempt, reason = "record_failed", alert = "delivery_failed",
                             "delivery failed: its attempt could not be recorded; ended without another call");
                     }
-                    msg.ack().await
+                    Settle::Ack
                 }
                 DbCall::Done(false) if matches!(next, NextState::Sent { .. }) => {
                     // The provider accepted after the lease was taken. If the sweeper put the
@@ -198,18 +261,18 @@ impl<S: ChannelSender> Ctx<S> {
                         DbCall::Done(false) => warn!("lease lost before recording: another worker owns this delivery now; nothing written"),
                         DbCall::Unreachable | DbCall::Refused(_) => {}
                     }
-                    msg.ack().await
+                    Settle::Ack
                 }
                 DbCall::Done(false) => {
                     warn!("lease lost before recording: another worker owns this delivery now; nothing written");
-                    msg.ack().await
+                    Settle::Ack
                 }
                 DbCall::Done(true) => {
                     count_recorded(&job, &next, &record, error.as_ref(), took);
                     if job.cause == notify_core::plan::Cause::Escalation && matches!(next, NextState::Sent { .. }) {
                         notify_telemetry::metrics().escalations.add(1, &[opentelemetry::KeyValue::new("outcome", "sent")]);
                     }
-                    msg.ack().await
+                    Settle::Ack
                 }
             }
         }
@@ -219,7 +282,7 @@ impl<S: ChannelSender> Ctx<S> {
 
     /// The consumer span of one message (OpenTelemetry messaging semantic conventions),
     /// a child of the relay's producer span named by the message's `traceparent` header.
-    fn consumer_span(&self, msg: &Inbound, pointer: &DeliveryMessage) -> tracing::Span {
+    fn consumer_span(&self, tag: u64, pointer: &Pointer) -> tracing::Span {
         let channel = self.sender.channel();
         let queue = self.cfg.topology.queue(channel.as_str());
         let span = info_span!(
@@ -231,19 +294,18 @@ impl<S: ChannelSender> Ctx<S> {
             messaging.operation.type = "process",
             messaging.operation.name = "process",
             messaging.destination.name = %queue,
-            messaging.message.id = %pointer.delivery_id,
-            messaging.rabbitmq.message.delivery_tag = msg.delivery_tag(),
-            notify.delivery_id = %pointer.delivery_id,
+            messaging.message.id = %pointer.id,
+            messaging.rabbitmq.message.delivery_tag = tag,
+            notify.delivery_id = %pointer.id,
             notify.channel = %channel,
             notify.event_id = tracing::field::Empty,
             notify.attempt = tracing::field::Empty,
             notify.provider = tracing::field::Empty,
         );
-        let headers = msg.headers();
         notify_telemetry::propagation::continue_trace(
             &span,
-            headers.get("traceparent").map(String::as_str),
-            headers.get("tracestate").map(String::as_str),
+            pointer.traceparent.as_deref(),
+            pointer.tracestate.as_deref(),
         );
         span
     }

@@ -7,7 +7,7 @@ use notify_proto::v1 as pb;
 use serde_json::json;
 use std::collections::HashSet;
 use std::time::Duration;
-use support::{Platform, assert_sent, eventually, line_id, status_attempts, uniq};
+use support::{Platform, assert_all_sent, assert_sent, eventually, line_id, status_attempts, uniq};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -752,6 +752,79 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
         ("failed", Some("unsupported_channel"))
     );
     assert_eq!(p.queue_depth(&p.topology.queue("push")).await, 0);
+    p.stop().await;
+}
+
+/// The relay puts up to `NOTIFY_RELAY_DELIVERIES_PER_MESSAGE` deliveries of one channel in
+/// one (version-2) message; the worker sends each delivery it names once, and a batch that
+/// names an unknown delivery is dead-lettered after its good deliveries were sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_share_messages_and_each_one_a_message_names_is_sent_once() {
+    let mut p = Platform::start_with_workers(&[]).await;
+    p.add_type("order_paid", &["inapp"]).await;
+    let users: Vec<String> = (0..120).map(|i| uniq(&format!("batch-{i}"))).collect();
+    for u in &users {
+        p.add_recipient(u, "", "", "").await;
+    }
+    let refs: Vec<&str> = users.iter().map(String::as_str).collect();
+    let ev = p.send("batched", "order_paid", &refs).await;
+    assert_eq!(ev.deliveries.len(), 120);
+    p.wait_outbox_empty("the relay published all 120", Duration::from_secs(10))
+        .await;
+    let queue = p.topology.queue("inapp");
+    assert_eq!(
+        p.queue_depth(&queue).await,
+        3,
+        "120 in-app deliveries written together travel as 50 + 50 + 20"
+    );
+    // A hand-made batch naming one of them again and a delivery that does not exist.
+    let (_conn, ch) = p.amqp().await;
+    let again = ev.deliveries[7].delivery_id.parse::<uuid::Uuid>().unwrap();
+    let body = serde_json::to_vec(&notify_broker::DeliveryBatch {
+        v: 2,
+        channel: "inapp".into(),
+        deliveries: [again, uuid::Uuid::new_v4()]
+            .into_iter()
+            .map(|id| notify_broker::Pointer {
+                id,
+                traceparent: None,
+                tracestate: None,
+            })
+            .collect(),
+    })
+    .unwrap();
+    ch.basic_publish(
+        "".into(),
+        queue.clone().into(),
+        Default::default(),
+        &body,
+        Default::default(),
+    )
+    .await
+    .unwrap();
+
+    p.start_worker(notify_core::Channel::InApp);
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_all_sent(&done);
+    for d in &done.deliveries {
+        assert_eq!(status_attempts(d), ("sent", 1), "{}", d.delivery_id);
+    }
+    let dead = p.topology.dead_letter_queue();
+    p.wait_queue_depth(
+        &dead,
+        1,
+        "the batch naming an unknown delivery is dead-lettered",
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(p.queue_depth(&queue).await, 0);
+    let inbox: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM notifications WHERE user_id = ANY($1)")
+            .bind(&users)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    assert_eq!(inbox, 120, "one inbox item per recipient, none twice");
     p.stop().await;
 }
 

@@ -179,6 +179,8 @@ pub(crate) struct Options {
     /// The in-process ingest's retention purge (a pass an hour by default: tests that
     /// purge call `notify_store::retention::purge` themselves or set this).
     pub retention: ingest::RetentionConfig,
+    /// Deliveries of one channel a relay message names at most (the production default).
+    pub deliveries_per_message: usize,
 }
 
 impl Default for Options {
@@ -208,6 +210,7 @@ impl Default for Options {
                 interval: Duration::from_secs(3600),
                 ..Default::default()
             },
+            deliveries_per_message: ingest::relay::DELIVERIES_PER_MESSAGE,
         }
     }
 }
@@ -219,6 +222,7 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
             amqp_url: stack.amqp_url.clone(),
             topology: topology.clone(),
             batch: 500,
+            deliveries_per_message: opts.deliveries_per_message,
             poll: Duration::from_millis(500),
             hold: Duration::from_secs(30),
             confirm_timeout: Duration::from_secs(10),
