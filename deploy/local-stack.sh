@@ -246,7 +246,12 @@ start_rabbitmq() {
 loopback_users = none
 EOF
   echo '[].' >"$STACK/rabbitmq/enabled_plugins"
-  : >"$STACK/rabbitmq/rabbitmq-env.conf"
+  # No scheduler busy-waiting: by default an idle Erlang scheduler spins before it sleeps,
+  # which on a host whose few cores Postgres and the platform share is CPU taken from them
+  # (erl(1) +sbwt; Red Hat OpenStack ships RabbitMQ with +sbwt none for the same reason).
+  # Measured with `make bench`: see docs/scaling.md (2026-12-03, batched messages).
+  echo 'SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none"' \
+    >"$STACK/rabbitmq/rabbitmq-env.conf"
   log "starting rabbitmq on 127.0.0.1:$AMQP_PORT"
   (
     rabbit_env
