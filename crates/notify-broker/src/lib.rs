@@ -302,12 +302,21 @@ impl Pointers {
                 }],
             });
         }
-        let batch = serde_json::from_slice::<DeliveryBatch>(body).ok()?;
-        (batch.v == 2 && (1..=MAX_DELIVERIES_PER_MESSAGE).contains(&batch.deliveries.len()))
-            .then_some(Self {
-                channel: batch.channel,
-                deliveries: batch.deliveries,
-            })
+        let batch = DeliveryBatch::parse(body)?;
+        Some(Self {
+            channel: batch.channel,
+            deliveries: batch.deliveries,
+        })
+    }
+}
+
+impl DeliveryBatch {
+    /// Parses a message body; `None` for anything that is not a version-2 message naming
+    /// 1 to [`MAX_DELIVERIES_PER_MESSAGE`] deliveries.
+    pub fn parse(body: &[u8]) -> Option<Self> {
+        serde_json::from_slice::<Self>(body)
+            .ok()
+            .filter(|b| b.v == 2 && (1..=MAX_DELIVERIES_PER_MESSAGE).contains(&b.deliveries.len()))
     }
 }
 
@@ -478,7 +487,8 @@ pub async fn dead_letter_depth(conn: &Connection, topology: &Topology) -> Result
 }
 
 /// Moves up to `limit` dead-lettered messages back to their channel's queue: each valid
-/// delivery pointer is republished (persistent, confirmed) and only then removed from the
+/// delivery pointer (a version-1 message, or a version-2 batch, republished as the same
+/// batch) is republished (persistent, confirmed) and only then removed from the
 /// dead-letter queue; a message that is not a pointer stays there. Workers then skip a
 /// pointer whose delivery is already final. Returns (moved, left in place).
 pub async fn requeue_dead_letters(
@@ -504,24 +514,38 @@ pub async fn requeue_dead_letters(
             break;
         };
         let tag = msg.delivery.delivery_tag;
-        match DeliveryMessage::parse(&msg.delivery.data) {
-            Some(m) => match publisher
-                .publish_batch(std::slice::from_ref(&m))
-                .await
-                .pop()
-            {
-                Some(PublishOutcome::Confirmed) => {
-                    ch.basic_ack(tag, BasicAckOptions::default()).await?;
-                    moved += 1;
-                }
-                other => {
-                    nack_requeue(&ch, tag).await?;
-                    return Err(BrokerError::Republish(format!(
-                        "delivery {}: {other:?}",
-                        m.delivery_id
-                    )));
-                }
-            },
+        let data = &msg.delivery.data;
+        // Either version: a batch goes back as the same batch.
+        let republished = if let Some(m) = DeliveryMessage::parse(data) {
+            Some((
+                m.delivery_id,
+                publisher
+                    .publish_batch(std::slice::from_ref(&m))
+                    .await
+                    .pop(),
+            ))
+        } else if let Some(b) = DeliveryBatch::parse(data) {
+            Some((
+                b.deliveries[0].id,
+                publisher
+                    .publish_delivery_batches(std::slice::from_ref(&b))
+                    .await
+                    .pop(),
+            ))
+        } else {
+            None
+        };
+        match republished {
+            Some((_, Some(PublishOutcome::Confirmed))) => {
+                ch.basic_ack(tag, BasicAckOptions::default()).await?;
+                moved += 1;
+            }
+            Some((first, other)) => {
+                nack_requeue(&ch, tag).await?;
+                return Err(BrokerError::Republish(format!(
+                    "delivery {first}: {other:?}"
+                )));
+            }
             None => {
                 held.push(tag);
                 left += 1;

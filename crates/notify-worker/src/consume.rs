@@ -93,6 +93,9 @@ async fn run_connected<S: ChannelSender>(
     // (a version-2 batch) takes one for each, up to the whole concurrency, before its task
     // starts, and never waits for more once started, so messages cannot starve each other.
     let permits = Arc::new(Semaphore::new(cfg.concurrency as usize));
+    // Stops the tasks from starting further deliveries of their messages, at shutdown and
+    // when this connection fails (their messages come back from the broker anyway).
+    let stop = shutdown.child_token();
     let mut tasks = JoinSet::new();
     let mut failure = None;
     let mut ended = false;
@@ -114,10 +117,9 @@ async fn run_connected<S: ChannelSender>(
                     p = permits.clone().acquire_many_owned(wanted as u32) => p.expect("semaphore never closed"),
                 };
                 let ctx = ctx.clone();
-                let stop = shutdown.clone();
+                let stop = stop.clone();
                 tasks.spawn(async move {
-                    ctx.handle(delivery, pointers, wanted, &stop).await;
-                    drop(permit);
+                    ctx.handle(delivery, pointers, permit, &stop).await;
                 });
             }
             Some(Err(e)) => {
@@ -133,6 +135,7 @@ async fn run_connected<S: ChannelSender>(
         while tasks.try_join_next().is_some() {}
     }
     while tasks.try_join_next().is_some() {}
+    stop.cancel();
     readiness.set_consuming(false);
     info!(in_flight = tasks.len(), "stopping: no new messages");
     consumer.cancel().await;

@@ -27,8 +27,10 @@ pub(crate) enum Settle {
 
 impl<S: ChannelSender> Ctx<S> {
     /// Handles one message to its end: every delivery it names (`pointers`, parsed by the
-    /// consume loop; `None` when it could not be) is handled, up to `parallel` at once,
-    /// and the message is settled (acked, rejected or requeued) before this returns.
+    /// consume loop; `None` when it could not be) is handled, as many at once as `permits`
+    /// holds, and the message is settled (acked, rejected or requeued) before this
+    /// returns. Once every delivery has started, each one that ends gives its permit back,
+    /// so a slow delivery holds one permit, not the whole batch's.
     /// Once `stop` is cancelled no further delivery of it is started: the ones in hand
     /// finish and are recorded, and a message with deliveries left unstarted is left
     /// unsettled, so closing the channel returns it to the queue whole (the next claim
@@ -37,7 +39,7 @@ impl<S: ChannelSender> Ctx<S> {
         &self,
         msg: Inbound,
         pointers: Option<Pointers>,
-        parallel: usize,
+        mut permits: tokio::sync::OwnedSemaphorePermit,
         stop: &tokio_util::sync::CancellationToken,
     ) {
         use futures_util::StreamExt;
@@ -53,8 +55,9 @@ impl<S: ChannelSender> Ctx<S> {
         let mut running = FuturesUnordered::new();
         let mut settle = Settle::Ack;
         let mut unstarted = false;
+        let parallel = permits.num_permits().max(1);
         loop {
-            while running.len() < parallel.max(1) {
+            while running.len() < parallel {
                 if stop.is_cancelled() {
                     unstarted = waiting.len() > 0;
                     break;
@@ -65,6 +68,12 @@ impl<S: ChannelSender> Ctx<S> {
             match running.next().await {
                 Some(s) => settle = settle.max(s),
                 None => break,
+            }
+            // Nothing left to start: a permit per delivery still running is enough.
+            if waiting.len() == 0 {
+                while permits.num_permits() > running.len().max(1) {
+                    drop(permits.split(1));
+                }
             }
         }
         if unstarted {

@@ -143,7 +143,8 @@ async fn dead_letters_are_moved_back_to_their_queue() {
     let (u, _) = p.add_line_recipient("u").await;
     let ev = p.send("dlq", "order_paid", &[&u]).await;
     let delivery = ev.deliveries[0].delivery_id.clone();
-    // Its pointer and one unreadable message sit in the dead-letter queue.
+    // Its pointer, a version-2 batch naming it again and one unreadable message sit in the
+    // dead-letter queue.
     let (_conn, ch) = p.amqp().await;
     p.topology.declare(&ch, &["line"]).await.unwrap();
     // Wait for the relay to publish the pointer, then drop it, as if it had been
@@ -159,6 +160,7 @@ async fn dead_letters_are_moved_back_to_their_queue() {
     let dead = p.topology.dead_letter_queue();
     for body in [
         json!({"v": 1, "delivery_id": delivery, "channel": "line"}).to_string(),
+        json!({"v": 2, "channel": "line", "deliveries": [{"id": delivery}]}).to_string(),
         "not a pointer".to_string(),
     ] {
         ch.basic_publish(
@@ -176,7 +178,7 @@ async fn dead_letters_are_moved_back_to_their_queue() {
     ch.queue_purge(p.topology.queue("line").into(), Default::default())
         .await
         .unwrap();
-    assert_eq!(p.queue_depth(&dead).await, 2);
+    assert_eq!(p.queue_depth(&dead).await, 3);
 
     let http = no_redirects();
     let url = |path: &str| format!("{}{path}", p.http_url);
@@ -188,7 +190,7 @@ async fn dead_letters_are_moved_back_to_their_queue() {
         .text_body()
         .await;
     assert!(
-        overview.contains("Dead-letter queue: <b class=\"failed\">2</b>"),
+        overview.contains("Dead-letter queue: <b class=\"failed\">3</b>"),
         "{overview}"
     );
     let confirm = http
@@ -205,19 +207,22 @@ async fn dead_letters_are_moved_back_to_their_queue() {
         .form(&[("csrf", csrf.as_str())])
         .text_body()
         .await;
-    assert!(done.contains("1 moved back, 1 left"), "{done}");
+    assert!(done.contains("2 moved back, 1 left"), "{done}");
     assert_eq!(p.queue_depth(&dead).await, 1, "the unreadable one stays");
-    assert_eq!(p.queue_depth(&p.topology.queue("line")).await, 1);
+    assert_eq!(p.queue_depth(&p.topology.queue("line")).await, 2);
     p.start_worker(Channel::Line);
     let final_ = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(final_.deliveries[0].status, "sent");
+    p.wait_queue_depth(&queue, 0, "both pointers consumed", Duration::from_secs(10))
+        .await;
+    assert_eq!(p.sim_count("line").await, 1, "two pointers, one send");
     let audit: String = sqlx::query_scalar(
         "SELECT detail FROM console_audit WHERE action = 'requeue_dead_letters'",
     )
     .fetch_one(&p.pool)
     .await
     .unwrap();
-    assert_eq!(audit, "1 moved back, 1 left (not delivery pointers)");
+    assert_eq!(audit, "2 moved back, 1 left (not delivery pointers)");
     p.stop().await;
 }
 
