@@ -320,9 +320,14 @@ make_vapid_key() {
 start_sim() {
   local bin=${PROVIDER_SIM_BIN:-}
   if alive "$STACK/pids/provider-sim.pid"; then
-    # A rebuilt simulator replaces the running one.
-    if [ -n "$bin" ] && [ "$bin" -nt "$STACK/pids/provider-sim.pid" ]; then
-      log "provider-sim was rebuilt: restarting it"
+    # A rebuilt simulator, or another build of it (release for `make bench` where `make up`
+    # started the debug one: a debug simulator took 11 % of both cores in the end-to-end
+    # phase), replaces the running one.
+    local running
+    running=$(readlink "/proc/$(cat "$STACK/pids/provider-sim.pid")/exe" 2>/dev/null || true)
+    if [ -n "$bin" ] && { [ "$bin" -nt "$STACK/pids/provider-sim.pid" ] ||
+      [ "$running" != "$(readlink -f "$bin")" ]; }; then
+      log "provider-sim was rebuilt or is another build: restarting it"
       stop_pid provider-sim
     else
       log "provider-sim already running"; return
