@@ -145,10 +145,19 @@ pub struct PoolConfig {
     pub statement_timeout: Duration,
     /// What the URL points at.
     pub pooler: Pooler,
+    /// Plans every prepared statement once per connection, for any parameters
+    /// (`plan_cache_mode = force_generic_plan`; sent only with [`Pooler::None`]). For a
+    /// process whose statements find rows by key, as the workers' do: Postgres otherwise
+    /// plans each statement anew for its first five runs on every connection, and the
+    /// claim's twelve-table join took 9 ms to plan against 2.3 ms to run (`make bench`,
+    /// `pg_stat_statements.track_planning`). Not for statements whose best plan depends
+    /// on their parameters' values.
+    pub generic_plans: bool,
 }
 
 impl PoolConfig {
-    /// Defaults: 10 connections, 5 s acquire timeout, 30 s statement timeout, no pooler.
+    /// Defaults: 10 connections, 5 s acquire timeout, 30 s statement timeout, no pooler,
+    /// Postgres' own choice between generic and custom plans.
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
@@ -156,21 +165,39 @@ impl PoolConfig {
             acquire_timeout: Duration::from_secs(5),
             statement_timeout: Duration::from_secs(30),
             pooler: Pooler::None,
+            generic_plans: false,
         }
     }
 }
 
+/// A pooled connection idle this long or longer is pinged (one `Sync` round trip) before
+/// it is handed out. One returned sooner skips the ping: sqlx pinged it when it was
+/// released, so a second round trip would prove nothing new. Measured end to end (`make
+/// bench`): sqlx's default, a ping on every acquire as well as on every release, cost each
+/// statement two extra round trips; the claim, the record and the writer's statements
+/// follow each other on the same connections within milliseconds.
+pub const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
+
 /// Opens a pool. Fails fast when the URL is malformed; connections are made lazily so a
 /// process can start while Postgres is still coming up.
 pub fn connect(cfg: &PoolConfig) -> Result<PgPool> {
-    // Broken connections (a primary killed in a failover) are dropped by sqlx's
-    // `test_before_acquire`, on by default; a new connection that lands on a node in
-    // recovery (a standby, or the old primary before it is rebuilt) is refused here, so
-    // the pool never keeps one that would fail every write with SQLSTATE 25006.
+    // Broken connections (a primary killed in a failover) are dropped by a ping before
+    // a connection idle for `PING_IDLE_AFTER` or longer is handed out, and by the ping
+    // sqlx sends on every release; a new connection that lands on a node in recovery (a
+    // standby, or the old primary before it is rebuilt) is refused here, so the pool never
+    // keeps one that would fail every write with SQLSTATE 25006.
     Ok(PgPoolOptions::new()
         .max_connections(cfg.max_connections)
         .acquire_timeout(cfg.acquire_timeout)
-        .test_before_acquire(true)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_IDLE_AFTER {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
         .after_connect(|conn, _meta| Box::pin(refuse_standby(conn)))
         .connect_lazy_with(connect_options(cfg)?))
 }
@@ -180,6 +207,13 @@ pub fn connect(cfg: &PoolConfig) -> Result<PgPool> {
 pub fn connect_options(cfg: &PoolConfig) -> Result<PgConnectOptions> {
     let opts = PgConnectOptions::from_str(&cfg.url)?.application_name("notify");
     Ok(match cfg.pooler {
+        Pooler::None if cfg.generic_plans => opts.options([
+            (
+                "statement_timeout",
+                format!("{}", cfg.statement_timeout.as_millis()),
+            ),
+            ("plan_cache_mode", "force_generic_plan".to_string()),
+        ]),
         Pooler::None => opts.options([(
             "statement_timeout",
             format!("{}", cfg.statement_timeout.as_millis()),

@@ -27,6 +27,8 @@ where
         let mut pool_cfg = notify_store::PoolConfig::new(url.clone());
         pool_cfg.max_connections = pool_size;
         pool_cfg.pooler = pooler;
+        // Claims, records and inbox rows are found by key: one plan fits every batch.
+        pool_cfg.generic_plans = true;
         notify_store::connect(&pool_cfg)
             .map_err(|e| env.error(format!("NOTIFY_DATABASE_URL is invalid: {e}")))
             .ok()
