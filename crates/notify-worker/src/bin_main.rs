@@ -21,14 +21,15 @@ where
     let database_url = env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]);
     let pool_size = env.number("NOTIFY_DB_POOL_SIZE", 10, 1, 1000);
     let pooler = notify_store::Pooler::from_env(&mut env);
+    // Claims, records and inbox rows are found by key: one plan fits every batch.
+    let generic_plans = env.parse("NOTIFY_DB_GENERIC_PLANS", true);
     let cfg = WorkerConfig::from_env(&mut env);
     notify_telemetry::admin::check_env(&mut env);
     let pool = database_url.as_ref().ok().and_then(|url| {
         let mut pool_cfg = notify_store::PoolConfig::new(url.clone());
         pool_cfg.max_connections = pool_size;
         pool_cfg.pooler = pooler;
-        // Claims, records and inbox rows are found by key: one plan fits every batch.
-        pool_cfg.generic_plans = true;
+        pool_cfg.generic_plans = generic_plans;
         notify_store::connect(&pool_cfg)
             .map_err(|e| env.error(format!("NOTIFY_DATABASE_URL is invalid: {e}")))
             .ok()

@@ -151,7 +151,7 @@ pub(crate) struct Options {
     pub republish_after: Duration,
     /// How often ingest rolls up the console's delivery counts.
     pub counts_rollup_interval: Duration,
-    /// Workers get their own pool of this size (else they share the platform's).
+    /// Connections of the workers' own pool (5 when unset).
     pub worker_pool_size: Option<u32>,
     /// The email worker sends to the simulator's SMTP server (rejections by recipient
     /// name) instead of MailDev.

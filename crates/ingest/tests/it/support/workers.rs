@@ -39,14 +39,12 @@ impl Platform {
     pub(crate) fn start_worker_named(&mut self, channel: Channel, worker_id: &str) {
         let mut cfg = self.worker_config();
         cfg.worker_id = worker_id.into();
-        let pool = match self.opts.worker_pool_size {
-            Some(n) => {
-                let mut c = notify_store::PoolConfig::new(self.db_url.clone());
-                c.max_connections = n;
-                notify_store::connect(&c).expect("worker pool")
-            }
-            None => self.pool.clone(),
-        };
+        // The worker's own pool, configured as `notify_worker::main_with` does (generic
+        // plans), so every test runs the workers' statements as production plans them.
+        let mut c = notify_store::PoolConfig::new(self.db_url.clone());
+        c.max_connections = self.opts.worker_pool_size.unwrap_or(5);
+        c.generic_plans = true;
+        let pool = notify_store::connect(&c).expect("worker pool");
         let s = self.worker_shutdown.clone();
         let task = match channel {
             Channel::InApp => {
