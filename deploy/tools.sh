@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Installs the project's Rust tools into $NOTIFY_STACK_DIR/tools/cargo (default
-# .stack/tools/cargo), pinned and --locked, once; later runs find them there.
+# Installs the project's Rust tools into $NOTIFY_TOOLS_DIR (default
+# ${XDG_CACHE_HOME:-~/.cache}/notify/tools/cargo), pinned and --locked, once; later runs,
+# in this clone or another on the same machine (CI's clean clones), find them there
+# instead of compiling them again (cargo-deny: about 3 minutes of a cold `make lint`).
+# A binary of another version is replaced.
 #
 #   deploy/tools.sh cargo-deny    # supply-chain checks (make lint)
 #   deploy/tools.sh cargo-fuzz    # fuzzing (make fuzz)
 #
 # Prints the installed binary's path.
 set -euo pipefail
-repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-root=${NOTIFY_STACK_DIR:-$repo/.stack}/tools/cargo
+root=${NOTIFY_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/notify/tools/cargo}
 
 declare -A version=([cargo-deny]=0.20.2 [cargo-fuzz]=0.13.2)
 tool=${1:?usage: deploy/tools.sh cargo-deny|cargo-fuzz}
