@@ -10,7 +10,13 @@
 #
 # Prints the installed binary's path.
 set -euo pipefail
-root=${NOTIFY_TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/notify/tools/cargo}
+if [ -n "${NOTIFY_TOOLS_DIR:-}" ]; then
+  root=$NOTIFY_TOOLS_DIR
+elif [ -n "${XDG_CACHE_HOME:-}" ] || [ -n "${HOME:-}" ]; then
+  root=${XDG_CACHE_HOME:-$HOME/.cache}/notify/tools/cargo
+else # no home: the clone's own stack directory, as before
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.stack/tools/cargo
+fi
 
 declare -A version=([cargo-deny]=0.20.2 [cargo-fuzz]=0.13.2)
 tool=${1:?usage: deploy/tools.sh cargo-deny|cargo-fuzz}
