@@ -207,17 +207,16 @@ pub fn connect(cfg: &PoolConfig) -> Result<PgPool> {
 pub fn connect_options(cfg: &PoolConfig) -> Result<PgConnectOptions> {
     let opts = PgConnectOptions::from_str(&cfg.url)?.application_name("notify");
     Ok(match cfg.pooler {
-        Pooler::None if cfg.generic_plans => opts.options([
-            (
+        Pooler::None => {
+            let mut options = vec![(
                 "statement_timeout",
-                format!("{}", cfg.statement_timeout.as_millis()),
-            ),
-            ("plan_cache_mode", "force_generic_plan".to_string()),
-        ]),
-        Pooler::None => opts.options([(
-            "statement_timeout",
-            format!("{}", cfg.statement_timeout.as_millis()),
-        )]),
+                cfg.statement_timeout.as_millis().to_string(),
+            )];
+            if cfg.generic_plans {
+                options.push(("plan_cache_mode", "force_generic_plan".to_string()));
+            }
+            opts.options(options)
+        }
         Pooler::PgBouncer => opts.extra_float_digits(None),
     })
 }
@@ -357,6 +356,26 @@ pub fn truncate_utf8(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_pool_asked_for_generic_plans_sends_plan_cache_mode_and_never_through_a_pooler() {
+        let mut cfg = PoolConfig::new("postgres://u@127.0.0.1:5432/db");
+        let plain = connect_options(&cfg).unwrap();
+        let plain = plain.get_options().unwrap_or_default();
+        assert!(plain.contains("statement_timeout=30000"), "{plain}");
+        assert!(!plain.contains("plan_cache_mode"), "{plain}");
+        cfg.generic_plans = true;
+        let generic = connect_options(&cfg).unwrap();
+        let generic = generic.get_options().unwrap_or_default();
+        assert!(generic.contains("statement_timeout=30000"), "{generic}");
+        assert!(
+            generic.contains("plan_cache_mode=force_generic_plan"),
+            "{generic}"
+        );
+        cfg.pooler = Pooler::PgBouncer;
+        let pooled = connect_options(&cfg).unwrap();
+        assert_eq!(pooled.get_options(), None);
+    }
 
     #[test]
     fn the_pooler_setting_names_the_variable_and_the_allowed_values() {
