@@ -294,7 +294,7 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
         // statement anew for its first runs on each of them. A warm-up burst of the same
         // shape, under its own type, does that before the window, as the peer's worker
         // is measured after draining its ingest phase. The latency phase, run alone, gets
-        // it too: cold, its first second of events took 600 ms each.
+        // it too: cold, its first 1.5 s of events took about 600 ms each.
         let started = Instant::now();
         e2e_burst(&channel, "bench_warmup", WARMUP_EVENTS).await?;
         while open_deliveries(&pool, "bench_warmup").await? > 0 {
