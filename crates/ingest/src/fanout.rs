@@ -16,7 +16,9 @@
 //! a waiting cancel gets the row (two overlapping share-lock holders would starve its
 //! `FOR UPDATE`, so the inserts of two pages never overlap). The checkpoint moves one page
 //! at a time. Each committed page's deliveries due now are handed to this replica's relay
-//! ([`crate::relay::Direct`]).
+//! ([`crate::relay::Direct::publish_paced`]); while the relay is behind, the page waits for
+//! room (back-pressure) rather than releasing its rows, so the fan-out writes no faster
+//! than the relay publishes and its memory stays bounded.
 
 use crate::clock::Clock;
 use crate::planning::{add_derived, count_derived, new_deliveries};
@@ -298,11 +300,13 @@ impl PageContext {
         }
         tx.commit().await?;
         let _ = committed.send(true);
-        if let Some((direct, _)) = &self.direct {
+        if let Some((direct, hold)) = &self.direct {
             for row in &mut held {
                 row.trace_context.clone_from(&job.trace_context);
             }
-            direct.publish(held);
+            // Back-pressure: while this page waits for room in the relay, the next one
+            // may write, and the one after waits for this task (IN_FLIGHT).
+            direct.publish_paced(held, *hold / 4).await;
         }
         count_derived(&ty.derivation, &planned, &skipped);
         if done {

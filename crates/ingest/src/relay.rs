@@ -5,7 +5,8 @@
 //!   of deliveries due now already claimed (held for [`RelayConfig::hold`]) and hand them
 //!   to this replica's relay right after their commit, so a new delivery costs no claim
 //!   and no wake-up round trip. Rows the relay cannot take now (not connected, too far
-//!   behind, stopping) are released: made due at once for any relay's claim.
+//!   behind, stopping) are released: made due at once for any relay's claim. The fan-out
+//!   first waits a while for room ([`Direct::publish_paced`]), the event writer does not.
 //! - **Claimed** ([`outbox::claim_due`]): every other row (retries, deferrals, scheduled
 //!   sends, released rows, and held rows whose writer died before the confirm once their
 //!   hold has passed). Wakes on `LISTEN notify_outbox` (announced when a row due now is
@@ -77,6 +78,48 @@ impl Direct {
         };
         let pool = self.pool.clone();
         tokio::spawn(async move { release(&pool, &rows).await });
+    }
+
+    /// Hands committed held rows to the relay, waiting up to `patience` for room when it
+    /// is [`DIRECT_BACKLOG_ROWS`] rows behind: the fan-out's back-pressure. A large topic
+    /// is then written no faster than the relay publishes it, instead of releasing page
+    /// after page (an `UPDATE` of every row, then a claim of each) only because the relay
+    /// is busy. Rows are released, and the release awaited, when the relay is stopped or
+    /// has made no room within `patience` (not connected, or stalled). `patience` must be
+    /// well under the rows' hold, so that they are published before it ends.
+    pub async fn publish_paced(&self, rows: Vec<OutboxRow>, patience: Duration) {
+        if let Err(rows) = self.hand_over_paced(rows, patience).await {
+            release(&self.pool, &rows).await;
+        }
+    }
+
+    /// [`Self::publish_paced`] without the release: `Err` gives back the rows the relay
+    /// did not take.
+    async fn hand_over_paced(
+        &self,
+        rows: Vec<OutboxRow>,
+        patience: Duration,
+    ) -> Result<(), Vec<OutboxRow>> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        // More than the whole backlog would wait for ever.
+        let Some(n) = u32::try_from(rows.len())
+            .ok()
+            .filter(|&n| n as usize <= DIRECT_BACKLOG_ROWS)
+        else {
+            return Err(rows);
+        };
+        if self.tx.is_closed() {
+            return Err(rows);
+        }
+        match tokio::time::timeout(patience, self.room.clone().acquire_many_owned(n)).await {
+            Ok(Ok(permit)) => self
+                .tx
+                .send((rows, permit))
+                .map_err(|mpsc::error::SendError((rows, _))| rows),
+            _ => Err(rows),
+        }
     }
 }
 
@@ -407,6 +450,68 @@ mod tests {
             event_id: None,
             trace_context: None,
         }
+    }
+
+    /// A door whose backlog is full: one batch of [`DIRECT_BACKLOG_ROWS`] rows handed over
+    /// and not yet taken by the relay.
+    fn full_door() -> (Direct, DirectRx) {
+        let pool = notify_store::PgPool::connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("a lazy pool never connects here");
+        let (direct, rx) = Direct::new(pool);
+        direct.publish(
+            (0..DIRECT_BACKLOG_ROWS as i64)
+                .map(|i| row(i, "inapp"))
+                .collect(),
+        );
+        (direct, rx)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paced_hand_over_waits_while_the_relay_is_behind_and_goes_through_when_it_catches_up()
+    {
+        let (direct, mut rx) = full_door();
+        let page: Vec<OutboxRow> = (100_000..102_000).map(|i| row(i, "inapp")).collect();
+        let waiting = tokio::spawn(async move {
+            direct
+                .hand_over_paced(page, Duration::from_secs(10))
+                .await
+                .map_err(|rows| rows.len())
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!waiting.is_finished(), "no room yet: the page waits");
+        // The relay takes the backlog: its room comes back and the page is handed over.
+        let (first, room) = rx.0.recv().await.expect("the backlog");
+        assert_eq!(first.len(), DIRECT_BACKLOG_ROWS);
+        drop(room);
+        assert_eq!(waiting.await.unwrap(), Ok(()));
+        let (page, _room) = rx.0.try_recv().expect("the page, handed over");
+        assert_eq!(page.first().map(|r| r.id), Some(100_000));
+        assert_eq!(page.len(), 2_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paced_hand_over_gives_its_rows_back_when_the_relay_makes_no_room_in_time_or_is_gone()
+    {
+        let (direct, mut rx) = full_door();
+        let page: Vec<OutboxRow> = (100_000..100_010).map(|i| row(i, "inapp")).collect();
+        let started = tokio::time::Instant::now();
+        let back = direct
+            .hand_over_paced(page.clone(), Duration::from_secs(10))
+            .await
+            .expect_err("no room within its patience");
+        assert_eq!(back.len(), 10);
+        assert_eq!(started.elapsed(), Duration::from_secs(10));
+        // A stopped relay: given back at once, whatever the room.
+        let (_backlog, room) = rx.0.recv().await.expect("the backlog");
+        drop(room);
+        drop(rx);
+        let started = tokio::time::Instant::now();
+        let back = direct
+            .hand_over_paced(page, Duration::from_secs(10))
+            .await
+            .expect_err("the relay is gone");
+        assert_eq!(back.len(), 10);
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
     #[test]
