@@ -282,7 +282,10 @@ impl PageContext {
         let rows: Vec<(uuid::Uuid, &notify_store::events::NewDelivery)> =
             planned.iter().map(|d| (job.event_id, d)).collect();
         let mut held = match &self.direct {
-            Some((_, hold)) => events::insert_deliveries_held(&mut tx, &rows, *hold).await?,
+            Some((direct, hold)) => {
+                events::insert_deliveries_held(&mut tx, &rows, *hold, direct.deliveries_per_row())
+                    .await?
+            }
             None => {
                 events::insert_deliveries_many(&mut tx, &rows).await?;
                 Vec::new()

@@ -340,7 +340,7 @@ pub async fn run(
     // `stop` ends everything once the drain is over; `shutdown` only starts the drain.
     let stop = CancellationToken::new();
     // New deliveries due now are handed to this replica's relay after their commit.
-    let (direct, direct_rx) = relay::Direct::new(pool.clone());
+    let (direct, direct_rx) = relay::Direct::new(pool.clone(), cfg.relay.deliveries_per_message);
     let relay_task = tokio::spawn(relay::run(
         pool.clone(),
         session.clone(),

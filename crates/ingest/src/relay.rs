@@ -24,10 +24,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-/// Held rows waiting for the relay, at most: a few fan-out pages or a few hundred group
-/// commits, about 1 MiB. Beyond it a writer releases its rows instead, so memory stays
+/// Deliveries named by held rows waiting for the relay, at most: a few fan-out pages or a
+/// few hundred group commits, about 1 MiB. Beyond it a writer releases its rows instead, so memory stays
 /// bounded whatever the broker's pace.
-const DIRECT_BACKLOG_ROWS: usize = 8_000;
+const DIRECT_BACKLOG: usize = 8_000;
 
 /// Default of [`RelayConfig::deliveries_per_message`]: the broker's cost is per message
 /// (0.22 ms of CPU per delivery at one per message, measured in `make bench`), and a
@@ -35,7 +35,7 @@ const DIRECT_BACKLOG_ROWS: usize = 8_000;
 /// once. 50 keeps a message near 5 KB and spreads a burst over several worker replicas.
 pub const DELIVERIES_PER_MESSAGE: usize = 50;
 
-/// A handed-over batch and its share of [`DIRECT_BACKLOG_ROWS`], given back when dropped.
+/// A handed-over batch and its share of [`DIRECT_BACKLOG`], given back when dropped.
 type Handed = (Vec<OutboxRow>, tokio::sync::OwnedSemaphorePermit);
 
 /// The writers' door to this replica's relay: outbox rows written held
@@ -46,6 +46,7 @@ pub struct Direct {
     tx: mpsc::UnboundedSender<Handed>,
     room: Arc<tokio::sync::Semaphore>,
     pool: PgPool,
+    per_row: usize,
 }
 
 /// The relay's end of [`Direct`].
@@ -53,22 +54,39 @@ pub struct Direct {
 pub struct DirectRx(mpsc::UnboundedReceiver<Handed>);
 
 impl Direct {
-    /// A door and its relay end; `pool` releases what the relay cannot take.
-    pub fn new(pool: PgPool) -> (Self, DirectRx) {
+    /// A door and its relay end; `pool` releases what the relay cannot take;
+    /// `per_message` is the relay's [`RelayConfig::deliveries_per_message`].
+    pub fn new(pool: PgPool, per_message: usize) -> (Self, DirectRx) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let room = Arc::new(tokio::sync::Semaphore::new(DIRECT_BACKLOG_ROWS));
-        (Self { tx, room, pool }, DirectRx(rx))
+        let room = Arc::new(tokio::sync::Semaphore::new(DIRECT_BACKLOG));
+        let per_row = per_message.max(1);
+        (
+            Self {
+                tx,
+                room,
+                pool,
+                per_row,
+            },
+            DirectRx(rx),
+        )
+    }
+
+    /// Most deliveries a held outbox row may name
+    /// ([`notify_store::events::insert_deliveries_held`]): one broker message each, so
+    /// the relay's [`RelayConfig::deliveries_per_message`].
+    pub fn deliveries_per_row(&self) -> usize {
+        self.per_row
     }
 
     /// Hands committed held rows to the relay without waiting. When the relay cannot take
-    /// them (not connected, [`DIRECT_BACKLOG_ROWS`] rows behind, stopped), they are
+    /// them (not connected, [`DIRECT_BACKLOG`] rows behind, stopped), they are
     /// released in the background ([`outbox::release`]): due now for any relay's claim,
     /// so a delivery waits no longer than a claim round, never the whole hold.
     pub fn publish(&self, rows: Vec<OutboxRow>) {
         if rows.is_empty() {
             return;
         }
-        let n = u32::try_from(rows.len()).unwrap_or(u32::MAX);
+        let n = u32::try_from(deliveries(&rows)).unwrap_or(u32::MAX);
         let rows = match self.room.clone().try_acquire_many_owned(n) {
             Ok(permit) => match self.tx.send((rows, permit)) {
                 Ok(()) => return,
@@ -81,7 +99,7 @@ impl Direct {
     }
 
     /// Hands committed held rows to the relay, waiting up to `patience` for room when it
-    /// is [`DIRECT_BACKLOG_ROWS`] rows behind: the fan-out's back-pressure. A large topic
+    /// is [`DIRECT_BACKLOG`] rows behind: the fan-out's back-pressure. A large topic
     /// is then written no faster than the relay publishes it, instead of releasing page
     /// after page (an `UPDATE` of every row, then a claim of each) only because the relay
     /// is busy. Rows are released, and the release awaited, when the relay is stopped or
@@ -104,9 +122,9 @@ impl Direct {
             return Ok(());
         }
         // More than the whole backlog would wait for ever.
-        let Some(n) = u32::try_from(rows.len())
+        let Some(n) = u32::try_from(deliveries(&rows))
             .ok()
-            .filter(|&n| n as usize <= DIRECT_BACKLOG_ROWS)
+            .filter(|&n| n as usize <= DIRECT_BACKLOG)
         else {
             return Err(rows);
         };
@@ -121,6 +139,11 @@ impl Direct {
             _ => Err(rows),
         }
     }
+}
+
+/// How many deliveries `rows` name: what [`DIRECT_BACKLOG`] counts.
+fn deliveries(rows: &[OutboxRow]) -> usize {
+    rows.iter().map(OutboxRow::deliveries).sum()
 }
 
 /// Releases held rows; on failure they wait out their hold, then the relay claims them.
@@ -169,7 +192,7 @@ pub struct RelayStats {
 
 /// Runs the relay until `shutdown`; reconnects to the broker after failures.
 /// Held rows handed over while it is not connected wait in `direct` (up to
-/// [`DIRECT_BACKLOG_ROWS`]; the writers release the rest); the ones still there when it
+/// [`DIRECT_BACKLOG`]; the writers release the rest); the ones still there when it
 /// stops are released. Its `LISTEN notify_outbox` connection comes from `listen_pool`
 /// (`notify_store::Pools::session`).
 pub async fn run(
@@ -253,7 +276,7 @@ async fn run_connected(
                 _ = tokio::time::sleep_until(until) => break,
                 handed = direct.0.recv(), if !direct.0.is_closed() => {
                     let Some((mut rows, _room)) = handed else { continue };
-                    if let Some(more) = take_handed_over(direct, cfg.batch - rows.len() as i64) {
+                    if let Some(more) = take_handed_over(direct, cfg.batch - deliveries(&rows) as i64) {
                         rows.extend(more);
                     }
                     publish_rows(pool, cfg, stats, &publisher, rows).await?;
@@ -263,13 +286,17 @@ async fn run_connected(
     }
 }
 
-/// Handed-over batches waiting now, up to about `limit` rows (whole batches).
+/// Handed-over batches waiting now, up to about `limit` deliveries (whole batches).
 fn take_handed_over(direct: &mut DirectRx, limit: i64) -> Option<Vec<OutboxRow>> {
     let mut out: Vec<OutboxRow> = Vec::new();
-    while (out.len() as i64) < limit {
+    let mut taken = 0;
+    while taken < limit {
         match direct.0.try_recv() {
             // Its room is given back now: the rows are about to be published.
-            Ok((rows, _room)) => out.extend(rows),
+            Ok((rows, _room)) => {
+                taken += deliveries(&rows) as i64;
+                out.extend(rows);
+            }
             Err(_) => break,
         }
     }
@@ -277,8 +304,9 @@ fn take_handed_over(direct: &mut DirectRx, limit: i64) -> Option<Vec<OutboxRow>>
 }
 
 /// Publishes `rows` with confirms and settles each: deleted once confirmed; kept, with the
-/// failure counted and recorded, and due again after `cfg.retry_in` otherwise. Fails when
-/// the publisher's channel is gone (the caller reconnects).
+/// failure counted and recorded, and due again after `cfg.retry_in` otherwise. A row
+/// naming several deliveries is settled once every message naming them is confirmed.
+/// Fails when the publisher's channel is gone (the caller reconnects).
 async fn publish_rows(
     pool: &PgPool,
     cfg: &RelayConfig,
@@ -289,12 +317,22 @@ async fn publish_rows(
     // One producer span per delivery, a child of the event's stored trace context; its
     // own context travels to the worker (in the message headers, or beside the delivery's
     // id in a batch message) and parents the consumer span of that delivery.
-    let spans: Vec<tracing::Span> = rows.iter().map(|r| producer_span(cfg, r)).collect();
-    let contexts: Vec<_> = spans
+    let units: Vec<Unit> = rows
         .iter()
-        .map(notify_telemetry::propagation::headers_of)
+        .enumerate()
+        .flat_map(|(row, r)| r.delivery_ids().map(move |id| (row, id)))
+        .map(|(row, id)| {
+            let span = producer_span(cfg, &rows[row], id);
+            let context = notify_telemetry::propagation::headers_of(&span);
+            Unit {
+                row,
+                delivery_id: id,
+                span,
+                context,
+            }
+        })
         .collect();
-    let groups = message_groups(&rows, cfg.deliveries_per_message);
+    let groups = message_groups(&rows, &units, cfg.deliveries_per_message);
     // A message of one delivery stays version 1, as every webhook message does.
     let (singles, batches): (Vec<&Vec<usize>>, Vec<&Vec<usize>>) =
         groups.iter().partition(|g| g.len() == 1);
@@ -302,22 +340,25 @@ async fn publish_rows(
         .iter()
         .map(|g| DeliveryMessage {
             v: 1,
-            delivery_id: rows[g[0]].delivery_id,
-            channel: rows[g[0]].channel.clone(),
+            delivery_id: units[g[0]].delivery_id,
+            channel: rows[units[g[0]].row].channel.clone(),
         })
         .collect();
-    let single_headers: Vec<_> = singles.iter().map(|g| contexts[g[0]].clone()).collect();
+    let single_headers: Vec<_> = singles
+        .iter()
+        .map(|g| units[g[0]].context.clone())
+        .collect();
     let batch_messages: Vec<DeliveryBatch> = batches
         .iter()
         .map(|g| DeliveryBatch {
             v: 2,
-            channel: rows[g[0]].channel.clone(),
+            channel: rows[units[g[0]].row].channel.clone(),
             deliveries: g
                 .iter()
-                .map(|&i| Pointer {
-                    id: rows[i].delivery_id,
-                    traceparent: contexts[i].get("traceparent").cloned(),
-                    tracestate: contexts[i].get("tracestate").cloned(),
+                .map(|&u| Pointer {
+                    id: units[u].delivery_id,
+                    traceparent: units[u].context.get("traceparent").cloned(),
+                    tracestate: units[u].context.get("tracestate").cloned(),
                 })
                 .collect(),
         })
@@ -326,24 +367,30 @@ async fn publish_rows(
         publisher.publish_batch_with_headers(&single_messages, &single_headers),
         publisher.publish_delivery_batches(&batch_messages),
     );
-    // Every row shares the outcome of the message that named it.
-    let mut outcomes = vec![PublishOutcome::Unknown("not published".into()); rows.len()];
+    // Every delivery shares the outcome of the message that named it; a row, the first
+    // failure among its deliveries (a delivery no outcome names was not published).
+    let mut named = vec![PublishOutcome::Unknown("not published".into()); units.len()];
     for (group, outcome) in singles
         .iter()
         .chain(batches.iter())
         .zip(single_out.into_iter().chain(batch_out))
     {
-        for &i in group.iter() {
-            outcomes[i] = outcome.clone();
+        for &u in group.iter() {
+            named[u] = outcome.clone();
         }
     }
-    for (span, outcome) in spans.iter().zip(&outcomes) {
-        if *outcome != PublishOutcome::Confirmed {
-            span.record("otel.status_code", "ERROR");
-            span.record("notify.publish_outcome", format!("{outcome:?}"));
+    let mut outcomes = vec![PublishOutcome::Confirmed; rows.len()];
+    for (unit, outcome) in units.iter().zip(named) {
+        if outcome != PublishOutcome::Confirmed {
+            unit.span.record("otel.status_code", "ERROR");
+            unit.span
+                .record("notify.publish_outcome", format!("{outcome:?}"));
+            if outcomes[unit.row] == PublishOutcome::Confirmed {
+                outcomes[unit.row] = outcome;
+            }
         }
     }
-    drop(spans);
+    drop(units);
     let mut done = Vec::new();
     let mut unroutable = Vec::new();
     let mut failed = Vec::new();
@@ -389,22 +436,45 @@ async fn publish_rows(
     Ok(())
 }
 
-/// The rows of each message, as indexes into `rows`: rows of one delivery channel in their
-/// order, `per_message` at most to a message; webhook rows one to a message
-/// (worker-webhook reads version-1 messages only).
-fn message_groups(rows: &[OutboxRow], per_message: usize) -> Vec<Vec<usize>> {
+/// One delivery named by a row being published: its row (an index into the rows), its
+/// producer span and that span's propagation headers.
+struct Unit {
+    row: usize,
+    delivery_id: uuid::Uuid,
+    span: tracing::Span,
+    context: std::collections::HashMap<String, String>,
+}
+
+/// The deliveries of each message, as indexes into `units` (every delivery of `rows`, row
+/// by row): a row naming several deliveries is a message of its own (cut at `per_message`);
+/// rows naming one delivery of one channel share messages in their order, `per_message`
+/// at most to a message; webhook rows go one to a message (worker-webhook reads
+/// version-1 messages only). `per_message` 1: one version-1 message per delivery.
+fn message_groups(rows: &[OutboxRow], units: &[Unit], per_message: usize) -> Vec<Vec<usize>> {
     let per_message = per_message.max(1);
     let mut open: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     let mut groups: Vec<Vec<usize>> = Vec::new();
-    for (i, row) in rows.iter().enumerate() {
+    let mut own: Option<(usize, usize)> = None; // (row, group) of a row's own messages
+    for (u, unit) in units.iter().enumerate() {
+        let row = &rows[unit.row];
         let batched = per_message > 1 && row.channel != notify_store::webhooks::OUTBOX_CHANNEL;
+        if batched && !row.more_delivery_ids.is_empty() {
+            match own {
+                Some((r, g)) if r == unit.row && groups[g].len() < per_message => groups[g].push(u),
+                _ => {
+                    own = Some((unit.row, groups.len()));
+                    groups.push(vec![u]);
+                }
+            }
+            continue;
+        }
         match open.get(row.channel.as_str()) {
-            Some(&g) if batched && groups[g].len() < per_message => groups[g].push(i),
+            Some(&g) if batched && groups[g].len() < per_message => groups[g].push(u),
             _ => {
                 if batched {
                     open.insert(row.channel.as_str(), groups.len());
                 }
-                groups.push(vec![i]);
+                groups.push(vec![u]);
             }
         }
     }
@@ -413,7 +483,11 @@ fn message_groups(rows: &[OutboxRow], per_message: usize) -> Vec<Vec<usize>> {
 
 /// The producer span of one publish (OpenTelemetry messaging semantic conventions:
 /// `messaging.system = rabbitmq`, operation `publish`).
-fn producer_span(cfg: &RelayConfig, row: &outbox::OutboxRow) -> tracing::Span {
+fn producer_span(
+    cfg: &RelayConfig,
+    row: &outbox::OutboxRow,
+    delivery_id: uuid::Uuid,
+) -> tracing::Span {
     let queue = cfg.topology.queue(&row.channel);
     let span = tracing::info_span!(
         "publish",
@@ -425,8 +499,8 @@ fn producer_span(cfg: &RelayConfig, row: &outbox::OutboxRow) -> tracing::Span {
         messaging.operation.name = "publish",
         messaging.destination.name = %queue,
         messaging.rabbitmq.destination.routing_key = %row.channel,
-        messaging.message.id = %row.delivery_id,
-        notify.delivery_id = %row.delivery_id,
+        messaging.message.id = %delivery_id,
+        notify.delivery_id = %delivery_id,
         notify.event_id = tracing::field::Empty,
         notify.channel = %row.channel,
         notify.publish_outcome = tracing::field::Empty,
@@ -446,20 +520,39 @@ mod tests {
         OutboxRow {
             id,
             delivery_id: uuid::Uuid::new_v4(),
+            more_delivery_ids: Vec::new(),
             channel: channel.into(),
             event_id: None,
             trace_context: None,
         }
     }
 
-    /// A door whose backlog is full: one batch of [`DIRECT_BACKLOG_ROWS`] rows handed over
+    /// The units of `rows` as `publish_rows` makes them (spans disabled here).
+    fn units(rows: &[OutboxRow]) -> Vec<Unit> {
+        rows.iter()
+            .enumerate()
+            .flat_map(|(row, r)| r.delivery_ids().map(move |id| (row, id)))
+            .map(|(row, delivery_id)| Unit {
+                row,
+                delivery_id,
+                span: tracing::Span::none(),
+                context: Default::default(),
+            })
+            .collect()
+    }
+
+    fn groups(rows: &[OutboxRow], per_message: usize) -> Vec<Vec<usize>> {
+        message_groups(rows, &units(rows), per_message)
+    }
+
+    /// A door whose backlog is full: one batch of [`DIRECT_BACKLOG`] rows handed over
     /// and not yet taken by the relay.
     fn full_door() -> (Direct, DirectRx) {
         let pool = notify_store::PgPool::connect_lazy("postgres://nobody@127.0.0.1:1/none")
             .expect("a lazy pool never connects here");
-        let (direct, rx) = Direct::new(pool);
+        let (direct, rx) = Direct::new(pool, 50);
         direct.publish(
-            (0..DIRECT_BACKLOG_ROWS as i64)
+            (0..DIRECT_BACKLOG as i64)
                 .map(|i| row(i, "inapp"))
                 .collect(),
         );
@@ -481,7 +574,7 @@ mod tests {
         assert!(!waiting.is_finished(), "no room yet: the page waits");
         // The relay takes the backlog: its room comes back and the page is handed over.
         let (first, room) = rx.0.recv().await.expect("the backlog");
-        assert_eq!(first.len(), DIRECT_BACKLOG_ROWS);
+        assert_eq!(first.len(), DIRECT_BACKLOG);
         drop(room);
         assert_eq!(waiting.await.unwrap(), Ok(()));
         let (page, _room) = rx.0.try_recv().expect("the page, handed over");
@@ -524,11 +617,34 @@ mod tests {
         .map(|(i, c)| row(i as i64, c))
         .collect();
         assert_eq!(
-            message_groups(&rows, 3),
+            groups(&rows, 3),
             vec![vec![0, 2, 4], vec![1, 6], vec![3], vec![5], vec![7]]
         );
         // One per message: every row its own (version-1) message.
-        assert_eq!(message_groups(&rows, 1).len(), rows.len());
-        assert!(message_groups(&[], 50).is_empty());
+        assert_eq!(groups(&rows, 1).len(), rows.len());
+        assert!(groups(&[], 50).is_empty());
+    }
+
+    #[test]
+    fn a_row_naming_several_deliveries_is_a_message_of_its_own_cut_at_the_limit() {
+        let mut several = row(1, "inapp");
+        several.more_delivery_ids = (0..4).map(|_| uuid::Uuid::new_v4()).collect();
+        let rows = vec![row(0, "inapp"), several, row(2, "inapp")];
+        // Units: 0 (row 0), 1..=5 (row 1's five deliveries), 6 (row 2).
+        assert_eq!(
+            groups(&rows, 50),
+            vec![vec![0, 6], vec![1, 2, 3, 4, 5]],
+            "the single rows share a message; the row naming five is one message"
+        );
+        assert_eq!(
+            groups(&rows, 3),
+            vec![vec![0, 6], vec![1, 2, 3], vec![4, 5]],
+            "cut at the limit when it was lowered after the row was written"
+        );
+        assert_eq!(
+            groups(&rows, 1).len(),
+            7,
+            "version-1 messages only: one per delivery, the row's included"
+        );
     }
 }

@@ -571,7 +571,10 @@ async fn try_write(
         .flat_map(|(&i, (d, _))| d.iter().map(move |d| (ready[i].id, d)))
         .collect();
     let held = match &cfg.direct {
-        Some((_, hold)) => events::insert_deliveries_held(&mut tx, &rows, *hold).await?,
+        Some((direct, hold)) => {
+            events::insert_deliveries_held(&mut tx, &rows, *hold, direct.deliveries_per_row())
+                .await?
+        }
         None => {
             events::insert_deliveries_many(&mut tx, &rows).await?;
             Vec::new()

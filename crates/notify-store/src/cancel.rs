@@ -3,7 +3,8 @@
 //! [`cancel`] locks the targeted events `FOR UPDATE` in id order, marks them canceled
 //! (`canceled_at`/`canceled_by`, or `event_cancellations` rows for some recipients only),
 //! turns their `pending` deliveries `canceled` and deletes their outbox rows, all in one
-//! transaction. Every writer that adds deliveries to an existing event (a fan-out page,
+//! transaction (a row naming several deliveries stays: its message is published and the
+//! worker's claim skips the canceled ones). Every writer that adds deliveries to an existing event (a fan-out page,
 //! a derived delivery) takes the event row `FOR SHARE` first ([`is_canceled`],
 //! `events::lock_for_page`) and honours the cancel, so no delivery of a canceled event or
 //! recipient appears after the cancel commits. A trigger
@@ -168,7 +169,8 @@ async fn lock_targets(
 }
 
 /// `pending -> canceled` for the events' deliveries (the named recipients' only, when
-/// some are named); their outbox rows go too. A named recipient inside a pending LINE
+/// some are named); their own outbox rows go too (a row naming several deliveries is
+/// published, and the worker's claim skips the canceled ones). A named recipient inside a pending LINE
 /// multicast batch is taken out of the batch's `address` and gets a LINE delivery of
 /// their own, `canceled` (key `<event>/<user>/line`), so the batch is not sent to them
 /// and the counts name them; a batch left with nobody is canceled. Their
@@ -226,7 +228,8 @@ async fn cancel_pending(
                AND (cardinality($2::text[]) = 0 OR user_id = ANY($2)
                     OR (provider = 'line_multicast' AND coalesce(address, '') = ''))
              RETURNING id),
-         gone AS (DELETE FROM outbox o USING c WHERE o.delivery_id = c.id)
+         gone AS (DELETE FROM outbox o USING c
+                   WHERE o.delivery_id = c.id AND o.more_delivery_ids IS NULL)
          SELECT id FROM c",
     )
     .bind(ids)
@@ -245,7 +248,7 @@ async fn cancel_pending(
 
 /// The cancel of an erasure (`erasure::erase_recipient`): every delivery of `user_id`
 /// still `pending` or `sending` becomes `canceled` ("canceled by erasure"; a provider call
-/// in progress loses its lease, so its record writes nothing), its outbox rows go, and its
+/// in progress loses its lease, so its record writes nothing), its own outbox rows go, and its
 /// `delivery.cancelled` webhook messages are written, as [`cancel`] does. A pending LINE
 /// multicast batch naming `line_user_id` loses that id (and is canceled when nobody is
 /// left). Call it in the erasure's transaction. Returns how many deliveries it canceled.
@@ -282,7 +285,8 @@ pub(crate) async fn cancel_for_erasure(
              WHERE (user_id = $1 AND status IN ('pending', 'sending'))
                 OR (id = ANY($2) AND status = 'pending')
              RETURNING id),
-         gone AS (DELETE FROM outbox o USING c WHERE o.delivery_id = c.id)
+         gone AS (DELETE FROM outbox o USING c
+                   WHERE o.delivery_id = c.id AND o.more_delivery_ids IS NULL)
          SELECT id FROM c",
     )
     .bind(user_id)

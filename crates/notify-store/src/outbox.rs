@@ -11,14 +11,30 @@ use uuid::Uuid;
 pub struct OutboxRow {
     /// Outbox row id.
     pub id: i64,
-    /// The delivery the message points at.
+    /// The delivery the message points at (the first, when it names several).
     pub delivery_id: Uuid,
+    /// The deliveries the message names after `delivery_id`, of the same event and
+    /// channel: such a row is published as one version-2 batch message. Empty for a row
+    /// naming one delivery.
+    pub more_delivery_ids: Vec<Uuid>,
     /// Routing key.
     pub channel: String,
     /// The delivery's event.
     pub event_id: Option<Uuid>,
     /// The event's W3C `traceparent`, when its request carried or started a trace.
     pub trace_context: Option<String>,
+}
+
+impl OutboxRow {
+    /// The deliveries the row's message names, `delivery_id` first.
+    pub fn delivery_ids(&self) -> impl Iterator<Item = Uuid> + '_ {
+        std::iter::once(self.delivery_id).chain(self.more_delivery_ids.iter().copied())
+    }
+
+    /// How many deliveries the row's message names (at least 1).
+    pub fn deliveries(&self) -> usize {
+        1 + self.more_delivery_ids.len()
+    }
 }
 
 /// Claims up to `limit` due rows, oldest first, for `hold`: their `available_at` moves
@@ -31,7 +47,7 @@ pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<Ou
          FROM (SELECT id FROM outbox WHERE available_at <= now()
                ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) due
          WHERE o.id = due.id
-         RETURNING o.id, o.delivery_id, o.channel,
+         RETURNING o.id, o.delivery_id, o.more_delivery_ids, o.channel,
                    (SELECT d.event_id FROM notification_deliveries d WHERE d.id = o.delivery_id)
                        AS event_id,
                    (SELECT e.trace_context FROM notification_deliveries d
@@ -47,6 +63,9 @@ pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<Ou
         .map(|r| OutboxRow {
             id: r.get("id"),
             delivery_id: r.get("delivery_id"),
+            more_delivery_ids: r
+                .get::<Option<Vec<Uuid>>, _>("more_delivery_ids")
+                .unwrap_or_default(),
             channel: r.get("channel"),
             event_id: r.get("event_id"),
             trace_context: r.get("trace_context"),

@@ -274,6 +274,7 @@ async fn held_rows_are_published_again_after_the_hold(died: DiedHolding) {
                 &mut tx,
                 &rows,
                 Duration::from_secs(2),
+                50,
             )
             .await
             .unwrap();
@@ -1058,13 +1059,14 @@ async fn held_rows_the_relay_cannot_take_are_released_and_published_before_their
         .map(|&id| notify_store::outbox::OutboxRow {
             id,
             delivery_id: uuid::Uuid::new_v4(),
+            more_delivery_ids: Vec::new(),
             channel: "inapp".into(),
             event_id: None,
             trace_context: None,
         })
         .collect();
     // A door whose relay end is gone: the writer's relay stopped.
-    let (direct, relay_end) = ingest::relay::Direct::new(p.pool.clone());
+    let (direct, relay_end) = ingest::relay::Direct::new(p.pool.clone(), 50);
     drop(relay_end);
     let asked = std::time::Instant::now();
     direct.publish(rows);
@@ -1085,5 +1087,160 @@ async fn held_rows_the_relay_cannot_take_are_released_and_published_before_their
         asked.elapsed() < Duration::from_secs(30),
         "not after the hold"
     );
+    p.stop().await;
+}
+
+/// Held deliveries of one event and channel share outbox rows, one per broker message
+/// (at most 50 deliveries each). Such a row outlives a cancel of one of its recipients
+/// (the worker's claim skips that one), keeps its deliveries from the lost-message sweep
+/// while it waits (a row deleted unpublished gives them back to the sweep), and once its
+/// writer's hold has passed (the writer died before handing it over) a relay publishes
+/// it: every pending delivery it names is sent once, the canceled one never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_deliveries_share_rows_one_per_message_through_a_cancel_the_sweep_and_the_hold() {
+    use notify_store::cancel::{CancelSelector, cancel};
+    use notify_store::deliveries::republish_stale;
+    let p = Platform::start_with_workers(&[Channel::InApp]).await;
+    p.add_type("promo", &["inapp"]).await;
+    let users: Vec<String> = (0..120).map(|i| format!("{}-{i:03}", uniq("u"))).collect();
+    let event = notify_core::NewEvent::parse(notify_core::event::CreateEventInput {
+        event_key: uniq("several"),
+        type_key: "promo".into(),
+        recipients: users.clone(),
+        content: notify_core::Content {
+            title: "t".into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    let event_id = uuid::Uuid::new_v4();
+    let mut tx = p.pool.begin().await.unwrap();
+    notify_store::events::insert_event_or_get_existing(
+        &mut tx,
+        event_id,
+        &event,
+        &[Channel::InApp],
+    )
+    .await
+    .unwrap();
+    let facts = notify_store::catalog::load_recipient_facts(&mut tx, "promo", &event.recipients)
+        .await
+        .unwrap();
+    let (planned, _) = notify_core::plan::plan(
+        event_id,
+        false,
+        &[Channel::InApp],
+        &facts,
+        chrono::Utc::now(),
+        false,
+    );
+    let planned = ingest::planning::new_deliveries(planned, 5);
+    let rows: Vec<_> = planned.iter().map(|d| (event_id, d)).collect();
+    let held =
+        notify_store::events::insert_deliveries_held(&mut tx, &rows, Duration::from_secs(4), 50)
+            .await
+            .unwrap();
+    tx.commit().await.unwrap();
+    let mut sizes: Vec<usize> = held.iter().map(|r| r.deliveries()).collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, vec![20, 50, 50], "120 deliveries in three rows");
+    let named: std::collections::HashSet<uuid::Uuid> =
+        held.iter().flat_map(|r| r.delivery_ids()).collect();
+    assert_eq!(named.len(), 120, "each delivery named once");
+    assert_eq!(p.count("outbox").await, 3);
+
+    // A cancel of one recipient leaves the rows (they name others too).
+    let canceled_user = &users[60];
+    let out = cancel(
+        &p.pool,
+        &CancelSelector::Id(event_id),
+        std::slice::from_ref(canceled_user),
+        "tests",
+        true,
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.newly_canceled, 1);
+    assert_eq!(p.count("outbox").await, 3);
+
+    // Long overdue, but named by a waiting row: the sweep leaves them alone.
+    sqlx::query(
+        "UPDATE notification_deliveries SET next_attempt_at = now() - interval '1 hour'
+         WHERE event_id = $1",
+    )
+    .bind(event_id)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        republish_stale(&p.pool, Duration::from_secs(60), 1_000)
+            .await
+            .unwrap(),
+        0
+    );
+    // The smallest row lost unpublished: its pending deliveries go back to the sweep.
+    let lost = held.iter().find(|r| r.deliveries() == 20).unwrap();
+    let lost_pending: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM notification_deliveries WHERE id = ANY($1) AND status = 'pending'",
+    )
+    .bind(lost.delivery_ids().collect::<Vec<_>>())
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    notify_store::outbox::delete(&p.pool, &[lost.id])
+        .await
+        .unwrap();
+    assert_eq!(
+        republish_stale(&p.pool, Duration::from_secs(60), 1_000)
+            .await
+            .unwrap(),
+        lost_pending as u64
+    );
+
+    // The hold passes: a relay publishes the two rows left, the sweep's rows are out
+    // already; every pending delivery is sent once, the canceled one never.
+    eventually(
+        "every delivery of the event final",
+        Duration::from_secs(30),
+        async || {
+            let open: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM notification_deliveries
+                 WHERE event_id = $1 AND status IN ('pending', 'sending')",
+            )
+            .bind(event_id)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+            if open == 0 { Ok(()) } else { Err(open) }
+        },
+    )
+    .await;
+    let by_status: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT status, count(*) FROM notification_deliveries WHERE event_id = $1
+         GROUP BY status ORDER BY status",
+    )
+    .bind(event_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        by_status,
+        vec![("canceled".to_string(), 1), ("sent".to_string(), 119)]
+    );
+    let inbox: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT user_id, count(*) FROM notifications WHERE event_id = $1 GROUP BY user_id",
+    )
+    .bind(event_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        inbox.len(),
+        119,
+        "one inbox item per recipient but the canceled one"
+    );
+    assert!(inbox.iter().all(|(u, n)| *n == 1 && u != canceled_user));
+    assert_eq!(p.count("outbox").await, 0);
     p.stop().await;
 }

@@ -139,6 +139,8 @@ pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result
                         AND d.next_attempt_at < now() - least($1 * interval '1 millisecond' * power(2, least(d.republish_count, 16)),
                                                               greatest($1 * interval '1 millisecond', interval '1 day'))
                         AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = d.id)
+                        AND d.id <> ALL (SELECT unnest(o.more_delivery_ids) FROM outbox o
+                                         WHERE o.more_delivery_ids IS NOT NULL)
                       ORDER BY d.next_attempt_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED) s),
          upd AS (
              UPDATE notification_deliveries d

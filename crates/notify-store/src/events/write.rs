@@ -241,7 +241,7 @@ pub async fn insert_deliveries_many(
     db: &mut sqlx::PgConnection,
     deliveries: &[(Uuid, &NewDelivery)],
 ) -> Result<u64> {
-    Ok(write_deliveries(db, deliveries, None).await?.0)
+    Ok(write_deliveries(db, deliveries, None, 1).await?.0)
 }
 
 /// [`insert_deliveries_many`] for a writer that publishes its own messages right after
@@ -249,23 +249,31 @@ pub async fn insert_deliveries_many(
 /// `hold` from now (as [`crate::outbox::claim_due`] leaves the rows it claims), so no
 /// relay publishes it meanwhile; if the writer dies before its publish is confirmed, the
 /// relay publishes the row once `hold` has passed. Rows due later are written due then,
-/// as usual. Returns the held rows, oldest first (`trace_context` unset), for
+/// as usual, one a delivery. The held deliveries of one event and channel share outbox
+/// rows, up to `per_row` a row (one broker message each,
+/// [`crate::outbox::OutboxRow::more_delivery_ids`]; 1 = one row a delivery, for
+/// version-1 messages). Returns the held rows, oldest first (`trace_context` unset), for
 /// [`crate::outbox::delete`] after the broker's confirm or
 /// [`crate::outbox::release`] when the publish cannot be made now.
 pub async fn insert_deliveries_held(
     db: &mut sqlx::PgConnection,
     deliveries: &[(Uuid, &NewDelivery)],
     hold: std::time::Duration,
+    per_row: usize,
 ) -> Result<Vec<crate::outbox::OutboxRow>> {
-    Ok(write_deliveries(db, deliveries, Some(hold)).await?.1)
+    Ok(write_deliveries(db, deliveries, Some(hold), per_row)
+        .await?
+        .1)
 }
 
 /// The one statement of [`insert_deliveries_many`] and [`insert_deliveries_held`]: how
-/// many were inserted, and the outbox rows held (none when `hold` is `None`).
+/// many were inserted, and the outbox rows held (none when `hold` is `None`), each naming
+/// up to `per_row` deliveries of one event and channel.
 async fn write_deliveries(
     db: &mut sqlx::PgConnection,
     deliveries: &[(Uuid, &NewDelivery)],
     hold: Option<std::time::Duration>,
+    per_row: usize,
 ) -> Result<(u64, Vec<crate::outbox::OutboxRow>)> {
     if deliveries.is_empty() {
         return Ok((0, Vec::new()));
@@ -305,14 +313,24 @@ async fn write_deliveries(
              ON CONFLICT (channel, idempotency_key) DO NOTHING
              RETURNING id, event_id, channel, next_attempt_at,
                        $17::bigint IS NOT NULL AND next_attempt_at <= now() AS held),
+         -- Held deliveries share a row per event, channel and up to $18 of them; every
+         -- other delivery has a row of its own.
+         g AS (
+             SELECT id, event_id, channel, held, next_attempt_at,
+                    CASE WHEN held
+                         THEN (row_number() OVER (PARTITION BY held, event_id, channel ORDER BY id) - 1) / $18
+                    END AS chunk
+             FROM d),
          o AS (
-             INSERT INTO outbox (delivery_id, channel, available_at)
-             SELECT id, channel,
-                    CASE WHEN held THEN now() + $17 * interval '1 millisecond'
-                         ELSE next_attempt_at END
-             FROM d
-             RETURNING id, delivery_id)
-         SELECT o.id, o.delivery_id, d.event_id, d.channel, d.held
+             INSERT INTO outbox (delivery_id, channel, available_at, more_delivery_ids)
+             SELECT (array_agg(id ORDER BY id))[1], channel,
+                    CASE WHEN bool_and(held) THEN now() + $17 * interval '1 millisecond'
+                         ELSE min(next_attempt_at) END,
+                    CASE WHEN count(*) > 1 THEN (array_agg(id ORDER BY id))[2:] END
+             FROM g
+             GROUP BY event_id, channel, held, chunk, CASE WHEN held THEN NULL ELSE id END
+             RETURNING id, delivery_id, more_delivery_ids)
+         SELECT o.id, o.delivery_id, o.more_delivery_ids, d.event_id, d.channel, d.held
          FROM o JOIN d ON d.id = o.delivery_id",
     )
     .bind(&events)
@@ -332,15 +350,24 @@ async fn write_deliveries(
     .bind(&causes)
     .bind(&caused_by)
     .bind(hold.map(notify_core::retry::millis))
+    .bind(i64::try_from(per_row.max(1)).unwrap_or(i64::MAX))
     .fetch_all(&mut *db)
     .await?;
-    let inserted = rows.len() as u64;
+    let mut inserted = 0;
     let mut held: Vec<crate::outbox::OutboxRow> = rows
         .into_iter()
-        .filter(|r| r.get::<bool, _>("held"))
-        .map(|r| crate::outbox::OutboxRow {
+        .map(|r| {
+            let more: Vec<Uuid> = r
+                .get::<Option<Vec<Uuid>>, _>("more_delivery_ids")
+                .unwrap_or_default();
+            inserted += 1 + more.len() as u64;
+            (r, more)
+        })
+        .filter(|(r, _)| r.get::<bool, _>("held"))
+        .map(|(r, more)| crate::outbox::OutboxRow {
             id: r.get("id"),
             delivery_id: r.get("delivery_id"),
+            more_delivery_ids: more,
             channel: r.get("channel"),
             event_id: Some(r.get("event_id")),
             trace_context: None,
