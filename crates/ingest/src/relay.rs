@@ -24,10 +24,17 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-/// Deliveries named by held rows waiting for the relay, at most: a few fan-out pages or a
-/// few hundred group commits, about 1 MiB. Beyond it a writer releases its rows instead, so memory stays
-/// bounded whatever the broker's pace.
+/// Deliveries named by held rows waiting for the relay, at most, for each of its two
+/// doors (the event writers' and the fan-out's, so a broadcast never takes the room of the
+/// API's events): a few fan-out pages or a few hundred group commits, about 1 MiB each.
+/// Beyond it an event writer releases its rows instead, and the fan-out waits, so memory
+/// stays bounded whatever the broker's pace.
 const DIRECT_BACKLOG: usize = 8_000;
+
+/// Most deliveries the fan-out hands over at once ([`Direct::publish_paced`]): a quarter
+/// of its backlog, so a page on several channels fits and the relay takes one part while
+/// the next waits.
+const PACED_CHUNK: usize = DIRECT_BACKLOG / 4;
 
 /// Default of [`RelayConfig::deliveries_per_message`]: the broker's cost is per message
 /// (0.22 ms of CPU per delivery at one per message, measured in `make bench`), and a
@@ -44,7 +51,10 @@ type Handed = (Vec<OutboxRow>, tokio::sync::OwnedSemaphorePermit);
 #[derive(Clone, Debug)]
 pub struct Direct {
     tx: mpsc::UnboundedSender<Handed>,
+    /// The event writers' share of the backlog.
     room: Arc<tokio::sync::Semaphore>,
+    /// The fan-out's share of the backlog.
+    paced_room: Arc<tokio::sync::Semaphore>,
     pool: PgPool,
     per_row: usize,
 }
@@ -59,11 +69,13 @@ impl Direct {
     pub fn new(pool: PgPool, per_message: usize) -> (Self, DirectRx) {
         let (tx, rx) = mpsc::unbounded_channel();
         let room = Arc::new(tokio::sync::Semaphore::new(DIRECT_BACKLOG));
+        let paced_room = Arc::new(tokio::sync::Semaphore::new(DIRECT_BACKLOG));
         let per_row = per_message.max(1);
         (
             Self {
                 tx,
                 room,
+                paced_room,
                 pool,
                 per_row,
             },
@@ -98,13 +110,16 @@ impl Direct {
         tokio::spawn(async move { release(&pool, &rows).await });
     }
 
-    /// Hands committed held rows to the relay, waiting up to `patience` for room when it
-    /// is [`DIRECT_BACKLOG`] rows behind: the fan-out's back-pressure. A large topic
-    /// is then written no faster than the relay publishes it, instead of releasing page
-    /// after page (an `UPDATE` of every row, then a claim of each) only because the relay
-    /// is busy. Rows are released, and the release awaited, when the relay is stopped or
-    /// has made no room within `patience` (not connected, or stalled). `patience` must be
-    /// well under the rows' hold, so that they are published before it ends.
+    /// Hands committed held rows to the relay, waiting up to `patience` in all for room
+    /// when it is [`DIRECT_BACKLOG`] deliveries behind: the fan-out's back-pressure. A
+    /// large topic is then written no faster than the relay publishes it, instead of
+    /// releasing page after page (an `UPDATE` of every row, then a claim of each) only
+    /// because the relay is busy. The rows go over in parts of at most [`PACED_CHUNK`]
+    /// deliveries, from the fan-out's own share of the backlog (an event writer's room is
+    /// never taken). What the relay has not taken within `patience` (stopped, not
+    /// connected, stalled) is released, and the release awaited. Rows still in the relay's
+    /// backlog when their hold ends are claimed by a relay too: published twice, which the
+    /// worker's claim makes harmless; `patience` well under the hold keeps that rare.
     pub async fn publish_paced(&self, rows: Vec<OutboxRow>, patience: Duration) {
         if let Err(rows) = self.hand_over_paced(rows, patience).await {
             release(&self.pool, &rows).await;
@@ -112,32 +127,39 @@ impl Direct {
     }
 
     /// [`Self::publish_paced`] without the release: `Err` gives back the rows the relay
-    /// did not take.
+    /// did not take (the parts handed over before are the relay's).
     async fn hand_over_paced(
         &self,
         rows: Vec<OutboxRow>,
         patience: Duration,
     ) -> Result<(), Vec<OutboxRow>> {
-        if rows.is_empty() {
-            return Ok(());
+        let deadline = tokio::time::Instant::now() + patience;
+        let mut rest = rows.into_iter().peekable();
+        while rest.peek().is_some() {
+            let mut part = Vec::new();
+            let mut n = 0;
+            while let Some(row) = rest.next_if(|r| n == 0 || n + r.deliveries() <= PACED_CHUNK) {
+                n += row.deliveries();
+                part.push(row);
+            }
+            let give_back = |part: Vec<OutboxRow>, rest| part.into_iter().chain(rest).collect();
+            if self.tx.is_closed() {
+                return Err(give_back(part, rest));
+            }
+            // A row names at most 500 deliveries, well under the backlog.
+            let n = u32::try_from(n.min(DIRECT_BACKLOG)).unwrap_or(u32::MAX);
+            let acquired =
+                tokio::time::timeout_at(deadline, self.paced_room.clone().acquire_many_owned(n));
+            match acquired.await {
+                Ok(Ok(permit)) => {
+                    if let Err(mpsc::error::SendError((part, _))) = self.tx.send((part, permit)) {
+                        return Err(give_back(part, rest));
+                    }
+                }
+                _ => return Err(give_back(part, rest)),
+            }
         }
-        // More than the whole backlog would wait for ever.
-        let Some(n) = u32::try_from(deliveries(&rows))
-            .ok()
-            .filter(|&n| n as usize <= DIRECT_BACKLOG)
-        else {
-            return Err(rows);
-        };
-        if self.tx.is_closed() {
-            return Err(rows);
-        }
-        match tokio::time::timeout(patience, self.room.clone().acquire_many_owned(n)).await {
-            Ok(Ok(permit)) => self
-                .tx
-                .send((rows, permit))
-                .map_err(|mpsc::error::SendError((rows, _))| rows),
-            _ => Err(rows),
-        }
+        Ok(())
     }
 }
 
@@ -180,7 +202,8 @@ pub struct RelayConfig {
 /// Counters of the relay, for logs and tests.
 #[derive(Debug, Default)]
 pub struct RelayStats {
-    /// Messages confirmed by the broker.
+    /// Outbox rows whose messages the broker confirmed (a row names one delivery, or up
+    /// to [`RelayConfig::deliveries_per_message`] of one event and channel).
     pub published: AtomicU64,
     /// Messages the broker returned as unroutable.
     pub unroutable: AtomicU64,
@@ -545,16 +568,21 @@ mod tests {
         message_groups(rows, &units(rows), per_message)
     }
 
-    /// A door whose backlog is full: one batch of [`DIRECT_BACKLOG`] rows handed over
-    /// and not yet taken by the relay.
-    fn full_door() -> (Direct, DirectRx) {
+    /// A door whose fan-out backlog is full: [`DIRECT_BACKLOG`] deliveries handed over
+    /// at the pace's parts, none taken by the relay yet.
+    async fn full_door() -> (Direct, DirectRx) {
         let pool = notify_store::PgPool::connect_lazy("postgres://nobody@127.0.0.1:1/none")
             .expect("a lazy pool never connects here");
         let (direct, rx) = Direct::new(pool, 50);
-        direct.publish(
-            (0..DIRECT_BACKLOG as i64)
-                .map(|i| row(i, "inapp"))
-                .collect(),
+        let backlog: Vec<OutboxRow> = (0..DIRECT_BACKLOG as i64)
+            .map(|i| row(i, "inapp"))
+            .collect();
+        assert_eq!(
+            direct
+                .hand_over_paced(backlog, Duration::ZERO)
+                .await
+                .map_err(|r| r.len()),
+            Ok(())
         );
         (direct, rx)
     }
@@ -562,48 +590,71 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_paced_hand_over_waits_while_the_relay_is_behind_and_goes_through_when_it_catches_up()
     {
-        let (direct, mut rx) = full_door();
+        let (direct, mut rx) = full_door().await;
+        // An event writer's rows are not held up by the full fan-out backlog.
+        direct.publish(vec![row(50_000, "line")]);
         let page: Vec<OutboxRow> = (100_000..102_000).map(|i| row(i, "inapp")).collect();
+        let pacer = direct.clone();
         let waiting = tokio::spawn(async move {
-            direct
+            pacer
                 .hand_over_paced(page, Duration::from_secs(10))
                 .await
                 .map_err(|rows| rows.len())
         });
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(!waiting.is_finished(), "no room yet: the page waits");
-        // The relay takes the backlog: its room comes back and the page is handed over.
-        let (first, room) = rx.0.recv().await.expect("the backlog");
-        assert_eq!(first.len(), DIRECT_BACKLOG);
+        // The relay takes a part of the backlog: its room comes back and the page goes.
+        let (first, room) = rx.0.recv().await.expect("the backlog's first part");
+        assert_eq!(first.len(), PACED_CHUNK);
         drop(room);
         assert_eq!(waiting.await.unwrap(), Ok(()));
-        let (page, _room) = rx.0.try_recv().expect("the page, handed over");
+        let mut handed: Vec<Vec<OutboxRow>> = Vec::new();
+        while let Ok((rows, _room)) = rx.0.try_recv() {
+            handed.push(rows);
+        }
+        assert_eq!(
+            handed.len(),
+            5,
+            "three parts of the backlog, the writer's, the page"
+        );
+        assert_eq!(handed[3].first().map(|r| r.id), Some(50_000));
+        let page = handed.last().unwrap();
         assert_eq!(page.first().map(|r| r.id), Some(100_000));
         assert_eq!(page.len(), 2_000);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_paced_hand_over_gives_its_rows_back_when_the_relay_makes_no_room_in_time_or_is_gone()
-    {
-        let (direct, mut rx) = full_door();
-        let page: Vec<OutboxRow> = (100_000..100_010).map(|i| row(i, "inapp")).collect();
+    async fn a_paced_hand_over_gives_back_what_the_relay_did_not_take_in_time_or_is_gone() {
+        let (direct, mut rx) = full_door().await;
+        // Room for one part comes after 4 s: the first part goes, the rest comes back.
+        let page: Vec<OutboxRow> = (100_000..100_000 + PACED_CHUNK as i64 + 10)
+            .map(|i| row(i, "inapp"))
+            .collect();
         let started = tokio::time::Instant::now();
-        let back = direct
-            .hand_over_paced(page.clone(), Duration::from_secs(10))
-            .await
-            .expect_err("no room within its patience");
+        let (back, ()) = tokio::join!(
+            direct.hand_over_paced(page.clone(), Duration::from_secs(10)),
+            async {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                let (_part, room) = rx.0.recv().await.expect("the backlog's first part");
+                drop(room);
+            }
+        );
+        let back = back.expect_err("no room for the second part within its patience");
         assert_eq!(back.len(), 10);
-        assert_eq!(started.elapsed(), Duration::from_secs(10));
+        assert_eq!(back[0].id, 100_000 + PACED_CHUNK as i64);
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_secs(10),
+            "patience is for the whole page"
+        );
         // A stopped relay: given back at once, whatever the room.
-        let (_backlog, room) = rx.0.recv().await.expect("the backlog");
-        drop(room);
         drop(rx);
         let started = tokio::time::Instant::now();
         let back = direct
             .hand_over_paced(page, Duration::from_secs(10))
             .await
             .expect_err("the relay is gone");
-        assert_eq!(back.len(), 10);
+        assert_eq!(back.len(), PACED_CHUNK + 10);
         assert_eq!(started.elapsed(), Duration::ZERO);
     }
 

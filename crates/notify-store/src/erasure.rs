@@ -13,7 +13,7 @@
 //!    inside payloads and content), webhook messages and clicks of those deliveries
 //!    rewritten or deleted.
 //! 2. One transaction holding [`ERASURE_LOCK`] exclusively: the deliveries still pending
-//!    or sending are canceled as `CancelEvent` cancels them (outbox rows deleted, the
+//!    or sending are canceled as `CancelEvent` cancels them (their own outbox rows deleted, the
 //!    console counters moved by their triggers, `delivery.cancelled` webhooks written; a
 //!    provider call in progress loses its lease, so its result is not recorded) and
 //!    redacted; the recipient row, endpoints, preferences, quiet hours, topic
