@@ -91,7 +91,7 @@ impl Direct {
     }
 
     /// Hands committed held rows to the relay without waiting. When the relay cannot take
-    /// them (not connected, [`DIRECT_BACKLOG`] rows behind, stopped), they are
+    /// them (not connected, [`DIRECT_BACKLOG`] deliveries behind, stopped), they are
     /// released in the background ([`outbox::release`]): due now for any relay's claim,
     /// so a delivery waits no longer than a claim round, never the whole hold.
     pub fn publish(&self, rows: Vec<OutboxRow>) {
@@ -215,7 +215,8 @@ pub struct RelayStats {
 
 /// Runs the relay until `shutdown`; reconnects to the broker after failures.
 /// Held rows handed over while it is not connected wait in `direct` (up to
-/// [`DIRECT_BACKLOG`]; the writers release the rest); the ones still there when it
+/// [`DIRECT_BACKLOG`] deliveries from each door; the writers release the rest, the fan-out
+/// after waiting); the ones still there when it
 /// stops are released. Its `LISTEN notify_outbox` connection comes from `listen_pool`
 /// (`notify_store::Pools::session`).
 pub async fn run(

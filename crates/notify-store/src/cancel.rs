@@ -3,8 +3,8 @@
 //! [`cancel`] locks the targeted events `FOR UPDATE` in id order, marks them canceled
 //! (`canceled_at`/`canceled_by`, or `event_cancellations` rows for some recipients only),
 //! turns their `pending` deliveries `canceled` and deletes their outbox rows, all in one
-//! transaction (a row naming several deliveries stays: its message is published and the
-//! worker's claim skips the canceled ones). Every writer that adds deliveries to an existing event (a fan-out page,
+//! transaction (a row naming several deliveries goes when they are all canceled; else its
+//! message is published and the worker's claim skips the canceled ones). Every writer that adds deliveries to an existing event (a fan-out page,
 //! a derived delivery) takes the event row `FOR SHARE` first ([`is_canceled`],
 //! `events::lock_for_page`) and honours the cancel, so no delivery of a canceled event or
 //! recipient appears after the cancel commits. A trigger
@@ -169,8 +169,9 @@ async fn lock_targets(
 }
 
 /// `pending -> canceled` for the events' deliveries (the named recipients' only, when
-/// some are named); their own outbox rows go too (a row naming several deliveries is
-/// published, and the worker's claim skips the canceled ones). A named recipient inside a pending LINE
+/// some are named); their outbox rows go too (a row naming several deliveries goes when
+/// this cancel takes them all; else it is published and the worker's claim skips the
+/// canceled ones). A named recipient inside a pending LINE
 /// multicast batch is taken out of the batch's `address` and gets a LINE delivery of
 /// their own, `canceled` (key `<event>/<user>/line`), so the batch is not sent to them
 /// and the counts name them; a batch left with nobody is canceled. Their
@@ -229,7 +230,10 @@ async fn cancel_pending(
                     OR (provider = 'line_multicast' AND coalesce(address, '') = ''))
              RETURNING id),
          gone AS (DELETE FROM outbox o USING c
-                   WHERE o.delivery_id = c.id AND o.more_delivery_ids IS NULL)
+                   WHERE o.delivery_id = c.id
+                     AND (o.more_delivery_ids IS NULL
+                          OR NOT EXISTS (SELECT 1 FROM unnest(o.more_delivery_ids) AS m(id)
+                                         WHERE NOT m.id IN (SELECT id FROM c))))
          SELECT id FROM c",
     )
     .bind(ids)
@@ -286,7 +290,10 @@ pub(crate) async fn cancel_for_erasure(
                 OR (id = ANY($2) AND status = 'pending')
              RETURNING id),
          gone AS (DELETE FROM outbox o USING c
-                   WHERE o.delivery_id = c.id AND o.more_delivery_ids IS NULL)
+                   WHERE o.delivery_id = c.id
+                     AND (o.more_delivery_ids IS NULL
+                          OR NOT EXISTS (SELECT 1 FROM unnest(o.more_delivery_ids) AS m(id)
+                                         WHERE NOT m.id IN (SELECT id FROM c))))
          SELECT id FROM c",
     )
     .bind(user_id)

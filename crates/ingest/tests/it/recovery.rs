@@ -214,17 +214,20 @@ enum DiedHolding {
     Writer,
 }
 
-/// A row hidden for a 2 s hold by a process that died is published once, after the hold.
-async fn held_rows_are_published_again_after_the_hold(died: DiedHolding) {
-    let p = Platform::start_with_workers(&[Channel::Line]).await;
-    p.add_type("order_paid", &["line"]).await;
-    let (u, _) = p.add_line_recipient("u").await;
-    // Write an event the way ingest does, but leave its outbox row as a relay leaves it
-    // when it claimed the row and died before the confirm: hidden for the 2 s hold.
+/// Writes an event of `type_key` for `recipients` on `channel` in `tx` and plans its
+/// deliveries the way ingest does (at the host's clock, 5 attempts), without writing
+/// them: the caller writes them as the path under test does.
+async fn plan_event(
+    tx: &mut sqlx::PgConnection,
+    event_key: &str,
+    type_key: &str,
+    recipients: &[String],
+    channel: Channel,
+) -> (uuid::Uuid, Vec<notify_store::events::NewDelivery>) {
     let event = notify_core::NewEvent::parse(notify_core::event::CreateEventInput {
-        event_key: "relay-died".into(),
-        type_key: "order_paid".into(),
-        recipients: vec![u.clone()],
+        event_key: event_key.into(),
+        type_key: type_key.into(),
+        recipients: recipients.to_vec(),
         content: notify_core::Content {
             title: "t".into(),
             ..Default::default()
@@ -233,31 +236,42 @@ async fn held_rows_are_published_again_after_the_hold(died: DiedHolding) {
     })
     .unwrap();
     let event_id = uuid::Uuid::new_v4();
-    let mut tx = p.pool.begin().await.unwrap();
     assert!(
-        notify_store::events::insert_event_or_get_existing(
-            &mut tx,
-            event_id,
-            &event,
-            &[Channel::Line]
-        )
-        .await
-        .unwrap()
-        .is_none()
-    );
-    let facts =
-        notify_store::catalog::load_recipient_facts(&mut tx, "order_paid", &event.recipients)
+        notify_store::events::insert_event_or_get_existing(&mut *tx, event_id, &event, &[channel])
             .await
-            .unwrap();
+            .unwrap()
+            .is_none()
+    );
+    let facts = notify_store::catalog::load_recipient_facts(&mut *tx, type_key, &event.recipients)
+        .await
+        .unwrap();
     let (planned, _) = notify_core::plan::plan(
         event_id,
         false,
-        &[Channel::Line],
+        &[channel],
         &facts,
         chrono::Utc::now(),
         false,
     );
-    let planned = ingest::planning::new_deliveries(planned, 5);
+    (event_id, ingest::planning::new_deliveries(planned, 5))
+}
+
+/// A row hidden for a 2 s hold by a process that died is published once, after the hold.
+async fn held_rows_are_published_again_after_the_hold(died: DiedHolding) {
+    let p = Platform::start_with_workers(&[Channel::Line]).await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, _) = p.add_line_recipient("u").await;
+    // Write an event the way ingest does, but leave its outbox row as a relay leaves it
+    // when it claimed the row and died before the confirm: hidden for the 2 s hold.
+    let mut tx = p.pool.begin().await.unwrap();
+    let (event_id, planned) = plan_event(
+        &mut tx,
+        "relay-died",
+        "order_paid",
+        std::slice::from_ref(&u),
+        Channel::Line,
+    )
+    .await;
     match died {
         DiedHolding::Relay => {
             notify_store::events::insert_deliveries(&mut tx, event_id, &planned)
@@ -1092,7 +1106,7 @@ async fn held_rows_the_relay_cannot_take_are_released_and_published_before_their
 
 /// Held deliveries of one event and channel share outbox rows, one per broker message
 /// (at most 50 deliveries each). Such a row outlives a cancel of one of its recipients
-/// (the worker's claim skips that one), keeps its deliveries from the lost-message sweep
+/// (the worker's claim skips that one) and goes with a cancel of all of them, keeps its deliveries from the lost-message sweep
 /// while it waits (a row deleted unpublished gives them back to the sweep), and once its
 /// writer's hold has passed (the writer died before handing it over) a relay publishes
 /// it: every pending delivery it names is sent once, the canceled one never.
@@ -1103,51 +1117,41 @@ async fn held_deliveries_share_rows_one_per_message_through_a_cancel_the_sweep_a
     let p = Platform::start_with_workers(&[Channel::InApp]).await;
     p.add_type("promo", &["inapp"]).await;
     let users: Vec<String> = (0..120).map(|i| format!("{}-{i:03}", uniq("u"))).collect();
-    let event = notify_core::NewEvent::parse(notify_core::event::CreateEventInput {
-        event_key: uniq("several"),
-        type_key: "promo".into(),
-        recipients: users.clone(),
-        content: notify_core::Content {
-            title: "t".into(),
-            ..Default::default()
-        },
-        ..Default::default()
-    })
-    .unwrap();
-    let event_id = uuid::Uuid::new_v4();
+    let hold = Duration::from_secs(4);
     let mut tx = p.pool.begin().await.unwrap();
-    notify_store::events::insert_event_or_get_existing(
-        &mut tx,
-        event_id,
-        &event,
-        &[Channel::InApp],
-    )
-    .await
-    .unwrap();
-    let facts = notify_store::catalog::load_recipient_facts(&mut tx, "promo", &event.recipients)
+    let (event_id, planned) =
+        plan_event(&mut tx, &uniq("several"), "promo", &users, Channel::InApp).await;
+    let rows: Vec<_> = planned.iter().map(|d| (event_id, d)).collect();
+    let held = notify_store::events::insert_deliveries_held(&mut tx, &rows, hold, 50)
         .await
         .unwrap();
-    let (planned, _) = notify_core::plan::plan(
-        event_id,
-        false,
-        &[Channel::InApp],
-        &facts,
-        chrono::Utc::now(),
-        false,
-    );
-    let planned = ingest::planning::new_deliveries(planned, 5);
-    let rows: Vec<_> = planned.iter().map(|d| (event_id, d)).collect();
-    let held =
-        notify_store::events::insert_deliveries_held(&mut tx, &rows, Duration::from_secs(4), 50)
-            .await
-            .unwrap();
+    // A second event, canceled whole below: its shared rows go with it.
+    let (dropped_id, dropped) = plan_event(
+        &mut tx,
+        &uniq("dropped"),
+        "promo",
+        &users[..60],
+        Channel::InApp,
+    )
+    .await;
+    let rows: Vec<_> = dropped.iter().map(|d| (dropped_id, d)).collect();
+    let dropped_rows = notify_store::events::insert_deliveries_held(&mut tx, &rows, hold, 50)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
+    assert_eq!(dropped_rows.len(), 2);
     let mut sizes: Vec<usize> = held.iter().map(|r| r.deliveries()).collect();
     sizes.sort_unstable();
     assert_eq!(sizes, vec![20, 50, 50], "120 deliveries in three rows");
     let named: std::collections::HashSet<uuid::Uuid> =
         held.iter().flat_map(|r| r.delivery_ids()).collect();
     assert_eq!(named.len(), 120, "each delivery named once");
+    assert_eq!(p.count("outbox").await, 5);
+    // Every delivery a row names canceled: the row goes with them.
+    let out = cancel(&p.pool, &CancelSelector::Id(dropped_id), &[], "tests", true)
+        .await
+        .unwrap();
+    assert_eq!(out.newly_canceled, 60);
     assert_eq!(p.count("outbox").await, 3);
 
     // A cancel of one recipient leaves the rows (they name others too).

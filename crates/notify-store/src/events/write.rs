@@ -324,7 +324,7 @@ async fn write_deliveries(
          o AS (
              INSERT INTO outbox (delivery_id, channel, available_at, more_delivery_ids)
              SELECT (array_agg(id ORDER BY id))[1], channel,
-                    CASE WHEN bool_and(held) THEN now() + $17 * interval '1 millisecond'
+                    CASE WHEN held THEN now() + $17 * interval '1 millisecond'
                          ELSE min(next_attempt_at) END,
                     CASE WHEN count(*) > 1 THEN (array_agg(id ORDER BY id))[2:] END
              FROM g
