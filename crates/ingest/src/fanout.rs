@@ -304,8 +304,9 @@ impl PageContext {
         tx.commit().await?;
         let _ = committed.send(true);
         if let Some((direct, hold)) = &self.direct {
-            for row in &mut held {
-                row.trace_context.clone_from(&job.trace_context);
+            let trace: Option<std::sync::Arc<str>> = job.trace_context.as_deref().map(Into::into);
+            for origin in held.iter_mut().flat_map(|row| row.origins.iter_mut()) {
+                origin.trace_context.clone_from(&trace);
             }
             // Back-pressure: while this page waits for room in the relay, the next one
             // may write, and the one after waits for this task (IN_FLIGHT).

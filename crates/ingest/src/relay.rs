@@ -203,7 +203,7 @@ pub struct RelayConfig {
 #[derive(Debug, Default)]
 pub struct RelayStats {
     /// Outbox rows whose messages the broker confirmed (a row names one delivery, or up
-    /// to [`RelayConfig::deliveries_per_message`] of one event and channel).
+    /// to [`RelayConfig::deliveries_per_message`] of one channel).
     pub published: AtomicU64,
     /// Messages the broker returned as unroutable.
     pub unroutable: AtomicU64,
@@ -344,9 +344,13 @@ async fn publish_rows(
     let units: Vec<Unit> = rows
         .iter()
         .enumerate()
-        .flat_map(|(row, r)| r.delivery_ids().map(move |id| (row, id)))
-        .map(|(row, id)| {
-            let span = producer_span(cfg, &rows[row], id);
+        .flat_map(|(row, r)| {
+            r.delivery_ids()
+                .enumerate()
+                .map(move |(i, id)| (row, i, id))
+        })
+        .map(|(row, i, id)| {
+            let span = producer_span(cfg, &rows[row], id, rows[row].origin(i));
             let context = notify_telemetry::propagation::headers_of(&span);
             Unit {
                 row,
@@ -470,34 +474,37 @@ struct Unit {
 }
 
 /// The deliveries of each message, as indexes into `units` (every delivery of `rows`, row
-/// by row): a row naming several deliveries is a message of its own (cut at `per_message`);
-/// rows naming one delivery of one channel share messages in their order, `per_message`
-/// at most to a message; webhook rows go one to a message (worker-webhook reads
-/// version-1 messages only). `per_message` 1: one version-1 message per delivery.
+/// by row): the rows of one channel share messages in their order, `per_message`
+/// deliveries at most to a message, and a row starts a new message when it does not fit
+/// whole in the channel's open one (a row naming more than `per_message`, written before
+/// the limit was lowered, is cut at it); webhook rows go one to a message (worker-webhook
+/// reads version-1 messages only). `per_message` 1: one version-1 message per delivery.
 fn message_groups(rows: &[OutboxRow], units: &[Unit], per_message: usize) -> Vec<Vec<usize>> {
     let per_message = per_message.max(1);
     let mut open: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     let mut groups: Vec<Vec<usize>> = Vec::new();
-    let mut own: Option<(usize, usize)> = None; // (row, group) of a row's own messages
+    let mut row_started: Option<usize> = None; // the row whose first unit was placed
     for (u, unit) in units.iter().enumerate() {
         let row = &rows[unit.row];
         let batched = per_message > 1 && row.channel != notify_store::webhooks::OUTBOX_CHANNEL;
-        if batched && !row.more_delivery_ids.is_empty() {
-            match own {
-                Some((r, g)) if r == unit.row && groups[g].len() < per_message => groups[g].push(u),
-                _ => {
-                    own = Some((unit.row, groups.len()));
-                    groups.push(vec![u]);
-                }
-            }
+        if !batched {
+            groups.push(vec![u]);
             continue;
         }
+        let first_of_row = row_started != Some(unit.row);
+        row_started = Some(unit.row);
+        let fits = |g: usize| {
+            let room = per_message - groups[g].len();
+            if first_of_row {
+                room >= row.deliveries().min(per_message)
+            } else {
+                room > 0
+            }
+        };
         match open.get(row.channel.as_str()) {
-            Some(&g) if batched && groups[g].len() < per_message => groups[g].push(u),
+            Some(&g) if fits(g) => groups[g].push(u),
             _ => {
-                if batched {
-                    open.insert(row.channel.as_str(), groups.len());
-                }
+                open.insert(row.channel.as_str(), groups.len());
                 groups.push(vec![u]);
             }
         }
@@ -511,6 +518,7 @@ fn producer_span(
     cfg: &RelayConfig,
     row: &outbox::OutboxRow,
     delivery_id: uuid::Uuid,
+    origin: Option<&outbox::Origin>,
 ) -> tracing::Span {
     let queue = cfg.topology.queue(&row.channel);
     let span = tracing::info_span!(
@@ -529,10 +537,11 @@ fn producer_span(
         notify.channel = %row.channel,
         notify.publish_outcome = tracing::field::Empty,
     );
-    if let Some(id) = row.event_id {
+    if let Some(id) = origin.and_then(|o| o.event_id) {
         span.record("notify.event_id", tracing::field::display(id));
     }
-    notify_telemetry::propagation::continue_trace(&span, row.trace_context.as_deref(), None);
+    let trace = origin.and_then(|o| o.trace_context.as_deref());
+    notify_telemetry::propagation::continue_trace(&span, trace, None);
     span
 }
 
@@ -546,8 +555,7 @@ mod tests {
             delivery_id: uuid::Uuid::new_v4(),
             more_delivery_ids: Vec::new(),
             channel: channel.into(),
-            event_id: None,
-            trace_context: None,
+            origins: Vec::new(),
         }
     }
 
@@ -678,25 +686,48 @@ mod tests {
     }
 
     #[test]
-    fn a_row_naming_several_deliveries_is_a_message_of_its_own_cut_at_the_limit() {
-        let mut several = row(1, "inapp");
-        several.more_delivery_ids = (0..4).map(|_| uuid::Uuid::new_v4()).collect();
-        let rows = vec![row(0, "inapp"), several, row(2, "inapp")];
-        // Units: 0 (row 0), 1..=5 (row 1's five deliveries), 6 (row 2).
+    fn rows_naming_several_deliveries_share_messages_whole_when_they_fit_and_are_cut_at_the_limit()
+    {
+        let several = |id: i64, n: usize| {
+            let mut r = row(id, "inapp");
+            r.more_delivery_ids = (1..n).map(|_| uuid::Uuid::new_v4()).collect();
+            r
+        };
+        let rows = vec![
+            row(0, "inapp"),
+            several(1, 5),
+            row(2, "inapp"),
+            row(3, "line"),
+        ];
+        // Units: 0 (row 0), 1..=5 (row 1's five deliveries), 6 (row 2), 7 (row 3).
         assert_eq!(
             groups(&rows, 50),
-            vec![vec![0, 6], vec![1, 2, 3, 4, 5]],
-            "the single rows share a message; the row naming five is one message"
+            vec![vec![0, 1, 2, 3, 4, 5, 6], vec![7]],
+            "one message a channel: a group commit's rows go together"
+        );
+        assert_eq!(
+            groups(&rows, 6),
+            vec![vec![0, 1, 2, 3, 4, 5], vec![6], vec![7]],
+            "the single row after a full message starts the next"
+        );
+        assert_eq!(
+            groups(&rows, 5),
+            vec![vec![0], vec![1, 2, 3, 4, 5], vec![6], vec![7]],
+            "a row that does not fit in the open message starts its own, whole"
         );
         assert_eq!(
             groups(&rows, 3),
-            vec![vec![0, 6], vec![1, 2, 3], vec![4, 5]],
+            vec![vec![0], vec![1, 2, 3], vec![4, 5, 6], vec![7]],
             "cut at the limit when it was lowered after the row was written"
         );
         assert_eq!(
             groups(&rows, 1).len(),
-            7,
+            8,
             "version-1 messages only: one per delivery, the row's included"
         );
+        // A fan-out's full rows: one message each.
+        let full = vec![several(10, 50), several(11, 50), several(12, 7)];
+        let sizes: Vec<usize> = groups(&full, 50).iter().map(Vec::len).collect();
+        assert_eq!(sizes, vec![50, 50, 7]);
     }
 }

@@ -617,20 +617,18 @@ async fn try_write(
     Ok((results, true))
 }
 
-/// Held outbox rows with their event's trace context, for the relay's producer spans.
+/// Held outbox rows with each delivery's event's trace context, for the relay's producer
+/// spans (a row may name deliveries of several of the group commit's events).
 fn with_trace_contexts(
     mut held: Vec<notify_store::outbox::OutboxRow>,
     ready: &[Ready],
 ) -> Vec<notify_store::outbox::OutboxRow> {
-    let traces: HashMap<Uuid, &str> = ready
+    let traces: HashMap<Uuid, std::sync::Arc<str>> = ready
         .iter()
-        .filter_map(|r| Some((r.id, r.job.event.trace_context.as_deref()?)))
+        .filter_map(|r| Some((r.id, r.job.event.trace_context.as_deref()?.into())))
         .collect();
-    for row in &mut held {
-        row.trace_context = row
-            .event_id
-            .and_then(|e| traces.get(&e))
-            .map(|t| t.to_string());
+    for origin in held.iter_mut().flat_map(|row| row.origins.iter_mut()) {
+        origin.trace_context = origin.event_id.and_then(|e| traces.get(&e).cloned());
     }
     held
 }

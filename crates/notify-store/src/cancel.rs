@@ -3,8 +3,9 @@
 //! [`cancel`] locks the targeted events `FOR UPDATE` in id order, marks them canceled
 //! (`canceled_at`/`canceled_by`, or `event_cancellations` rows for some recipients only),
 //! turns their `pending` deliveries `canceled` and deletes their outbox rows, all in one
-//! transaction (a row naming several deliveries goes when they are all canceled; else its
-//! message is published and the worker's claim skips the canceled ones). Every writer that adds deliveries to an existing event (a fan-out page,
+//! transaction (a row naming several deliveries, of one event or of several written in one
+//! group commit, goes when this cancel takes them all; else its message is published and
+//! the worker's claim skips the canceled ones). Every writer that adds deliveries to an existing event (a fan-out page,
 //! a derived delivery) takes the event row `FOR SHARE` first ([`is_canceled`],
 //! `events::lock_for_page`) and honours the cancel, so no delivery of a canceled event or
 //! recipient appears after the cancel commits. A trigger

@@ -13,16 +13,26 @@ pub struct OutboxRow {
     pub id: i64,
     /// The delivery the message points at (the first, when it names several).
     pub delivery_id: Uuid,
-    /// The deliveries the message names after `delivery_id`, of the same event and
-    /// channel: such a row is published as one version-2 batch message. Empty for a row
-    /// naming one delivery.
+    /// The deliveries the message names after `delivery_id`, of the same channel (and
+    /// of one or several events written in one transaction): such a row is published as
+    /// one version-2 batch message. Empty for a row naming one delivery.
     pub more_delivery_ids: Vec<Uuid>,
     /// Routing key.
     pub channel: String,
-    /// The delivery's event.
+    /// Where each delivery the row names comes from, in [`Self::delivery_ids`] order, for
+    /// the relay's producer spans; shorter (or empty) when not known. Not stored in the
+    /// table: [`claim_due`] reads it from the deliveries and their events.
+    pub origins: Vec<Origin>,
+}
+
+/// The event a delivery belongs to, and that event's trace.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// The delivery's event; `None` when the delivery is gone (erased, or deleted by
+    /// retention) or not known.
     pub event_id: Option<Uuid>,
     /// The event's W3C `traceparent`, when its request carried or started a trace.
-    pub trace_context: Option<String>,
+    pub trace_context: Option<std::sync::Arc<str>>,
 }
 
 impl OutboxRow {
@@ -34,6 +44,11 @@ impl OutboxRow {
     /// How many deliveries the row's message names (at least 1).
     pub fn deliveries(&self) -> usize {
         1 + self.more_delivery_ids.len()
+    }
+
+    /// Where the `i`-th delivery of [`Self::delivery_ids`] comes from, when known.
+    pub fn origin(&self, i: usize) -> Option<&Origin> {
+        self.origins.get(i)
     }
 }
 
@@ -48,11 +63,19 @@ pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<Ou
                ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) due
          WHERE o.id = due.id
          RETURNING o.id, o.delivery_id, o.more_delivery_ids, o.channel,
-                   (SELECT d.event_id FROM notification_deliveries d WHERE d.id = o.delivery_id)
-                       AS event_id,
-                   (SELECT e.trace_context FROM notification_deliveries d
-                      JOIN notification_events e ON e.id = d.event_id
-                     WHERE d.id = o.delivery_id) AS trace_context",
+                   -- Each named delivery's event and trace, in the row's order (NULL for
+                   -- a delivery gone since).
+                   ARRAY(SELECT d.event_id
+                         FROM unnest(o.delivery_id || coalesce(o.more_delivery_ids, '{}'))
+                              WITH ORDINALITY AS u(id, n)
+                         LEFT JOIN notification_deliveries d ON d.id = u.id
+                         ORDER BY u.n) AS event_ids,
+                   ARRAY(SELECT e.trace_context
+                         FROM unnest(o.delivery_id || coalesce(o.more_delivery_ids, '{}'))
+                              WITH ORDINALITY AS u(id, n)
+                         LEFT JOIN notification_deliveries d ON d.id = u.id
+                         LEFT JOIN notification_events e ON e.id = d.event_id
+                         ORDER BY u.n) AS trace_contexts",
     )
     .bind(limit)
     .bind(notify_core::retry::millis(hold))
@@ -67,8 +90,15 @@ pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<Ou
                 .get::<Option<Vec<Uuid>>, _>("more_delivery_ids")
                 .unwrap_or_default(),
             channel: r.get("channel"),
-            event_id: r.get("event_id"),
-            trace_context: r.get("trace_context"),
+            origins: r
+                .get::<Vec<Option<Uuid>>, _>("event_ids")
+                .into_iter()
+                .zip(r.get::<Vec<Option<String>>, _>("trace_contexts"))
+                .map(|(event_id, trace)| Origin {
+                    event_id,
+                    trace_context: trace.map(Into::into),
+                })
+                .collect(),
         })
         .collect();
     out.sort_by_key(|r| r.id);

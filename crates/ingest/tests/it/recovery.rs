@@ -1075,8 +1075,7 @@ async fn held_rows_the_relay_cannot_take_are_released_and_published_before_their
             delivery_id: uuid::Uuid::new_v4(),
             more_delivery_ids: Vec::new(),
             channel: "inapp".into(),
-            event_id: None,
-            trace_context: None,
+            origins: Vec::new(),
         })
         .collect();
     // A door whose relay end is gone: the writer's relay stopped.
@@ -1245,6 +1244,171 @@ async fn held_deliveries_share_rows_one_per_message_through_a_cancel_the_sweep_a
         "one inbox item per recipient but the canceled one"
     );
     assert!(inbox.iter().all(|(u, n)| *n == 1 && u != canceled_user));
+    assert_eq!(p.count("outbox").await, 0);
+    p.stop().await;
+}
+
+/// A group commit's held deliveries share one outbox row a channel whichever of its
+/// events they belong to (at most 50 a row), and each keeps its own event: the writer's
+/// rows and a relay's claim of them name every delivery's event, and its trace, in row
+/// order. A cancel of one of the events leaves the rows to the others, and once the
+/// writer's hold has passed (it died before handing them over) a relay publishes them:
+/// every pending delivery is sent once, the canceled one never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_its_own_event() {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::InApp],
+        ingest_in_process: false,
+        ..Default::default()
+    })
+    .await;
+    // No ingest yet (its relay would claim the rows): the type goes in directly.
+    sqlx::query(
+        "INSERT INTO notification_types (key, default_channels) VALUES ('promo', '{inapp}')",
+    )
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let mut tx = p.pool.begin().await.unwrap();
+    let mut planned = Vec::new();
+    for i in 0..60 {
+        let user = format!("{}-{i:02}", uniq("u"));
+        let (event_id, deliveries) =
+            plan_event(&mut tx, &uniq("group"), "promo", &[user], Channel::InApp).await;
+        planned.extend(deliveries.into_iter().map(|d| (event_id, d)));
+    }
+    let rows: Vec<_> = planned.iter().map(|(e, d)| (*e, d)).collect();
+    let held =
+        notify_store::events::insert_deliveries_held(&mut tx, &rows, Duration::from_secs(3600), 50)
+            .await
+            .unwrap();
+    tx.commit().await.unwrap();
+    let event_of: std::collections::HashMap<uuid::Uuid, uuid::Uuid> =
+        planned.iter().map(|(e, d)| (d.id, *e)).collect();
+    let mut sizes: Vec<usize> = held.iter().map(|r| r.deliveries()).collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, vec![10, 50], "60 events' deliveries in two rows");
+    assert_eq!(p.count("outbox").await, 2);
+    let events_named = |row: &notify_store::outbox::OutboxRow| -> Vec<Option<uuid::Uuid>> {
+        row.origins.iter().map(|o| o.event_id).collect()
+    };
+    for row in &held {
+        let expected: Vec<Option<uuid::Uuid>> = row
+            .delivery_ids()
+            .map(|d| event_of.get(&d).copied())
+            .collect();
+        assert!(expected.iter().all(Option::is_some));
+        assert_eq!(
+            events_named(row),
+            expected,
+            "each delivery with its own event"
+        );
+    }
+
+    // One event canceled: the rows stay for the 59 others.
+    let (canceled_event, canceled_delivery) = (planned[7].0, planned[7].1.id);
+    let out = notify_store::cancel::cancel(
+        &p.pool,
+        &notify_store::cancel::CancelSelector::Id(canceled_event),
+        &[],
+        "tests",
+        true,
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.newly_canceled, 1);
+    assert_eq!(p.count("outbox").await, 2);
+
+    // A relay claims the rows (due now, as when the hold has passed): each delivery's
+    // event and trace read back, the canceled one's included.
+    let traced = planned[3].0;
+    let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    sqlx::query("UPDATE notification_events SET trace_context = $2 WHERE id = $1")
+        .bind(traced)
+        .bind(traceparent)
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE outbox SET available_at = now()")
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    let claimed = notify_store::outbox::claim_due(&p.pool, 10, Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 2);
+    for row in &claimed {
+        let expected: Vec<Option<uuid::Uuid>> = row
+            .delivery_ids()
+            .map(|d| event_of.get(&d).copied())
+            .collect();
+        assert_eq!(
+            events_named(row),
+            expected,
+            "claimed: each delivery's event"
+        );
+        for (id, origin) in row.delivery_ids().zip(&row.origins) {
+            let trace = origin.trace_context.as_deref();
+            if event_of[&id] == traced {
+                assert_eq!(trace, Some(traceparent));
+            } else {
+                assert_eq!(trace, None);
+            }
+        }
+    }
+    assert!(
+        claimed
+            .iter()
+            .flat_map(|r| r.delivery_ids())
+            .any(|d| d == canceled_delivery)
+    );
+
+    // That relay died; the claim's hold passes and a running ingest's relay publishes
+    // the rows: 59 sent once, the canceled one never.
+    let _ingest = p.spawn("ingest", &["serve"], &[]);
+    let events: Vec<uuid::Uuid> = planned.iter().map(|(e, _)| *e).collect();
+    eventually(
+        "every delivery of the 60 events final",
+        Duration::from_secs(30),
+        async || {
+            let open: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM notification_deliveries
+                 WHERE event_id = ANY($1) AND status IN ('pending', 'sending')",
+            )
+            .bind(&events)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+            if open == 0 { Ok(()) } else { Err(open) }
+        },
+    )
+    .await;
+    let by_status: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT status, count(*) FROM notification_deliveries WHERE event_id = ANY($1)
+         GROUP BY status ORDER BY status",
+    )
+    .bind(&events)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        by_status,
+        vec![("canceled".to_string(), 1), ("sent".to_string(), 59)]
+    );
+    let inbox: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
+        "SELECT event_id, count(*) FROM notifications WHERE event_id = ANY($1)
+         GROUP BY event_id",
+    )
+    .bind(&events)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        inbox.len(),
+        59,
+        "one inbox item per event but the canceled one"
+    );
+    assert!(inbox.iter().all(|(e, n)| *n == 1 && *e != canceled_event));
     assert_eq!(p.count("outbox").await, 0);
     p.stop().await;
 }

@@ -249,12 +249,13 @@ pub async fn insert_deliveries_many(
 /// `hold` from now (as [`crate::outbox::claim_due`] leaves the rows it claims), so no
 /// relay publishes it meanwhile; if the writer dies before its publish is confirmed, the
 /// relay publishes the row once `hold` has passed. Rows due later are written due then,
-/// as usual, one a delivery. The held deliveries of one event and channel share outbox
-/// rows, up to `per_row` a row (one broker message each,
-/// [`crate::outbox::OutboxRow::more_delivery_ids`]; 1 = one row a delivery, for
-/// version-1 messages). Returns the held rows, oldest first (`trace_context` unset), for
-/// [`crate::outbox::delete`] after the broker's confirm or
-/// [`crate::outbox::release`] when the publish cannot be made now.
+/// as usual, one a delivery. The held deliveries of one channel share outbox rows,
+/// whichever of the statement's events they belong to, up to `per_row` a row (one broker
+/// message each, [`crate::outbox::OutboxRow::more_delivery_ids`]; 1 = one row a delivery,
+/// for version-1 messages): a group commit of many small events writes one row a channel,
+/// not one a delivery. Returns the held rows, oldest first, with each delivery's event in
+/// `origins` (trace contexts unset), for [`crate::outbox::delete`] after the broker's
+/// confirm or [`crate::outbox::release`] when the publish cannot be made now.
 pub async fn insert_deliveries_held(
     db: &mut sqlx::PgConnection,
     deliveries: &[(Uuid, &NewDelivery)],
@@ -268,7 +269,7 @@ pub async fn insert_deliveries_held(
 
 /// The one statement of [`insert_deliveries_many`] and [`insert_deliveries_held`]: how
 /// many were inserted, and the outbox rows held (none when `hold` is `None`), each naming
-/// up to `per_row` deliveries of one event and channel.
+/// up to `per_row` deliveries of one channel.
 async fn write_deliveries(
     db: &mut sqlx::PgConnection,
     deliveries: &[(Uuid, &NewDelivery)],
@@ -313,24 +314,24 @@ async fn write_deliveries(
              ON CONFLICT (channel, idempotency_key) DO NOTHING
              RETURNING id, event_id, channel, next_attempt_at,
                        $17::bigint IS NOT NULL AND next_attempt_at <= now() AS held),
-         -- Held deliveries share a row per event, channel and up to $18 of them; every
-         -- other delivery has a row of its own.
+         -- Held deliveries share a row per channel and up to $18 of them, in event order;
+         -- every other delivery has a row of its own.
          g AS (
              SELECT id, event_id, channel, held, next_attempt_at,
                     CASE WHEN held
-                         THEN (row_number() OVER (PARTITION BY held, event_id, channel ORDER BY id) - 1) / $18
+                         THEN (row_number() OVER (PARTITION BY held, channel ORDER BY event_id, id) - 1) / $18
                     END AS chunk
              FROM d),
          o AS (
              INSERT INTO outbox (delivery_id, channel, available_at, more_delivery_ids)
-             SELECT (array_agg(id ORDER BY id))[1], channel,
+             SELECT (array_agg(id ORDER BY event_id, id))[1], channel,
                     CASE WHEN held THEN now() + $17 * interval '1 millisecond'
                          ELSE min(next_attempt_at) END,
-                    CASE WHEN count(*) > 1 THEN (array_agg(id ORDER BY id))[2:] END
+                    CASE WHEN count(*) > 1 THEN (array_agg(id ORDER BY event_id, id))[2:] END
              FROM g
-             GROUP BY event_id, channel, held, chunk, CASE WHEN held THEN NULL ELSE id END
+             GROUP BY channel, held, chunk, CASE WHEN held THEN NULL ELSE id END
              RETURNING id, delivery_id, more_delivery_ids)
-         SELECT o.id, o.delivery_id, o.more_delivery_ids, d.event_id, d.channel, d.held
+         SELECT o.id, o.delivery_id, o.more_delivery_ids, d.channel, d.held
          FROM o JOIN d ON d.id = o.delivery_id",
     )
     .bind(&events)
@@ -353,6 +354,11 @@ async fn write_deliveries(
     .bind(i64::try_from(per_row.max(1)).unwrap_or(i64::MAX))
     .fetch_all(&mut *db)
     .await?;
+    let event_of: std::collections::HashMap<Uuid, Uuid> = if hold.is_some() {
+        deliveries.iter().map(|(e, d)| (d.id, *e)).collect()
+    } else {
+        Default::default()
+    };
     let mut inserted = 0;
     let mut held: Vec<crate::outbox::OutboxRow> = rows
         .into_iter()
@@ -364,13 +370,22 @@ async fn write_deliveries(
             (r, more)
         })
         .filter(|(r, _)| r.get::<bool, _>("held"))
-        .map(|(r, more)| crate::outbox::OutboxRow {
-            id: r.get("id"),
-            delivery_id: r.get("delivery_id"),
-            more_delivery_ids: more,
-            channel: r.get("channel"),
-            event_id: Some(r.get("event_id")),
-            trace_context: None,
+        .map(|(r, more)| {
+            let mut row = crate::outbox::OutboxRow {
+                id: r.get("id"),
+                delivery_id: r.get("delivery_id"),
+                more_delivery_ids: more,
+                channel: r.get("channel"),
+                origins: Vec::new(),
+            };
+            row.origins = row
+                .delivery_ids()
+                .map(|id| crate::outbox::Origin {
+                    event_id: event_of.get(&id).copied(),
+                    trace_context: None,
+                })
+                .collect();
+            row
         })
         .collect();
     held.sort_by_key(|r| r.id);
