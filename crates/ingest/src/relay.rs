@@ -84,8 +84,8 @@ impl Direct {
     }
 
     /// Most deliveries a held outbox row may name
-    /// ([`notify_store::events::insert_deliveries_held`]): one broker message each, so
-    /// the relay's [`RelayConfig::deliveries_per_message`].
+    /// ([`notify_store::events::insert_deliveries_held`]): the relay's
+    /// [`RelayConfig::deliveries_per_message`], so that a row fits in one broker message.
     pub fn deliveries_per_row(&self) -> usize {
         self.per_row
     }
@@ -183,7 +183,9 @@ pub struct RelayConfig {
     pub amqp_url: String,
     /// Exchange and queue names.
     pub topology: Topology,
-    /// Rows claimed and published per round.
+    /// Deliveries claimed and published per round: whole outbox rows up to this many
+    /// deliveries in all (at least one row, [`outbox::claim_due`]), and handed-over rows
+    /// up to about as many.
     pub batch: i64,
     /// Most deliveries of one channel a message names (a version-2
     /// [`notify_broker::DeliveryBatch`]); 1 publishes version-1 messages only, which a
@@ -205,9 +207,10 @@ pub struct RelayStats {
     /// Outbox rows whose messages the broker confirmed (a row names one delivery, or up
     /// to [`RelayConfig::deliveries_per_message`] of one channel).
     pub published: AtomicU64,
-    /// Messages the broker returned as unroutable.
+    /// Outbox rows kept because a message naming their deliveries came back unroutable.
     pub unroutable: AtomicU64,
-    /// Messages nacked or with an unknown outcome.
+    /// Outbox rows kept because a message naming their deliveries was nacked or has an
+    /// unknown outcome.
     pub failed: AtomicU64,
     /// Whether the relay holds a broker connection now (readiness).
     pub connected: std::sync::atomic::AtomicBool,

@@ -13,9 +13,10 @@ pub struct OutboxRow {
     pub id: i64,
     /// The delivery the message points at (the first, when it names several).
     pub delivery_id: Uuid,
-    /// The deliveries the message names after `delivery_id`, of the same channel (and
-    /// of one or several events written in one transaction): such a row is published as
-    /// one version-2 batch message. Empty for a row naming one delivery.
+    /// The deliveries the row names after `delivery_id`, of the same channel (and of one
+    /// or several events written in one transaction): the relay publishes them in
+    /// version-2 batch messages, with other rows of the channel when the row fits whole,
+    /// cut at the message limit otherwise. Empty for a row naming one delivery.
     pub more_delivery_ids: Vec<Uuid>,
     /// Routing key.
     pub channel: String,
@@ -52,32 +53,30 @@ impl OutboxRow {
     }
 }
 
-/// Claims up to `limit` due rows, oldest first, for `hold`: their `available_at` moves
-/// forward so other relays skip them, and a relay that dies mid-publish leaves them to be
-/// published again when `hold` runs out. `FOR UPDATE SKIP LOCKED` lets several relays
-/// claim disjoint batches at once. No transaction stays open after this returns.
+/// Claims due rows, oldest first, for `hold`, naming up to `limit` deliveries in all (at
+/// least one row, however many it names): their `available_at` moves forward so other
+/// relays skip them, and a relay that dies mid-publish leaves them to be published again
+/// when `hold` runs out. `FOR UPDATE SKIP LOCKED` lets several relays claim disjoint
+/// batches at once. Each row comes with where its deliveries come from
+/// ([`OutboxRow::origins`]), read in a second statement. No transaction stays open after
+/// this returns.
 pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<OutboxRow>> {
     let rows = sqlx::query(
-        "UPDATE outbox o SET available_at = now() + $2 * interval '1 millisecond'
-         FROM (SELECT id FROM outbox WHERE available_at <= now()
-               ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) due
-         WHERE o.id = due.id
-         RETURNING o.id, o.delivery_id, o.more_delivery_ids, o.channel,
-                   -- Each named delivery's event and trace, in the row's order (NULL for
-                   -- a delivery gone since).
-                   ARRAY(SELECT d.event_id
-                         FROM unnest(o.delivery_id || coalesce(o.more_delivery_ids, '{}'))
-                              WITH ORDINALITY AS u(id, n)
-                         LEFT JOIN notification_deliveries d ON d.id = u.id
-                         ORDER BY u.n) AS event_ids,
-                   ARRAY(SELECT e.trace_context
-                         FROM unnest(o.delivery_id || coalesce(o.more_delivery_ids, '{}'))
-                              WITH ORDINALITY AS u(id, n)
-                         LEFT JOIN notification_deliveries d ON d.id = u.id
-                         LEFT JOIN notification_events e ON e.id = d.event_id
-                         ORDER BY u.n) AS trace_contexts",
+        // The running count of deliveries bounds the batch, not the count of rows: a row
+        // written by a group commit or a fan-out page names up to 500.
+        "WITH due AS (
+             SELECT id, available_at, 1 + coalesce(cardinality(more_delivery_ids), 0) AS n
+             FROM outbox WHERE available_at <= now() ORDER BY available_at, id LIMIT $1),
+         upto AS (SELECT id, sum(n) OVER (ORDER BY available_at, id) - n AS before FROM due),
+         picked AS (
+             SELECT o.id FROM outbox o JOIN upto u ON u.id = o.id
+             WHERE u.before < $1 AND o.available_at <= now()
+             FOR UPDATE OF o SKIP LOCKED)
+         UPDATE outbox o SET available_at = now() + $2 * interval '1 millisecond'
+         FROM picked WHERE o.id = picked.id
+         RETURNING o.id, o.delivery_id, o.more_delivery_ids, o.channel",
     )
-    .bind(limit)
+    .bind(limit.max(1))
     .bind(notify_core::retry::millis(hold))
     .fetch_all(db)
     .await?;
@@ -90,19 +89,56 @@ pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<Ou
                 .get::<Option<Vec<Uuid>>, _>("more_delivery_ids")
                 .unwrap_or_default(),
             channel: r.get("channel"),
-            origins: r
-                .get::<Vec<Option<Uuid>>, _>("event_ids")
-                .into_iter()
-                .zip(r.get::<Vec<Option<String>>, _>("trace_contexts"))
-                .map(|(event_id, trace)| Origin {
-                    event_id,
-                    trace_context: trace.map(Into::into),
-                })
-                .collect(),
+            origins: Vec::new(),
         })
         .collect();
     out.sort_by_key(|r| r.id);
+    add_origins(db, &mut out).await?;
     Ok(out)
+}
+
+/// Fills [`OutboxRow::origins`] from the deliveries the rows name and their events, in one
+/// statement; one trace context is shared by all the deliveries of its event. A delivery
+/// gone since gets an empty origin.
+async fn add_origins(db: &PgPool, rows: &mut [OutboxRow]) -> Result<()> {
+    let ids: Vec<Uuid> = rows.iter().flat_map(OutboxRow::delivery_ids).collect();
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let found: Vec<(Uuid, Uuid, Option<String>)> = sqlx::query_as(
+        "SELECT d.id, d.event_id, e.trace_context
+         FROM unnest($1::uuid[]) AS u(id)
+         JOIN notification_deliveries d ON d.id = u.id
+         JOIN notification_events e ON e.id = d.event_id",
+    )
+    .bind(&ids)
+    .fetch_all(db)
+    .await?;
+    let mut traces: std::collections::HashMap<Uuid, Option<std::sync::Arc<str>>> =
+        std::collections::HashMap::new();
+    let of: std::collections::HashMap<Uuid, Origin> = found
+        .into_iter()
+        .map(|(id, event_id, trace)| {
+            let trace_context = traces
+                .entry(event_id)
+                .or_insert_with(|| trace.map(Into::into))
+                .clone();
+            (
+                id,
+                Origin {
+                    event_id: Some(event_id),
+                    trace_context,
+                },
+            )
+        })
+        .collect();
+    for row in rows {
+        row.origins = row
+            .delivery_ids()
+            .map(|id| of.get(&id).cloned().unwrap_or_default())
+            .collect();
+    }
+    Ok(())
 }
 
 /// How long until the earliest outbox row not due yet becomes due (a retry, a quiet-hours

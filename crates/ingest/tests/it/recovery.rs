@@ -1103,8 +1103,8 @@ async fn held_rows_the_relay_cannot_take_are_released_and_published_before_their
     p.stop().await;
 }
 
-/// Held deliveries of one event and channel share outbox rows, one per broker message
-/// (at most 50 deliveries each). Such a row outlives a cancel of one of its recipients
+/// Held deliveries of one event and channel share outbox rows (at most 50 deliveries
+/// each, so that a row fits in one broker message). Such a row outlives a cancel of one of its recipients
 /// (the worker's claim skips that one) and goes with a cancel of all of them, keeps its deliveries from the lost-message sweep
 /// while it waits (a row deleted unpublished gives them back to the sweep), and once its
 /// writer's hold has passed (the writer died before handing it over) a relay publishes
@@ -1251,9 +1251,10 @@ async fn held_deliveries_share_rows_one_per_message_through_a_cancel_the_sweep_a
 /// A group commit's held deliveries share one outbox row a channel whichever of its
 /// events they belong to (at most 50 a row), and each keeps its own event: the writer's
 /// rows and a relay's claim of them name every delivery's event, and its trace, in row
-/// order. A cancel of one of the events leaves the rows to the others, and once the
-/// writer's hold has passed (it died before handing them over) a relay publishes them:
-/// every pending delivery is sent once, the canceled one never.
+/// order, and a relay claims them whole, up to its batch of deliveries. A cancel of one of
+/// the events leaves its row to the others; one cancel that takes every delivery of a row
+/// takes the row. Once the writer's hold has passed (it died before handing them over) a
+/// relay publishes what is left: every pending delivery is sent once, the canceled never.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_its_own_event() {
     let p = Platform::start_with(Options {
@@ -1305,23 +1306,24 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
         );
     }
 
-    // One event canceled: the rows stay for the 59 others.
-    let (canceled_event, canceled_delivery) = (planned[7].0, planned[7].1.id);
-    let out = notify_store::cancel::cancel(
-        &p.pool,
-        &notify_store::cancel::CancelSelector::Id(canceled_event),
-        &[],
-        "tests",
-        true,
-    )
-    .await
-    .unwrap();
-    assert_eq!(out.newly_canceled, 1);
+    // The event of a row's head delivery canceled: the row stays for the 49 others.
+    let small = held.iter().find(|r| r.deliveries() == 10).unwrap();
+    let big = held.iter().find(|r| r.deliveries() == 50).unwrap();
+    let (canceled_event, canceled_delivery) = (event_of[&big.delivery_id], big.delivery_id);
+    let cancel = async |selector| {
+        notify_store::cancel::cancel(&p.pool, &selector, &[], "tests", true)
+            .await
+            .unwrap()
+            .newly_canceled
+    };
+    assert_eq!(
+        cancel(notify_store::cancel::CancelSelector::Id(canceled_event)).await,
+        1
+    );
     assert_eq!(p.count("outbox").await, 2);
-
     // A relay claims the rows (due now, as when the hold has passed): each delivery's
     // event and trace read back, the canceled one's included.
-    let traced = planned[3].0;
+    let traced = event_of[&big.more_delivery_ids[3]];
     let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     sqlx::query("UPDATE notification_events SET trace_context = $2 WHERE id = $1")
         .bind(traced)
@@ -1333,10 +1335,21 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
         .execute(&p.pool)
         .await
         .unwrap();
-    let claimed = notify_store::outbox::claim_due(&p.pool, 10, Duration::from_millis(500))
+    // A batch of 10 deliveries: the first row only (whole, though it may name 50).
+    let mut claimed = notify_store::outbox::claim_due(&p.pool, 10, Duration::from_millis(500))
         .await
         .unwrap();
-    assert_eq!(claimed.len(), 2);
+    assert_eq!(claimed.len(), 1, "one row: it names 10 deliveries or more");
+    claimed.extend(
+        notify_store::outbox::claim_due(&p.pool, 1_000, Duration::from_millis(500))
+            .await
+            .unwrap(),
+    );
+    let mut ids: Vec<i64> = claimed.iter().map(|r| r.id).collect();
+    ids.sort_unstable();
+    let mut expected_ids = vec![small.id, big.id];
+    expected_ids.sort_unstable();
+    assert_eq!(ids, expected_ids, "the other row in the next batch");
     for row in &claimed {
         let expected: Vec<Option<uuid::Uuid>> = row
             .delivery_ids()
@@ -1363,12 +1376,85 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
             .any(|d| d == canceled_delivery)
     );
 
+    // One cancel that takes every delivery of the other row (its ten events share a
+    // cancellation key): that row goes.
+    let small_events: Vec<uuid::Uuid> = small.delivery_ids().map(|d| event_of[&d]).collect();
+    sqlx::query("UPDATE notification_events SET cancellation_key = 'group-ten' WHERE id = ANY($1)")
+        .bind(&small_events)
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        cancel(notify_store::cancel::CancelSelector::CancellationKey(
+            "group-ten".into()
+        ))
+        .await,
+        10
+    );
+    assert_eq!(p.count("outbox").await, 1);
+
+    // Five more events whose shared row is lost unpublished: their deliveries are the
+    // lost-message sweep's, but not while the relay is behind by more than the sweep's
+    // wait (an overdue row stands for that backlog): republishing would only add to it.
+    let mut tx = p.pool.begin().await.unwrap();
+    let mut lost = Vec::new();
+    for i in 0..5 {
+        let user = format!("{}-lost-{i}", uniq("u"));
+        let (event_id, deliveries) =
+            plan_event(&mut tx, &uniq("lost"), "promo", &[user], Channel::InApp).await;
+        lost.extend(deliveries.into_iter().map(|d| (event_id, d)));
+    }
+    let rows: Vec<_> = lost.iter().map(|(e, d)| (*e, d)).collect();
+    let lost_rows =
+        notify_store::events::insert_deliveries_held(&mut tx, &rows, Duration::from_secs(3600), 50)
+            .await
+            .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(lost_rows.len(), 1);
+    notify_store::outbox::delete(&p.pool, &[lost_rows[0].id])
+        .await
+        .unwrap();
+    let lost_events: Vec<uuid::Uuid> = lost.iter().map(|(e, _)| *e).collect();
+    sqlx::query(
+        "UPDATE notification_deliveries SET next_attempt_at = now() - interval '1 hour'
+         WHERE event_id = ANY($1)",
+    )
+    .bind(&lost_events)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    let behind: i64 = sqlx::query_scalar(
+        "INSERT INTO outbox (delivery_id, channel, available_at)
+         VALUES (gen_random_uuid(), 'inapp', now() - interval '1 hour') RETURNING id",
+    )
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    let sweep = async || {
+        notify_store::deliveries::republish_stale(&p.pool, Duration::from_secs(60), 1_000)
+            .await
+            .unwrap()
+    };
+    assert_eq!(sweep().await, 0, "the relay is behind: the sweep waits");
+    notify_store::outbox::delete(&p.pool, &[behind])
+        .await
+        .unwrap();
+    assert_eq!(
+        sweep().await,
+        5,
+        "caught up: the lost row's deliveries republished"
+    );
+
     // That relay died; the claim's hold passes and a running ingest's relay publishes
-    // the rows: 59 sent once, the canceled one never.
+    // the row, and the swept ones: 54 sent once, the canceled ones never.
     let _ingest = p.spawn("ingest", &["serve"], &[]);
-    let events: Vec<uuid::Uuid> = planned.iter().map(|(e, _)| *e).collect();
+    let events: Vec<uuid::Uuid> = planned
+        .iter()
+        .map(|(e, _)| *e)
+        .chain(lost_events.iter().copied())
+        .collect();
     eventually(
-        "every delivery of the 60 events final",
+        "every delivery of the 65 events final",
         Duration::from_secs(30),
         async || {
             let open: i64 = sqlx::query_scalar(
@@ -1393,7 +1479,7 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
     .unwrap();
     assert_eq!(
         by_status,
-        vec![("canceled".to_string(), 1), ("sent".to_string(), 59)]
+        vec![("canceled".to_string(), 11), ("sent".to_string(), 54)]
     );
     let inbox: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
         "SELECT event_id, count(*) FROM notifications WHERE event_id = ANY($1)
@@ -1405,10 +1491,14 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
     .unwrap();
     assert_eq!(
         inbox.len(),
-        59,
-        "one inbox item per event but the canceled one"
+        54,
+        "one inbox item per event but the canceled ones"
     );
-    assert!(inbox.iter().all(|(e, n)| *n == 1 && *e != canceled_event));
+    assert!(
+        inbox
+            .iter()
+            .all(|(e, n)| *n == 1 && *e != canceled_event && !small_events.contains(e))
+    );
     assert_eq!(p.count("outbox").await, 0);
     p.stop().await;
 }

@@ -127,11 +127,16 @@ pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<Expir
 /// row. The wait grows with every republish of the same delivery (`stale`, `2 x stale`,
 /// `4 x stale` ... at most a day; a claim starts it again), so a backlog that merely sits
 /// in the queue gains a few duplicate messages, not one per sweep. A duplicate message is
-/// harmless: the claim lets only one through. Returns how many.
+/// harmless: the claim lets only one through. Nothing is republished while the relay is
+/// behind by more than `stale` (an outbox row due that long ago): the outbox holds the
+/// deliveries it has not published yet, new rows would only add to that backlog, and the
+/// set of deliveries named by shared rows (`more_delivery_ids`), which the sweep hashes,
+/// stays as small as `stale`'s worth of traffic. Returns how many.
 pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result<u64> {
     let done = sqlx::query(
         // One ordered range scan of `notification_deliveries_channel_due` per channel, from
-        // the oldest due delivery, up to `limit` each.
+        // the oldest due delivery, up to `limit` each; none while the relay is behind (one
+        // probe of `outbox_available`).
         "WITH stale AS (
              SELECT s.id FROM unnest($3::text[]) AS ch(channel),
              LATERAL (SELECT d.id FROM notification_deliveries d
@@ -145,7 +150,9 @@ pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result
                         -- NOT IN, not <> ALL: Postgres hashes the list once for NOT IN
                         AND NOT d.id IN (SELECT unnest(o.more_delivery_ids) FROM outbox o
                                          WHERE o.more_delivery_ids IS NOT NULL)
-                      ORDER BY d.next_attempt_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED) s),
+                      ORDER BY d.next_attempt_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED) s
+             WHERE NOT EXISTS (SELECT 1 FROM outbox
+                               WHERE available_at < now() - $1 * interval '1 millisecond')),
          upd AS (
              UPDATE notification_deliveries d
              SET next_attempt_at = now(), republish_count = d.republish_count + 1, updated_at = now()

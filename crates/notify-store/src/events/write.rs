@@ -250,10 +250,10 @@ pub async fn insert_deliveries_many(
 /// relay publishes it meanwhile; if the writer dies before its publish is confirmed, the
 /// relay publishes the row once `hold` has passed. Rows due later are written due then,
 /// as usual, one a delivery. The held deliveries of one channel share outbox rows,
-/// whichever of the statement's events they belong to, up to `per_row` a row (one broker
-/// message each, [`crate::outbox::OutboxRow::more_delivery_ids`]; 1 = one row a delivery,
-/// for version-1 messages): a group commit of many small events writes one row a channel,
-/// not one a delivery. Returns the held rows, oldest first, with each delivery's event in
+/// whichever of the statement's events they belong to, up to `per_row` a row (at most one
+/// broker message each, [`crate::outbox::OutboxRow::more_delivery_ids`]; 1 = one row a
+/// delivery, for version-1 messages): a group commit of many small events writes one row
+/// a channel per `per_row` deliveries, not one a delivery. Returns the held rows, oldest first, with each delivery's event in
 /// `origins` (trace contexts unset), for [`crate::outbox::delete`] after the broker's
 /// confirm or [`crate::outbox::release`] when the publish cannot be made now.
 pub async fn insert_deliveries_held(
