@@ -513,6 +513,9 @@ pub async fn run(
 /// pending deliveries whose message was lost. Every statement uses SKIP LOCKED, so any
 /// number of ingest replicas may sweep at once.
 async fn sweep(pool: PgPool, cfg: IngestConfig, shutdown: CancellationToken) {
+    // Whether the lost-message sweep was last found paused (the relay behind), to log the
+    // change only.
+    let mut paused = false;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -562,6 +565,24 @@ async fn sweep(pool: PgPool, cfg: IngestConfig, shutdown: CancellationToken) {
                 )
             }
             Err(e) => warn!(error = %e, "lease sweep failed"),
+        }
+        match notify_store::deliveries::relay_behind(&pool, cfg.republish_after, cfg.sweep_batch)
+            .await
+        {
+            Ok(behind) if behind != paused => {
+                paused = behind;
+                if behind {
+                    warn!(
+                        backlog_over = cfg.sweep_batch,
+                        due_for_s = cfg.republish_after.as_secs(),
+                        "relay behind: the lost-message sweep waits until it catches up"
+                    );
+                } else {
+                    info!("relay caught up: the lost-message sweep runs again");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "relay backlog probe failed"),
         }
         match notify_store::deliveries::republish_stale(&pool, cfg.republish_after, cfg.sweep_batch)
             .await

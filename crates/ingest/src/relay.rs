@@ -280,8 +280,11 @@ async fn run_connected(
             let _ = conn.close(200, "ingest stopping".into()).await;
             return Ok(());
         }
-        let rows = outbox::claim_due(pool, cfg.batch, cfg.hold).await?;
+        let mut rows = outbox::claim_due(pool, cfg.batch, cfg.hold).await?;
         if !rows.is_empty() {
+            if let Err(e) = outbox::read_origins(pool, &mut rows).await {
+                warn!(error = %e, count = rows.len(), "could not read the claimed rows' events; publishing them without their traces");
+            }
             publish_rows(pool, cfg, stats, &publisher, rows).await?;
             // Handed-over rows do not wait behind a long claimed backlog.
             if let Some(rows) = take_handed_over(direct, cfg.batch) {

@@ -54,24 +54,25 @@ impl OutboxRow {
 }
 
 /// Claims due rows, oldest first, for `hold`, naming up to `limit` deliveries in all (at
-/// least one row, however many it names): their `available_at` moves forward so other
+/// least one row, however many it names; a row that would go past `limit` waits for the
+/// next claim): their `available_at` moves forward so other
 /// relays skip them, and a relay that dies mid-publish leaves them to be published again
 /// when `hold` runs out. `FOR UPDATE SKIP LOCKED` lets several relays claim disjoint
-/// batches at once. Each row comes with where its deliveries come from
-/// ([`OutboxRow::origins`]), read in a second statement. No transaction stays open after
-/// this returns.
+/// batches at once. [`OutboxRow::origins`] is left empty: [`read_origins`] fills it. No
+/// transaction stays open after this returns.
 pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<OutboxRow>> {
     let rows = sqlx::query(
         // The running count of deliveries bounds the batch, not the count of rows: a row
         // written by a group commit or a fan-out page names up to 500.
-        "WITH due AS (
+        // Rows locked but past the limit are left as they are (and unlocked at commit).
+        "WITH locked AS (
              SELECT id, available_at, 1 + coalesce(cardinality(more_delivery_ids), 0) AS n
-             FROM outbox WHERE available_at <= now() ORDER BY available_at, id LIMIT $1),
-         upto AS (SELECT id, sum(n) OVER (ORDER BY available_at, id) - n AS before FROM due),
+             FROM outbox WHERE available_at <= now()
+             ORDER BY available_at, id LIMIT $1 FOR UPDATE SKIP LOCKED),
          picked AS (
-             SELECT o.id FROM outbox o JOIN upto u ON u.id = o.id
-             WHERE u.before < $1 AND o.available_at <= now()
-             FOR UPDATE OF o SKIP LOCKED)
+             SELECT id FROM (SELECT id, n, sum(n) OVER (ORDER BY available_at, id) - n AS before
+                             FROM locked) w
+             WHERE before = 0 OR before + n <= $1)
          UPDATE outbox o SET available_at = now() + $2 * interval '1 millisecond'
          FROM picked WHERE o.id = picked.id
          RETURNING o.id, o.delivery_id, o.more_delivery_ids, o.channel",
@@ -93,14 +94,14 @@ pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<Ou
         })
         .collect();
     out.sort_by_key(|r| r.id);
-    add_origins(db, &mut out).await?;
     Ok(out)
 }
 
-/// Fills [`OutboxRow::origins`] from the deliveries the rows name and their events, in one
-/// statement; one trace context is shared by all the deliveries of its event. A delivery
-/// gone since gets an empty origin.
-async fn add_origins(db: &PgPool, rows: &mut [OutboxRow]) -> Result<()> {
+/// Fills [`OutboxRow::origins`] of claimed rows from the deliveries they name and their
+/// events, in one statement; one trace context is shared by all the deliveries of its
+/// event. A delivery gone since gets an empty origin. On an error the rows are unchanged
+/// (they can still be published, without their traces).
+pub async fn read_origins(db: &PgPool, rows: &mut [OutboxRow]) -> Result<()> {
     let ids: Vec<Uuid> = rows.iter().flat_map(OutboxRow::delivery_ids).collect();
     if ids.is_empty() {
         return Ok(());

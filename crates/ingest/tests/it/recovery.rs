@@ -1339,6 +1339,7 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
     let mut claimed = notify_store::outbox::claim_due(&p.pool, 10, Duration::from_millis(500))
         .await
         .unwrap();
+    assert!(claimed[0].origins.is_empty(), "read on demand");
     assert_eq!(claimed.len(), 1, "one row: it names 10 deliveries or more");
     claimed.extend(
         notify_store::outbox::claim_due(&p.pool, 1_000, Duration::from_millis(500))
@@ -1350,6 +1351,9 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
     let mut expected_ids = vec![small.id, big.id];
     expected_ids.sort_unstable();
     assert_eq!(ids, expected_ids, "the other row in the next batch");
+    notify_store::outbox::read_origins(&p.pool, &mut claimed)
+        .await
+        .unwrap();
     for row in &claimed {
         let expected: Vec<Option<uuid::Uuid>> = row
             .delivery_ids()
@@ -1423,27 +1427,43 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
     .execute(&p.pool)
     .await
     .unwrap();
-    let behind: i64 = sqlx::query_scalar(
+    // A backlog of 4 rows due an hour ago, against a sweep batch of 3: the relay is behind.
+    let backlog: Vec<i64> = sqlx::query_scalar(
         "INSERT INTO outbox (delivery_id, channel, available_at)
-         VALUES (gen_random_uuid(), 'inapp', now() - interval '1 hour') RETURNING id",
+         SELECT gen_random_uuid(), 'inapp', now() - interval '1 hour' FROM generate_series(1, 4)
+         RETURNING id",
     )
-    .fetch_one(&p.pool)
+    .fetch_all(&p.pool)
     .await
     .unwrap();
-    let sweep = async || {
-        notify_store::deliveries::republish_stale(&p.pool, Duration::from_secs(60), 1_000)
+    let wait = Duration::from_secs(60);
+    let behind = async |batch| {
+        notify_store::deliveries::relay_behind(&p.pool, wait, batch)
             .await
             .unwrap()
     };
-    assert_eq!(sweep().await, 0, "the relay is behind: the sweep waits");
-    notify_store::outbox::delete(&p.pool, &[behind])
+    let sweep = async |batch| {
+        notify_store::deliveries::republish_stale(&p.pool, wait, batch)
+            .await
+            .unwrap()
+    };
+    assert!(behind(3).await);
+    assert_eq!(sweep(3).await, 0, "the relay is behind: the sweep waits");
+    // Four stuck rows are no backlog for a batch of 1,000: the sweep runs.
+    assert!(!behind(1_000).await);
+    notify_store::outbox::delete(&p.pool, &backlog[1..])
         .await
         .unwrap();
+    assert!(!behind(3).await, "one overdue row: not behind");
     assert_eq!(
-        sweep().await,
-        5,
+        sweep(3).await,
+        3,
         "caught up: the lost row's deliveries republished"
     );
+    assert_eq!(sweep(3).await, 2);
+    notify_store::outbox::delete(&p.pool, &backlog[..1])
+        .await
+        .unwrap();
 
     // That relay died; the claim's hold passes and a running ingest's relay publishes
     // the row, and the swept ones: 54 sent once, the canceled ones never.

@@ -128,15 +128,15 @@ pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<Expir
 /// `4 x stale` ... at most a day; a claim starts it again), so a backlog that merely sits
 /// in the queue gains a few duplicate messages, not one per sweep. A duplicate message is
 /// harmless: the claim lets only one through. Nothing is republished while the relay is
-/// behind by more than `stale` (an outbox row due that long ago): the outbox holds the
-/// deliveries it has not published yet, new rows would only add to that backlog, and the
-/// set of deliveries named by shared rows (`more_delivery_ids`), which the sweep hashes,
-/// stays as small as `stale`'s worth of traffic. Returns how many.
+/// behind ([`relay_behind`] with `stale` and `limit`): the outbox holds the deliveries it
+/// has not published yet, new rows would only add to that backlog, and the set of
+/// deliveries named by shared rows (`more_delivery_ids`), which the sweep hashes, stays
+/// about as small as `stale`'s worth of traffic. Returns how many.
 pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result<u64> {
-    let done = sqlx::query(
+    // Only constants are spliced in.
+    let done = sqlx::query(sqlx::AssertSqlSafe(format!(
         // One ordered range scan of `notification_deliveries_channel_due` per channel, from
-        // the oldest due delivery, up to `limit` each; none while the relay is behind (one
-        // probe of `outbox_available`).
+        // the oldest due delivery, up to `limit` each; none while the relay is behind.
         "WITH stale AS (
              SELECT s.id FROM unnest($3::text[]) AS ch(channel),
              LATERAL (SELECT d.id FROM notification_deliveries d
@@ -151,20 +151,45 @@ pub async fn republish_stale(db: &PgPool, stale: Duration, limit: i64) -> Result
                         AND NOT d.id IN (SELECT unnest(o.more_delivery_ids) FROM outbox o
                                          WHERE o.more_delivery_ids IS NOT NULL)
                       ORDER BY d.next_attempt_at LIMIT $2 FOR UPDATE OF d SKIP LOCKED) s
-             WHERE NOT EXISTS (SELECT 1 FROM outbox
-                               WHERE available_at < now() - $1 * interval '1 millisecond')),
+             WHERE NOT {RELAY_BEHIND}),
          upd AS (
              UPDATE notification_deliveries d
              SET next_attempt_at = now(), republish_count = d.republish_count + 1, updated_at = now()
              FROM stale WHERE d.id = stale.id
              RETURNING d.id, d.channel)
          INSERT INTO outbox (delivery_id, channel) SELECT id, channel FROM upd",
-    )
-    // At least a second, whatever the caller passes: 0 would republish on every sweep.
-    .bind(notify_core::retry::millis(stale.max(Duration::from_secs(1))))
+    )))
+    .bind(sweep_wait(stale))
     .bind(limit)
     .bind(Channel::ALL.map(Channel::as_str).as_slice())
     .execute(db)
     .await?;
     Ok(done.rows_affected())
+}
+
+/// Whether the relay is behind: more than `backlog` outbox rows have been due for longer
+/// than `stale` (at least a second) without being claimed. [`republish_stale`] waits
+/// meanwhile; its caller logs the pause. A row claimed, or kept after a failed publish,
+/// is due again in the future, so rows the relay keeps trying do not count; a few stuck
+/// rows (locked by another transaction, say) do not pause the sweep either.
+pub async fn relay_behind(db: &PgPool, stale: Duration, backlog: i64) -> Result<bool> {
+    Ok(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {RELAY_BEHIND}")))
+            .bind(sweep_wait(stale))
+            .bind(backlog)
+            .fetch_one(db)
+            .await?,
+    )
+}
+
+/// [`relay_behind`]'s condition on `$1` (milliseconds) and `$2` (rows): one bounded range
+/// scan of `outbox_available`, oldest first.
+const RELAY_BEHIND: &str = "EXISTS (SELECT 1 FROM outbox
+                                    WHERE available_at < now() - $1 * interval '1 millisecond'
+                                    ORDER BY available_at, id OFFSET $2 LIMIT 1)";
+
+/// The sweep's wait in milliseconds: at least a second, whatever the caller passes (0
+/// would republish on every sweep).
+fn sweep_wait(stale: Duration) -> i64 {
+    notify_core::retry::millis(stale.max(Duration::from_secs(1)))
 }

@@ -18,7 +18,9 @@ mod skip;
 pub use channels::{ChannelGauges, Gauges, gauges, pause_channel, paused_until};
 pub use claim::{claim, claim_many};
 pub use inbox_rows::{insert_inbox_notifications, upsert_grouped_inbox_row};
-pub use lease::{ExpiredLease, WORKER_LOST, extend_lease, republish_stale, requeue_expired_leases};
+pub use lease::{
+    ExpiredLease, WORKER_LOST, extend_lease, relay_behind, republish_stale, requeue_expired_leases,
+};
 pub use record::{
     AttemptRecord, NextState, defer_claimed, fail_unclaimed, record_attempts,
     record_attempts_with_fallbacks, record_fallback, record_late_success,
