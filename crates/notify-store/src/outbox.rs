@@ -22,7 +22,8 @@ pub struct OutboxRow {
     pub channel: String,
     /// Where each delivery the row names comes from, in [`Self::delivery_ids`] order, for
     /// the relay's producer spans; shorter (or empty) when not known. Not stored in the
-    /// table: [`claim_due`] reads it from the deliveries and their events.
+    /// table: the writer that hands rows over fills it, and [`read_origins`] reads it
+    /// back from the deliveries and their events for rows [`claim_due`] claims.
     pub origins: Vec<Origin>,
 }
 
