@@ -373,6 +373,7 @@ async fn another_callers_cancel_is_not_found_and_changes_nothing() {
             .map(|_| ())
     })
     .await;
+    support::wait_keys_work(&p, &[&shop, &forum]).await;
     let mut req = p.event("order:9", "order_paid", &["u-9"]);
     req.cancellation_key = "order:9:all".into();
     let ev = p

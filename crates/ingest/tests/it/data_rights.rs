@@ -609,6 +609,7 @@ async fn list_events_filters_pages_and_shows_a_caller_only_its_own_events() {
         })
         .await;
     }
+    support::wait_keys_work(&p, &[&shop, &forum]).await;
     let send = |key: String, t: &'static str, users: Vec<String>, as_key: String| {
         let mut c = p.ingest();
         let users: Vec<&str> = users.iter().map(String::as_str).collect();

@@ -708,6 +708,26 @@ pub(crate) async fn api_key(p: &Platform, name: &str, manage: bool) -> String {
     .0
 }
 
+/// Waits until ingest accepts every one of `keys`: each key's creation reloads ingest's key
+/// cache on a notification of its own, so one key working says nothing of the keys made
+/// after it. A cancel of an unknown event answers NOT_FOUND to a known key.
+pub(crate) async fn wait_keys_work(p: &Platform, keys: &[&str]) {
+    for key in keys {
+        eventually("the key works", Duration::from_secs(5), async || {
+            let target = pb::cancel_event_request::Target::EventId(Uuid::new_v4().to_string());
+            match p
+                .ingest()
+                .cancel_event(with_key(cancel_req(target, &[]), key))
+                .await
+            {
+                Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+                other => Err(other.map(|_| ()).map_err(|s| s.code())),
+            }
+        })
+        .await;
+    }
+}
+
 /// A `CancelEvent` request for `target`, for `recipients` only when not empty.
 pub(crate) fn cancel_req(
     target: notify_proto::v1::cancel_event_request::Target,
