@@ -478,7 +478,11 @@ async fn a_lost_workers_delivery_of_a_canceled_event_is_not_revived() {
     let p = Platform::start_with_workers(&[]).await;
     p.add_type("reminder", &["inapp"]).await;
     let ev = p.send("lost:1", "reminder", &["u-lost"]).await;
-    // As if a worker claimed it and died: sending, its lease already expired.
+    // Its message published (a relay still connecting would keep the row, which nothing
+    // below deletes: the delivery is canceled by the requeue's trigger, not by a cancel
+    // statement), then, as if a worker claimed it and died: sending, its lease expired.
+    p.wait_outbox_empty("the event's message published", Duration::from_secs(20))
+        .await;
     sqlx::query(
         "UPDATE notification_deliveries SET status = 'sending', attempts = 1,
                 lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second'
