@@ -169,6 +169,17 @@ async fn lock_targets(
     Ok(q.bind(caller).bind(may_manage).fetch_all(&mut *tx).await?)
 }
 
+/// The CTE that deletes the outbox rows of the deliveries a cancel statement's `c` (ids)
+/// turned `canceled`: a row naming one delivery goes with it, a row naming several (of one
+/// event, or of several written in one group commit) when `c` takes every one of them;
+/// otherwise the row is published and the worker's claim skips the canceled ones. Shared
+/// by [`cancel_pending`] and [`cancel_for_erasure`].
+const OUTBOX_ROWS_CANCELED: &str = "gone AS (DELETE FROM outbox o USING c
+                   WHERE o.delivery_id = c.id
+                     AND (o.more_delivery_ids IS NULL
+                          OR NOT EXISTS (SELECT 1 FROM unnest(o.more_delivery_ids) AS m(id)
+                                         WHERE NOT m.id IN (SELECT id FROM c))))";
+
 /// `pending -> canceled` for the events' deliveries (the named recipients' only, when
 /// some are named); their outbox rows go too (a row naming several deliveries goes when
 /// this cancel takes them all; else it is published and the worker's claim skips the
@@ -221,7 +232,7 @@ async fn cancel_pending(
         .fetch_all(&mut *db)
         .await?;
     }
-    let canceled: Vec<Uuid> = sqlx::query_scalar(
+    let canceled: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "WITH c AS (
              UPDATE notification_deliveries
              SET status = 'canceled', last_error = 'canceled by ' || $3, lease_token = NULL,
@@ -230,13 +241,9 @@ async fn cancel_pending(
                AND (cardinality($2::text[]) = 0 OR user_id = ANY($2)
                     OR (provider = 'line_multicast' AND coalesce(address, '') = ''))
              RETURNING id),
-         gone AS (DELETE FROM outbox o USING c
-                   WHERE o.delivery_id = c.id
-                     AND (o.more_delivery_ids IS NULL
-                          OR NOT EXISTS (SELECT 1 FROM unnest(o.more_delivery_ids) AS m(id)
-                                         WHERE NOT m.id IN (SELECT id FROM c))))
+         {OUTBOX_ROWS_CANCELED}
          SELECT id FROM c",
-    )
+    )))
     .bind(ids)
     .bind(recipients)
     .bind(caller)
@@ -282,7 +289,7 @@ pub(crate) async fn cancel_for_erasure(
         }
         None => Vec::new(),
     };
-    let canceled: Vec<Uuid> = sqlx::query_scalar(
+    let canceled: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "WITH c AS (
              UPDATE notification_deliveries
              SET status = 'canceled', last_error = 'canceled by erasure', lease_token = NULL,
@@ -290,13 +297,9 @@ pub(crate) async fn cancel_for_erasure(
              WHERE (user_id = $1 AND status IN ('pending', 'sending'))
                 OR (id = ANY($2) AND status = 'pending')
              RETURNING id),
-         gone AS (DELETE FROM outbox o USING c
-                   WHERE o.delivery_id = c.id
-                     AND (o.more_delivery_ids IS NULL
-                          OR NOT EXISTS (SELECT 1 FROM unnest(o.more_delivery_ids) AS m(id)
-                                         WHERE NOT m.id IN (SELECT id FROM c))))
+         {OUTBOX_ROWS_CANCELED}
          SELECT id FROM c",
-    )
+    )))
     .bind(user_id)
     .bind(&emptied)
     .fetch_all(&mut *db)

@@ -205,6 +205,63 @@ async fn rows_held_by_a_writer_that_died_before_handing_them_over_are_published_
     held_rows_are_published_again_after_the_hold(DiedHolding::Writer).await;
 }
 
+/// Plans `n` in-app events of type `promo`, one recipient each, and writes their deliveries
+/// held for an hour in one statement, as a group commit does: the deliveries with their
+/// events, and the held outbox rows.
+async fn write_group(
+    p: &Platform,
+    prefix: &str,
+    n: usize,
+) -> (
+    Vec<(uuid::Uuid, notify_store::events::NewDelivery)>,
+    Vec<notify_store::outbox::OutboxRow>,
+) {
+    let mut tx = p.pool.begin().await.unwrap();
+    let mut planned = Vec::new();
+    for i in 0..n {
+        let user = format!("{}-{i:02}", uniq(prefix));
+        let (event_id, deliveries) =
+            plan_event(&mut tx, &uniq(prefix), "promo", &[user], Channel::InApp).await;
+        planned.extend(deliveries.into_iter().map(|d| (event_id, d)));
+    }
+    let rows: Vec<_> = planned.iter().map(|(e, d)| (*e, d)).collect();
+    let held =
+        notify_store::events::insert_deliveries_held(&mut tx, &rows, Duration::from_secs(3600), 50)
+            .await
+            .unwrap();
+    tx.commit().await.unwrap();
+    (planned, held)
+}
+
+/// Waits until no delivery of `events` is pending or sending, then answers how many of
+/// them ended in each status, by status name.
+async fn final_statuses(p: &Platform, events: &[uuid::Uuid]) -> Vec<(String, i64)> {
+    eventually(
+        "every delivery of the events final",
+        Duration::from_secs(30),
+        async || {
+            let open: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM notification_deliveries
+                 WHERE event_id = ANY($1) AND status IN ('pending', 'sending')",
+            )
+            .bind(events)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+            if open == 0 { Ok(()) } else { Err(open) }
+        },
+    )
+    .await;
+    sqlx::query_as(
+        "SELECT status, count(*) FROM notification_deliveries WHERE event_id = ANY($1)
+         GROUP BY status ORDER BY status",
+    )
+    .bind(events)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap()
+}
+
 /// Who held the outbox row and died before the broker's confirm.
 enum DiedHolding {
     /// A relay that claimed it.
@@ -1203,32 +1260,8 @@ async fn held_deliveries_share_rows_one_per_message_through_a_cancel_the_sweep_a
 
     // The hold passes: a relay publishes the two rows left, the sweep's rows are out
     // already; every pending delivery is sent once, the canceled one never.
-    eventually(
-        "every delivery of the event final",
-        Duration::from_secs(30),
-        async || {
-            let open: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM notification_deliveries
-                 WHERE event_id = $1 AND status IN ('pending', 'sending')",
-            )
-            .bind(event_id)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
-            if open == 0 { Ok(()) } else { Err(open) }
-        },
-    )
-    .await;
-    let by_status: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT status, count(*) FROM notification_deliveries WHERE event_id = $1
-         GROUP BY status ORDER BY status",
-    )
-    .bind(event_id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
     assert_eq!(
-        by_status,
+        final_statuses(&p, &[event_id]).await,
         vec![("canceled".to_string(), 1), ("sent".to_string(), 119)]
     );
     let inbox: Vec<(String, i64)> = sqlx::query_as(
@@ -1270,20 +1303,7 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
     .execute(&p.pool)
     .await
     .unwrap();
-    let mut tx = p.pool.begin().await.unwrap();
-    let mut planned = Vec::new();
-    for i in 0..60 {
-        let user = format!("{}-{i:02}", uniq("u"));
-        let (event_id, deliveries) =
-            plan_event(&mut tx, &uniq("group"), "promo", &[user], Channel::InApp).await;
-        planned.extend(deliveries.into_iter().map(|d| (event_id, d)));
-    }
-    let rows: Vec<_> = planned.iter().map(|(e, d)| (*e, d)).collect();
-    let held =
-        notify_store::events::insert_deliveries_held(&mut tx, &rows, Duration::from_secs(3600), 50)
-            .await
-            .unwrap();
-    tx.commit().await.unwrap();
+    let (planned, held) = write_group(&p, "group", 60).await;
     let event_of: std::collections::HashMap<uuid::Uuid, uuid::Uuid> =
         planned.iter().map(|(e, d)| (d.id, *e)).collect();
     let mut sizes: Vec<usize> = held.iter().map(|r| r.deliveries()).collect();
@@ -1398,22 +1418,9 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
     assert_eq!(p.count("outbox").await, 1);
 
     // Five more events whose shared row is lost unpublished: their deliveries are the
-    // lost-message sweep's, but not while the relay is behind by more than the sweep's
-    // wait (an overdue row stands for that backlog): republishing would only add to it.
-    let mut tx = p.pool.begin().await.unwrap();
-    let mut lost = Vec::new();
-    for i in 0..5 {
-        let user = format!("{}-lost-{i}", uniq("u"));
-        let (event_id, deliveries) =
-            plan_event(&mut tx, &uniq("lost"), "promo", &[user], Channel::InApp).await;
-        lost.extend(deliveries.into_iter().map(|d| (event_id, d)));
-    }
-    let rows: Vec<_> = lost.iter().map(|(e, d)| (*e, d)).collect();
-    let lost_rows =
-        notify_store::events::insert_deliveries_held(&mut tx, &rows, Duration::from_secs(3600), 50)
-            .await
-            .unwrap();
-    tx.commit().await.unwrap();
+    // lost-message sweep's, but not while the relay is behind (more overdue rows than
+    // the sweep's batch): republishing would only add to that backlog.
+    let (lost, lost_rows) = write_group(&p, "lost", 5).await;
     assert_eq!(lost_rows.len(), 1);
     notify_store::outbox::delete(&p.pool, &[lost_rows[0].id])
         .await
@@ -1473,32 +1480,8 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
         .map(|(e, _)| *e)
         .chain(lost_events.iter().copied())
         .collect();
-    eventually(
-        "every delivery of the 65 events final",
-        Duration::from_secs(30),
-        async || {
-            let open: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM notification_deliveries
-                 WHERE event_id = ANY($1) AND status IN ('pending', 'sending')",
-            )
-            .bind(&events)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
-            if open == 0 { Ok(()) } else { Err(open) }
-        },
-    )
-    .await;
-    let by_status: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT status, count(*) FROM notification_deliveries WHERE event_id = ANY($1)
-         GROUP BY status ORDER BY status",
-    )
-    .bind(&events)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
     assert_eq!(
-        by_status,
+        final_statuses(&p, &events).await,
         vec![("canceled".to_string(), 11), ("sent".to_string(), 54)]
     );
     let inbox: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
