@@ -14,6 +14,16 @@ use tracing::{error, warn};
 pub(crate) struct DbBatches {
     pub(crate) claims: Batcher<uuid::Uuid, ClaimOutcome>,
     pub(crate) records: Batcher<(Arc<DeliveryJob>, NextState, AttemptRecord), bool>,
+    /// In-app only: deliveries without a claim ([`crate::handle`]).
+    pub(crate) unclaimed: Option<UnclaimedBatches>,
+}
+
+/// The batched calls of deliveries made without a claim (in-app: the inbox row is the
+/// whole delivery): reads of due deliveries, and their records with the inbox rows.
+#[derive(Clone)]
+pub(crate) struct UnclaimedBatches {
+    pub(crate) reads: Batcher<uuid::Uuid, Option<DeliveryJob>>,
+    pub(crate) records: Batcher<(Arc<DeliveryJob>, AttemptRecord), bool>,
 }
 
 /// Most claims or records in one statement or transaction.
@@ -58,7 +68,32 @@ impl DbBatches {
                 }
             },
         );
-        Self { claims, records }
+        let unclaimed = (channel == Channel::InApp).then(|| {
+            let p = pool.clone();
+            let reads = Batcher::start(DB_LOOPS, DB_BATCH, move |ids: Vec<uuid::Uuid>| {
+                let p = p.clone();
+                async move { deliveries::read_due_many(&p, &ids, channel).await }
+            });
+            let p = pool.clone();
+            let records = Batcher::start(
+                DB_LOOPS,
+                DB_BATCH,
+                move |batch: Vec<(Arc<DeliveryJob>, AttemptRecord)>| {
+                    let p = p.clone();
+                    async move {
+                        let refs: Vec<(&DeliveryJob, &AttemptRecord)> =
+                            batch.iter().map(|(j, r)| (&**j, r)).collect();
+                        deliveries::record_inbox_sent(&p, &refs).await
+                    }
+                },
+            );
+            UnclaimedBatches { reads, records }
+        });
+        Self {
+            claims,
+            records,
+            unclaimed,
+        }
     }
 }
 

@@ -102,6 +102,9 @@ impl<S: ChannelSender> Ctx<S> {
                 let _ = deliveries::fail_unclaimed(&self.pool, pointer.id, "unsupported_channel").await;
                 return Settle::Reject;
             }
+            if let Some(settle) = self.deliver_unclaimed(pointer, &s).await {
+                return settle;
+            }
             // Asked before the claim: the lease is held at least until then + its length.
             let asked = tokio::time::Instant::now();
             let claimed = with_db_retry("claim", || self.db.claims.call(pointer.id)).await;
@@ -287,6 +290,58 @@ impl<S: ChannelSender> Ctx<S> {
         }
         .instrument(span)
         .await
+    }
+
+    /// A delivery of a channel with no provider call (in-app), made without a claim: read
+    /// it due, check the due-time rules, render it, then write `sent` with its attempt and
+    /// inbox row in one transaction fenced by what was read (see
+    /// [`ChannelSender::inbox_content`]). No lease is needed, since nothing leaves the
+    /// database in between and the write is whole or nothing. `None` when this path does
+    /// not apply or cannot finish: the caller then goes through the claim, which decides
+    /// again from the delivery as it is by then (defers, skips, fails or acks it).
+    async fn deliver_unclaimed(&self, pointer: &Pointer, span: &tracing::Span) -> Option<Settle> {
+        let batches = self.db.unclaimed.as_ref()?;
+        let mut job = match with_db_retry("read", || batches.reads.call(pointer.id)).await {
+            DbCall::Done(Some(job)) => job,
+            DbCall::Unreachable => return Some(Settle::Requeue),
+            DbCall::Done(None) | DbCall::Refused(_) => return None,
+        };
+        let due = notify_core::due::check(job.started_at, job.due_facts());
+        if job.digest_key.is_some() || due != notify_core::due::Due::Now {
+            return None;
+        }
+        let started = std::time::Instant::now();
+        self.templates.apply(&self.pool, &mut job).await.ok()?;
+        let content = self.sender.inbox_content(&job)?;
+        span.record("notify.event_id", tracing::field::display(job.event_id));
+        span.record("notify.attempt", job.attempt);
+        span.record("notify.provider", job.provider.as_str());
+        let outcome = notify_core::outcome::AttemptOutcome::sent(None, content)
+            .with_response("inbox row written");
+        let took = started.elapsed();
+        let (next, mut record) = decide(
+            &self.cfg.retry,
+            self.sender.retry_horizon(),
+            &job,
+            outcome,
+            rand::random(),
+        );
+        record.worker_id = self.cfg.worker_id.clone();
+        record.call_took = took;
+        let job = Arc::new(job);
+        match with_db_retry("record inbox row", || {
+            batches.records.call((job.clone(), record.clone()))
+        })
+        .await
+        {
+            DbCall::Done(true) => {
+                info!(attempt = job.attempt, "sent");
+                count_recorded(&job, &next, &record, None, took);
+                Some(Settle::Ack)
+            }
+            DbCall::Unreachable => Some(Settle::Requeue),
+            DbCall::Done(false) | DbCall::Refused(_) => None,
+        }
     }
 
     /// The consumer span of one message (OpenTelemetry messaging semantic conventions),

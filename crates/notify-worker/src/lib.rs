@@ -67,6 +67,18 @@ pub trait ChannelSender: Send + Sync + 'static {
         DEFAULT_CALL_DEADLINE
     }
 
+    /// A channel whose delivery is the inbox row in our own database (in-app) answers the
+    /// row's content here; the default, `None`, is a channel with a provider call. With
+    /// `Some`, the runtime delivers without a claim or lease: it reads the due delivery,
+    /// checks the due-time rules, renders it, then writes `sent`, the attempt and this
+    /// inbox row in one transaction fenced by what it read
+    /// ([`notify_store::deliveries::record_inbox_sent`]). Whatever that path cannot
+    /// finish (a rule that defers or skips, a template error, a digest group, a delivery
+    /// changed in between) goes through the claim and [`ChannelSender::send`] instead.
+    fn inbox_content(&self, _job: &DeliveryJob) -> Option<serde_json::Value> {
+        None
+    }
+
     /// Makes one provider call for `job` and reports what happened. Must not panic on
     /// provider errors. Right before its point of no return (SMTP `DATA`, writing the HTTP
     /// request, the inbox insert) it must call [`Lease::confirm`] on `lease` and, when

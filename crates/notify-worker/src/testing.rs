@@ -51,6 +51,7 @@ pub fn job(channel: &str, provider: &str) -> DeliveryJob {
         due: Default::default(),
         escalation_answered: None,
         cause: notify_core::plan::Cause::Planned,
+        state_version: 0,
     }
 }
 

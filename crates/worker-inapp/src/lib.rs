@@ -46,15 +46,13 @@ impl ChannelSender for InAppSender {
         INBOX_DEADLINE
     }
 
+    /// The inbox row's content: what [`InAppSender::send`] records as sent.
+    fn inbox_content(&self, job: &Job) -> Option<serde_json::Value> {
+        Some(content(job))
+    }
+
     async fn send(&self, job: &Job, lease: &Lease) -> AttemptOutcome {
-        let content = json!({
-            "user_id": job.user_id,
-            "title": job.content.title,
-            "body": job.content.body,
-            "url": job.content.url,
-            "image_url": job.content.image_url,
-            "actions": job.content.actions,
-        });
+        let content = content(job);
         if let Err(lost) = lease.confirm().await {
             return lost.outcome(content);
         }
@@ -68,4 +66,16 @@ impl ChannelSender for InAppSender {
                 .with_response(e.to_string()),
         }
     }
+}
+
+/// What an attempt records as sent: the inbox row's rendered content and its user.
+fn content(job: &Job) -> serde_json::Value {
+    json!({
+        "user_id": job.user_id,
+        "title": job.content.title,
+        "body": job.content.body,
+        "url": job.content.url,
+        "image_url": job.content.image_url,
+        "actions": job.content.actions,
+    })
 }

@@ -669,3 +669,116 @@ async fn a_cancel_waits_for_a_writer_holding_the_fence_and_cancels_what_it_wrote
     drop(conn);
     p.stop().await;
 }
+
+/// The delivery ids of `event_id`'s deliveries, in recipient order.
+async fn delivery_ids(p: &Platform, event_id: &str) -> Vec<uuid::Uuid> {
+    sqlx::query_scalar(
+        "SELECT id FROM notification_deliveries WHERE event_id = $1::uuid ORDER BY user_id",
+    )
+    .bind(event_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap()
+}
+
+/// What `delivery` has now: status, attempts, inbox rows, attempt rows.
+async fn written(p: &Platform, delivery: uuid::Uuid) -> (String, i32, i64, i64) {
+    sqlx::query_as(
+        "SELECT d.status, d.attempts,
+                (SELECT count(*) FROM notifications n WHERE n.delivery_id = d.id),
+                (SELECT count(*) FROM delivery_attempts a WHERE a.delivery_id = d.id)
+         FROM notification_deliveries d WHERE d.id = $1",
+    )
+    .bind(delivery)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inapp_delivery_read_without_a_claim_is_written_once_and_never_after_a_cancel() {
+    use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome};
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("nc_note", &["inapp"]).await;
+    let canceled = p.send("nc:1", "nc_note", &["u-nc-a"]).await;
+    let kept = p.send("nc:2", "nc_note", &["u-nc-b"]).await;
+    let claimed = p.send("nc:3", "nc_note", &["u-nc-c"]).await;
+    let (c, k, l) = (
+        delivery_ids(&p, &canceled.event_id).await[0],
+        delivery_ids(&p, &kept.event_id).await[0],
+        delivery_ids(&p, &claimed.event_id).await[0],
+    );
+    // Read as the in-app worker reads (no claim): the same id twice in one batch is read
+    // once, the second goes through the claim.
+    let read = deliveries::read_due_many(&p.pool, &[c, k, k, l], Channel::InApp)
+        .await
+        .unwrap();
+    assert_eq!(
+        read.iter().map(Option::is_some).collect::<Vec<_>>(),
+        [true, true, false, true]
+    );
+    let jobs: Vec<_> = read.into_iter().flatten().collect();
+    assert!(
+        jobs.iter()
+            .all(|j| j.attempt == 1 && j.lease_token.is_nil())
+    );
+    // Between the read and the write: one event canceled, another delivery claimed (a
+    // redelivered message through the claim path).
+    let out = cancel(&p, Target::EventId(canceled.event_id.clone()), &[]).await;
+    assert_eq!((out.canceled, out.in_flight), (1, 0), "{out:?}");
+    let claim = deliveries::claim_many(&p.pool, &[l], Channel::InApp, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(matches!(claim[0], ClaimOutcome::Claimed(_)), "{claim:?}");
+    let record = AttemptRecord {
+        outcome: "sent",
+        provider_status: None,
+        error_code: None,
+        provider_response: Some("inbox row written".into()),
+        content: json!({"title": "t"}),
+        deactivate_endpoint: None,
+        address_undeliverable: None,
+        endpoint_invalid_since: None,
+        worker_id: "unclaimed".into(),
+        call_took: Duration::ZERO,
+    };
+    let batch: Vec<_> = [&jobs[0], &jobs[1], &jobs[1], &jobs[2]]
+        .into_iter()
+        .map(|j| (j, &record))
+        .collect();
+    assert_eq!(
+        deliveries::record_inbox_sent(&p.pool, &batch)
+            .await
+            .unwrap(),
+        [false, true, false, false],
+        "only the unchanged delivery is written, once"
+    );
+    assert_eq!(written(&p, c).await, ("canceled".into(), 0, 0, 0));
+    assert_eq!(written(&p, k).await, ("sent".into(), 1, 1, 1));
+    assert_eq!(written(&p, l).await, ("sending".into(), 1, 0, 0));
+    // A message redelivered after the commit: its read finds nothing, and an old read
+    // writes nothing again.
+    let again = deliveries::read_due_many(&p.pool, &[k], Channel::InApp)
+        .await
+        .unwrap();
+    assert!(again[0].is_none());
+    assert_eq!(
+        deliveries::record_inbox_sent(&p.pool, &[(&jobs[1], &record)])
+            .await
+            .unwrap(),
+        [false]
+    );
+    assert_eq!(written(&p, k).await, ("sent".into(), 1, 1, 1));
+    // The sent delivery's attempt is the one read, with its first attempt time.
+    let (attempt, first_at_set, sent_at_set): (i32, bool, bool) = sqlx::query_as(
+        "SELECT a.attempt, d.first_attempt_at IS NOT NULL, d.sent_at IS NOT NULL
+         FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
+         WHERE a.delivery_id = $1",
+    )
+    .bind(k)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!((attempt, first_at_set, sent_at_set), (1, true, true));
+    p.stop().await;
+}

@@ -12,6 +12,73 @@ use sqlx::{PgPool, Row};
 use std::time::Duration;
 use uuid::Uuid;
 
+/// The part of the claim's statement after its `WITH c AS (...)`, shared with
+/// [`read_due_many`]: `c` names the deliveries (as they are once claimed) and this reads,
+/// beside them, what sending needs and what the due-time rules check, each by primary or
+/// unique key. A macro, so each statement stays one `&'static str` (`concat!`).
+macro_rules! job_select {
+    () => {
+        "SELECT c.id, c.event_id, c.user_id, c.channel, c.provider, c.attempts, c.max_attempts,
+                c.idempotency_key, c.retry_key, c.lease_token, c.endpoint_id, now() AS started_at,
+                -- Email goes to the address the recipient has now (it may have changed
+                -- since planning; none left means the rules at due time skip it).
+                CASE WHEN c.channel = 'email' AND r.user_id IS NOT NULL THEN r.email
+                     ELSE c.address END AS address,
+                c.created_at, c.first_attempt_at, c.cause, c.state_version,
+                e.event_key, e.type, e.payload_json, e.content_json,
+                coalesce(r.display_name, '') AS display_name, coalesce(r.locale, 'th-TH') AS locale,
+                coalesce(r.timezone, 'Asia/Bangkok') AS timezone,
+                ep.platform, ep.token, ep.subscription_json, ep.status AS endpoint_status,
+                coalesce(t.priority, 'normal') AS priority,
+                coalesce(t.category, 'transactional') AS category, c.digest_key,
+                coalesce(t.critical, false) AS critical, r.quiet_hours_json,
+                t.updated_at AS type_updated_at,
+                ptc.enabled AS pref_tc_on, ptc.updated_at AS pref_tc_at,
+                ptw.enabled AS pref_tw_on, ptw.updated_at AS pref_tw_at,
+                pcw.enabled AS pref_cw_on, pcw.updated_at AS pref_cw_at,
+                CASE WHEN NOT lf.following THEN lf.changed_at END AS line_unfollowed_at,
+                ep.revoked_at AS endpoint_revoked_at, ep.revoked_reason AS endpoint_revoked_reason,
+                CASE WHEN c.channel = 'email' THEN r.email_undeliverable_at END AS email_undeliverable_at,
+                (e.topic IS NOT NULL AND ts.user_id IS NULL) AS topic_unsubscribed,
+                -- Email suppressed for the user or the address and the type's category.
+                CASE WHEN c.channel = 'email' AND NOT coalesce(t.critical, false) THEN
+                    (SELECT min(s.created_at) FROM email_suppressions s
+                     WHERE (s.user_id = c.user_id
+                            OR (s.user_id IS NULL AND lower(s.address) = lower(coalesce(r.email, c.address))))
+                       AND (s.category = 'all'
+                            OR (s.category = 'marketing' AND t.category = 'marketing')))
+                END AS email_suppressed_at,
+                -- An escalation is answered once its parent was read or clicked.
+                CASE WHEN c.cause = 'escalation' THEN
+                    (SELECT CASE WHEN p.channel = 'inapp'
+                                 THEN coalesce(
+                                     (SELECT coalesce(n.read_at,
+                                                      CASE WHEN n.status <> 'unread' THEN n.created_at END)
+                                      FROM notifications n WHERE n.delivery_id = p.id),
+                                     (SELECT min(k.at) FROM delivery_clicks k WHERE k.delivery_id = p.id))
+                                 ELSE (SELECT min(k.at) FROM delivery_clicks k WHERE k.delivery_id = p.id)
+                            END
+                     FROM notification_deliveries p WHERE p.id = c.caused_by)
+                END AS escalation_answered
+         FROM c JOIN notification_events e ON e.id = c.event_id
+              LEFT JOIN notification_types t ON t.key = e.type
+              LEFT JOIN recipients r ON r.user_id = c.user_id
+              -- The endpoint as long as it still belongs to the recipient: a token registered
+              -- again by another user since planning is gone for this delivery.
+              LEFT JOIN notification_endpoints ep ON ep.id = c.endpoint_id AND ep.user_id = c.user_id
+              -- The facts the due-time rules read (notify_core::due), each by its primary
+              -- key: the three preference levels, and the LINE user id's follow state.
+              LEFT JOIN notification_preferences ptc
+                     ON ptc.user_id = c.user_id AND ptc.type = e.type AND ptc.channel = c.channel
+              LEFT JOIN notification_preferences ptw
+                     ON ptw.user_id = c.user_id AND ptw.type = e.type AND ptw.channel = '*'
+              LEFT JOIN notification_preferences pcw
+                     ON pcw.user_id = c.user_id AND pcw.type = '*' AND pcw.channel = c.channel
+              LEFT JOIN line_followers lf ON c.provider = 'line' AND lf.line_user_id = c.address
+              LEFT JOIN topic_subscriptions ts ON ts.topic = e.topic AND ts.user_id = c.user_id"
+    };
+}
+
 /// Claims a due `pending` delivery of `channel` for `lease`: status becomes `sending`,
 /// `attempts` grows by one and a fresh lease token and expiry (database clock) are set.
 /// One round trip, no transaction left open. See [`claim_many`].
@@ -74,7 +141,8 @@ pub async fn claim_many(
         // indexes on status and the (channel, idempotency_key) index, whose statistics
         // lag behind a burst: scanning every due delivery, or every delivery of the
         // channel, for each claim made claims cost O(backlog).
-        "WITH c AS (
+        concat!(
+            "WITH c AS (
              UPDATE notification_deliveries d
              SET status = 'sending', attempts = attempts + 1, republish_count = 0,
                  first_attempt_at = coalesce(d.first_attempt_at, now()),
@@ -83,64 +151,9 @@ pub async fn claim_many(
              WHERE d.id = ANY($1) AND d.channel || '' = $2 AND d.status || '' = 'pending'
                AND d.next_attempt_at <= now() AND d.attempts < d.max_attempts
              RETURNING d.*)
-         SELECT c.id, c.event_id, c.user_id, c.channel, c.provider, c.attempts, c.max_attempts,
-                c.idempotency_key, c.retry_key, c.lease_token, c.endpoint_id, now() AS started_at,
-                -- Email goes to the address the recipient has now (it may have changed
-                -- since planning; none left means the rules at due time skip it).
-                CASE WHEN c.channel = 'email' AND r.user_id IS NOT NULL THEN r.email
-                     ELSE c.address END AS address,
-                c.created_at, c.first_attempt_at, c.cause,
-                e.event_key, e.type, e.payload_json, e.content_json,
-                coalesce(r.display_name, '') AS display_name, coalesce(r.locale, 'th-TH') AS locale,
-                coalesce(r.timezone, 'Asia/Bangkok') AS timezone,
-                ep.platform, ep.token, ep.subscription_json, ep.status AS endpoint_status,
-                coalesce(t.priority, 'normal') AS priority,
-                coalesce(t.category, 'transactional') AS category, c.digest_key,
-                coalesce(t.critical, false) AS critical, r.quiet_hours_json,
-                t.updated_at AS type_updated_at,
-                ptc.enabled AS pref_tc_on, ptc.updated_at AS pref_tc_at,
-                ptw.enabled AS pref_tw_on, ptw.updated_at AS pref_tw_at,
-                pcw.enabled AS pref_cw_on, pcw.updated_at AS pref_cw_at,
-                CASE WHEN NOT lf.following THEN lf.changed_at END AS line_unfollowed_at,
-                ep.revoked_at AS endpoint_revoked_at, ep.revoked_reason AS endpoint_revoked_reason,
-                CASE WHEN c.channel = 'email' THEN r.email_undeliverable_at END AS email_undeliverable_at,
-                (e.topic IS NOT NULL AND ts.user_id IS NULL) AS topic_unsubscribed,
-                -- Email suppressed for the user or the address and the type's category.
-                CASE WHEN c.channel = 'email' AND NOT coalesce(t.critical, false) THEN
-                    (SELECT min(s.created_at) FROM email_suppressions s
-                     WHERE (s.user_id = c.user_id
-                            OR (s.user_id IS NULL AND lower(s.address) = lower(coalesce(r.email, c.address))))
-                       AND (s.category = 'all'
-                            OR (s.category = 'marketing' AND t.category = 'marketing')))
-                END AS email_suppressed_at,
-                -- An escalation is answered once its parent was read or clicked.
-                CASE WHEN c.cause = 'escalation' THEN
-                    (SELECT CASE WHEN p.channel = 'inapp'
-                                 THEN coalesce(
-                                     (SELECT coalesce(n.read_at,
-                                                      CASE WHEN n.status <> 'unread' THEN n.created_at END)
-                                      FROM notifications n WHERE n.delivery_id = p.id),
-                                     (SELECT min(k.at) FROM delivery_clicks k WHERE k.delivery_id = p.id))
-                                 ELSE (SELECT min(k.at) FROM delivery_clicks k WHERE k.delivery_id = p.id)
-                            END
-                     FROM notification_deliveries p WHERE p.id = c.caused_by)
-                END AS escalation_answered
-         FROM c JOIN notification_events e ON e.id = c.event_id
-              LEFT JOIN notification_types t ON t.key = e.type
-              LEFT JOIN recipients r ON r.user_id = c.user_id
-              -- The endpoint as long as it still belongs to the recipient: a token registered
-              -- again by another user since planning is gone for this delivery.
-              LEFT JOIN notification_endpoints ep ON ep.id = c.endpoint_id AND ep.user_id = c.user_id
-              -- The facts the due-time rules read (notify_core::due), each by its primary
-              -- key: the three preference levels, and the LINE user id's follow state.
-              LEFT JOIN notification_preferences ptc
-                     ON ptc.user_id = c.user_id AND ptc.type = e.type AND ptc.channel = c.channel
-              LEFT JOIN notification_preferences ptw
-                     ON ptw.user_id = c.user_id AND ptw.type = e.type AND ptw.channel = '*'
-              LEFT JOIN notification_preferences pcw
-                     ON pcw.user_id = c.user_id AND pcw.type = '*' AND pcw.channel = c.channel
-              LEFT JOIN line_followers lf ON c.provider = 'line' AND lf.line_user_id = c.address
-              LEFT JOIN topic_subscriptions ts ON ts.topic = e.topic AND ts.user_id = c.user_id",
+         ",
+            job_select!()
+        ),
     )
     .bind(ids)
     .bind(channel.as_str())
@@ -151,46 +164,7 @@ pub async fn claim_many(
     let mut claimed: std::collections::HashMap<Uuid, ClaimOutcome> = rows
         .into_iter()
         .map(|r| {
-            let job = DeliveryJob {
-                id: r.get("id"),
-                event_id: r.get("event_id"),
-                event_key: r.get("event_key"),
-                type_key: r.get("type"),
-                type_updated_at: r.get("type_updated_at"),
-                priority: parse(&r, "priority")?,
-                category: parse(&r, "category")?,
-                digest_key: r.get("digest_key"),
-                user_id: r.get("user_id"),
-                channel: parse(&r, "channel")?,
-                provider: parse(&r, "provider")?,
-                attempt: r.get("attempts"),
-                max_attempts: r.get("max_attempts"),
-                idempotency_key: r.get("idempotency_key"),
-                retry_key: r.get("retry_key"),
-                lease_token: r.get("lease_token"),
-                started_at: r.get("started_at"),
-                created_at: r.get("created_at"),
-                first_attempt_at: r.get("first_attempt_at"),
-                address: r.get("address"),
-                display_name: r.get("display_name"),
-                locale: r.get("locale"),
-                timezone: r.get("timezone"),
-                payload: r.get("payload_json"),
-                content: serde_json::from_value(r.get("content_json")).unwrap_or_default(),
-                endpoint_id: r.get("endpoint_id"),
-                endpoint_platform: r.get("platform"),
-                endpoint_token: r.get("token"),
-                endpoint_subscription: r.get("subscription_json"),
-                endpoint_status: r.get("endpoint_status"),
-                critical: r.get("critical"),
-                quiet_hours: r
-                    .get::<Option<serde_json::Value>, _>("quiet_hours_json")
-                    .and_then(|v| serde_json::from_value(v).ok())
-                    .unwrap_or_default(),
-                due: due_state(&r),
-                escalation_answered: r.get("escalation_answered"),
-                cause: parse(&r, "cause")?,
-            };
+            let job = job_from_row(&r)?;
             Ok((job.id, ClaimOutcome::Claimed(Box::new(job))))
         })
         .collect::<Result<_>>()?;
@@ -217,6 +191,99 @@ pub async fn claim_many(
             claimed.remove(id).unwrap_or(ClaimOutcome::Missing)
         })
         .collect())
+}
+
+/// Reads due `pending` deliveries of `channel` as [`claim_many`] would claim them, without
+/// claiming them: nothing is written, and no lease is taken. For a channel whose delivery
+/// is a write to this database and no outside call (in-app: [`super::record_inbox_sent`]
+/// writes the delivery's end, its attempt and its inbox row in one transaction, fenced by
+/// the `state_version` read here, so nothing needs holding in between). Each job is as the
+/// claim would give it: `attempt` is the attempt it would be, `first_attempt_at` and
+/// `started_at` the database's now; `lease_token` is nil.
+///
+/// One answer per id, in order: `None` for an id that is not a due `pending` delivery of
+/// the channel with attempts left, and for every id while the channel is paused. The
+/// caller takes those through [`claim_many`], which says why or claims them.
+pub async fn read_due_many(
+    db: &PgPool,
+    ids: &[Uuid],
+    channel: Channel,
+) -> Result<Vec<Option<DeliveryJob>>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    if paused_until(db, channel).await?.is_some() {
+        return Ok(vec![None; ids.len()]);
+    }
+    let rows = sqlx::query(concat!(
+        // The claim's row predicate, by primary key only (see `claim_many`).
+        "WITH c AS (
+             SELECT d.id, d.event_id, d.user_id, d.channel, d.provider, d.attempts + 1 AS attempts,
+                    d.max_attempts, d.idempotency_key, d.retry_key,
+                    '00000000-0000-0000-0000-000000000000'::uuid AS lease_token, d.endpoint_id,
+                    d.address, d.created_at, coalesce(d.first_attempt_at, now()) AS first_attempt_at,
+                    d.cause, d.state_version, d.digest_key, d.caused_by
+             FROM notification_deliveries d
+             WHERE d.id = ANY($1) AND d.channel || '' = $2 AND d.status || '' = 'pending'
+               AND d.next_attempt_at <= now() AND d.attempts < d.max_attempts)
+         ",
+        job_select!()
+    ))
+    .bind(ids)
+    .bind(channel.as_str())
+    .fetch_all(db)
+    .await?;
+    let mut read: std::collections::HashMap<Uuid, DeliveryJob> = rows
+        .iter()
+        .map(|r| job_from_row(r).map(|j| (j.id, j)))
+        .collect::<Result<_>>()?;
+    // The same id twice: the first takes it, the second goes through the claim.
+    Ok(ids.iter().map(|id| read.remove(id)).collect())
+}
+
+/// The job a row of [`job_select`] describes.
+fn job_from_row(r: &sqlx::postgres::PgRow) -> Result<DeliveryJob> {
+    Ok(DeliveryJob {
+        id: r.get("id"),
+        event_id: r.get("event_id"),
+        event_key: r.get("event_key"),
+        type_key: r.get("type"),
+        type_updated_at: r.get("type_updated_at"),
+        priority: parse(r, "priority")?,
+        category: parse(r, "category")?,
+        digest_key: r.get("digest_key"),
+        user_id: r.get("user_id"),
+        channel: parse(r, "channel")?,
+        provider: parse(r, "provider")?,
+        attempt: r.get("attempts"),
+        max_attempts: r.get("max_attempts"),
+        idempotency_key: r.get("idempotency_key"),
+        retry_key: r.get("retry_key"),
+        lease_token: r.get("lease_token"),
+        started_at: r.get("started_at"),
+        created_at: r.get("created_at"),
+        first_attempt_at: r.get("first_attempt_at"),
+        address: r.get("address"),
+        display_name: r.get("display_name"),
+        locale: r.get("locale"),
+        timezone: r.get("timezone"),
+        payload: r.get("payload_json"),
+        content: serde_json::from_value(r.get("content_json")).unwrap_or_default(),
+        endpoint_id: r.get("endpoint_id"),
+        endpoint_platform: r.get("platform"),
+        endpoint_token: r.get("token"),
+        endpoint_subscription: r.get("subscription_json"),
+        endpoint_status: r.get("endpoint_status"),
+        critical: r.get("critical"),
+        quiet_hours: r
+            .get::<Option<serde_json::Value>, _>("quiet_hours_json")
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default(),
+        due: due_state(r),
+        escalation_answered: r.get("escalation_answered"),
+        cause: parse(r, "cause")?,
+        state_version: r.get("state_version"),
+    })
 }
 
 /// The due-time facts of one claimed row.

@@ -1,7 +1,7 @@
 //! Writing in-app notifications (the `notifications` rows of the inbox) for claimed
 //! deliveries, each idempotent on its delivery id.
 
-use super::DeliveryJob;
+use super::{AttemptRecord, DeliveryJob};
 use crate::Result;
 use crate::row::column;
 use sqlx::PgPool;
@@ -47,7 +47,18 @@ pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> R
         }
         return Ok(out);
     }
-    let written: Vec<Uuid> = sqlx::query_scalar(
+    let written = insert_plain_rows(db, jobs).await?;
+    let written: std::collections::HashSet<Uuid> = written.into_iter().collect();
+    Ok(jobs.iter().map(|j| written.contains(&j.id)).collect())
+}
+
+/// The statement of [`insert_inbox_notifications`] for rows of no digest group: the
+/// delivery ids written now (a row already there is skipped).
+async fn insert_plain_rows<'c, E>(db: E, jobs: &[&DeliveryJob]) -> Result<Vec<Uuid>>
+where
+    E: sqlx::PgExecutor<'c>,
+{
+    Ok(sqlx::query_scalar(
         "WITH t AS (
              SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[],
                                   $6::text[], $7::text[], $8::text[], $9::jsonb[], $10::text[],
@@ -81,9 +92,7 @@ pub async fn insert_inbox_notifications(db: &PgPool, jobs: &[&DeliveryJob]) -> R
     .bind(column(jobs, |j| j.content.image_url.as_str()))
     .bind(column(jobs, |j| Json(&j.content.actions)))
     .fetch_all(db)
-    .await?;
-    let written: std::collections::HashSet<Uuid> = written.into_iter().collect();
-    Ok(jobs.iter().map(|j| written.contains(&j.id)).collect())
+    .await?)
 }
 
 /// Writes a digest group's one inbox row: created by its first delivery, then updated in
@@ -125,4 +134,72 @@ pub async fn upsert_grouped_inbox_row(db: &PgPool, job: &DeliveryJob, group: &st
     .fetch_optional(db)
     .await?;
     Ok(changed.is_some())
+}
+
+/// Records in-app deliveries read without a claim ([`super::read_due_many`]) as delivered,
+/// in one transaction: each one becomes `sent` (one attempt more, `first_attempt_at` if it
+/// had none and `sent_at` now), with its attempt row (`record`), its inbox row (as
+/// [`insert_inbox_notifications`] writes it) and its status webhook messages, only while it
+/// is still the due `pending` in-app delivery of the `state_version` and attempt it was
+/// read at. No lease is needed: nothing leaves the database between the read and this
+/// write, and this write is whole or nothing. A cancel or erasure (or a claim, a
+/// deferral, another worker's record) that commits between the two makes this one write
+/// nothing for that delivery, so no inbox row appears for a canceled delivery.
+///
+/// One result per input, in order: true when it was recorded now, false when nothing was
+/// written for it (it changed since it was read; a digest group's delivery, whose inbox
+/// row is updated in place; the same delivery a second time in the batch). The caller
+/// takes those through the claim. Five statements whatever the number, one transaction.
+pub async fn record_inbox_sent(
+    db: &PgPool,
+    batch: &[(&DeliveryJob, &AttemptRecord)],
+) -> Result<Vec<bool>> {
+    let mut seen = std::collections::HashSet::new();
+    let eligible: Vec<usize> = (0..batch.len())
+        .filter(|&i| batch[i].0.digest_key.is_none() && seen.insert(batch[i].0.id))
+        .collect();
+    if eligible.is_empty() {
+        return Ok(vec![false; batch.len()]);
+    }
+    let read: Vec<&DeliveryJob> = eligible.iter().map(|&i| batch[i].0).collect();
+    let mut tx = db.begin().await?;
+    // By primary key, not the partial due index (see `claim_many`).
+    let updated: Vec<Uuid> = sqlx::query_scalar(
+        "UPDATE notification_deliveries d
+         SET status = 'sent', attempts = d.attempts + 1, republish_count = 0,
+             first_attempt_at = coalesce(d.first_attempt_at, now()), sent_at = now(),
+             last_error = NULL, updated_at = now(), state_version = d.state_version + 1
+         FROM UNNEST($1::uuid[], $2::int[], $3::int[]) AS t(id, version, attempt)
+         WHERE d.id = ANY($1) AND d.id = t.id AND d.state_version = t.version
+           AND d.attempts + 1 = t.attempt AND d.channel || '' = 'inapp'
+           AND d.status || '' = 'pending' AND d.next_attempt_at <= now()
+           AND d.attempts < d.max_attempts
+         RETURNING d.id",
+    )
+    .bind(column(&read, |j| j.id))
+    .bind(column(&read, |j| j.state_version))
+    .bind(column(&read, |j| j.attempt))
+    .fetch_all(&mut *tx)
+    .await?;
+    let updated: std::collections::HashSet<Uuid> = updated.into_iter().collect();
+    let kept: Vec<usize> = eligible
+        .into_iter()
+        .filter(|&i| updated.contains(&batch[i].0.id))
+        .collect();
+    if kept.is_empty() {
+        tx.rollback().await?;
+        return Ok(vec![false; batch.len()]);
+    }
+    let jobs: Vec<&DeliveryJob> = kept.iter().map(|&i| batch[i].0).collect();
+    insert_plain_rows(&mut *tx, &jobs).await?;
+    let rows: Vec<(&DeliveryJob, &AttemptRecord)> = kept.iter().map(|&i| batch[i]).collect();
+    super::record::insert_attempts(&mut tx, &rows).await?;
+    let sent: Vec<(Uuid, &str)> = jobs.iter().map(|j| (j.id, "sent")).collect();
+    crate::webhooks::enqueue_for_statuses(&mut tx, &sent).await?;
+    tx.commit().await?;
+    let mut out = vec![false; batch.len()];
+    for i in kept {
+        out[i] = true;
+    }
+    Ok(out)
 }

@@ -16,8 +16,8 @@ mod record;
 mod skip;
 
 pub use channels::{ChannelGauges, Gauges, gauges, pause_channel, paused_until};
-pub use claim::{claim, claim_many};
-pub use inbox_rows::{insert_inbox_notifications, upsert_grouped_inbox_row};
+pub use claim::{claim, claim_many, read_due_many};
+pub use inbox_rows::{insert_inbox_notifications, record_inbox_sent, upsert_grouped_inbox_row};
 pub use lease::{
     ExpiredLease, WORKER_LOST, extend_lease, relay_behind, republish_stale, requeue_expired_leases,
 };
@@ -67,9 +67,10 @@ pub struct DeliveryJob {
     pub idempotency_key: String,
     /// LINE retry key.
     pub retry_key: Option<Uuid>,
-    /// Fences every write of this attempt.
+    /// Fences every write of this attempt. Nil for a delivery read without a claim
+    /// ([`read_due_many`]), which no lease fences.
     pub lease_token: Uuid,
-    /// When the claim happened (database clock).
+    /// When the claim (or the read without one) happened (database clock).
     pub started_at: DateTime<Utc>,
     /// When the delivery was created (database clock).
     pub created_at: DateTime<Utc>,
@@ -113,6 +114,9 @@ pub struct DeliveryJob {
     /// The other facts the due-time rules read ([`notify_core::due`]), as they are at the
     /// claim.
     pub due: DueState,
+    /// The delivery's `state_version` when it was claimed or read: a delivery read
+    /// without a claim ([`read_due_many`]) is written only while it is still this.
+    pub state_version: i32,
 }
 
 /// What the due-time rules read about a claimed delivery besides quiet hours, read in the

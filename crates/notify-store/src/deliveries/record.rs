@@ -211,48 +211,9 @@ pub async fn record_attempts_with_fallbacks(
         tx.rollback().await?;
         return Ok((vec![false; batch.len()], Vec::new()));
     }
-    let col = |f: &dyn Fn(usize) -> Option<String>| -> Vec<Option<String>> {
-        kept.iter().map(|&i| f(i)).collect()
-    };
-    sqlx::query(
-        "INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, provider_status,
-             error_code, provider_response, content_json, worker_id)
-         SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::timestamptz[], $4::text[], $5::int[],
-                              $6::text[], $7::text[], $8::jsonb[], $9::text[])",
-    )
-    .bind(kept.iter().map(|&i| batch[i].0.id).collect::<Vec<_>>())
-    .bind(kept.iter().map(|&i| batch[i].0.attempt).collect::<Vec<_>>())
-    .bind(
-        kept.iter()
-            .map(|&i| batch[i].0.started_at)
-            .collect::<Vec<_>>(),
-    )
-    .bind(kept.iter().map(|&i| batch[i].2.outcome).collect::<Vec<_>>())
-    .bind(
-        kept.iter()
-            .map(|&i| batch[i].2.provider_status)
-            .collect::<Vec<_>>(),
-    )
-    .bind(col(&|i| batch[i].2.error_code.clone()))
-    .bind(col(&|i| {
-        batch[i]
-            .2
-            .provider_response
-            .as_deref()
-            .map(|s| truncate_utf8(s, MAX_PROVIDER_RESPONSE_BYTES).to_string())
-    }))
-    .bind(
-        kept.iter()
-            .map(|&i| &batch[i].2.content)
-            .collect::<Vec<_>>(),
-    )
-    .bind(
-        kept.iter()
-            .map(|&i| batch[i].2.worker_id.as_str())
-            .collect::<Vec<_>>(),
-    )
-    .execute(&mut *tx)
-    .await?;
+    let rows: Vec<(&DeliveryJob, &AttemptRecord)> =
+        kept.iter().map(|&i| (batch[i].0, batch[i].2)).collect();
+    insert_attempts(&mut tx, &rows).await?;
     let retries: Vec<usize> = kept
         .iter()
         .copied()
@@ -308,6 +269,56 @@ pub async fn record_attempts_with_fallbacks(
         recorded[i] = true;
     }
     Ok((recorded, fallbacks))
+}
+
+/// Writes one `delivery_attempts` row per `(job, record)`: attempt `job.attempt`, started
+/// at `job.started_at`, the provider's answer cut to [`MAX_PROVIDER_RESPONSE_BYTES`]. One
+/// statement; call it in the transaction that records the attempts' new states.
+pub(super) async fn insert_attempts(
+    conn: &mut sqlx::PgConnection,
+    rows: &[(&DeliveryJob, &AttemptRecord)],
+) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, provider_status,
+             error_code, provider_response, content_json, worker_id)
+         SELECT * FROM UNNEST($1::uuid[], $2::int[], $3::timestamptz[], $4::text[], $5::int[],
+                              $6::text[], $7::text[], $8::jsonb[], $9::text[])",
+    )
+    .bind(rows.iter().map(|(j, _)| j.id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|(j, _)| j.attempt).collect::<Vec<_>>())
+    .bind(rows.iter().map(|(j, _)| j.started_at).collect::<Vec<_>>())
+    .bind(rows.iter().map(|(_, r)| r.outcome).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|(_, r)| r.provider_status)
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|(_, r)| r.error_code.clone())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        rows.iter()
+            .map(|(_, r)| {
+                r.provider_response
+                    .as_deref()
+                    .map(|s| truncate_utf8(s, MAX_PROVIDER_RESPONSE_BYTES).to_string())
+            })
+            .collect::<Vec<_>>(),
+    )
+    .bind(rows.iter().map(|(_, r)| &r.content).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|(_, r)| r.worker_id.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// The last resort when an attempt's full record fails for a reason other than the
