@@ -83,7 +83,7 @@ impl DbBatches {
                     async move {
                         let refs: Vec<(&DeliveryJob, &AttemptRecord)> =
                             batch.iter().map(|(j, r)| (&**j, r)).collect();
-                        deliveries::record_inbox_sent(&p, &refs).await
+                        deliveries::record_inbox_sent(&p, &refs, lease).await
                     }
                 },
             );

@@ -1,5 +1,6 @@
 //! Handling one consumed message: parse, claim, due check (send, defer or skip), template,
-//! provider call, decision, record, ack.
+//! provider call, decision, record, ack. In-app first tries the same without a claim
+//! (`deliver_unclaimed`: read, due check, template, one fenced write).
 
 use crate::consume::Ctx;
 use crate::db::{DbCall, with_db_retry};
@@ -295,7 +296,9 @@ impl<S: ChannelSender> Ctx<S> {
     /// A delivery of a channel with no provider call (in-app), made without a claim: read
     /// it due, check the due-time rules, render it, then write `sent` with its attempt and
     /// inbox row in one transaction fenced by what was read (see
-    /// [`ChannelSender::inbox_content`]). No lease is needed, since nothing leaves the
+    /// [`ChannelSender::inbox_content`]), and only within one lease length of the read
+    /// (database clock), as a lease would have bounded it: a worker frozen longer has its
+    /// rules decided again by the claim. No lease is needed, since nothing leaves the
     /// database in between and the write is whole or nothing. `None` when this path does
     /// not apply or cannot finish: the caller then goes through the claim, which decides
     /// again from the delivery as it is by then (defers, skips, fails or acks it).
@@ -336,7 +339,14 @@ impl<S: ChannelSender> Ctx<S> {
         {
             DbCall::Done(true) => {
                 info!(attempt = job.attempt, "sent");
-                count_recorded(&job, &next, &record, None, took);
+                // The inbox write is this channel's call: its time counts, as the claim
+                // path's `send` does.
+                count_recorded(&job, &next, &record, None, started.elapsed());
+                if job.cause == notify_core::plan::Cause::Escalation {
+                    notify_telemetry::metrics()
+                        .escalations
+                        .add(1, &[opentelemetry::KeyValue::new("outcome", "sent")]);
+                }
                 Some(Settle::Ack)
             }
             DbCall::Unreachable => Some(Settle::Requeue),

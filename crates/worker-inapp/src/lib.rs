@@ -1,6 +1,9 @@
 //! The in-app channel: writes the recipient's inbox row (`notifications`), idempotent on
-//! the delivery id, so a redelivered message never shows a notification twice. Rows of
-//! concurrent deliveries are written together, in one statement per batch. The row keeps
+//! the delivery id, so a redelivered message never shows a notification twice. Most
+//! deliveries are written by the runtime without a claim, in the transaction that records
+//! them sent ([`ChannelSender::inbox_content`]); the rest (digest groups, deliveries the
+//! runtime hands to the claim) go through [`InAppSender`]'s `send`, whose rows of
+//! concurrent deliveries are written together, one statement per batch. The row keeps
 //! the rendered content: title, body, link, image and actions (the inbox shows them and
 //! a click on an action is recorded against the delivery).
 

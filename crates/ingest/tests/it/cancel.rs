@@ -698,24 +698,27 @@ async fn written(p: &Platform, delivery: uuid::Uuid) -> (String, i32, i64, i64) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inapp_delivery_read_without_a_claim_is_written_once_and_never_after_a_cancel() {
     use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome};
+    const LEASE: Duration = Duration::from_secs(60);
     let p = Platform::start_with_workers(&[]).await;
     p.add_type("nc_note", &["inapp"]).await;
     let canceled = p.send("nc:1", "nc_note", &["u-nc-a"]).await;
     let kept = p.send("nc:2", "nc_note", &["u-nc-b"]).await;
     let claimed = p.send("nc:3", "nc_note", &["u-nc-c"]).await;
-    let (c, k, l) = (
+    let present = p.send("nc:4", "nc_note", &["u-nc-d"]).await;
+    let (c, k, l, r) = (
         delivery_ids(&p, &canceled.event_id).await[0],
         delivery_ids(&p, &kept.event_id).await[0],
         delivery_ids(&p, &claimed.event_id).await[0],
+        delivery_ids(&p, &present.event_id).await[0],
     );
     // Read as the in-app worker reads (no claim): the same id twice in one batch is read
     // once, the second goes through the claim.
-    let read = deliveries::read_due_many(&p.pool, &[c, k, k, l], Channel::InApp)
+    let read = deliveries::read_due_many(&p.pool, &[c, k, k, l, r], Channel::InApp)
         .await
         .unwrap();
     assert_eq!(
         read.iter().map(Option::is_some).collect::<Vec<_>>(),
-        [true, true, false, true]
+        [true, true, false, true, true]
     );
     let jobs: Vec<_> = read.into_iter().flatten().collect();
     assert!(
@@ -742,17 +745,43 @@ async fn an_inapp_delivery_read_without_a_claim_is_written_once_and_never_after_
         worker_id: "unclaimed".into(),
         call_took: Duration::ZERO,
     };
-    let batch: Vec<_> = [&jobs[0], &jobs[1], &jobs[1], &jobs[2]]
+    // A read older than the bound (a worker frozen that long) writes nothing: its rules
+    // are decided again by the claim.
+    let mut stale = jobs[1].clone();
+    stale.started_at -= chrono::Duration::seconds(61);
+    assert_eq!(
+        deliveries::record_inbox_sent(&p.pool, &[(&stale, &record)], LEASE)
+            .await
+            .unwrap(),
+        [false]
+    );
+    assert_eq!(written(&p, k).await, ("pending".into(), 0, 0, 0));
+    // An inbox row written by an earlier attempt whose record was lost.
+    deliveries::insert_inbox_notifications(&p.pool, &[&jobs[3]])
+        .await
+        .unwrap();
+    let batch: Vec<_> = [&jobs[0], &jobs[1], &jobs[1], &jobs[2], &jobs[3]]
         .into_iter()
         .map(|j| (j, &record))
         .collect();
     assert_eq!(
-        deliveries::record_inbox_sent(&p.pool, &batch)
+        deliveries::record_inbox_sent(&p.pool, &batch, LEASE)
             .await
             .unwrap(),
-        [false, true, false, false],
-        "only the unchanged delivery is written, once"
+        [false, true, false, false, true],
+        "only the unchanged deliveries are written, once"
     );
+    assert_eq!(written(&p, r).await, ("sent".into(), 1, 1, 1));
+    let said: Vec<String> = sqlx::query_scalar(
+        "SELECT provider_response FROM delivery_attempts WHERE delivery_id = ANY($1)
+         ORDER BY delivery_id = $2",
+    )
+    .bind([k, r])
+    .bind(r)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(said, ["inbox row written", "inbox row already present"]);
     assert_eq!(written(&p, c).await, ("canceled".into(), 0, 0, 0));
     assert_eq!(written(&p, k).await, ("sent".into(), 1, 1, 1));
     assert_eq!(written(&p, l).await, ("sending".into(), 1, 0, 0));
@@ -763,7 +792,7 @@ async fn an_inapp_delivery_read_without_a_claim_is_written_once_and_never_after_
         .unwrap();
     assert!(again[0].is_none());
     assert_eq!(
-        deliveries::record_inbox_sent(&p.pool, &[(&jobs[1], &record)])
+        deliveries::record_inbox_sent(&p.pool, &[(&jobs[1], &record)], LEASE)
             .await
             .unwrap(),
         [false]

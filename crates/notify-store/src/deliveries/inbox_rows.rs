@@ -141,8 +141,11 @@ pub async fn upsert_grouped_inbox_row(db: &PgPool, job: &DeliveryJob, group: &st
 /// had none and `sent_at` now), with its attempt row (`record`), its inbox row (as
 /// [`insert_inbox_notifications`] writes it) and its status webhook messages, only while it
 /// is still the due `pending` in-app delivery of the `state_version` and attempt it was
-/// read at. No lease is needed: nothing leaves the database between the read and this
-/// write, and this write is whole or nothing. A cancel or erasure (or a claim, a
+/// read at, and less than `within` after the read (`started_at`, database clock). No
+/// lease is needed: nothing leaves the database between the read and this write, and this
+/// write is whole or nothing. `within` (the workers' lease length) bounds how old the
+/// facts the due-time rules were checked on may be, as a lease bounds a claimed
+/// delivery's: preferences and the escalation's parent are not part of the fence. A cancel or erasure (or a claim, a
 /// deferral, another worker's record) that commits between the two makes this one write
 /// nothing for that delivery, so no inbox row appears for a canceled delivery.
 ///
@@ -153,6 +156,7 @@ pub async fn upsert_grouped_inbox_row(db: &PgPool, job: &DeliveryJob, group: &st
 pub async fn record_inbox_sent(
     db: &PgPool,
     batch: &[(&DeliveryJob, &AttemptRecord)],
+    within: std::time::Duration,
 ) -> Result<Vec<bool>> {
     let mut seen = std::collections::HashSet::new();
     let eligible: Vec<usize> = (0..batch.len())
@@ -169,16 +173,20 @@ pub async fn record_inbox_sent(
          SET status = 'sent', attempts = d.attempts + 1, republish_count = 0,
              first_attempt_at = coalesce(d.first_attempt_at, now()), sent_at = now(),
              last_error = NULL, updated_at = now(), state_version = d.state_version + 1
-         FROM UNNEST($1::uuid[], $2::int[], $3::int[]) AS t(id, version, attempt)
+         FROM UNNEST($1::uuid[], $2::int[], $3::int[], $4::timestamptz[])
+              AS t(id, version, attempt, read_at)
          WHERE d.id = ANY($1) AND d.id = t.id AND d.state_version = t.version
            AND d.attempts + 1 = t.attempt AND d.channel || '' = 'inapp'
            AND d.status || '' = 'pending' AND d.next_attempt_at <= now()
            AND d.attempts < d.max_attempts
+           AND now() < t.read_at + $5 * interval '1 millisecond'
          RETURNING d.id",
     )
     .bind(column(&read, |j| j.id))
     .bind(column(&read, |j| j.state_version))
     .bind(column(&read, |j| j.attempt))
+    .bind(column(&read, |j| j.started_at))
+    .bind(notify_core::retry::millis(within))
     .fetch_all(&mut *tx)
     .await?;
     let updated: std::collections::HashSet<Uuid> = updated.into_iter().collect();
@@ -191,8 +199,24 @@ pub async fn record_inbox_sent(
         return Ok(vec![false; batch.len()]);
     }
     let jobs: Vec<&DeliveryJob> = kept.iter().map(|&i| batch[i].0).collect();
-    insert_plain_rows(&mut *tx, &jobs).await?;
-    let rows: Vec<(&DeliveryJob, &AttemptRecord)> = kept.iter().map(|&i| batch[i]).collect();
+    let new_rows: std::collections::HashSet<Uuid> = insert_plain_rows(&mut *tx, &jobs)
+        .await?
+        .into_iter()
+        .collect();
+    // A row already there (written by an earlier attempt whose record was lost) is said
+    // so on this attempt, as `worker-inapp`'s own send says it.
+    let rows: Vec<(&DeliveryJob, AttemptRecord)> = kept
+        .iter()
+        .map(|&i| {
+            let (job, record) = batch[i];
+            let mut record = record.clone();
+            if !new_rows.contains(&job.id) {
+                record.provider_response = Some("inbox row already present".into());
+            }
+            (job, record)
+        })
+        .collect();
+    let rows: Vec<(&DeliveryJob, &AttemptRecord)> = rows.iter().map(|(j, r)| (*j, r)).collect();
     super::record::insert_attempts(&mut tx, &rows).await?;
     let sent: Vec<(Uuid, &str)> = jobs.iter().map(|j| (j.id, "sent")).collect();
     crate::webhooks::enqueue_for_statuses(&mut tx, &sent).await?;
