@@ -282,9 +282,6 @@ impl<S: ChannelSender> Ctx<S> {
                 }
                 DbCall::Done(true) => {
                     count_recorded(&job, &next, &record, error.as_ref(), took);
-                    if job.cause == notify_core::plan::Cause::Escalation && matches!(next, NextState::Sent { .. }) {
-                        notify_telemetry::metrics().escalations.add(1, &[opentelemetry::KeyValue::new("outcome", "sent")]);
-                    }
                     Settle::Ack
                 }
             }
@@ -342,11 +339,6 @@ impl<S: ChannelSender> Ctx<S> {
                 // The inbox write is this channel's call: its time counts, as the claim
                 // path's `send` does.
                 count_recorded(&job, &next, &record, None, started.elapsed());
-                if job.cause == notify_core::plan::Cause::Escalation {
-                    notify_telemetry::metrics()
-                        .escalations
-                        .add(1, &[opentelemetry::KeyValue::new("outcome", "sent")]);
-                }
                 Some(Settle::Ack)
             }
             DbCall::Unreachable => Some(Settle::Requeue),

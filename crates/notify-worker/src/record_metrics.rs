@@ -5,7 +5,8 @@ use notify_store::deliveries::{AttemptRecord, DeliveryJob, NextState};
 use std::time::Duration;
 
 /// Counts one recorded attempt in the metrics (after its commit, so a lost lease or a
-/// failed record counts nothing).
+/// failed record counts nothing), on every path that records one (the record, a late
+/// success, an in-app write without a claim): a sent escalation counts as one too.
 pub(crate) fn count_recorded(
     job: &DeliveryJob,
     next: &NextState,
@@ -20,6 +21,9 @@ pub(crate) fn count_recorded(
     let outcome = match next {
         NextState::Sent { .. } => {
             m.deliveries_sent.add(1, &labels);
+            if job.cause == notify_core::plan::Cause::Escalation {
+                m.escalations.add(1, &[KeyValue::new("outcome", "sent")]);
+            }
             let since = (chrono::Utc::now() - job.created_at)
                 .to_std()
                 .unwrap_or_default();

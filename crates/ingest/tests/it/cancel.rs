@@ -705,6 +705,25 @@ async fn an_inapp_delivery_read_without_a_claim_is_written_once_and_never_after_
     let kept = p.send("nc:2", "nc_note", &["u-nc-b"]).await;
     let claimed = p.send("nc:3", "nc_note", &["u-nc-c"]).await;
     let present = p.send("nc:4", "nc_note", &["u-nc-d"]).await;
+    let spent = p.send("nc:5", "nc_note", &["u-nc-e"]).await;
+    // Its attempts all spent (workers died during them): never read, failed by the claim.
+    let s = delivery_ids(&p, &spent.event_id).await[0];
+    sqlx::query("UPDATE notification_deliveries SET attempts = max_attempts WHERE id = $1")
+        .bind(s)
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    let none = deliveries::read_due_many(&p.pool, &[s], Channel::InApp)
+        .await
+        .unwrap();
+    assert!(none[0].is_none());
+    let exhausted = deliveries::claim_many(&p.pool, &[s], Channel::InApp, LEASE)
+        .await
+        .unwrap();
+    assert!(
+        matches!(exhausted[0], ClaimOutcome::Exhausted { .. }),
+        "{exhausted:?}"
+    );
     let (c, k, l, r) = (
         delivery_ids(&p, &canceled.event_id).await[0],
         delivery_ids(&p, &kept.event_id).await[0],

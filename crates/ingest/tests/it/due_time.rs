@@ -397,3 +397,37 @@ async fn a_skip_is_fenced_by_the_lease_and_gives_the_attempt_back() {
     assert!(d.decision.ends_with(&why), "{}", d.decision);
     p.stop().await;
 }
+
+/// In-app is delivered without a claim when due; a preference turned off after planning
+/// is seen by that read, which hands the delivery to the claim: skipped, its attempt not
+/// spent, and no inbox row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inapp_preference_turned_off_before_the_worker_reads_it_is_skipped_with_no_inbox_row() {
+    let mut p = Platform::start_with_workers(&[]).await;
+    p.add_type("due_inapp_note", &["inapp"]).await;
+    let (off, on) = (
+        p.add_bare_recipient("inapp-off").await,
+        p.add_bare_recipient("inapp-on").await,
+    );
+    let ev = p
+        .send("due:inapp-off", "due_inapp_note", &[&off, &on])
+        .await;
+    set_pref(&p, &off, "due_inapp_note", "inapp", false).await;
+    p.start_worker(notify_core::Channel::InApp);
+    let done = p.wait_final(&ev.event_id, 30).await;
+    assert_skipped(
+        delivery(&done, &off, "inapp"),
+        "opted_out",
+        "preference: off at ",
+    );
+    assert_eq!(delivery(&done, &on, "inapp").status, "sent");
+    let rows: Vec<String> = sqlx::query_scalar(
+        "SELECT user_id FROM notifications WHERE event_id = $1::uuid ORDER BY user_id",
+    )
+    .bind(&ev.event_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows, [on.clone()]);
+    p.stop().await;
+}

@@ -139,20 +139,22 @@ pub async fn upsert_grouped_inbox_row(db: &PgPool, job: &DeliveryJob, group: &st
 /// Records in-app deliveries read without a claim ([`super::read_due_many`]) as delivered,
 /// in one transaction: each one becomes `sent` (one attempt more, `first_attempt_at` if it
 /// had none and `sent_at` now), with its attempt row (`record`), its inbox row (as
-/// [`insert_inbox_notifications`] writes it) and its status webhook messages, only while it
-/// is still the due `pending` in-app delivery of the `state_version` and attempt it was
-/// read at, and less than `within` after the read (`started_at`, database clock). No
-/// lease is needed: nothing leaves the database between the read and this write, and this
-/// write is whole or nothing. `within` (the workers' lease length) bounds how old the
-/// facts the due-time rules were checked on may be, as a lease bounds a claimed
-/// delivery's: preferences and the escalation's parent are not part of the fence. A cancel or erasure (or a claim, a
-/// deferral, another worker's record) that commits between the two makes this one write
-/// nothing for that delivery, so no inbox row appears for a canceled delivery.
+/// [`insert_inbox_notifications`] writes it) and its status webhook messages. Only while
+/// it is still the due `pending` in-app delivery of the `state_version` and attempt it
+/// was read at, and less than `within` after the read (`started_at`, database clock).
+///
+/// No lease is needed: nothing leaves the database between the read and this write, and
+/// the write is whole or nothing. A cancel or erasure (or a claim, a deferral, another
+/// worker's record) that commits in between makes it write nothing for that delivery, so
+/// no inbox row appears for a canceled delivery. `within` (the workers' lease length)
+/// bounds how old the facts the due-time rules were checked on may be, as a lease bounds
+/// a claimed delivery's: preferences and the escalation's parent are not in the fence.
 ///
 /// One result per input, in order: true when it was recorded now, false when nothing was
 /// written for it (it changed since it was read; a digest group's delivery, whose inbox
 /// row is updated in place; the same delivery a second time in the batch). The caller
-/// takes those through the claim. Five statements whatever the number, one transaction.
+/// takes those through the claim. Four statements whatever the number, in one
+/// transaction.
 pub async fn record_inbox_sent(
     db: &PgPool,
     batch: &[(&DeliveryJob, &AttemptRecord)],
