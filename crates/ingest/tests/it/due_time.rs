@@ -428,6 +428,6 @@ async fn an_inapp_preference_turned_off_before_the_worker_reads_it_is_skipped_wi
     .fetch_all(&p.pool)
     .await
     .unwrap();
-    assert_eq!(rows, [on.clone()]);
+    assert_eq!(rows, [on]);
     p.stop().await;
 }
