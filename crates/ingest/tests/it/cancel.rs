@@ -830,3 +830,86 @@ async fn an_inapp_delivery_read_without_a_claim_is_written_once_and_never_after_
     assert_eq!((attempt, first_at_set, sent_at_set), (1, true, true));
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inapp_delivery_read_before_an_erasure_or_a_pause_is_not_written() {
+    use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome};
+    const LEASE: Duration = Duration::from_secs(60);
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("ne_note", &["inapp"]).await;
+    let erased_user = uniq("u-ne-erased");
+    let erased = p.send("ne:1", "ne_note", &[erased_user.as_str()]).await;
+    let kept = p.send("ne:2", "ne_note", &["u-ne-kept"]).await;
+    let (e, k) = (
+        delivery_ids(&p, &erased.event_id).await[0],
+        delivery_ids(&p, &kept.event_id).await[0],
+    );
+    let read = deliveries::read_due_many(&p.pool, &[e, k], Channel::InApp)
+        .await
+        .unwrap();
+    let jobs: Vec<_> = read.into_iter().flatten().collect();
+    assert_eq!(jobs.len(), 2);
+    // The recipient is erased between the worker's read and its write.
+    let out = notify_store::erasure::erase_recipient(&p.pool, &erased_user, "test")
+        .await
+        .unwrap();
+    assert_eq!(out.deliveries_canceled, 1, "{out:?}");
+    let record = AttemptRecord {
+        outcome: "sent",
+        provider_status: None,
+        error_code: None,
+        provider_response: Some("inbox row written".into()),
+        content: json!({"title": "t"}),
+        deactivate_endpoint: None,
+        address_undeliverable: None,
+        endpoint_invalid_since: None,
+        worker_id: "unclaimed".into(),
+        call_took: Duration::ZERO,
+    };
+    assert_eq!(
+        deliveries::record_inbox_sent(&p.pool, &[(&jobs[0], &record), (&jobs[1], &record)], LEASE)
+            .await
+            .unwrap(),
+        [false, true],
+        "nothing is written for the erased recipient"
+    );
+    assert_eq!(written(&p, e).await, ("canceled".into(), 0, 0, 0));
+    assert_eq!(written(&p, k).await, ("sent".into(), 1, 1, 1));
+    let rows_of_erased: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM notifications WHERE user_id = $1")
+            .bind(&erased_user)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    assert_eq!(rows_of_erased, 0);
+
+    // A paused in-app channel: nothing is read, and the claim moves the delivery to the
+    // pause's end without an attempt or an inbox row.
+    let later = p.send("ne:3", "ne_note", &["u-ne-paused"]).await;
+    let l = delivery_ids(&p, &later.event_id).await[0];
+    deliveries::pause_channel(&p.pool, Channel::InApp, Duration::from_secs(3600), "test")
+        .await
+        .unwrap();
+    let none = deliveries::read_due_many(&p.pool, &[l], Channel::InApp)
+        .await
+        .unwrap();
+    assert!(none[0].is_none(), "a paused channel's delivery is not read");
+    let claim = deliveries::claim_many(&p.pool, &[l], Channel::InApp, LEASE)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&claim[0], ClaimOutcome::NotClaimable(why) if why.starts_with("paused until")),
+        "{claim:?}"
+    );
+    assert_eq!(written(&p, l).await, ("pending".into(), 0, 0, 0));
+    let waits: bool = sqlx::query_scalar(
+        "SELECT next_attempt_at >= now() + interval '59 minutes' FROM notification_deliveries
+         WHERE id = $1",
+    )
+    .bind(l)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert!(waits, "it waits for the pause to end");
+    p.stop().await;
+}

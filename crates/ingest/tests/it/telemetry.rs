@@ -695,3 +695,81 @@ async fn on_sigterm_ingest_reports_not_serving_before_it_stops_accepting() {
     );
     p.stop().await;
 }
+
+/// `notify_escalations_total` in the worker of the escalated channel (worker-line as a
+/// process): `sent` once for an in-app notification left unread and escalated to LINE,
+/// `skipped_read` once for one read before its escalation was due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_escalation_metric_counts_each_escalation_sent_or_skipped_once() {
+    let p = Platform::start_with(Options {
+        workers: vec![notify_core::Channel::InApp],
+        ingest_in_process: false,
+        ..Default::default()
+    })
+    .await;
+    let (ingest_admin, worker_admin) = (free_addr(), free_addr());
+    let _ingest = p.spawn(
+        "ingest",
+        &["serve"],
+        &[("NOTIFY_ADMIN_ADDR", ingest_admin.to_string())],
+    );
+    let _worker = p.spawn(
+        "worker-line",
+        &[],
+        &[("NOTIFY_ADMIN_ADDR", worker_admin.to_string())],
+    );
+    wait_serving(&p).await;
+    let worker_url = format!("http://{worker_admin}");
+    wait_ready(&format!("{worker_url}/readyz")).await;
+    // 4 s leaves room to read the notification on a loaded machine.
+    p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "line", 4)))
+        .await;
+    let (unread, reader) = (uniq("u"), uniq("u"));
+    p.add_recipient(&unread, "", "", &line_id()).await;
+    p.add_recipient(&reader, "", "", &line_id()).await;
+    let left = p.send(&uniq("invoice"), "invoice_due", &[&unread]).await;
+    let read = p.send(&uniq("invoice"), "invoice_due", &[&reader]).await;
+    let inbox = support::InboxClient::of(&p, &reader);
+    let id = eventually(
+        "the notification in the inbox",
+        Duration::from_secs(10),
+        async || {
+            let page = inbox.page().await;
+            match page["items"][0]["id"].as_str() {
+                Some(id) => Ok(id.to_string()),
+                None => Err(page),
+            }
+        },
+    )
+    .await;
+    let (status, body) = inbox
+        .post(&format!("/v1/inbox/notifications/{id}/read"), "")
+        .await;
+    assert!((200..300).contains(&status), "{status} {body}");
+    let left = p.wait_final(&left.event_id, 30).await;
+    let read = p.wait_final(&read.event_id, 30).await;
+    let on_line = |e: &notify_proto::v1::GetEventResponse| {
+        e.deliveries
+            .iter()
+            .find(|d| d.channel == "line")
+            .map(|d| d.status.clone())
+    };
+    assert_eq!(on_line(&left).as_deref(), Some("sent"), "{left:#?}");
+    assert_eq!(on_line(&read).as_deref(), Some("skipped"), "{read:#?}");
+    let after = get(&format!("{worker_url}/metrics")).await.1;
+    assert_eq!(
+        sample(&after, "notify_escalations_total", r#"outcome="sent""#),
+        1.0,
+        "{after}"
+    );
+    assert_eq!(
+        sample(
+            &after,
+            "notify_escalations_total",
+            r#"outcome="skipped_read""#
+        ),
+        1.0,
+        "{after}"
+    );
+    p.stop().await;
+}
