@@ -178,13 +178,33 @@ pub fn addresses(urls: &str) -> Vec<&str> {
 /// not always tried first.
 static NEXT_ADDRESS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
+/// The largest AMQP frame this client accepts, in bytes, when the URL names none
+/// (`?frame_max=`): 16 KiB. The connection uses the smaller of this and the broker's
+/// `frame_max` (AMQP 0-9-1, `connection.tune-ok`; RabbitMQ's default is 131,072). lapin
+/// keeps a receive and a send buffer of 32 frames for each connection, written through
+/// when they are made: at RabbitMQ's default that is 8 MiB of memory a connection, at
+/// 16 KiB 1 MiB. Our messages name deliveries and are far smaller; a larger one is
+/// carried in several body frames.
+pub const FRAME_MAX: u32 = 16 * 1024;
+
+/// `address` parsed, with [`FRAME_MAX`] unless it names its own `frame_max`.
+fn with_frame_max(address: &str) -> Result<lapin::uri::AMQPUri, BrokerError> {
+    let mut uri: lapin::uri::AMQPUri = address
+        .parse()
+        .map_err(|e: String| lapin::Error::from(std::io::Error::other(e)))?;
+    uri.query.frame_max.get_or_insert(FRAME_MAX);
+    Ok(uri)
+}
+
 /// Connects to the first reachable of `urls`: one `amqp://user:pass@host:port/vhost` or
 /// several separated by commas (the nodes of a cluster). Each call starts at the next
 /// address of the list (round robin) and goes on through the others; every reconnect
-/// loop calls it again, so a process reaches any live node.
+/// loop calls it again, so a process reaches any live node. Frames are at most
+/// [`FRAME_MAX`] bytes unless the URL says otherwise.
 ///
 /// # Errors
-/// The last address's error when none of them accepts the connection.
+/// The last address's error when none of them accepts the connection (a malformed
+/// address is such an error).
 pub async fn connect(urls: &str, name: &str) -> Result<Connection, BrokerError> {
     let mut list = addresses(urls);
     if list.is_empty() {
@@ -196,9 +216,15 @@ pub async fn connect(urls: &str, name: &str) -> Result<Connection, BrokerError> 
     loop {
         let at = (start + tried) % n;
         let props = ConnectionProperties::default().with_connection_name(name.into());
-        match Connection::connect(list[at], props).await {
+        let connected: Result<Connection, BrokerError> = match with_frame_max(list[at]) {
+            Ok(uri) => Connection::connect_uri(uri, props)
+                .await
+                .map_err(Into::into),
+            Err(e) => Err(e),
+        };
+        match connected {
             Ok(conn) => return Ok(conn),
-            Err(e) if tried + 1 >= n => return Err(e.into()),
+            Err(e) if tried + 1 >= n => return Err(e),
             Err(e) => {
                 tracing::warn!(address = at + 1, of = n, error = %e, "broker address refused the connection; trying the next");
                 tried += 1;
@@ -688,5 +714,61 @@ mod address_tests {
         }
         let none = format!("{closed}, {closed}");
         assert!(connect(&none, "test-addresses").await.is_err());
+        assert!(connect("not a url", "test-addresses").await.is_err());
+    }
+
+    /// Frames of at most [`FRAME_MAX`] bytes are agreed with the broker unless the URL asks
+    /// for its own size; a message larger than a frame still arrives whole.
+    #[tokio::test]
+    async fn the_connection_agrees_on_small_frames_unless_the_url_names_its_own() {
+        let live = std::env::var("NOTIFY_AMQP_URL").expect("NOTIFY_AMQP_URL (source .stack/env)");
+        let live = addresses(&live)[0].to_string();
+        let conn = connect(&live, "test-frames").await.expect("broker");
+        assert_eq!(conn.configuration().frame_max(), FRAME_MAX);
+        let ch = conn.create_channel().await.unwrap();
+        let q = ch
+            .queue_declare(
+                "".into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let body: Vec<u8> = (0..3 * FRAME_MAX).map(|i| (i % 251) as u8).collect();
+        ch.basic_publish(
+            "".into(),
+            q.name().as_str().into(),
+            BasicPublishOptions::default(),
+            &body,
+            BasicProperties::default(),
+        )
+        .await
+        .unwrap();
+        let got = loop {
+            if let Some(m) = ch
+                .basic_get(
+                    q.name().as_str().into(),
+                    lapin::options::BasicGetOptions { no_ack: true },
+                )
+                .await
+                .unwrap()
+            {
+                break m;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(got.delivery.data, body);
+        conn.close(200, "done".into()).await.unwrap();
+
+        let sep = if live.contains('?') { '&' } else { '?' };
+        let own = connect(&format!("{live}{sep}frame_max=65536"), "test-frames")
+            .await
+            .expect("broker");
+        assert_eq!(own.configuration().frame_max(), 65536);
+        own.close(200, "done".into()).await.unwrap();
     }
 }
