@@ -519,6 +519,8 @@ async fn try_write(
     // Held until the commit: an erasure happens wholly before or after this plan.
     if !requests.is_empty() {
         notify_store::erasure::hold_off_erasure(&mut tx).await?;
+        // The lookups below find rows by key: a plan per statement, not per run.
+        notify_store::plan_generically(&mut tx).await?;
     }
     let facts = catalog::load_recipient_facts_many(&mut tx, &requests).await?;
     let mut planned: HashMap<usize, (Vec<NewDelivery>, Vec<SkippedDelivery>)> = HashMap::new();
