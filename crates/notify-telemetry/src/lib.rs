@@ -103,8 +103,11 @@ fn init_stream(service: &str, stream: Stream) {
             .with_filter(filter)
             .boxed()
     };
+    // No busy/idle timings: they cost a clock read and a span-extension lookup on every
+    // poll of an instrumented future, and a span's start and end already give its length.
     let traces = tracing_opentelemetry::layer()
         .with_tracer(tracer)
+        .with_tracked_inactivity(false)
         .with_filter(LevelFilter::INFO);
     let result = tracing_subscriber::registry()
         .with(logs)
