@@ -832,7 +832,7 @@ async fn an_inapp_delivery_read_without_a_claim_is_written_once_and_never_after_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_inapp_delivery_read_before_an_erasure_or_a_pause_is_not_written() {
+async fn an_inapp_delivery_read_before_an_erasure_is_not_written_and_a_paused_one_is_not_read() {
     use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome};
     const LEASE: Duration = Duration::from_secs(60);
     let p = Platform::start_with_workers(&[]).await;

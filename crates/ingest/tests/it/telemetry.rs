@@ -721,8 +721,8 @@ async fn the_escalation_metric_counts_each_escalation_sent_or_skipped_once() {
     wait_serving(&p).await;
     let worker_url = format!("http://{worker_admin}");
     wait_ready(&format!("{worker_url}/readyz")).await;
-    // 4 s leaves room to read the notification on a loaded machine.
-    p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "line", 4)))
+    // The notification is read within 6 s (or the test stops there), before the 10 s.
+    p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "line", 10)))
         .await;
     let (unread, reader) = (uniq("u"), uniq("u"));
     p.add_recipient(&unread, "", "", &line_id()).await;
@@ -732,7 +732,7 @@ async fn the_escalation_metric_counts_each_escalation_sent_or_skipped_once() {
     let inbox = support::InboxClient::of(&p, &reader);
     let id = eventually(
         "the notification in the inbox",
-        Duration::from_secs(10),
+        Duration::from_secs(6),
         async || {
             let page = inbox.page().await;
             match page["items"][0]["id"].as_str() {
