@@ -695,9 +695,25 @@ async fn written(p: &Platform, delivery: uuid::Uuid) -> (String, i32, i64, i64) 
     .unwrap()
 }
 
+/// The attempt the in-app worker records for an inbox row it wrote.
+fn inbox_written() -> notify_store::deliveries::AttemptRecord {
+    notify_store::deliveries::AttemptRecord {
+        outcome: "sent",
+        provider_status: None,
+        error_code: None,
+        provider_response: Some("inbox row written".into()),
+        content: json!({"title": "t"}),
+        deactivate_endpoint: None,
+        address_undeliverable: None,
+        endpoint_invalid_since: None,
+        worker_id: "unclaimed".into(),
+        call_took: Duration::ZERO,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inapp_delivery_read_without_a_claim_is_written_once_and_never_after_a_cancel() {
-    use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome};
+    use notify_store::deliveries::{self, ClaimOutcome};
     const LEASE: Duration = Duration::from_secs(60);
     let p = Platform::start_with_workers(&[]).await;
     p.add_type("nc_note", &["inapp"]).await;
@@ -752,18 +768,7 @@ async fn an_inapp_delivery_read_without_a_claim_is_written_once_and_never_after_
         .await
         .unwrap();
     assert!(matches!(claim[0], ClaimOutcome::Claimed(_)), "{claim:?}");
-    let record = AttemptRecord {
-        outcome: "sent",
-        provider_status: None,
-        error_code: None,
-        provider_response: Some("inbox row written".into()),
-        content: json!({"title": "t"}),
-        deactivate_endpoint: None,
-        address_undeliverable: None,
-        endpoint_invalid_since: None,
-        worker_id: "unclaimed".into(),
-        call_took: Duration::ZERO,
-    };
+    let record = inbox_written();
     // A read older than the bound (a worker frozen that long) writes nothing: its rules
     // are decided again by the claim.
     let mut stale = jobs[1].clone();
@@ -833,7 +838,7 @@ async fn an_inapp_delivery_read_without_a_claim_is_written_once_and_never_after_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inapp_delivery_read_before_an_erasure_is_not_written_and_a_paused_one_is_not_read() {
-    use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome};
+    use notify_store::deliveries::{self, ClaimOutcome};
     const LEASE: Duration = Duration::from_secs(60);
     let p = Platform::start_with_workers(&[]).await;
     p.add_type("ne_note", &["inapp"]).await;
@@ -854,18 +859,7 @@ async fn an_inapp_delivery_read_before_an_erasure_is_not_written_and_a_paused_on
         .await
         .unwrap();
     assert_eq!(out.deliveries_canceled, 1, "{out:?}");
-    let record = AttemptRecord {
-        outcome: "sent",
-        provider_status: None,
-        error_code: None,
-        provider_response: Some("inbox row written".into()),
-        content: json!({"title": "t"}),
-        deactivate_endpoint: None,
-        address_undeliverable: None,
-        endpoint_invalid_since: None,
-        worker_id: "unclaimed".into(),
-        call_took: Duration::ZERO,
-    };
+    let record = inbox_written();
     assert_eq!(
         deliveries::record_inbox_sent(&p.pool, &[(&jobs[0], &record), (&jobs[1], &record)], LEASE)
             .await

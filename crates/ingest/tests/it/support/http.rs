@@ -153,4 +153,22 @@ impl<'a> InboxClient<'a> {
         assert_eq!(status, 200, "{page}");
         page
     }
+
+    /// Waits up to `within` for the newest notification in the inbox and marks it read
+    /// (`POST .../read`, asserted 2xx). Returns its id.
+    pub(crate) async fn read_newest(&self, within: std::time::Duration) -> String {
+        let id = super::eventually("the notification in the inbox", within, async || {
+            let page = self.page().await;
+            match page["items"][0]["id"].as_str() {
+                Some(id) => Ok(id.to_string()),
+                None => Err(page),
+            }
+        })
+        .await;
+        let (status, body) = self
+            .post(&format!("/v1/inbox/notifications/{id}/read"), "")
+            .await;
+        assert!((200..300).contains(&status), "{status} {body}");
+        id
+    }
 }
