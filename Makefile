@@ -13,9 +13,11 @@ STACK_DIR := $(or $(NOTIFY_STACK_DIR),$(CURDIR)/.stack)
 demo:
 	deploy/demo.sh
 
-## test: deployment files validated offline, then unit and end-to-end tests against the
-## real services of the local stack
+## test: deployment files validated offline, what earlier runs left on the stack swept
+## away (deploy/local-stack.sh sweep), then unit and end-to-end tests against the real
+## services of the local stack
 test: up check-deploy
+	deploy/local-stack.sh sweep
 	source $(STACK_DIR)/env && cargo test --workspace --all-targets 2>&1 | tee $(STACK_DIR)/logs/test.log
 	@awk '/^test result:/ {p += $$4; f += $$6} END {printf "tests: %d passed, %d failed\n", p, f}' $(STACK_DIR)/logs/test.log
 

@@ -28,6 +28,8 @@ case "${NOTIFY_BENCH_PGBOUNCER:-0}" in
   *) echo "NOTIFY_BENCH_PGBOUNCER=$NOTIFY_BENCH_PGBOUNCER: use 1 (through pgbouncer) or 0" >&2; exit 64 ;;
 esac
 prepare "$profile" notify_bench "${NOTIFY_BENCH_GRPC_PORT:-50171}"
+# Earlier test and bench runs' queues and databases would take CPU from the measurements.
+"$here/local-stack.sh" sweep
 NOTIFY_AMQP_PREFIX=bench-$(date +%s).
 export NOTIFY_AMQP_PREFIX
 export NOTIFY_EMAIL_FROM='bench <bench@example.test>'
