@@ -42,7 +42,11 @@ pub struct IngestConfig {
     /// How often the console's delivery counts are rolled up
     /// ([`notify_store::console::roll_up_counts`]).
     pub counts_rollup_interval: Duration,
-    /// Group-commit writer tasks for `CreateEvent` (transactions in flight at once).
+    /// Group-commit writer tasks for `CreateEvent` (transactions in flight at once). One
+    /// by default: with Postgres' CPU the limit, a second transaction in flight only
+    /// splits the waiting requests into two smaller batches, and each group commit costs
+    /// about 1.2 ms of Postgres CPU before its first event (docs/scaling.md, 2026-12-05).
+    /// More can help when commits are slow and the database has cores to spare.
     pub writers: usize,
     /// Most `CreateEvent` requests written in one transaction.
     pub write_batch: usize,
@@ -211,7 +215,7 @@ impl IngestConfig {
     /// (5), `NOTIFY_REQUEST_TIMEOUT` (30s), `NOTIFY_RELAY_BATCH` (500),
     /// `NOTIFY_RELAY_DELIVERIES_PER_MESSAGE` (50; 1 to 500, 1 = version-1 messages only),
     /// `NOTIFY_RELAY_POLL` (1s), `NOTIFY_SWEEP_INTERVAL` (10s), `NOTIFY_REPUBLISH_AFTER` (5m), `NOTIFY_INGEST_WRITERS`
-    /// (4), `NOTIFY_INGEST_BATCH` (200), `NOTIFY_FATIGUE_CAPS` (empty: no caps; e.g.
+    /// (1), `NOTIFY_INGEST_BATCH` (200), `NOTIFY_FATIGUE_CAPS` (empty: no caps; e.g.
     /// `email=5,line=10,push=10` per user per rolling hour), `NOTIFY_DRAIN_SECONDS` (5),
     /// `NOTIFY_METRICS_INTERVAL` (15s), `NOTIFY_GRPC_AUTH` (`api_key`), the TLS files (see
     /// [`TlsFiles::from_env`]), `NOTIFY_DEV_HTTP_HOSTS` and
@@ -263,7 +267,7 @@ impl IngestConfig {
             counts_rollup_interval: env
                 .parse_with("NOTIFY_COUNTS_ROLLUP_INTERVAL", Duration::from_secs(5), dur)
                 .max(Duration::from_secs(1)),
-            writers: env.number("NOTIFY_INGEST_WRITERS", 4, 1, 64),
+            writers: env.number("NOTIFY_INGEST_WRITERS", 1, 1, 64),
             write_batch: env.number("NOTIFY_INGEST_BATCH", 200, 1, 1000),
             fatigue_caps: env.parse_with(
                 "NOTIFY_FATIGUE_CAPS",

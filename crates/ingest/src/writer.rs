@@ -1,8 +1,9 @@
 //! Group commit for `CreateEvent`.
 //!
-//! Each request is validated in its own handler, then handed to the event writer. A few
-//! writer tasks take whatever requests are waiting (up to a batch limit) and write them in
-//! one transaction with multi-row statements: types and topics looked up once, the events
+//! Each request is validated in its own handler, then handed to the event writer. Its
+//! writer tasks (`NOTIFY_INGEST_WRITERS`, one by default) each take whatever requests are
+//! waiting (up to a batch limit) and write them in one transaction with multi-row
+//! statements: types and topics looked up once, the events
 //! inserted in one statement (keys sorted, so concurrent batches lock the unique index in
 //! one order), recipient facts read with three queries, all deliveries with their outbox
 //! rows in one statement and all skipped pairs in another. One commit (one WAL flush)

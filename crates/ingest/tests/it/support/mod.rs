@@ -231,6 +231,8 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
         max_attempts: 5,
         request_timeout: Duration::from_secs(30),
         sweep_interval: Duration::from_secs(1),
+        // Four, not the default one: the tests show the promises that must hold with several
+        // group commits in flight (a replica configured so, or several replicas).
         writers: 4,
         write_batch: 200,
         sweep_batch: 500,
