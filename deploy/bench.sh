@@ -34,6 +34,13 @@ NOTIFY_AMQP_PREFIX=bench-$(date +%s).
 export NOTIFY_AMQP_PREFIX
 export NOTIFY_EMAIL_FROM='bench <bench@example.test>'
 export NOTIFY_WORKER_CONCURRENCY=${NOTIFY_WORKER_CONCURRENCY:-64}
+# One replica per worker, so worker-line may use LINE's whole per-channel budget: 2,000
+# push requests a second (LINE Messaging API reference, rate limits; docs/operations.md:
+# `line=` times worker-line's replicas stays within it). The workers' default, 1,000, keeps
+# half for a second replica; with it, LINE's share of the end-to-end burst (half its
+# deliveries) was held to 1,000 a second and the phase to about 2,400 deliveries a second
+# while the cores still had room (docs/scaling.md, 2026-12-05).
+export NOTIFY_RATE_LIMITS=${NOTIFY_RATE_LIMITS:-line=2000,fcm=5000}
 export RUST_LOG=${RUST_LOG:-warn}
 # The bench's own http-api (the demo's may be running on NOTIFY_HTTP_PORT).
 export NOTIFY_HTTP_ADDR=127.0.0.1:${NOTIFY_BENCH_HTTP_PORT:-58191}
@@ -51,6 +58,7 @@ if [[ ${NOTIFY_BENCH_PGBOUNCER:-0} == 1 ]]; then
   prefix="via pgbouncer ($mode): "
   peer_default=0
 fi
+echo "${prefix}bench: provider rate limits per worker process: $NOTIFY_RATE_LIMITS"
 ours=$(mktemp) peer=$(mktemp)
 trap 'rm -f "$ours" "$peer"' EXIT
 "$NOTIFY_BIN_DIR/notifyctl" bench | while IFS= read -r line; do printf '%s%s\n' "$prefix" "$line"; done | tee "$ours"
