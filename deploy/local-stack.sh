@@ -7,14 +7,16 @@
 #   deploy/local-stack.sh stop S   stop one service (postgres, rabbitmq, maildev, provider-sim)
 #   deploy/local-stack.sh status   show what runs
 #   deploy/local-stack.sh env      print the environment the services and tests need
-#   deploy/local-stack.sh sweep    delete what earlier test, bench and soak runs left on the
-#                                  running stack: their queues (names `t<hex>.`, `bench-<n>.`,
-#                                  `soak<hex>.`) and databases (`notify_t_`, `notify_cost_`,
-#                                  `notify_soak_`). Each idle quorum queue is a Raft member
-#                                  that keeps ticking and each database gets autovacuum rounds:
-#                                  1,444 leftover queues and 64 databases took 9 % of a core
-#                                  at rest (docs/scaling.md). `make test` and `make bench`
-#                                  run it first; never while either runs
+#   deploy/local-stack.sh sweep    delete what earlier test and bench runs left on the
+#                                  running stack and no one uses: databases `notify_t_*` and
+#                                  `notify_cost_*` with no connection, queues `t<id>.` whose
+#                                  database `notify_t_<id>` is gone, queues `bench-<unix time>.`
+#                                  over two hours old. Each idle quorum queue
+#                                  is a Raft member that keeps ticking and each database gets
+#                                  autovacuum rounds: 1,444 leftover queues and 64 databases
+#                                  took 10 % of a core at rest (docs/scaling.md, 2026-12-05).
+#                                  `make test` runs it before the tests, `make bench` before
+#                                  measuring
 #   deploy/local-stack.sh examples install only the examples' dependencies (receivers, gRPC clients)
 #   deploy/local-stack.sh install PKG...  install Debian packages other scripts need (apt-get,
 #                                  as root; deploy/image-check.sh: podman, runc)
@@ -828,27 +830,48 @@ cluster_queue() { # key queue: node numbers of the queue's leader or members
   cluster_api "queues/%2f/$q" | cluster_numbers "$1"
 }
 
-# What earlier test, bench and soak runs left behind (a test that fails or is killed never
-# reaches its own cleanup). Warns instead of failing: leftovers only cost CPU and disk.
-SWEEP_QUEUES='^(t[0-9a-f]+|bench-[0-9]+|soak[0-9a-f]+)\\.'
-SWEEP_DATABASES="datname LIKE 'notify\\_t\\_%' OR datname LIKE 'notify\\_cost\\_%' OR datname LIKE 'notify\\_soak\\_%'"
+# What earlier test and bench runs left behind (a test that fails or is killed never
+# reaches its own cleanup), and only that: a test database no one is connected to, then
+# the queues of tests whose database is gone (a test's database and queue prefix share its
+# id) and of benches started over two hours ago, so a run still going keeps its own. Warns
+# instead of failing: leftovers only cost CPU and disk.
+SWEEP_DATABASES="(d.datname LIKE 'notify\\_t\\_%' OR d.datname LIKE 'notify\\_cost\\_%')
+  AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datname = d.datname)"
+# Erlang for `rabbitmqctl eval`; LIVE becomes the ids of the test databases still there.
+SWEEP_QUEUES_ERL='Live = [LIVE], Now = erlang:system_time(second),
+  Stale = fun(N) ->
+    case re:run(N, "^t([0-9a-f]{12})[.]", [{capture, all_but_first, binary}]) of
+      {match, [Id]} -> not lists:member(Id, Live);
+      nomatch ->
+        case re:run(N, "^bench-([0-9]{10})[.]", [{capture, all_but_first, binary}]) of
+          {match, [T]} -> binary_to_integer(T) < Now - 7200;
+          nomatch -> false
+        end
+    end
+  end,
+  Qs = [Q || Q <- rabbit_amqqueue:list(), Stale(element(4, amqqueue:get_name(Q)))],
+  length([ok || Q <- Qs, element(1, catch rabbit_amqqueue:delete(Q, false, false, <<"sweep">>)) =:= ok]).'
 sweep() {
-  local q=0 dbs d
-  if alive "$STACK/pids/rabbitmq.pid"; then
-    # One `rabbitmqctl eval` (a second Erlang VM, seconds to start) deletes them all.
-    q=$(rabbit_env; timeout 300 /usr/lib/rabbitmq/bin/rabbitmqctl -q -n "$RABBIT_NODE" eval \
-      "Qs = [Q || Q <- rabbit_amqqueue:list(), re:run(element(4, amqqueue:get_name(Q)), \"$SWEEP_QUEUES\") =/= nomatch], [rabbit_amqqueue:delete(Q, false, false, <<\"sweep\">>) || Q <- Qs], length(Qs)." \
-      2>>"$STACK/logs/sweep.log") || { log "sweep: rabbitmqctl failed ($STACK/logs/sweep.log); queues left"; q='?'; }
-  fi
+  local q=0 dbs='' d live
   if alive "$STACK/pids/postgres.pid"; then
     dbs=$(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -tAc \
-      "SELECT datname FROM pg_database WHERE $SWEEP_DATABASES")
+      "SELECT d.datname FROM pg_database d WHERE $SWEEP_DATABASES") || { log "sweep: could not list databases"; dbs=''; }
     for d in $dbs; do
-      psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -qc "DROP DATABASE IF EXISTS \"$d\" WITH (FORCE)" ||
-        log "sweep: could not drop database $d"
+      # No FORCE: a database someone connected to meanwhile stays.
+      psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -qc "DROP DATABASE IF EXISTS \"$d\"" 2>>"$STACK/logs/sweep.log" ||
+        log "sweep: database $d is in use; left"
     done
   fi
-  log "swept $q queues and $(wc -w <<<"${dbs:-}") databases left by earlier test and bench runs"
+  if alive "$STACK/pids/rabbitmq.pid"; then
+    live=$(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -tAc \
+      "SELECT string_agg('<<\"' || substr(datname, 10) || '\">>', ',') FROM pg_database WHERE datname LIKE 'notify\\_t\\_%'") ||
+      { log "sweep: could not list test databases; queues left"; return 0; }
+    # One `rabbitmqctl eval` (a second Erlang VM, seconds to start) deletes them all.
+    q=$(rabbit_env; timeout 300 /usr/lib/rabbitmq/bin/rabbitmqctl -q -n "$RABBIT_NODE" eval \
+      "${SWEEP_QUEUES_ERL/LIVE/$live}" 2>>"$STACK/logs/sweep.log") ||
+      { log "sweep: rabbitmqctl failed ($STACK/logs/sweep.log); queues left"; q='?'; }
+  fi
+  log "swept $q queues and $(wc -w <<<"$dbs") databases left by earlier test and bench runs"
 }
 
 cmd=${1:-}
