@@ -20,6 +20,7 @@
 use crate::clock::Clock;
 use crate::error::ApiError;
 use crate::planning::{add_derived, count_derived, due_times, new_deliveries};
+use futures_util::StreamExt;
 use notify_core::plan::{effective_channels, plan};
 use notify_core::{Channel, NewEvent, SkippedDelivery};
 use notify_store::events::{self, EventInsert, ExistingEvent, NewDelivery};
@@ -117,6 +118,9 @@ impl EventWriter {
         answer.await.map_err(|_| stopped())?
     }
 }
+
+/// Events of a failed batch written again at once, each in a transaction of its own.
+const ALONE_AT_ONCE: usize = 8;
 
 fn stopped() -> ApiError {
     ApiError::Store(StoreError::Db(sqlx::Error::PoolClosed))
@@ -352,9 +356,10 @@ async fn write_batch(pool: &PgPool, cfg: &WriterConfig, jobs: Vec<Job>) {
             Err(e) => {
                 if ready.len() > 1 && matches!(&e, StoreError::Db(sqlx::Error::Database(_))) {
                     warn!(error = %e, events = ready.len(), "batch failed; writing its events one by one");
-                    for r in ready {
-                        write_alone(pool, cfg, r).await;
-                    }
+                    // A few at once: with one writer nothing else is written meanwhile.
+                    futures_util::stream::iter(ready)
+                        .for_each_concurrent(ALONE_AT_ONCE, |r| write_alone(pool, cfg, r))
+                        .await;
                 } else {
                     if size > 1 {
                         warn!(error = %e, events = ready.len(), "batch failed");

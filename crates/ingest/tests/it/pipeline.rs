@@ -263,7 +263,20 @@ async fn concurrent_requests_written_together_each_get_their_own_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_fails_in_the_database_does_not_fail_the_requests_committed_with_it() {
-    let p = Platform::start_with_workers(&[]).await;
+    // With the default single writer (the failed batch's events are retried alone while
+    // nothing else is written) and with four.
+    for writers in [1, 4] {
+        one_failing_request_among_sixty(writers).await;
+    }
+}
+
+async fn one_failing_request_among_sixty(writers: usize) {
+    let p = Platform::start_with(support::Options {
+        workers: Vec::new(),
+        ingest_writers: writers,
+        ..Default::default()
+    })
+    .await;
     p.add_type("order_paid", &["inapp"]).await;
     // A database-side failure for one key only (as a constraint or a trigger would raise).
     sqlx::raw_sql(

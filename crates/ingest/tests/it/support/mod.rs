@@ -181,6 +181,10 @@ pub(crate) struct Options {
     pub retention: ingest::RetentionConfig,
     /// Deliveries of one channel a relay message names at most (the production default).
     pub deliveries_per_message: usize,
+    /// Group-commit writers of the in-process ingest: four, not the default one, so the
+    /// tests show the promises that must hold with several group commits in flight (a
+    /// replica configured so, or several replicas).
+    pub ingest_writers: usize,
 }
 
 impl Default for Options {
@@ -211,6 +215,7 @@ impl Default for Options {
                 ..Default::default()
             },
             deliveries_per_message: ingest::relay::DELIVERIES_PER_MESSAGE,
+            ingest_writers: 4,
         }
     }
 }
@@ -231,9 +236,7 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
         max_attempts: 5,
         request_timeout: Duration::from_secs(30),
         sweep_interval: Duration::from_secs(1),
-        // Four, not the default one: the tests show the promises that must hold with several
-        // group commits in flight (a replica configured so, or several replicas).
-        writers: 4,
+        writers: opts.ingest_writers,
         write_batch: 200,
         sweep_batch: 500,
         republish_after: opts.republish_after,
