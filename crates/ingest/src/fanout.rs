@@ -213,9 +213,8 @@ impl PageContext {
         let page_len = users.len() as i32;
         let _ = read.send((next.clone(), done));
         // Held until the commit: an erasure happens wholly before or after this page.
-        notify_store::erasure::hold_off_erasure(&mut tx).await?;
         // The lookups below find rows by key: a plan per statement, not per run.
-        notify_store::plan_generically(&mut tx).await?;
+        notify_store::erasure::begin_planning(&mut tx).await?;
         let facts = notify_store::catalog::load_recipient_facts(&mut tx, &ty.key, &users).await?;
         // The database clock in production, like due times and leases (never the host's).
         let now = self.clock.now(&mut tx).await?;

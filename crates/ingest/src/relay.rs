@@ -255,6 +255,17 @@ pub async fn run(
     release(&pool, &left).await;
 }
 
+/// The channel of every queue the relay declares and publishes to: the delivery
+/// channels' and the status webhooks' (webhook messages share the outbox, channel
+/// `webhook`, and so the exchange). Whoever removes a topology deletes these.
+pub const QUEUE_CHANNELS: [&str; 5] = [
+    Channel::InApp.as_str(),
+    Channel::Email.as_str(),
+    Channel::Push.as_str(),
+    Channel::Line.as_str(),
+    notify_store::webhooks::OUTBOX_CHANNEL,
+];
+
 async fn run_connected(
     pool: &PgPool,
     listen_pool: &PgPool,
@@ -265,10 +276,7 @@ async fn run_connected(
 ) -> anyhow::Result<()> {
     let conn = notify_broker::connect(&cfg.amqp_url, "ingest-relay").await?;
     let setup = conn.create_channel().await?;
-    // Webhook messages share the outbox (channel `webhook`) and so the exchange.
-    let mut names: Vec<&str> = Channel::ALL.iter().map(|c| c.as_str()).collect();
-    names.push(notify_store::webhooks::OUTBOX_CHANNEL);
-    cfg.topology.declare(&setup, &names).await?;
+    cfg.topology.declare(&setup, &QUEUE_CHANNELS).await?;
     let _ = setup.close(200, "topology declared".into()).await;
     let publisher = Publisher::new(&conn, &cfg.topology, cfg.confirm_timeout).await?;
     let mut listener = sqlx::postgres::PgListener::connect_with(listen_pool).await?;
@@ -554,6 +562,16 @@ fn producer_span(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_declared_queues_are_every_delivery_channel_and_the_webhooks() {
+        let mut want: Vec<&str> = Channel::ALL.iter().map(|c| c.as_str()).collect();
+        want.push(notify_store::webhooks::OUTBOX_CHANNEL);
+        want.sort_unstable();
+        let mut got = QUEUE_CHANNELS.to_vec();
+        got.sort_unstable();
+        assert_eq!(got, want);
+    }
 
     fn row(id: i64, channel: &str) -> OutboxRow {
         OutboxRow {

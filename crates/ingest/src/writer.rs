@@ -524,9 +524,8 @@ async fn try_write(
         .collect();
     // Held until the commit: an erasure happens wholly before or after this plan.
     if !requests.is_empty() {
-        notify_store::erasure::hold_off_erasure(&mut tx).await?;
         // The lookups below find rows by key: a plan per statement, not per run.
-        notify_store::plan_generically(&mut tx).await?;
+        notify_store::erasure::begin_planning(&mut tx).await?;
     }
     let facts = catalog::load_recipient_facts_many(&mut tx, &requests).await?;
     let mut planned: HashMap<usize, (Vec<NewDelivery>, Vec<SkippedDelivery>)> = HashMap::new();

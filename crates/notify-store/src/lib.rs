@@ -178,24 +178,6 @@ impl PoolConfig {
 /// follow each other on the same connections within milliseconds.
 pub const PING_IDLE_AFTER: Duration = Duration::from_secs(1);
 
-/// Plans the rest of the current transaction's prepared statements generically, whatever
-/// their parameters (`SET LOCAL plan_cache_mode = force_generic_plan`): what
-/// [`PoolConfig::generic_plans`] does for a whole connection, for one transaction, and
-/// behind a transaction pooler too. For transactions whose statements find rows by key
-/// with plans that do not depend on how many keys they are given: ingest's planning
-/// transactions. Otherwise Postgres plans anew, on every run, a statement joined from
-/// `unnest($1)` of a few keys: its estimate for a few known elements undercuts the generic
-/// plan's ten, so it keeps the custom plan (`make bench`, `pg_stat_statements.
-/// track_planning`: the recipient lookups were planned on a third to three quarters of
-/// their runs, 0.24 to 0.31 ms a plan against 0.13 to 0.16 ms a run). Errors are the
-/// database's.
-pub async fn plan_generically(conn: &mut sqlx::PgConnection) -> Result<()> {
-    sqlx::raw_sql("SET LOCAL plan_cache_mode = force_generic_plan")
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
 /// Opens a pool. Fails fast when the URL is malformed; connections are made lazily so a
 /// process can start while Postgres is still coming up.
 pub fn connect(cfg: &PoolConfig) -> Result<PgPool> {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 /// contact data, active push endpoints (oldest first) and preferences. Three queries,
 /// whatever the number of recipients (a fourth, by hash in `recipient_erasures`, for
 /// users without a recipients row). A planning transaction calls
-/// [`crate::erasure::hold_off_erasure`] first.
+/// [`crate::erasure::begin_planning`] first.
 pub async fn load_recipient_facts(
     db: &mut sqlx::PgConnection,
     type_key: &str,
@@ -67,7 +67,7 @@ pub async fn load_recipient_facts_many(
     // against every element of the array (a 2,000-user fan-out page against 1,000
     // recipients took 39 ms; joined, under 2 ms). Each user's row is found by primary key
     // in a subquery of its own (`OFFSET 0` keeps it one): the planning transactions plan
-    // generically (`crate::plan_generically`), and a plain join's generic plan, estimating
+    // generically (`crate::erasure::begin_planning`), and a plain join's generic plan, estimating
     // ten users, hashes the whole table when it is small (0.1 to 0.4 ms at 1,000
     // recipients, for three users).
 

@@ -453,16 +453,7 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     {
         let prefix = std::env::var("NOTIFY_AMQP_PREFIX").unwrap_or_default();
         let _ = notify_broker::Topology::new(prefix)
-            .delete(
-                &ch,
-                &[
-                    "inapp",
-                    "email",
-                    "line",
-                    "push",
-                    notify_store::webhooks::OUTBOX_CHANNEL,
-                ],
-            )
+            .delete(&ch, &ingest::relay::QUEUE_CHANNELS)
             .await;
     }
     Ok(())

@@ -286,16 +286,7 @@ pub async fn run(cfg: &ChaosConfig) -> anyhow::Result<bool> {
         && let Ok(ch) = conn.create_channel().await
     {
         let _ = notify_broker::Topology::new(cfg.amqp_prefix.clone())
-            .delete(
-                &ch,
-                &[
-                    "inapp",
-                    "email",
-                    "push",
-                    "line",
-                    notify_store::webhooks::OUTBOX_CHANNEL,
-                ],
-            )
+            .delete(&ch, &ingest::relay::QUEUE_CHANNELS)
             .await;
     }
     let observed = crate::observe::Observer::new(&cfg.sim_url, Some(&cfg.maildev_url));

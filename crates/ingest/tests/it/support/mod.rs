@@ -651,10 +651,10 @@ impl Platform {
         if let Ok(conn) = notify_broker::connect(&self.stack.amqp_url, "tests-cleanup").await
             && let Ok(ch) = conn.create_channel().await
         {
-            // Every queue the relay declares: the channels' and the webhook messages'.
-            let mut names: Vec<&str> = Channel::ALL.iter().map(|c| c.as_str()).collect();
-            names.push(notify_store::webhooks::OUTBOX_CHANNEL);
-            let _ = self.topology.delete(&ch, &names).await;
+            let _ = self
+                .topology
+                .delete(&ch, &ingest::relay::QUEUE_CHANNELS)
+                .await;
         }
         if let Ok(admin) = PgPool::connect(&self.stack.admin_db_url).await {
             let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
