@@ -28,7 +28,7 @@ use notify_store::{PgPool, StoreError, catalog, topics};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use tokio::sync::{Mutex, mpsc, oneshot};
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 use uuid::Uuid;
 
 /// What writing one event produced.
@@ -90,7 +90,10 @@ impl EventWriter {
         let (tx, rx) = mpsc::channel::<Job>(cfg.max_batch * cfg.writers.max(1) * 4);
         let rx = Arc::new(Mutex::new(rx));
         for _ in 0..cfg.writers.max(1) {
-            tokio::spawn(writer_loop(pool.clone(), cfg.clone(), rx.clone()));
+            let (pool, cfg, rx) = (pool.clone(), cfg.clone(), rx.clone());
+            tokio::spawn(restart_on_panic("event writer", move || {
+                writer_loop(pool.clone(), cfg.clone(), rx.clone())
+            }));
         }
         Self { tx }
     }
@@ -116,6 +119,27 @@ impl EventWriter {
             .await
             .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
+    }
+}
+
+/// Runs the task `start` makes, and a new one in its place each time one panics, until
+/// one returns or is cancelled.
+///
+/// A writer task that panicked (no such path is known) would otherwise leave its replica
+/// with one writer fewer; with one writer, the default, every later `CreateEvent` would
+/// fail until a restart. The requests of the panicked batch are answered as if the writer
+/// had stopped (`UNAVAILABLE`); callers retry them under the same `event_key`, which finds
+/// any that did commit.
+async fn restart_on_panic<F, Fut>(what: &'static str, mut start: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    loop {
+        match tokio::spawn(start()).await {
+            Err(e) if e.is_panic() => error!(task = what, "task panicked; starting it again"),
+            _ => return,
+        }
     }
 }
 
@@ -638,4 +662,28 @@ fn with_trace_contexts(
         origin.trace_context = origin.event_id.and_then(|e| traces.get(&e).cloned());
     }
     held
+}
+
+#[cfg(test)]
+mod supervision_tests {
+    use super::restart_on_panic;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn a_task_that_panics_is_started_again_and_one_that_returns_is_not() {
+        let starts = Arc::new(AtomicUsize::new(0));
+        let counted = starts.clone();
+        restart_on_panic("test task", move || {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < 2 {
+                    panic!("writer bug number {n}");
+                }
+            }
+        })
+        .await;
+        // Two panics, each followed by a new start; the third returned and ended it.
+        assert_eq!(starts.load(Ordering::SeqCst), 3);
+    }
 }
