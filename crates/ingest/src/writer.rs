@@ -137,7 +137,9 @@ where
 {
     loop {
         match tokio::spawn(start()).await {
-            Err(e) if e.is_panic() => error!(task = what, "task panicked; starting it again"),
+            Err(e) if e.is_panic() => {
+                error!(task = what, error = %e, "task panicked; starting it again")
+            }
             _ => return,
         }
     }

@@ -157,7 +157,7 @@ async fn e2e_burst(
 /// and `_lease`), so a poll costs in proportion to the deliveries still open, not to the
 /// table: written as `status IN ('pending', 'sending')` it was a sequential scan, 17 ms
 /// at 46,000 deliveries and about ten times that after the ingest phases, run every 100 ms
-/// on the cores the phase is measuring.
+/// of the phase's tail on the cores the phase is measuring.
 async fn open_deliveries(pool: &PgPool, type_key: &str) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(
         "/* notifyctl-bench */ SELECT count(*)
@@ -175,6 +175,8 @@ async fn open_deliveries(pool: &PgPool, type_key: &str) -> anyhow::Result<i64> {
 /// Seconds from `since` to the last final record of a delivery of `type_key`
 /// (`updated_at`, Postgres' clock, which is this machine's), as the peer measures its end
 /// to end (bench/celery/run.py): the rate does not depend on when a poll noticed the end.
+/// `updated_at` is the recording transaction's start (`now()`); the peer's is its
+/// statement's `clock_timestamp()`, later by at most one short transaction.
 async fn last_record_after(
     pool: &PgPool,
     type_key: &str,
