@@ -852,14 +852,17 @@ SWEEP_QUEUES_ERL='Live = [LIVE], Now = erlang:system_time(second),
   Qs = [Q || Q <- rabbit_amqqueue:list(), Stale(element(4, amqqueue:get_name(Q)))],
   length([ok || Q <- Qs, element(1, catch rabbit_amqqueue:delete(Q, false, false, <<"sweep">>)) =:= ok]).'
 sweep() {
-  local q=0 dbs='' d live
+  local q=0 dbs='' dropped=0 d live
   if alive "$STACK/pids/postgres.pid"; then
     dbs=$(psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -tAc \
       "SELECT d.datname FROM pg_database d WHERE $SWEEP_DATABASES") || { log "sweep: could not list databases"; dbs=''; }
     for d in $dbs; do
       # No FORCE: a database someone connected to meanwhile stays.
-      psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -qc "DROP DATABASE IF EXISTS \"$d\"" 2>>"$STACK/logs/sweep.log" ||
+      if psql -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -qc "DROP DATABASE IF EXISTS \"$d\"" 2>>"$STACK/logs/sweep.log"; then
+        dropped=$((dropped + 1))
+      else
         log "sweep: database $d is in use; left"
+      fi
     done
   fi
   if alive "$STACK/pids/rabbitmq.pid"; then
@@ -871,7 +874,7 @@ sweep() {
       "${SWEEP_QUEUES_ERL/LIVE/$live}" 2>>"$STACK/logs/sweep.log") ||
       { log "sweep: rabbitmqctl failed ($STACK/logs/sweep.log); queues left"; q='?'; }
   fi
-  log "swept $q queues and $(wc -w <<<"$dbs") databases left by earlier test and bench runs"
+  log "swept $q queues and $dropped databases left by earlier test and bench runs"
 }
 
 cmd=${1:-}

@@ -49,21 +49,27 @@ pub(super) async fn prepare(pool: &PgPool) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-/// Deliveries of events of `type_key` in a final state (the window's `n` end to end).
+/// Deliveries of events of `type_key` in a final state (the window's `n` end to end), and
+/// the last of their final records (`updated_at`: the recording transaction's start, on
+/// Postgres' clock, which is this machine's). The peer times its end to end to its last
+/// record too (bench/celery/run.py; its stamp is the statement's `clock_timestamp()`,
+/// later by at most one short transaction), so the rate does not depend on when a poll
+/// noticed the end. `None` when none is final.
 pub(super) async fn final_deliveries(
     window: &Ended,
     pool: &PgPool,
     type_key: &str,
-) -> anyhow::Result<u64> {
-    let n: i64 = sqlx::query_scalar(
-        "/* notifyctl-bench */ SELECT count(*) FROM notification_deliveries d JOIN notification_events e ON e.id = d.event_id
+) -> anyhow::Result<(u64, Option<chrono::DateTime<chrono::Utc>>)> {
+    let (n, last): (i64, Option<chrono::DateTime<chrono::Utc>>) = sqlx::query_as(
+        "/* notifyctl-bench */ SELECT count(*), max(d.updated_at)
+         FROM notification_deliveries d JOIN notification_events e ON e.id = d.event_id
          WHERE e.type = $1 AND d.status NOT IN ('pending', 'sending')",
     )
     .bind(type_key)
     .fetch_one(pool)
     .await?;
     window.count_own();
-    Ok(n as u64)
+    Ok((n as u64, last))
 }
 
 /// RabbitMQ's global counters, read with `rabbitmqctl eval` as the local stack runs it:

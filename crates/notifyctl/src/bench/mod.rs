@@ -172,27 +172,6 @@ async fn open_deliveries(pool: &PgPool, type_key: &str) -> anyhow::Result<i64> {
     .await?)
 }
 
-/// Seconds from `since` to the last final record of a delivery of `type_key`
-/// (`updated_at`, Postgres' clock, which is this machine's), as the peer measures its end
-/// to end (bench/celery/run.py): the rate does not depend on when a poll noticed the end.
-/// `updated_at` is the recording transaction's start (`now()`); the peer's is its
-/// statement's `clock_timestamp()`, later by at most one short transaction.
-async fn last_record_after(
-    pool: &PgPool,
-    type_key: &str,
-    since: chrono::DateTime<chrono::Utc>,
-) -> anyhow::Result<f64> {
-    let last: Option<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
-        "/* notifyctl-bench */ SELECT max(d.updated_at) FROM notification_events e
-         JOIN notification_deliveries d ON d.event_id = e.id WHERE e.type = $1",
-    )
-    .bind(type_key)
-    .fetch_one(pool)
-    .await?;
-    let last = last.context("no delivery recorded")?;
-    Ok(((last - since).num_microseconds().unwrap_or(0) as f64 / 1e6).max(1e-3))
-}
-
 /// Runs every measurement and prints the figures.
 pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     let observed = crate::observe::Observer::new(&cfg.sim_url, None);
@@ -374,13 +353,17 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
     let mut e2e = 0.0;
     if let Some(window) = window {
         window.count_own(); // the poll that found none open
-        let took = last_record_after(&pool, "bench_e2e", started_at).await?;
-        window.count_own();
-        e2e = (events * 2) as f64 / took;
         let ended = window
             .end(&pool, &procs, &cfg.stack_dir, &broker_counters)
             .await?;
-        let completed = cost::final_deliveries(&ended, &pool, "bench_e2e").await?;
+        let (completed, last) = cost::final_deliveries(&ended, &pool, "bench_e2e").await?;
+        let last = last.context("no end-to-end delivery reached a final state")?;
+        let took = (last - started_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
+        anyhow::ensure!(
+            took > 0.0,
+            "the last end-to-end record is before the phase began"
+        );
+        e2e = (events * 2) as f64 / took;
         println!(
             "end to end: {e2e:.0} deliveries/s ({} events x in-app + LINE, zero-latency simulator, one replica per worker)",
             events
