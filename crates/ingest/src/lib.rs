@@ -412,7 +412,8 @@ pub async fn run(
         },
         auth,
         cfg.links.clone(),
-    );
+    )
+    .map_err(|e| anyhow::anyhow!("starting the event writer's thread: {e}"))?;
     let (mut health, health_service) = tonic_health::server::health_reporter();
     // Every served service, so a check naming any of them answers SERVING (and, during
     // the drain, NOT_SERVING).

@@ -38,13 +38,22 @@ impl Services {
     /// Services over `pool`; `CreateEvent` writes through a group-commit writer started
     /// here with `writer` settings; callers are checked by `auth`; links in events must
     /// pass `links`.
-    pub fn new(pool: PgPool, writer: WriterConfig, auth: Arc<Auth>, links: LinkPolicy) -> Self {
-        Self {
-            writer: EventWriter::start(pool.clone(), writer),
+    ///
+    /// # Errors
+    /// The operating system's, when the writer's thread cannot start
+    /// ([`EventWriter::start`]).
+    pub fn new(
+        pool: PgPool,
+        writer: WriterConfig,
+        auth: Arc<Auth>,
+        links: LinkPolicy,
+    ) -> std::io::Result<Self> {
+        Ok(Self {
+            writer: EventWriter::start(&pool, writer)?,
             pool,
             auth,
             links,
-        }
+        })
     }
 
     /// The one authenticate-then-call wrapper of every gRPC method (health aside).
