@@ -50,8 +50,11 @@ BUDGET_ANNOTATION = "notify.example.com/postgres-connection-budget"
 # crates/notify-worker DEFAULT_RATE_LIMITS): calls per second.
 PROVIDER_QUOTAS = {"line": ("worker-line", 2000), "fcm": ("worker-push", 10000)}
 # Default pool sizes (README) when a Deployment does not set NOTIFY_DB_POOL_SIZE.
-DEFAULT_POOL = {"ingest": 20}
+DEFAULT_POOL = {"ingest": 16}
 DEFAULT_POOL_OTHER = 10
+# Ingest's event writer opens a pool of its own besides NOTIFY_DB_POOL_SIZE: this many
+# connections for each of NOTIFY_INGEST_WRITERS (crates/ingest CONNECTIONS_PER_WRITER).
+WRITER_POOL_PER_WRITER = 4
 # Prometheus-generated series that alert expressions may use besides metrics.txt.
 PROMETHEUS_SERIES = {"up"}
 
@@ -542,6 +545,8 @@ class Rendering:
             c = d["spec"]["template"]["spec"]["containers"][0]
             comp = d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component", "")
             pool = int(self.env_of(c, "NOTIFY_DB_POOL_SIZE") or DEFAULT_POOL.get(comp, DEFAULT_POOL_OTHER))
+            if comp == "ingest":
+                pool += WRITER_POOL_PER_WRITER * int(self.env_of(c, "NOTIFY_INGEST_WRITERS") or 1)
             n = max_replicas.get(d["metadata"]["name"], 1)
             total += pool * n
             parts.append(f"{comp} {n}x{pool}")

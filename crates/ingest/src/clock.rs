@@ -37,6 +37,15 @@ impl Clock {
             Clock::Manual(m) => Ok(m.now()),
         }
     }
+
+    /// The planning instant of a transaction whose `now()` is already known as
+    /// `database_now` (from [`notify_store::erasure::begin_planning`]): no round trip.
+    pub fn at(&self, database_now: DateTime<Utc>) -> DateTime<Utc> {
+        match self {
+            Clock::Database => database_now,
+            Clock::Manual(m) => m.now(),
+        }
+    }
 }
 
 /// A settable instant shared by its clones: set it in a test, and every plan written

@@ -214,10 +214,10 @@ impl PageContext {
         let _ = read.send((next.clone(), done));
         // Held until the commit: an erasure happens wholly before or after this page.
         // The lookups below find rows by key: a plan per statement, not per run.
-        notify_store::erasure::begin_planning(&mut tx).await?;
+        let database_now = notify_store::erasure::begin_planning(&mut tx).await?;
         let facts = notify_store::catalog::load_recipient_facts(&mut tx, &ty.key, &users).await?;
         // The database clock in production, like due times and leases (never the host's).
-        let now = self.clock.now(&mut tx).await?;
+        let now = self.clock.at(database_now);
         // A scheduled event is planned at its due time (the fan-out itself runs at once).
         let now = job.send_at.map_or(now, |t| t.max(now));
         let scheduled = job.send_at.is_some();

@@ -25,7 +25,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     }
     let mut env = notify_telemetry::env();
     let database_url = env.url("NOTIFY_DATABASE_URL", &["postgres", "postgresql"]);
-    let pool_size = env.number("NOTIFY_DB_POOL_SIZE", 20, 1, 1000);
+    let pool_size = env.number("NOTIFY_DB_POOL_SIZE", 16, 1, 1000);
     let pooler = notify_store::Pooler::from_env(&mut env);
     let direct_url = notify_store::direct_url_from_env(&mut env, pooler);
     let pool_cfg = |url: String| {

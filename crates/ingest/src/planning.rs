@@ -6,8 +6,8 @@ use chrono::{DateTime, Utc};
 use notify_core::event::Schedule;
 use notify_core::plan::{Cause, Derivation};
 use notify_core::{FieldViolation, Provider};
+use notify_store::StoreError;
 use notify_store::events::NewDelivery;
-use notify_store::{PgPool, StoreError};
 use std::collections::HashMap;
 use uuid::Uuid;
 
@@ -19,7 +19,7 @@ use uuid::Uuid;
 /// # Errors
 /// `StoreError` when the clock (the database) cannot be read.
 pub async fn due_times(
-    pool: &PgPool,
+    conn: &mut notify_store::sqlx::PgConnection,
     clock: &Clock,
     horizon: std::time::Duration,
     schedules: &[Option<Schedule>],
@@ -27,8 +27,7 @@ pub async fn due_times(
     if schedules.iter().all(Option::is_none) {
         return Ok(vec![Ok(None); schedules.len()]);
     }
-    let mut conn = pool.acquire().await?;
-    let now = clock.now(&mut conn).await?;
+    let now = clock.now(conn).await?;
     Ok(schedules
         .iter()
         .map(|s| s.map_or(Ok(None), |s| s.due(now, horizon)))

@@ -5,7 +5,7 @@
 //! waiting (up to a batch limit) and write them in one transaction with multi-row
 //! statements: types and topics looked up once, the events
 //! inserted in one statement (keys sorted, so concurrent batches lock the unique index in
-//! one order), recipient facts read with three queries, all deliveries with their outbox
+//! one order), recipient facts read with one statement, all deliveries with their outbox
 //! rows in one statement and all skipped pairs in another. One commit (one WAL flush)
 //! then answers the whole batch. Under light load a batch is a single request and adds no
 //! wait; under heavy load the batch grows with the queue.
@@ -188,7 +188,7 @@ where
 }
 
 /// Events of a failed batch written again at once, each in a transaction of its own.
-const ALONE_AT_ONCE: usize = 8;
+const ALONE_AT_ONCE: usize = 4;
 
 fn stopped() -> ApiError {
     ApiError::Store(StoreError::Db(sqlx::Error::PoolClosed))
@@ -368,7 +368,19 @@ async fn write_batch(pool: &PgPool, cfg: &WriterConfig, jobs: Vec<Job>) {
         return;
     }
     let size = jobs.len();
-    let ready = match check_catalogue(pool, jobs).await {
+    // One connection for the batch: the catalogue, the clock and the transaction.
+    let mut conn = match pool.acquire().await {
+        Ok(conn) => conn,
+        Err(e) => {
+            let e = StoreError::from(e);
+            warn!(error = %e, "no connection for a batch");
+            for j in jobs {
+                let _ = j.reply.send(Err(same_error(&e)));
+            }
+            return;
+        }
+    };
+    let ready = match check_catalogue(&mut conn, jobs).await {
         Ok(ready) => ready,
         Err((jobs, e)) => {
             warn!(error = %e, "catalogue lookup failed");
@@ -379,30 +391,31 @@ async fn write_batch(pool: &PgPool, cfg: &WriterConfig, jobs: Vec<Job>) {
         }
     };
     let schedules: Vec<_> = ready.iter().map(|r| r.job.event.schedule).collect();
-    let mut ready: Vec<Ready> = match due_times(pool, &cfg.clock, cfg.horizon, &schedules).await {
-        Ok(dues) => (ready.into_iter().zip(dues))
-            .filter_map(|(r, due)| match due {
-                Ok(t) => Some(Ready { send_at: t, ..r }),
-                Err(v) => {
-                    let _ = r.job.reply.send(Err(ApiError::Invalid(vec![v])));
-                    None
+    let mut ready: Vec<Ready> =
+        match due_times(&mut conn, &cfg.clock, cfg.horizon, &schedules).await {
+            Ok(dues) => (ready.into_iter().zip(dues))
+                .filter_map(|(r, due)| match due {
+                    Ok(t) => Some(Ready { send_at: t, ..r }),
+                    Err(v) => {
+                        let _ = r.job.reply.send(Err(ApiError::Invalid(vec![v])));
+                        None
+                    }
+                })
+                .collect(),
+            Err(e) => {
+                warn!(error = %e, "planning clock unreadable");
+                for r in ready {
+                    let _ = r.job.reply.send(Err(same_error(&e)));
                 }
-            })
-            .collect(),
-        Err(e) => {
-            warn!(error = %e, "planning clock unreadable");
-            for r in ready {
-                let _ = r.job.reply.send(Err(same_error(&e)));
+                return;
             }
-            return;
-        }
-    };
+        };
     if ready.is_empty() {
         return;
     }
     loop {
         let started = std::time::Instant::now();
-        match try_write(pool, cfg, &mut ready).await {
+        match try_write(&mut conn, cfg, &mut ready).await {
             Ok((results, committed)) if committed => {
                 debug!(
                     events = ready.len(),
@@ -425,6 +438,7 @@ async fn write_batch(pool: &PgPool, cfg: &WriterConfig, jobs: Vec<Job>) {
                 if ready.len() > 1 && matches!(&e, StoreError::Db(sqlx::Error::Database(_))) {
                     warn!(error = %e, events = ready.len(), "batch failed; writing its events one by one");
                     // A few at once: with one writer nothing else is written meanwhile.
+                    drop(conn);
                     futures_util::stream::iter(ready)
                         .for_each_concurrent(ALONE_AT_ONCE, |r| write_alone(pool, cfg, r))
                         .await;
@@ -448,7 +462,11 @@ async fn write_alone(pool: &PgPool, cfg: &WriterConfig, mut r: Ready) {
             return;
         }
         let one = std::slice::from_mut(&mut r);
-        match try_write(pool, cfg, one).await {
+        let written = match pool.acquire().await {
+            Ok(mut conn) => try_write(&mut conn, cfg, one).await,
+            Err(e) => Err(e.into()),
+        };
+        match written {
             Ok((mut results, true)) => {
                 let _ = r.job.reply.send(Ok(results.remove(0)));
                 return;
@@ -474,7 +492,7 @@ fn same_error(e: &StoreError) -> ApiError {
 /// Looks up the batch's types and topics (two queries) and answers, on their own, the
 /// requests that name an unknown one or a channel their type does not allow.
 async fn check_catalogue(
-    pool: &PgPool,
+    conn: &mut notify_store::sqlx::PgConnection,
     jobs: Vec<Job>,
 ) -> Result<Vec<Ready>, (Vec<Job>, StoreError)> {
     let type_keys: Vec<&str> = {
@@ -487,7 +505,7 @@ async fn check_catalogue(
         .iter()
         .filter_map(|j| j.event.topic.as_deref())
         .collect();
-    let types = match catalog::get_types(pool, &type_keys).await {
+    let types = match catalog::get_types(&mut *conn, &type_keys).await {
         Ok(t) => t,
         Err(e) => return Err((jobs, e)),
     };
@@ -496,7 +514,7 @@ async fn check_catalogue(
     let known_topics: HashSet<String> = if topic_keys.is_empty() {
         HashSet::new()
     } else {
-        match topics::existing_topics(pool, &topic_keys).await {
+        match topics::existing_topics(&mut *conn, &topic_keys).await {
             Ok(t) => t.into_iter().collect(),
             Err(e) => return Err((jobs, e)),
         }
@@ -557,12 +575,20 @@ async fn check_catalogue(
 /// transaction, the clock that due times and leases use, never the host's. The dedup bucket is fixed the first time: a batch written
 /// again keeps its keys. `ready` is sorted by (stored key, caller) on the way.
 async fn try_write(
-    pool: &PgPool,
+    conn: &mut notify_store::sqlx::PgConnection,
     cfg: &WriterConfig,
     ready: &mut [Ready],
 ) -> Result<(Vec<Written>, bool), StoreError> {
-    let mut tx = pool.begin().await?;
-    let now = cfg.clock.now(&mut tx).await?;
+    let mut tx = notify_store::sqlx::Connection::begin(conn).await?;
+    // A batch that plans takes the erasure lock before it writes anything, and learns the
+    // planning instant in the same round trip; held until the commit, so an erasure
+    // happens wholly before or after this plan.
+    let now = if ready.iter().any(|r| r.job.event.topic.is_none()) {
+        let database_now = notify_store::erasure::begin_planning(&mut tx).await?;
+        cfg.clock.at(database_now)
+    } else {
+        cfg.clock.now(&mut tx).await?
+    };
     for r in ready.iter_mut() {
         r.job.event.bucket_key(now, r.dedup_window_s);
     }
@@ -590,11 +616,6 @@ async fn try_write(
             (e.type_key.as_str(), e.recipients.as_slice())
         })
         .collect();
-    // Held until the commit: an erasure happens wholly before or after this plan.
-    if !requests.is_empty() {
-        // The lookups below find rows by key: a plan per statement, not per run.
-        notify_store::erasure::begin_planning(&mut tx).await?;
-    }
     let facts = catalog::load_recipient_facts_many(&mut tx, &requests).await?;
     let mut planned: HashMap<usize, (Vec<NewDelivery>, Vec<SkippedDelivery>)> = HashMap::new();
     // Fatigue caps count what each user already has scheduled, across this batch too.

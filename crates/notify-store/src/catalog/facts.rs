@@ -1,4 +1,4 @@
-//! What the planner needs to know about recipients, read in three queries whatever their
+//! What the planner needs to know about recipients, read in one statement whatever their
 //! number.
 
 use crate::Result;
@@ -7,8 +7,8 @@ use sqlx::Row;
 use std::collections::HashMap;
 
 /// Loads what the planner needs for `user_ids` (in that order) and type `type_key`:
-/// contact data, active push endpoints (oldest first) and preferences. Three queries,
-/// whatever the number of recipients (a fourth, by hash in `recipient_erasures`, for
+/// contact data, active push endpoints (oldest first) and preferences. One statement,
+/// whatever the number of recipients (a second, by hash in `recipient_erasures`, for
 /// users without a recipients row). A planning transaction calls
 /// [`crate::erasure::begin_planning`] first.
 pub async fn load_recipient_facts(
@@ -33,7 +33,7 @@ pub fn distinct_users<'a>(requests: &[(&str, &'a [String])]) -> Vec<&'a str> {
 }
 
 /// [`load_recipient_facts`] for several `(type key, user ids)` requests at once: one
-/// result per request, in order, from the same three queries.
+/// result per request, in order, from the same statement.
 pub async fn load_recipient_facts_many(
     db: &mut sqlx::PgConnection,
     requests: &[(&str, &[String])],
@@ -62,6 +62,11 @@ pub async fn load_recipient_facts_many(
     types.sort_unstable();
     types.dedup();
     let mut known: HashMap<String, Known> = HashMap::with_capacity(users.len());
+    // One statement, one row per user: contact data, suppressions, active push endpoints
+    // and preferences, each read by key in a subquery of its own, and the batch's
+    // marketing types once (it was five statements, five round trips, one after another
+    // on the planning transaction's path).
+    //
     // The users are joined from `unnest($1)`, not filtered by `= ANY($1)`: on a small
     // table Postgres picks a sequential scan and, with a generic plan, tests every row
     // against every element of the array (a 2,000-user fan-out page against 1,000
@@ -69,47 +74,101 @@ pub async fn load_recipient_facts_many(
     // in a subquery of its own (`OFFSET 0` keeps it one): the planning transactions plan
     // generically (`crate::erasure::begin_planning`), and a plain join's generic plan, estimating
     // ten users, hashes the whole table when it is small (0.1 to 0.4 ms at 1,000
-    // recipients, for three users).
-
-    let rows =
-        sqlx::query(
-            "SELECT r.user_id, r.email, r.line_user_id, coalesce(NOT lf.following, false) AS line_unfollowed,
-                    CASE WHEN NOT lf.following THEN lf.changed_at END AS line_unfollowed_at,
-                    r.email_undeliverable_at IS NOT NULL AS email_undeliverable,
-                    r.timezone, r.quiet_hours_json
-             FROM unnest($1::text[]) AS u(user_id)
-             CROSS JOIN LATERAL (SELECT * FROM recipients r WHERE r.user_id = u.user_id OFFSET 0) r
-             LEFT JOIN line_followers lf ON lf.line_user_id = r.line_user_id",
-        )
-        .bind(&users)
-        .fetch_all(&mut *db)
-        .await?;
-    for r in rows {
-        let k = known.entry(r.get("user_id")).or_default();
-        k.exists = true;
-        k.email = r
-            .get::<Option<String>, _>("email")
-            .filter(|s| !s.is_empty());
-        k.line_user_id = r
-            .get::<Option<String>, _>("line_user_id")
-            .filter(|s| !s.is_empty());
-        k.line_unfollowed = r.get("line_unfollowed");
-        k.line_unfollowed_at = r.get("line_unfollowed_at");
-        k.email_undeliverable = r.get("email_undeliverable");
-        k.timezone = notify_core::validate::parse_timezone(r.get("timezone"));
-        k.quiet_hours = r
-            .get::<Option<serde_json::Value>, _>("quiet_hours_json")
-            .and_then(|v| serde_json::from_value(v).ok())
+    // recipients, for three users). Suppressions match the user, or the address of a
+    // user with a recipients row; endpoints and preferences match the user id alone.
+    let rows = sqlx::query(
+        "SELECT u.user_id, r.user_id IS NOT NULL AS exists,
+                r.email, r.line_user_id, coalesce(NOT lf.following, false) AS line_unfollowed,
+                CASE WHEN NOT lf.following THEN lf.changed_at END AS line_unfollowed_at,
+                r.email_undeliverable_at IS NOT NULL AS email_undeliverable,
+                r.timezone, r.quiet_hours_json,
+                ARRAY(SELECT s.category FROM email_suppressions s
+                      WHERE s.user_id = r.user_id
+                         OR (s.user_id IS NULL AND lower(s.address) = lower(r.email))) AS suppressed,
+                ep.ids AS endpoint_ids, ep.platforms AS endpoint_platforms,
+                pr.types AS pref_types, pr.channels AS pref_channels, pr.enabled AS pref_enabled,
+                (SELECT array_agg(t.key) FROM notification_types t
+                 WHERE t.key = ANY($2) AND t.category = 'marketing') AS marketing
+         FROM unnest($1::text[]) AS u(user_id)
+         LEFT JOIN LATERAL (SELECT * FROM recipients r WHERE r.user_id = u.user_id OFFSET 0) r ON true
+         LEFT JOIN line_followers lf ON lf.line_user_id = r.line_user_id
+         CROSS JOIN LATERAL (
+             SELECT array_agg(n.id ORDER BY n.registered_at, n.id) AS ids,
+                    array_agg(n.platform ORDER BY n.registered_at, n.id) AS platforms
+             FROM notification_endpoints n
+             WHERE n.user_id = u.user_id AND n.status = 'active') ep
+         CROSS JOIN LATERAL (
+             SELECT array_agg(p.type) AS types, array_agg(p.channel) AS channels,
+                    array_agg(p.enabled) AS enabled
+             FROM notification_preferences p
+             WHERE p.user_id = u.user_id AND p.type = ANY($2)) pr",
+    )
+    .bind(&users)
+    .bind(&types)
+    .fetch_all(&mut *db)
+    .await?;
+    let mut marketing: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut unknown: Vec<String> = Vec::new();
+    for r in &rows {
+        let user: String = r.get("user_id");
+        if marketing.is_empty() {
+            marketing.extend(
+                r.get::<Option<Vec<String>>, _>("marketing")
+                    .unwrap_or_default(),
+            );
+        }
+        let mut k = Known {
+            exists: r.get("exists"),
+            ..Default::default()
+        };
+        if k.exists {
+            k.email = r
+                .get::<Option<String>, _>("email")
+                .filter(|s| !s.is_empty());
+            k.line_user_id = r
+                .get::<Option<String>, _>("line_user_id")
+                .filter(|s| !s.is_empty());
+            k.line_unfollowed = r.get("line_unfollowed");
+            k.line_unfollowed_at = r.get("line_unfollowed_at");
+            k.email_undeliverable = r.get("email_undeliverable");
+            k.timezone = notify_core::validate::parse_timezone(r.get("timezone"));
+            k.quiet_hours = r
+                .get::<Option<serde_json::Value>, _>("quiet_hours_json")
+                .and_then(|v| serde_json::from_value(v).ok())
+                .unwrap_or_default();
+            k.suppressed = r.get("suppressed");
+        } else {
+            unknown.push(user.clone());
+        }
+        let ids: Vec<uuid::Uuid> = r
+            .get::<Option<Vec<_>>, _>("endpoint_ids")
             .unwrap_or_default();
+        let platforms: Vec<String> = r
+            .get::<Option<Vec<_>>, _>("endpoint_platforms")
+            .unwrap_or_default();
+        k.push_endpoints = ids.into_iter().zip(platforms).collect();
+        let types: Vec<String> = r.get::<Option<Vec<_>>, _>("pref_types").unwrap_or_default();
+        let channels: Vec<String> = r
+            .get::<Option<Vec<_>>, _>("pref_channels")
+            .unwrap_or_default();
+        let enabled: Vec<bool> = r
+            .get::<Option<Vec<_>>, _>("pref_enabled")
+            .unwrap_or_default();
+        for ((t, c), on) in types.into_iter().zip(channels).zip(enabled) {
+            let channel = match c.as_str() {
+                "*" => None,
+                c => match c.parse::<Channel>() {
+                    Ok(c) => Some(c),
+                    Err(_) => continue,
+                },
+            };
+            k.prefs.push((t, channel, on));
+        }
+        known.insert(user, k);
     }
 
     // Users without a recipients row: erased ones (recipient_erasures by the id's
     // SHA-256) get nothing at all. No query when every user is known.
-    let unknown: Vec<&str> = users
-        .iter()
-        .copied()
-        .filter(|u| !known.contains_key(*u))
-        .collect();
     if !unknown.is_empty() {
         let hashes: Vec<Vec<u8>> = unknown
             .iter()
@@ -124,75 +183,9 @@ pub async fn load_recipient_facts_many(
         .await?;
         for (u, h) in unknown.iter().zip(&hashes) {
             if erased.contains(h) {
-                known.entry((*u).to_string()).or_default().erased = true;
+                known.entry(u.clone()).or_default().erased = true;
             }
         }
-    }
-
-    // Email suppressions (bounces, complaints, the console) by user or by address.
-    let rows = sqlx::query(
-        "SELECT r.user_id, s.category FROM unnest($1::text[]) AS u(user_id)
-         CROSS JOIN LATERAL (SELECT * FROM recipients r WHERE r.user_id = u.user_id OFFSET 0) r
-         JOIN email_suppressions s ON s.user_id = r.user_id
-              OR (s.user_id IS NULL AND lower(s.address) = lower(r.email))",
-    )
-    .bind(&users)
-    .fetch_all(&mut *db)
-    .await?;
-    for r in rows {
-        known
-            .entry(r.get("user_id"))
-            .or_default()
-            .suppressed
-            .push(r.get("category"));
-    }
-    let marketing: std::collections::HashSet<String> = sqlx::query_scalar(
-        "SELECT key FROM notification_types WHERE key = ANY($1) AND category = 'marketing'",
-    )
-    .bind(&types)
-    .fetch_all(&mut *db)
-    .await?
-    .into_iter()
-    .collect();
-
-    let rows = sqlx::query(
-        "SELECT n.user_id, n.id, n.platform FROM unnest($1::text[]) AS u(user_id)
-         JOIN notification_endpoints n ON n.user_id = u.user_id
-         WHERE n.status = 'active' ORDER BY n.registered_at, n.id",
-    )
-    .bind(&users)
-    .fetch_all(&mut *db)
-    .await?;
-    for r in rows {
-        known
-            .entry(r.get("user_id"))
-            .or_default()
-            .push_endpoints
-            .push((r.get("id"), r.get("platform")));
-    }
-
-    let rows = sqlx::query(
-        "SELECT p.user_id, p.type, p.channel, p.enabled FROM unnest($1::text[]) AS u(user_id)
-         JOIN notification_preferences p ON p.user_id = u.user_id
-         WHERE p.type = ANY($2)",
-    )
-    .bind(&users)
-    .bind(&types)
-    .fetch_all(&mut *db)
-    .await?;
-    for r in rows {
-        let channel = match r.get::<&str, _>("channel") {
-            "*" => None,
-            c => match c.parse::<Channel>() {
-                Ok(c) => Some(c),
-                Err(_) => continue,
-            },
-        };
-        known.entry(r.get("user_id")).or_default().prefs.push((
-            r.get("type"),
-            channel,
-            r.get("enabled"),
-        ));
     }
 
     Ok(requests
