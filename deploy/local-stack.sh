@@ -416,7 +416,8 @@ pool_mode = $PGB_POOL_MODE
 server_reset_query = DISCARD ALL
 ; Server connections per (database, user). Session mode: a client connection keeps its
 ; server connection until it closes, so this must cover every client pool at once (ingest
-; 20, five workers and http-api 10 each, the bench's 8: 88), else clients wait for one;
+; 16 and its event writer's 4, five workers and http-api 10 each, the bench's 8: 88), else
+; clients wait for one;
 ; 150 stays below Postgres' max_connections (400). Transaction mode: the platform's
 ; transactions are short (group commits, batched claims and records), 40 serve them.
 default_pool_size = $PGB_POOL_SIZE

@@ -57,6 +57,10 @@ pub struct Direct {
     paced_room: Arc<tokio::sync::Semaphore>,
     pool: PgPool,
     per_row: usize,
+    /// The runtime `new` was called on (the server's): releases run there, not on the
+    /// event writer's own thread ([`crate::writer::EventWriter::start`]), which
+    /// [`Direct::publish`] is called from.
+    runtime: tokio::runtime::Handle,
 }
 
 /// The relay's end of [`Direct`].
@@ -64,8 +68,12 @@ pub struct Direct {
 pub struct DirectRx(mpsc::UnboundedReceiver<Handed>);
 
 impl Direct {
-    /// A door and its relay end; `pool` releases what the relay cannot take;
-    /// `per_message` is the relay's [`RelayConfig::deliveries_per_message`].
+    /// A door and its relay end; `pool` releases what the relay cannot take, on the
+    /// runtime this is called on; `per_message` is the relay's
+    /// [`RelayConfig::deliveries_per_message`].
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
     pub fn new(pool: PgPool, per_message: usize) -> (Self, DirectRx) {
         let (tx, rx) = mpsc::unbounded_channel();
         let room = Arc::new(tokio::sync::Semaphore::new(DIRECT_BACKLOG));
@@ -78,6 +86,7 @@ impl Direct {
                 paced_room,
                 pool,
                 per_row,
+                runtime: tokio::runtime::Handle::current(),
             },
             DirectRx(rx),
         )
@@ -107,7 +116,8 @@ impl Direct {
             Err(_) => rows,
         };
         let pool = self.pool.clone();
-        tokio::spawn(async move { release(&pool, &rows).await });
+        self.runtime
+            .spawn(async move { release(&pool, &rows).await });
     }
 
     /// Hands committed held rows to the relay, waiting up to `patience` in all for room

@@ -113,12 +113,25 @@ impl EventWriter {
             .clone()
             .max_connections(u32::try_from(writers * CONNECTIONS_PER_WRITER).unwrap_or(u32::MAX));
         let connect = (*pool.connect_options()).clone();
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
+        let (started, start_result) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("event-writer".into())
             .spawn(move || {
+                // Built here: a runtime may not be dropped on the caller's, should this
+                // thread fail to start.
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => {
+                        let _ = started.send(Ok(()));
+                        rt
+                    }
+                    Err(e) => {
+                        let _ = started.send(Err(e));
+                        return;
+                    }
+                };
                 runtime.block_on(async move {
                     // Opened lazily, on this runtime: each connection's socket is then
                     // driven by this thread, not the server's.
@@ -137,6 +150,9 @@ impl EventWriter {
                     pool.close().await;
                 });
             })?;
+        start_result
+            .recv()
+            .map_err(|_| std::io::Error::other("the event writer's thread ended at start"))??;
         Ok(Self { tx })
     }
 

@@ -57,6 +57,9 @@ pub async fn load_recipient_facts_many(
         prefs: Vec<(String, Option<Channel>, bool)>,
     }
     let users = distinct_users(requests);
+    if users.is_empty() {
+        return Ok(requests.iter().map(|_| Vec::new()).collect());
+    }
     let mut types: Vec<&str> = requests.iter().map(|(t, _)| *t).collect();
     types.push("*");
     types.sort_unstable();
