@@ -188,6 +188,39 @@ async fn twenty_concurrent_identical_requests_make_one_event() {
     p.stop().await;
 }
 
+/// The event writer has connections of its own: `CreateEvent` is written while every
+/// connection of ingest's main pool is held (by slow reads, the relay, the fan-out), where
+/// before it waited for one and failed `UNAVAILABLE` after the pool's 5 s acquire timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_event_is_written_while_the_main_pool_is_exhausted() {
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("order_paid", &["inapp"]).await;
+    // Hold every connection the main pool will give (its size, less what the LISTEN
+    // connections keep); the pool's acquire timeout is 5 s.
+    let mut held = Vec::new();
+    while let Ok(Ok(conn)) =
+        tokio::time::timeout(Duration::from_millis(500), p.pool.acquire()).await
+    {
+        held.push(conn);
+    }
+    assert!(!held.is_empty(), "the main pool gave no connection");
+    let started = std::time::Instant::now();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(4),
+        p.ingest()
+            .create_event(p.event("order:pool:1", "order_paid", &["u1"])),
+    )
+    .await
+    .expect("CreateEvent answered before the main pool's acquire timeout")
+    .expect("CreateEvent succeeded with the main pool exhausted");
+    assert!(!reply.into_inner().event_id.is_empty());
+    assert!(started.elapsed() < Duration::from_secs(4));
+    drop(held);
+    assert_eq!(p.count("notification_events").await, 1);
+    assert_eq!(p.count("notification_deliveries").await, 1);
+    p.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_written_together_each_get_their_own_answer() {
     let p = Platform::start_with_workers(&[]).await;
