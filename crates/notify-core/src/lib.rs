@@ -20,6 +20,7 @@ pub mod retry;
 pub mod schedule;
 pub mod sensitive;
 pub mod signed;
+pub mod spellings;
 pub mod status;
 pub mod template;
 #[cfg(test)]
