@@ -509,6 +509,9 @@ export NOTIFY_APNS_TOPIC=test.notify.app
 export NOTIFY_VAPID_PRIVATE_KEY_FILE=$STACK/keys/vapid-key.pem
 export NOTIFY_VAPID_SUBJECT=mailto:ops@notify.example.test
 export NOTIFY_WEBPUSH_BASE_OVERRIDE=http://127.0.0.1:$SIM_PORT/webpush
+# The demo's browser subscriptions are on push.example.test (the simulator's push service,
+# reached through the override above), besides the real browsers' push services.
+export NOTIFY_WEB_PUSH_HOSTS=push.example.test,fcm.googleapis.com,updates.push.services.mozilla.com,web.push.apple.com,.notify.windows.com
 EOF
 }
 

@@ -81,12 +81,17 @@ pub struct HttpConfig {
     pub console: console::ConsoleConfig,
     /// Bounce and complaint webhooks ([`email_events`]).
     pub email_events: email_events::EmailEventsConfig,
+    /// Which Web Push endpoints a device registration may name
+    /// ([`notify_core::links::LinkPolicy::web_push_endpoint`]).
+    pub links: notify_core::links::LinkPolicy,
 }
 
 impl HttpConfig {
     /// Reads `NOTIFY_LINE_CHANNEL_SECRET` and `NOTIFY_UNSUBSCRIBE_SECRET` (both required),
     /// `NOTIFY_UNSUBSCRIBE_TTL` (1440h = 60 days; 720h to 366d), the inbox settings ([`inbox::InboxConfig::from_env`]) and `NOTIFY_CORS_ORIGINS`
-    /// (comma-separated origins, empty = no cross-origin calls).
+    /// (comma-separated origins, empty = no cross-origin calls), and the link policy
+    /// ([`notify_core::links::LinkPolicy::from_env`]: `NOTIFY_WEB_PUSH_HOSTS`,
+    /// `NOTIFY_DEV_HTTP_HOSTS`).
     ///
     /// # Errors
     /// [`Missing`] when a required variable is unset; every problem is also recorded in
@@ -114,6 +119,7 @@ impl HttpConfig {
             inbox: inbox::InboxConfig::from_env(env),
             console: console::ConsoleConfig::from_env(env),
             email_events: email_events::EmailEventsConfig::from_env(env),
+            links: notify_core::links::LinkPolicy::from_env(env),
             cors_origins: env
                 .string("NOTIFY_CORS_ORIGINS", "")
                 .split(',')

@@ -263,13 +263,13 @@ fn check_actions(v: &mut Violations, field: &str, actions: &[Action]) {
         let at = format!("{field}[{i}]");
         if a.label
             .chars()
-            .all(|c| c.is_whitespace() || crate::validate::is_invisible(c))
+            .all(|c| c.is_whitespace() || crate::validate::is_zero_width(c))
         {
             v.add(format!("{at}.label"), "is required and must not be blank");
         } else if a
             .label
             .chars()
-            .any(|c| crate::validate::is_invisible(c) || crate::validate::is_bidi_control(c))
+            .any(|c| crate::validate::is_zero_width(c) || crate::validate::is_bidi_control(c))
         {
             v.add(
                 format!("{at}.label"),

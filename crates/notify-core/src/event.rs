@@ -207,8 +207,7 @@ impl NewEvent {
         } else {
             let mut seen = std::collections::HashSet::new();
             for (i, r) in input.recipients.iter().enumerate() {
-                let r: String = r.nfc().collect();
-                if v.check_id(&format!("recipients[{i}]"), &r, MAX_USER_ID_BYTES)
+                if let Some(r) = v.id(&format!("recipients[{i}]"), r, MAX_USER_ID_BYTES)
                     && seen.insert(r.clone())
                 {
                     recipients.push(r);

@@ -17,7 +17,7 @@ use crate::event::NewEvent;
 use crate::validate::{FieldViolation, Violations};
 
 /// Which `http://` hosts links may name (all others must be `https://`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LinkPolicy {
     /// Hosts (lowercase, without port) allowed over plain http, e.g. `localhost`; an entry
     /// starting with `.` allows that domain's subdomains (`.test`).
@@ -26,6 +26,44 @@ pub struct LinkPolicy {
     /// `:`), e.g. `myshop`; [`LinkPolicy::from_env`] refuses the schemes that run code or
     /// read files (`javascript`, `data`, `file`, `vbscript`, `blob`, `about`).
     pub deep_link_schemes: Vec<String>,
+    /// The push services a Web Push subscription's endpoint may name (lowercase hosts; an
+    /// entry starting with `.` allows that domain's subdomains): the platform POSTs to
+    /// that URL, so an end user must not be able to point it anywhere else
+    /// ([`LinkPolicy::web_push_endpoint`]). Default [`KNOWN_PUSH_SERVICES`].
+    pub web_push_hosts: Vec<String>,
+}
+
+/// The push services of the browsers in use (`NOTIFY_WEB_PUSH_HOSTS`'s default): Chrome,
+/// Edge, Opera and Samsung Internet subscribe through Firebase Cloud Messaging
+/// (`fcm.googleapis.com`), Firefox through Mozilla's autopush
+/// (`updates.push.services.mozilla.com`), Safari through Apple
+/// (`web.push.apple.com`), and Windows' own push service through WNS
+/// (`*.notify.windows.com`).
+pub const KNOWN_PUSH_SERVICES: [&str; 4] = [
+    "fcm.googleapis.com",
+    "updates.push.services.mozilla.com",
+    "web.push.apple.com",
+    ".notify.windows.com",
+];
+
+impl Default for LinkPolicy {
+    /// No development hosts, no deep-link schemes, the [`KNOWN_PUSH_SERVICES`].
+    fn default() -> Self {
+        Self {
+            http_hosts: Vec::new(),
+            deep_link_schemes: Vec::new(),
+            web_push_hosts: KNOWN_PUSH_SERVICES.iter().map(|h| h.to_string()).collect(),
+        }
+    }
+}
+
+/// Whether `host` is one of `hosts` (an entry `.domain` matches the domain and every
+/// subdomain of it).
+pub(crate) fn host_listed(hosts: &[String], host: &str) -> bool {
+    hosts.iter().any(|h| match h.strip_prefix('.') {
+        Some(domain) => host == domain || host.ends_with(&format!(".{domain}")),
+        None => host == h,
+    })
 }
 
 /// Schemes never allowed as deep links, whatever the configuration says.
@@ -53,7 +91,9 @@ const RULE: &str = "must be an https:// URL with a host (http:// only for the de
 
 impl LinkPolicy {
     /// Reads `NOTIFY_DEV_HTTP_HOSTS` (comma-separated hosts allowed over plain http;
-    /// empty) and `NOTIFY_DEEP_LINK_SCHEMES` (comma-separated app schemes; empty). A
+    /// empty), `NOTIFY_DEEP_LINK_SCHEMES` (comma-separated app schemes; empty) and
+    /// `NOTIFY_WEB_PUSH_HOSTS` (comma-separated push service hosts, `.domain` for its
+    /// subdomains; [`KNOWN_PUSH_SERVICES`]). A
     /// scheme in [`FORBIDDEN_SCHEMES`] or not of RFC 3986 scheme characters is an error
     /// recorded in `env`.
     pub fn from_env(env: &mut crate::config::Env) -> Self {
@@ -65,6 +105,7 @@ impl LinkPolicy {
         };
         let http_hosts = list(env.string("NOTIFY_DEV_HTTP_HOSTS", ""));
         let deep_link_schemes = list(env.string("NOTIFY_DEEP_LINK_SCHEMES", ""));
+        let web_push_hosts = list(env.string("NOTIFY_WEB_PUSH_HOSTS", &KNOWN_PUSH_SERVICES.join(",")));
         for s in &deep_link_schemes {
             let scheme_chars = s.starts_with(|c: char| c.is_ascii_alphabetic())
                 && s.chars()
@@ -79,7 +120,36 @@ impl LinkPolicy {
         LinkPolicy {
             http_hosts,
             deep_link_schemes,
+            web_push_hosts,
         }
+    }
+
+    /// The URL to POST a Web Push message to, if `endpoint` (a `PushSubscription`'s
+    /// endpoint, W3C Push API) may be one: an `https://` URL passing the public-address
+    /// rule of status webhooks ([`crate::webhook::endpoint_url`]: no private, loopback,
+    /// link-local or other special-purpose address however spelt, no `localhost`, no
+    /// `user:password@`, at most 2,048 bytes) whose host, as the URL parser reads it, is
+    /// one of [`Self::web_push_hosts`]. Checked when a device is registered and again
+    /// before every send, so a row written some other way is never connected to.
+    ///
+    /// # Errors
+    /// The rule broken, never echoing the URL.
+    pub fn web_push_endpoint(&self, endpoint: &str) -> Result<url::Url, String> {
+        if !endpoint.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://")) {
+            return Err("must be an https:// URL".into());
+        }
+        let url = crate::webhook::endpoint_url(self, endpoint)?;
+        let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+        let host = host.strip_suffix('.').unwrap_or(&host);
+        if !matches!(url.host(), Some(url::Host::Domain(_)))
+            || !host_listed(&self.web_push_hosts, host)
+        {
+            return Err(format!(
+                "must name a known push service ({}; NOTIFY_WEB_PUSH_HOSTS)",
+                self.web_push_hosts.join(", ")
+            ));
+        }
+        Ok(url)
     }
 
     /// Why `url`, standing at `field`, is not an acceptable link: [`Self::problem`], except
@@ -141,10 +211,7 @@ impl LinkPolicy {
         if secure {
             return Ok(());
         }
-        let allowed = self.http_hosts.iter().any(|h| match h.strip_prefix('.') {
-            Some(domain) => host == domain || host.ends_with(&format!(".{domain}")),
-            None => host == h,
-        });
+        let allowed = host_listed(&self.http_hosts, host);
         if allowed {
             Ok(())
         } else {
@@ -236,6 +303,7 @@ mod tests {
         LinkPolicy {
             http_hosts: vec!["localhost".into(), ".test".into()],
             deep_link_schemes: vec!["myshop".into()],
+            ..Default::default()
         }
     }
 
@@ -419,4 +487,40 @@ mod tests {
             "{problems}"
         );
     }
+
+    #[test]
+    fn web_push_endpoints_must_be_known_push_services_on_public_addresses() {
+        let p = LinkPolicy::default();
+        for ok in [
+            "https://fcm.googleapis.com/fcm/send/abc:APA91b",
+            "https://updates.push.services.mozilla.com/wpush/v2/gAAAA",
+            "https://web.push.apple.com/QGuQyavXut",
+            "https://wns2-par02p.notify.windows.com/w/?token=BQYAAA",
+            "HTTPS://FCM.googleapis.com/fcm/send/x",
+        ] {
+            assert!(p.web_push_endpoint(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "http://fcm.googleapis.com/fcm/send/x",
+            "https://127.0.0.1/x",
+            "https://169.254.169.254/latest",
+            "https://10.0.0.1/x",
+            "https://localhost/x",
+            "https://[::1]/x",
+            "https://0x7f000001/x",
+            "https://user:pw@fcm.googleapis.com/x",
+            "https://fcm.googleapis.com.evil.test/x",
+            "https://evil.test/fcm.googleapis.com",
+            "https://notify.windows.com.evil.test/x",
+        ] {
+            assert!(p.web_push_endpoint(bad).is_err(), "{bad}");
+        }
+        // Even a list naming an address keeps IP literals out.
+        let p = LinkPolicy {
+            web_push_hosts: vec!["127.0.0.1".into()],
+            ..Default::default()
+        };
+        assert!(p.web_push_endpoint("https://127.0.0.1/x").is_err());
+    }
+
 }

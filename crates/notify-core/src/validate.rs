@@ -39,38 +39,27 @@ impl Violations {
         }
     }
 
-    /// Checks an identifier-like text: not blank (whitespace and invisible format
-    /// characters do not count), no leading or trailing whitespace, at most `max_bytes`
-    /// UTF-8 bytes, free of control characters. Returns whether it passed.
-    pub fn check_id(&mut self, field: &str, value: &str, max_bytes: usize) -> bool {
-        if value.chars().all(|c| c.is_whitespace() || is_invisible(c)) {
-            self.add(field, "is required and must not be blank");
-            false
-        } else if value.trim() != value {
-            self.add(field, "must not start or end with whitespace");
-            false
-        } else if value.len() > max_bytes {
-            self.add(
-                field,
-                format!(
-                    "must be at most {max_bytes} bytes (UTF-8), got {}",
-                    value.len()
-                ),
-            );
-            false
-        } else if value.chars().any(char::is_control) {
-            self.add(field, "must not contain control characters");
-            false
-        } else if value.chars().any(|c| is_invisible(c) || is_bidi_control(c)) {
-            // `u\u{200b}1` would look like `u1` and be another user.
-            self.add(
-                field,
-                "must not contain invisible or bidirectional control characters",
-            );
-            false
-        } else {
-            true
+    /// Parses an identifier (a user id, an event or cancellation key, a device token):
+    /// the one rule every RPC and HTTP route applies ([`id_problem`]) to the text
+    /// normalised to NFC (Unicode UAX #15), which is what is stored and compared, so
+    /// `jose\u{301}` and `jos\u{e9}` are one user wherever they arrive. `None` (and a
+    /// violation recorded for `field`) when the text breaks the rule.
+    pub fn id(&mut self, field: &str, value: &str, max_bytes: usize) -> Option<String> {
+        use unicode_normalization::UnicodeNormalization;
+        let nfc: String = value.nfc().collect();
+        match id_problem(&nfc, max_bytes) {
+            Ok(()) => Some(nfc),
+            Err(why) => {
+                self.add(field, why);
+                None
+            }
         }
+    }
+
+    /// [`Self::id`] for a value that is only checked (a filter, a reason): whether it
+    /// passed.
+    pub fn check_id(&mut self, field: &str, value: &str, max_bytes: usize) -> bool {
+        self.id(field, value, max_bytes).is_some()
     }
 
     /// Checks that `value` has at most `max_chars` Unicode scalar values and no NUL
@@ -122,6 +111,21 @@ impl Violations {
             .strip_prefix("https://")
             .or_else(|| lower.strip_prefix("http://"));
         match rest {
+            // An app's own scheme (`myshop://orders/1`) is told where it can go.
+            None if value
+                .split_once("://")
+                .is_some_and(|(scheme, _)| {
+                    scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+                        && scheme
+                            .chars()
+                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+                }) =>
+            {
+                self.add(
+                    field,
+                    "must be an absolute https:// or http:// URL; an app deep link (a scheme of NOTIFY_DEEP_LINK_SCHEMES) belongs on an action button (content.actions[].url)",
+                )
+            }
             None => self.add(field, "must be an absolute https:// or http:// URL"),
             Some(rest) if rest.is_empty() || rest.starts_with('/') => {
                 self.add(field, "must name a host")
@@ -135,14 +139,59 @@ impl Violations {
     }
 }
 
-/// Bidirectional embedding, override and isolate controls (U+202A to U+202E, U+2066 to
-/// U+2069), which reorder how text is shown.
-pub(crate) fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+/// Why `value` (already NFC) is not an identifier: blank (whitespace and ignorable
+/// characters do not count), leading or trailing whitespace, more than `max_bytes` UTF-8
+/// bytes, or a character that is a control (Cc), a line or paragraph separator (Zl, Zp),
+/// Default_Ignorable_Code_Point (U+00AD soft hyphen, U+034F, U+115F, U+180E, U+200B,
+/// U+3164 Hangul filler, variation selectors, tags, ...) or Bidi_Control (U+061C, U+200E,
+/// U+202A..U+202E, U+2066..U+2069): each renders as nothing or reorders what is shown,
+/// so `u\u{ad}1` would look like `u1` and be another user. The properties come from
+/// the Unicode Character Database through ICU4X (`icu_properties`), not a list of ours.
+///
+/// # Errors
+/// The rule broken, for a person to read (never echoing the value).
+pub fn id_problem(value: &str, max_bytes: usize) -> Result<(), String> {
+    if value.chars().all(|c| c.is_whitespace() || is_invisible(c)) {
+        Err("is required and must not be blank".into())
+    } else if value.trim() != value {
+        Err("must not start or end with whitespace".into())
+    } else if value.len() > max_bytes {
+        Err(format!(
+            "must be at most {max_bytes} bytes (UTF-8), got {}",
+            value.len()
+        ))
+    } else if value.chars().any(char::is_control) {
+        Err("must not contain control characters".into())
+    } else if value.chars().any(|c| is_invisible(c) || is_bidi_control(c)) {
+        Err("must not contain invisible (Unicode Default_Ignorable_Code_Point), bidirectional control or line separator characters".into())
+    } else {
+        Ok(())
+    }
 }
 
-/// Zero-width and byte-order-mark characters that render as nothing.
+/// Unicode Bidi_Control characters (U+061C, U+200E, U+200F, U+202A..U+202E,
+/// U+2066..U+2069), which reorder how text is shown (UCD PropList.txt).
+pub(crate) fn is_bidi_control(c: char) -> bool {
+    icu_properties::CodePointSetData::new::<icu_properties::props::BidiControl>().contains(c)
+}
+
+/// Characters that render as nothing or break a line where an identifier is shown:
+/// Default_Ignorable_Code_Point (UCD DerivedCoreProperties.txt: zero-width characters,
+/// the soft hyphen, fillers, variation selectors, tags, the byte-order mark) and the
+/// line and paragraph separators (General_Category Zl, Zp: U+2028, U+2029).
 pub(crate) fn is_invisible(c: char) -> bool {
+    use icu_properties::props::{DefaultIgnorableCodePoint, GeneralCategory};
+    icu_properties::CodePointSetData::new::<DefaultIgnorableCodePoint>().contains(c)
+        || matches!(
+            icu_properties::CodePointMapData::<GeneralCategory>::new().get(c),
+            GeneralCategory::LineSeparator | GeneralCategory::ParagraphSeparator
+        )
+}
+
+/// Zero-width characters and the byte-order mark (U+200B..U+200F, U+2060..U+2064,
+/// U+FEFF): what a display text such as a button label may not consist of or contain.
+/// Narrower than [`is_invisible`], so a label keeps an emoji's variation selector.
+pub(crate) fn is_zero_width(c: char) -> bool {
     matches!(c, '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}')
 }
 
@@ -185,10 +234,13 @@ pub fn is_type_key(key: &str) -> bool {
 
 /// Checks a push endpoint registration: `platform` `fcm` or `apns` with a `token`, or
 /// `webpush` with a subscription `(endpoint, p256dh, auth)` (W3C Push API; RFC 8291: p256dh
-/// is a 65-byte uncompressed P-256 point, auth 16 bytes, both base64url). Returns what to
-/// store: the token (the endpoint URL for Web Push) and the subscription keys.
+/// is a 65-byte uncompressed P-256 point, auth 16 bytes, both base64url) whose endpoint
+/// the link policy allows ([`crate::links::LinkPolicy::web_push_endpoint`]: a known push
+/// service on a public address). Returns what to store: the token (the endpoint URL for
+/// Web Push) and the subscription keys.
 pub fn check_endpoint(
     v: &mut Violations,
+    links: &crate::links::LinkPolicy,
     platform: &str,
     token: &str,
     web_push: Option<(&str, &str, &str)>,
@@ -215,10 +267,9 @@ pub fn check_endpoint(
                         "must be empty for platform webpush (the endpoint is in web_push)",
                     );
                 }
-                if !endpoint.starts_with("https://") {
-                    v.add("web_push.endpoint", "must be an https:// URL");
+                if let Err(why) = links.web_push_endpoint(endpoint) {
+                    v.add("web_push.endpoint", why);
                 }
-                v.check_url("web_push.endpoint", endpoint);
                 let b64url = |x: &str, lens: std::ops::RangeInclusive<usize>| {
                     lens.contains(&x.len())
                         && x.chars()
@@ -296,16 +347,51 @@ mod tests {
     }
 
     #[test]
+    fn look_alike_ids_are_refused_from_the_unicode_properties() {
+        // Each makes an id that looks like `alice` (or another user's) and is not.
+        for c in [
+            '\u{ad}', '\u{61c}', '\u{34f}', '\u{3164}', '\u{fe0f}', '\u{e0041}', '\u{2028}',
+            '\u{2029}', '\u{180e}', '\u{115f}', '\u{206a}', '\u{200d}', '\u{2066}', '\u{1d173}',
+        ] {
+            let mut v = Violations::default();
+            for id in [format!("{c}alice"), format!("al{c}ice"), format!("alice{c}")] {
+                assert_eq!(v.id("user_id", &id, 255), None, "U+{:04X}", u32::from(c));
+            }
+            assert_eq!(v.0.len(), 3);
+            assert_eq!(v.0[0].field, "user_id");
+        }
+        // Thai text, combining marks included, is an id as it is.
+        let mut v = Violations::default();
+        assert_eq!(
+            v.id("user_id", "สมชาย.ใจดี", 255).as_deref(),
+            Some("สมชาย.ใจดี")
+        );
+    }
+
+    #[test]
+    fn one_user_id_whatever_normalisation_form_it_arrives_in() {
+        let mut v = Violations::default();
+        let nfd = v.id("user_id", "jose\u{301}", 255);
+        let nfc = v.id("user_id", "jos\u{e9}", 255);
+        assert_eq!(nfd.as_deref(), Some("jos\u{e9}"));
+        assert_eq!(nfd, nfc);
+        assert!(v.0.is_empty());
+    }
+
+    #[test]
     fn urls_must_be_absolute_http_or_https() {
         let mut v = Violations::default();
         v.check_url("ok1", "https://shop.example.test/orders/123");
         v.check_url("ok2", "");
         v.check_url("js", "javascript:alert(1)");
+        v.check_url("deep", "myshop://orders/1");
         v.check_url("rel", "/orders/1");
         v.check_url("nohost", "https:///x");
         v.check_url("space", "https://a.test/x y");
         let fields: Vec<_> = v.0.iter().map(|f| f.field.as_str()).collect();
-        assert_eq!(fields, ["js", "rel", "nohost", "space"]);
+        assert_eq!(fields, ["js", "deep", "rel", "nohost", "space"]);
+        assert!(v.0[1].description.contains("action button"), "{:?}", v.0[1]);
+        assert!(!v.0[0].description.contains("action button"));
     }
 
     #[test]

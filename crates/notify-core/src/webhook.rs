@@ -223,10 +223,7 @@ pub fn host_of(url: &str) -> Option<String> {
 /// Whether `host` is one of the policy's development hosts (allowed to be anywhere,
 /// loopback included).
 pub fn dev_host(policy: &crate::links::LinkPolicy, host: &str) -> bool {
-    policy.http_hosts.iter().any(|h| match h.strip_prefix('.') {
-        Some(domain) => host == domain || host.ends_with(&format!(".{domain}")),
-        None => host == h,
-    })
+    crate::links::host_listed(&policy.http_hosts, host)
 }
 
 /// IPv4 blocks that are not globally reachable (IANA IPv4 Special-Purpose Address
@@ -351,6 +348,7 @@ mod tests {
         LinkPolicy {
             http_hosts: hosts.iter().map(|h| h.to_string()).collect(),
             deep_link_schemes: vec![],
+            ..Default::default()
         }
     }
 

@@ -2,9 +2,53 @@
 //! failure becomes a transient outcome, an answer is read whole with its headers and its
 //! `Retry-After`.
 
+use notify_core::links::LinkPolicy;
 use notify_core::outcome::parse_retry_after;
 use notify_core::{AttemptOutcome, ErrorClass};
+use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use std::net::SocketAddr;
 use std::time::Duration;
+
+/// A resolver for clients that connect to URLs someone else supplied (status webhook
+/// endpoints, Web Push subscriptions): names are resolved with the system resolver and
+/// only public addresses kept ([`notify_core::webhook::is_public`]), so a name that
+/// resolves (or starts resolving after registration) to a private, loopback or
+/// link-local address is refused when connecting, and what was checked is what is
+/// connected to. A name with none left is an error. Development hosts
+/// ([`LinkPolicy::http_hosts`]) resolve unfiltered. IP-address hosts never reach a
+/// resolver: check them first with [`notify_core::webhook::endpoint_url`].
+#[derive(Debug, Clone)]
+pub struct PublicOnly {
+    policy: LinkPolicy,
+}
+
+impl PublicOnly {
+    /// A resolver exempting `policy`'s development hosts.
+    pub fn new(policy: LinkPolicy) -> Self {
+        Self { policy }
+    }
+}
+
+impl Resolve for PublicOnly {
+    fn resolve(&self, name: Name) -> Resolving {
+        let host = name.as_str().to_ascii_lowercase();
+        let dev = notify_core::webhook::dev_host(&self.policy, &host);
+        Box::pin(async move {
+            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await?
+                .filter(|a| dev || notify_core::webhook::is_public(a.ip()))
+                .collect();
+            if found.is_empty() {
+                return Err(format!(
+                    "refused: {host} resolves to no public address (private, loopback or link-local)"
+                )
+                .into());
+            }
+            let addrs: Addrs = Box::new(found.into_iter());
+            Ok(addrs)
+        })
+    }
+}
 
 /// A provider's complete HTTP answer.
 #[derive(Debug)]

@@ -70,7 +70,8 @@ impl PushConfig {
     /// then) and `NOTIFY_APNS_API_BASE` (https://api.push.apple.com); Web Push when
     /// `NOTIFY_VAPID_PRIVATE_KEY_FILE` is set (PEM, PKCS #8, P-256), with
     /// `NOTIFY_VAPID_SUBJECT` (required then: `mailto:` or `https:`), `NOTIFY_WEBPUSH_TTL`
-    /// (1d) and `NOTIFY_WEBPUSH_BASE_OVERRIDE` (empty; a simulator's base URL).
+    /// (1d), `NOTIFY_WEBPUSH_BASE_OVERRIDE` (empty; a simulator's base URL) and the link
+    /// policy's `NOTIFY_WEB_PUSH_HOSTS` and `NOTIFY_DEV_HTTP_HOSTS`.
     ///
     /// # Errors
     /// [`Missing`](notify_core::config::Missing) when a required variable is unset; every
@@ -109,6 +110,7 @@ impl PushConfig {
                         notify_core::retry::parse_duration(s).map_err(|e| e.to_string())
                     }),
                     timeout,
+                    links: notify_core::links::LinkPolicy::from_env(env),
                     vapid_subject: vapid_subject?,
                 })
             });

@@ -49,6 +49,10 @@ pub struct WebPushConfig {
     pub ttl: Duration,
     /// Timeout of one call.
     pub timeout: Duration,
+    /// Which subscription endpoints may be sent to
+    /// ([`notify_core::links::LinkPolicy::web_push_endpoint`], checked before every send;
+    /// `NOTIFY_WEB_PUSH_HOSTS`).
+    pub links: notify_core::links::LinkPolicy,
 }
 
 /// Why Web Push could not be set up.
@@ -126,8 +130,14 @@ impl WebPush {
         use p256::elliptic_curve::sec1::ToEncodedPoint;
         let public_key =
             URL_SAFE_NO_PAD.encode(secret.public_key().to_encoded_point(false).as_bytes());
+        // The endpoint is the end user's to choose: no redirect is followed (one could
+        // lead anywhere) and names resolve to public addresses only.
         let http = reqwest::Client::builder()
             .timeout(cfg.timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(std::sync::Arc::new(notify_worker::http::PublicOnly::new(
+                cfg.links.clone(),
+            )))
             .user_agent(concat!("notify-worker-push/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self {
@@ -176,7 +186,9 @@ impl WebPush {
         }
     }
 
-    /// Sends `job` to the subscription at `endpoint`.
+    /// Sends `job` to the subscription at `endpoint`, if the link policy allows the
+    /// endpoint (else `webpush_endpoint_refused`, an invalid endpoint: it is revoked and
+    /// nothing is connected to).
     pub async fn send(&self, job: &Job, endpoint: &str, lease: &Lease) -> AttemptOutcome {
         let fit = crate::fit::Fit {
             provider: "Web Push",
@@ -203,6 +215,16 @@ impl WebPush {
             "headers": {"TTL": ttl, "Urgency": urgency, "Topic": topic},
             "payload": payload,
         });
+        // Checked again here: a row written around the registration's check (by hand, by
+        // an older release) is never connected to.
+        if let Err(why) = self.cfg.links.web_push_endpoint(endpoint) {
+            return AttemptOutcome::failed(
+                ErrorClass::InvalidEndpoint,
+                "webpush_endpoint_refused",
+                content,
+            )
+            .with_response(format!("refused: the subscription endpoint {why}"));
+        }
         let (ua_public, ua_auth) = match subscription_keys(job.endpoint_subscription.as_ref()) {
             Ok(k) => k,
             Err(e) => {

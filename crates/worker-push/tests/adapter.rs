@@ -41,6 +41,10 @@ fn sender(sim: &Sim) -> PushSender {
             base_override: format!("{}/webpush", sim.url),
             ttl: Duration::from_secs(3600),
             timeout: TIMEOUT,
+            links: notify_core::links::LinkPolicy {
+                web_push_hosts: vec!["push.example.test".into()],
+                ..Default::default()
+            },
         }),
     })
     .unwrap()
@@ -405,5 +409,53 @@ async fn data_that_leaves_no_room_for_the_body_fails_naming_the_largest_part() {
     assert!(
         why.contains("FCM allows 4096") && why.contains("its largest parts: /message/data "),
         "{why}"
+    );
+}
+
+/// A Web Push subscription row naming a private or loopback address (written around the
+/// registration check: by hand, by an older release) is never connected to, with no
+/// simulator override in between, as in production: the attempt fails as an invalid
+/// endpoint (revoked, not retried) and the listener on that address sees no connection.
+#[tokio::test]
+async fn a_web_push_endpoint_on_a_private_address_is_never_connected_to() {
+    use p256::pkcs8::{EncodePrivateKey, LineEnding};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let vapid = p256::SecretKey::random(&mut p256::elliptic_curve::rand_core::OsRng);
+    let cfg = WebPushConfig {
+        vapid_key_pem: vapid.to_pkcs8_pem(LineEnding::LF).unwrap().to_string(),
+        vapid_subject: "mailto:ops@example.test".into(),
+        base_override: String::new(),
+        ttl: Duration::from_secs(3600),
+        timeout: TIMEOUT,
+        // Even a misconfigured list naming the address keeps an IP literal out.
+        links: notify_core::links::LinkPolicy {
+            web_push_hosts: vec!["127.0.0.1".into(), "push.example.test".into()],
+            ..Default::default()
+        },
+    };
+    let webpush = worker_push::webpush::WebPush::new(cfg).unwrap();
+    let keys = json!({"p256dh": format!("B{}", "A".repeat(86)), "auth": "A".repeat(22)});
+    for endpoint in [
+        format!("https://127.0.0.1:{port}/wp/1"),
+        format!("https://localhost:{port}/wp/1"),
+        format!("https://[::1]:{port}/wp/1"),
+        format!("https://0x7f000001:{port}/wp/1"),
+        format!("https://127.1:{port}/wp/1"),
+        format!("https://user:pw@push.example.test:{port}/wp/1"),
+        "https://169.254.169.254/latest/meta-data".to_string(),
+        "https://10.0.0.1/wp/1".to_string(),
+    ] {
+        let mut j = push_job("webpush", &endpoint);
+        j.endpoint_subscription = Some(keys.clone());
+        let out = webpush.send(&j, &endpoint, &lease()).await;
+        let err = notify_worker::testing::failure(&out);
+        assert_eq!(err.class, InvalidEndpoint, "{endpoint}: {out:?}");
+        assert_eq!(err.code, "webpush_endpoint_refused", "{endpoint}");
+    }
+    assert!(
+        listener.accept().is_err(),
+        "something connected to the loopback listener"
     );
 }

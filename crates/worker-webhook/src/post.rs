@@ -6,42 +6,12 @@
 use notify_core::links::LinkPolicy;
 use notify_core::webhook;
 use notify_store::webhooks::{ClaimedMessage, PostResult};
-use reqwest::dns::{Addrs, Name, Resolve, Resolving};
-use std::net::SocketAddr;
+use notify_worker::http::PublicOnly;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Bytes of the answer's body read (the rest is dropped unread).
 pub const MAX_BODY_READ: usize = 1024;
-
-/// Resolves names with the system resolver and keeps only public addresses
-/// ([`webhook::is_public`]); a name with none left is an error. Development hosts
-/// ([`LinkPolicy::http_hosts`]) resolve unfiltered.
-#[derive(Debug, Clone)]
-pub(crate) struct PublicOnly {
-    pub(crate) policy: LinkPolicy,
-}
-
-impl Resolve for PublicOnly {
-    fn resolve(&self, name: Name) -> Resolving {
-        let host = name.as_str().to_ascii_lowercase();
-        let dev = webhook::dev_host(&self.policy, &host);
-        Box::pin(async move {
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await?
-                .filter(|a| dev || webhook::is_public(a.ip()))
-                .collect();
-            if found.is_empty() {
-                return Err(format!(
-                    "refused: {host} resolves to no public address (private, loopback or link-local)"
-                )
-                .into());
-            }
-            let addrs: Addrs = Box::new(found.into_iter());
-            Ok(addrs)
-        })
-    }
-}
 
 /// The HTTP client of the worker: `timeout` per request (connect included), redirects
 /// never followed (a 3xx is a failed attempt), addresses filtered by [`PublicOnly`].
@@ -54,9 +24,7 @@ pub fn client(policy: &LinkPolicy, timeout: Duration) -> reqwest::Result<reqwest
         .timeout(timeout)
         .connect_timeout(timeout)
         .redirect(reqwest::redirect::Policy::none())
-        .dns_resolver(Arc::new(PublicOnly {
-            policy: policy.clone(),
-        }))
+        .dns_resolver(Arc::new(PublicOnly::new(policy.clone())))
         .user_agent(concat!("notify-webhook/", env!("CARGO_PKG_VERSION")))
         .build()
 }

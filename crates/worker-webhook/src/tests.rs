@@ -95,6 +95,7 @@ fn dev_policy(hosts: &[&str]) -> LinkPolicy {
     LinkPolicy {
         http_hosts: hosts.iter().map(|h| h.to_string()).collect(),
         deep_link_schemes: vec![],
+        ..Default::default()
     }
 }
 
@@ -124,9 +125,7 @@ async fn a_name_resolving_to_loopback_is_refused_at_connect_time_unless_a_dev_ho
     // The resolver the client connects through: `localhost` is no dev host here, and
     // it resolves to loopback only.
     use reqwest::dns::Resolve;
-    let resolver = post::PublicOnly {
-        policy: dev_policy(&[]),
-    };
+    let resolver = notify_worker::http::PublicOnly::new(dev_policy(&[]));
     let name: reqwest::dns::Name = "localhost".parse().unwrap();
     let err = match resolver.resolve(name).await {
         Ok(addrs) => panic!("resolved to {:?}", addrs.collect::<Vec<_>>()),

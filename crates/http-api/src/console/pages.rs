@@ -75,7 +75,9 @@ pub(super) async fn search(
     Query(q): Query<SearchQuery>,
 ) -> Page {
     let user = require(&app, &headers).await?;
-    let query = q.q.trim();
+    // NFC, as every id and key is stored (notify_core::validate::Violations::id).
+    let query: String = unicode_normalization::UnicodeNormalization::nfc(q.q.trim()).collect();
+    let query = query.as_str();
     if query.is_empty() {
         return Ok(page(
             "Search",

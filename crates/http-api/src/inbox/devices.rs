@@ -56,7 +56,7 @@ pub(super) async fn register_device(
         )
     });
     let (token, subscription) =
-        notify_core::validate::check_endpoint(&mut v, &b.platform, &b.token, web_push);
+        notify_core::validate::check_endpoint(&mut v, &app.cfg.links, &b.platform, &b.token, web_push);
     v.into_result(()).map_err(ApiError::Violations)?;
     let id = notify_store::catalog::register_endpoint(
         &app.pool,

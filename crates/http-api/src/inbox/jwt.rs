@@ -153,15 +153,15 @@ impl Verifier {
                 _ => "invalid".to_string(),
             }
         })?;
-        let sub: String =
-            unicode_normalization::UnicodeNormalization::nfc(data.claims.sub.as_str()).collect();
-        // The same rule ingest applies to a recipient's user id, so a token can name only
-        // a user id that can exist (and a NUL never reaches Postgres).
+        // The one id rule ingest applies to a recipient's user id (NFC-normalised), so a
+        // token can name only a user id that can exist (and a NUL never reaches Postgres).
         let mut violations = notify_core::validate::Violations::default();
-        if !violations.check_id("sub", &sub, notify_core::event::MAX_USER_ID_BYTES) {
-            let why = violations.0.first().map_or("", |f| f.description.as_str());
-            return Err(format!("sub {why}"));
+        match violations.id("sub", &data.claims.sub, notify_core::event::MAX_USER_ID_BYTES) {
+            Some(sub) => Ok(sub),
+            None => {
+                let why = violations.0.first().map_or("", |f| f.description.as_str());
+                Err(format!("sub {why}"))
+            }
         }
-        Ok(sub)
     }
 }

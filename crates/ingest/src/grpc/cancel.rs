@@ -61,8 +61,10 @@ fn parse(r: pb::CancelEventRequest) -> Result<(CancelSelector, Vec<String>), Api
     }
     let mut recipients = Vec::with_capacity(r.recipients.len());
     for (i, u) in r.recipients.iter().enumerate() {
-        if v.check_id(&format!("recipients[{i}]"), u, 255) && !recipients.contains(u) {
-            recipients.push(u.clone());
+        if let Some(u) = v.id(&format!("recipients[{i}]"), u, 255)
+            && !recipients.contains(&u)
+        {
+            recipients.push(u);
         }
     }
     v.into_result(()).map_err(ApiError::Invalid)?;

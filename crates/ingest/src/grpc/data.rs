@@ -23,18 +23,21 @@ pub(super) const EXPORT_CHUNKS_AHEAD: usize = 4;
 pub(super) type ExportStream =
     Pin<Box<dyn futures_util::Stream<Item = Result<pb::ExportRecipientDataChunk, Status>> + Send>>;
 
-fn user_id_of(user_id: &str) -> Result<(), ApiError> {
+/// The request's user id by the one id rule, NFC-normalised
+/// ([`Violations::id`]).
+fn user_id_of(user_id: &str) -> Result<String, ApiError> {
     let mut v = Violations::default();
-    v.check_id("user_id", user_id, 255);
-    v.into_result(()).map_err(ApiError::Invalid)
+    let id = v.id("user_id", user_id, 255);
+    v.into_result(id.unwrap_or_default())
+        .map_err(ApiError::Invalid)
 }
 
 impl Services {
     pub(super) async fn get_recipient(
         &self,
-        r: pb::GetRecipientRequest,
+        mut r: pb::GetRecipientRequest,
     ) -> Result<pb::GetRecipientResponse, ApiError> {
-        user_id_of(&r.user_id)?;
+        r.user_id = user_id_of(&r.user_id)?;
         let v = notify_store::catalog::get_recipient(&self.pool, &r.user_id)
             .await?
             .ok_or(ApiError::NotFound {
@@ -69,9 +72,9 @@ impl Services {
     pub(super) async fn erase_recipient(
         &self,
         caller: Caller,
-        r: pb::EraseRecipientRequest,
+        mut r: pb::EraseRecipientRequest,
     ) -> Result<pb::EraseRecipientResponse, ApiError> {
-        user_id_of(&r.user_id)?;
+        r.user_id = user_id_of(&r.user_id)?;
         let out = erasure::erase_recipient(&self.pool, &r.user_id, &caller.name).await?;
         tracing::info!(
             erased_by = %caller.name,
@@ -97,9 +100,9 @@ impl Services {
     /// stream with `UNAVAILABLE` or `INTERNAL` (the document is then incomplete).
     pub(super) async fn export_recipient_data(
         &self,
-        r: pb::ExportRecipientDataRequest,
+        mut r: pb::ExportRecipientDataRequest,
     ) -> Result<ExportStream, ApiError> {
-        user_id_of(&r.user_id)?;
+        r.user_id = user_id_of(&r.user_id)?;
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<pb::ExportRecipientDataChunk, Status>>(
             EXPORT_CHUNKS_AHEAD,
         );

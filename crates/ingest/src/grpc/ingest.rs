@@ -195,7 +195,7 @@ impl Services {
         if event_id.is_err() {
             v.add("event_id", "must be a UUID");
         }
-        v.check_id("user_id", &r.user_id, 255);
+        let user_id = v.id("user_id", &r.user_id, 255).unwrap_or_default();
         let channel = r.channel.parse::<Channel>();
         if let Err(e) = &channel {
             v.add("channel", e.to_string());
@@ -224,9 +224,9 @@ impl Services {
                 default_channels: &t.default_channels,
             }),
         );
-        let skipped = events::skip_of(&mut *snap, event_id, &r.user_id, channel).await?;
+        let skipped = events::skip_of(&mut *snap, event_id, &user_id, channel).await?;
         let mut found = Vec::new();
-        for d in events::deliveries_of(&mut *snap, event_id, &r.user_id, channel).await? {
+        for d in events::deliveries_of(&mut *snap, event_id, &user_id, channel).await? {
             let endpoint = match d.endpoint_id {
                 Some(ep) => events::endpoint_state(&mut *snap, ep).await?,
                 None => String::new(),
@@ -279,7 +279,7 @@ impl Services {
             .collect();
         Ok(pb::ExplainDeliveryResponse {
             event_id: event_id.to_string(),
-            user_id: r.user_id,
+            user_id,
             channel: channel.as_str().into(),
             type_defaults,
             deliveries,

@@ -46,10 +46,9 @@ impl Services {
         if let Some(t) = &type_key {
             v.check_id("type", t, 255);
         }
-        let recipient = Some(r.recipient.clone()).filter(|u| !u.is_empty());
-        if let Some(u) = &recipient {
-            v.check_id("recipient", u, 255);
-        }
+        let recipient = Some(r.recipient.clone())
+            .filter(|u| !u.is_empty())
+            .and_then(|u| v.id("recipient", &u, 255));
         let created_after = instant(&mut v, "created_after", r.created_after);
         let created_before = instant(&mut v, "created_before", r.created_before);
         if let (Some(a), Some(b)) = (created_after, created_before)

@@ -15,10 +15,10 @@ use uuid::Uuid;
 impl Services {
     async fn upsert_recipient(
         &self,
-        r: pb::UpsertRecipientRequest,
+        mut r: pb::UpsertRecipientRequest,
     ) -> Result<pb::UpsertRecipientResponse, ApiError> {
         let mut v = Violations::default();
-        v.check_id("user_id", &r.user_id, 255);
+        r.user_id = v.id("user_id", &r.user_id, 255).unwrap_or_default();
         v.check_len("display_name", &r.display_name, 255);
         if r.display_name.chars().any(char::is_control) {
             v.add("display_name", "must not contain control characters");
@@ -73,16 +73,16 @@ impl Services {
 
     async fn register_endpoint(
         &self,
-        r: pb::RegisterEndpointRequest,
+        mut r: pb::RegisterEndpointRequest,
     ) -> Result<pb::RegisterEndpointResponse, ApiError> {
         let mut v = Violations::default();
-        v.check_id("user_id", &r.user_id, 255);
+        r.user_id = v.id("user_id", &r.user_id, 255).unwrap_or_default();
         let web_push = r
             .web_push
             .as_ref()
             .map(|w| (w.endpoint.as_str(), w.p256dh.as_str(), w.auth.as_str()));
         let (token, subscription) =
-            validate::check_endpoint(&mut v, &r.platform, &r.token, web_push);
+            validate::check_endpoint(&mut v, &self.links, &r.platform, &r.token, web_push);
         v.into_result(()).map_err(ApiError::Invalid)?;
         let id = catalog::register_endpoint(
             &self.pool,
@@ -132,10 +132,10 @@ impl Services {
 
     async fn set_preference(
         &self,
-        r: pb::SetPreferenceRequest,
+        mut r: pb::SetPreferenceRequest,
     ) -> Result<pb::SetPreferenceResponse, ApiError> {
         let mut v = Violations::default();
-        v.check_id("user_id", &r.user_id, 255);
+        r.user_id = v.id("user_id", &r.user_id, 255).unwrap_or_default();
         let channel = validate::check_preference(&mut v, &r.r#type, &r.channel);
         v.into_result(()).map_err(ApiError::Invalid)?;
         if r.r#type != "*" && catalog::get_type(&self.pool, &r.r#type).await?.is_none() {
@@ -150,10 +150,10 @@ impl Services {
 
     async fn get_preferences(
         &self,
-        r: pb::GetPreferencesRequest,
+        mut r: pb::GetPreferencesRequest,
     ) -> Result<pb::GetPreferencesResponse, ApiError> {
         let mut v = Violations::default();
-        v.check_id("user_id", &r.user_id, 255);
+        r.user_id = v.id("user_id", &r.user_id, 255).unwrap_or_default();
         v.into_result(()).map_err(ApiError::Invalid)?;
         let Some(catalog::UserPreferences {
             preferences: prefs,
@@ -190,10 +190,10 @@ impl Services {
 
     async fn set_quiet_hours(
         &self,
-        r: pb::SetQuietHoursRequest,
+        mut r: pb::SetQuietHoursRequest,
     ) -> Result<pb::SetQuietHoursResponse, ApiError> {
         let mut v = Violations::default();
-        v.check_id("user_id", &r.user_id, 255);
+        r.user_id = v.id("user_id", &r.user_id, 255).unwrap_or_default();
         let mut windows = Vec::new();
         for (i, w) in r.windows.iter().enumerate() {
             let mut channels = Vec::new();

@@ -9,7 +9,9 @@ use notify_store::topics;
 use tonic::{Request, Response, Status};
 
 impl Services {
-    fn check_topic_users(v: &mut Violations, topic: &str, user_ids: &[String]) {
+    /// Checks the topic key and the user ids, which are normalised in place by the one
+    /// id rule ([`Violations::id`]).
+    fn check_topic_users(v: &mut Violations, topic: &str, user_ids: &mut [String]) {
         if !validate::is_type_key(topic) {
             v.add(
                 "topic",
@@ -22,8 +24,10 @@ impl Services {
                 format!("must name 1 to 1000 users, got {}", user_ids.len()),
             );
         }
-        for (i, u) in user_ids.iter().enumerate().take(1_000) {
-            v.check_id(&format!("user_ids[{i}]"), u, 255);
+        for (i, u) in user_ids.iter_mut().enumerate().take(1_000) {
+            if let Some(id) = v.id(&format!("user_ids[{i}]"), u, 255) {
+                *u = id;
+            }
         }
     }
 
@@ -52,9 +56,9 @@ impl Services {
         Ok(pb::CreateTopicResponse { created })
     }
 
-    async fn subscribe(&self, r: pb::SubscribeRequest) -> Result<pb::SubscribeResponse, ApiError> {
+    async fn subscribe(&self, mut r: pb::SubscribeRequest) -> Result<pb::SubscribeResponse, ApiError> {
         let mut v = Violations::default();
-        Self::check_topic_users(&mut v, &r.topic, &r.user_ids);
+        Self::check_topic_users(&mut v, &r.topic, &mut r.user_ids);
         v.into_result(()).map_err(ApiError::Invalid)?;
         self.require_topic(&r.topic).await?;
         let added = topics::subscribe(&self.pool, &r.topic, &r.user_ids).await?;
@@ -65,10 +69,10 @@ impl Services {
 
     async fn unsubscribe(
         &self,
-        r: pb::UnsubscribeRequest,
+        mut r: pb::UnsubscribeRequest,
     ) -> Result<pb::UnsubscribeResponse, ApiError> {
         let mut v = Violations::default();
-        Self::check_topic_users(&mut v, &r.topic, &r.user_ids);
+        Self::check_topic_users(&mut v, &r.topic, &mut r.user_ids);
         v.into_result(()).map_err(ApiError::Invalid)?;
         self.require_topic(&r.topic).await?;
         let removed = topics::unsubscribe(&self.pool, &r.topic, &r.user_ids).await?;

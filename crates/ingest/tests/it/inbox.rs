@@ -621,6 +621,7 @@ async fn a_second_replica_with_jwks_keys_streams_the_same_inbox() {
         },
         cors_origins: vec![],
         console: Default::default(),
+        links: Default::default(),
     };
     let (pool, s) = (p.pool.clone(), stop.clone());
     tokio::spawn(async move { http_api::serve(listener, pool, cfg, s).await.unwrap() });
@@ -893,6 +894,7 @@ async fn with_an_audience_and_issuer_configured_only_tokens_for_them_are_accepte
         },
         cors_origins: vec![],
         console: Default::default(),
+        links: Default::default(),
     };
     let (pool, s) = (p.pool.clone(), stop.clone());
     tokio::spawn(async move { http_api::serve(listener, pool, cfg, s).await.unwrap() });

@@ -18,6 +18,7 @@ mod email_failover;
 mod email_format;
 mod fallback;
 mod fanout;
+mod identifiers;
 mod inbox;
 mod inbox_rich;
 mod intent_edges;

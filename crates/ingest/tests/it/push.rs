@@ -613,3 +613,77 @@ async fn fcm_and_apns_errors_are_sorted_by_class() {
     }
     p.stop().await;
 }
+
+/// Web Push endpoints on every private or loopback spelling, with credentials, or on a
+/// host that is no known push service are refused when a device is registered, over
+/// gRPC and over the inbox API alike, and nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_push_endpoints_off_the_known_push_services_are_refused_at_registration() {
+    let p = Platform::start_with_workers(&[]).await;
+    let u = p.add_bare_recipient("ssrf").await;
+    let p256dh = format!("B{}", "A".repeat(86));
+    let auth = "A".repeat(22);
+    let token = support::hs256(
+        &json!({"sub": u, "exp": chrono::Utc::now().timestamp() + 300}),
+        support::INBOX_SECRET,
+    );
+    for endpoint in [
+        "https://127.0.0.1/wp/1",
+        "https://169.254.169.254/latest/meta-data",
+        "https://10.0.0.1/wp/1",
+        "https://localhost/wp/1",
+        "https://[::1]/wp/1",
+        "https://0x7f000001/wp/1",
+        "https://127.1:8443/wp/1",
+        "https://user:pw@push.example.test/wp/1",
+        "https://push.example.test@127.0.0.1/wp/1",
+        "https://internal.example.com/wp/1",
+        "http://push.example.test/wp/1",
+    ] {
+        let err = p
+            .recipients()
+            .register_endpoint(pb::RegisterEndpointRequest {
+                user_id: u.clone(),
+                platform: "webpush".into(),
+                token: String::new(),
+                web_push: Some(pb::WebPushSubscription {
+                    endpoint: endpoint.into(),
+                    p256dh: p256dh.clone(),
+                    auth: auth.clone(),
+                }),
+            })
+            .await
+            .expect_err(endpoint);
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{endpoint}");
+        assert!(err.message().contains("web_push.endpoint"), "{endpoint}: {}", err.message());
+
+        let r = p
+            .http
+            .post(format!("{}/v1/inbox/devices", p.http_url))
+            .bearer_auth(&token)
+            .json(&json!({"platform": "webpush", "web_push": {"endpoint": endpoint, "keys": {"p256dh": p256dh, "auth": auth}}}))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(status, 400, "{endpoint}: {e}");
+        assert_eq!(e["error"]["field"], "web_push.endpoint", "{endpoint}: {e}");
+    }
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM notification_endpoints")
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 0);
+    // A known push service's endpoint is accepted.
+    let r = p
+        .http
+        .post(format!("{}/v1/inbox/devices", p.http_url))
+        .bearer_auth(&token)
+        .json(&json!({"platform": "webpush", "web_push": {"endpoint": "https://updates.push.services.mozilla.com/wpush/v2/gAAAA", "keys": {"p256dh": p256dh, "auth": auth}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    p.stop().await;
+}

@@ -159,6 +159,7 @@ pub(crate) async fn platform(workers: &[Channel]) -> Platform {
         links: notify_core::links::LinkPolicy {
             http_hosts: vec!["127.0.0.1".into()],
             deep_link_schemes: vec!["myshop".into()],
+            ..Default::default()
         },
         ..Default::default()
     })

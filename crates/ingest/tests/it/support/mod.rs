@@ -206,10 +206,7 @@ impl Default for Options {
             auth: ingest::auth::AuthMode::Off,
             tls: None,
             clock: ingest::clock::Clock::Database,
-            links: notify_core::links::LinkPolicy {
-                http_hosts: Vec::new(),
-                deep_link_schemes: vec!["myshop".into()],
-            },
+            links: test_links(),
             retention: ingest::RetentionConfig {
                 interval: Duration::from_secs(3600),
                 ..Default::default()
@@ -254,6 +251,20 @@ fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::
     }
 }
 
+/// The tests' link policy: the app scheme `myshop`, and the Web Push subscriptions on
+/// push.example.test (served by the simulator through its base override) besides the
+/// known push services.
+pub(crate) fn test_links() -> notify_core::links::LinkPolicy {
+    notify_core::links::LinkPolicy {
+        http_hosts: Vec::new(),
+        deep_link_schemes: vec!["myshop".into()],
+        web_push_hosts: std::iter::once("push.example.test")
+            .chain(notify_core::links::KNOWN_PUSH_SERVICES)
+            .map(String::from)
+            .collect(),
+    }
+}
+
 /// The in-process http-api's settings for a platform (the console's session cookie
 /// without `Secure`: tests and the browser speak plain http to 127.0.0.1).
 pub(crate) fn http_config(stack: &Stack, topology: &Topology) -> http_api::HttpConfig {
@@ -281,6 +292,7 @@ pub(crate) fn http_config(stack: &Stack, topology: &Topology) -> http_api::HttpC
             insecure_cookies: true,
             ..Default::default()
         },
+        links: test_links(),
     }
 }
 

@@ -113,6 +113,7 @@ impl Platform {
                             base_override: format!("{}/webpush", self.sim_url),
                             ttl: Duration::from_secs(3600),
                             timeout: Duration::from_secs(5),
+                            links: super::test_links(),
                         }),
                     })
                     .unwrap()
