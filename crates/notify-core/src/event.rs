@@ -137,8 +137,9 @@ impl NewEvent {
     /// Validates every field and reports every violation at once.
     ///
     /// Rules: `event_key` required, at most 255 bytes after NFC; `type` required;
-    /// `actor_id` at most 255 bytes; 1 to 1,000 `recipients`, each non-blank, at most 255
-    /// bytes, no control characters (repeats are merged); `payload` empty or a JSON object
+    /// `actor_id` empty or, like each of the 1 to 1,000 `recipients`, a user id by the one
+    /// id rule ([`Violations::id`]: NFC, at most 255 bytes, no control, invisible or
+    /// bidirectional control characters; repeated recipients are merged); `payload` empty or a JSON object
     /// of at most 64 KiB; `content.title` required; lengths capped; `content.url` an absolute
     /// http(s) URL; `channels` known names; `send_at` RFC 3339 with an offset, `delay` a
     /// duration ([`crate::retry::parse_duration`]), not both (a violation of `delay`). The
@@ -153,11 +154,13 @@ impl NewEvent {
         } else if !crate::validate::is_type_key(input.type_key.trim()) {
             v.add("type", "must be a notification type key: 1 to 64 characters of [a-z0-9_.-] starting with a letter");
         }
-        if input.actor_id.len() > 255 {
-            v.add("actor_id", "must be at most 255 bytes");
-        } else if input.actor_id.chars().any(char::is_control) {
-            v.add("actor_id", "must not contain control characters");
-        }
+        // Optional; when set, a user id like any other (the one id rule, NFC).
+        let actor_id = if input.actor_id.is_empty() {
+            String::new()
+        } else {
+            v.id("actor_id", &input.actor_id, MAX_USER_ID_BYTES)
+                .unwrap_or_default()
+        };
 
         let topic = Some(input.topic.trim().to_string()).filter(|t| !t.is_empty());
         if let Some(t) = &topic
@@ -264,7 +267,7 @@ impl NewEvent {
         v.into_result(NewEvent {
             event_key,
             type_key: input.type_key.trim().to_string(),
-            actor_id: input.actor_id,
+            actor_id,
             recipients,
             payload,
             content: input.content.normalized(),
