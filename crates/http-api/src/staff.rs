@@ -6,11 +6,13 @@
 //!   (`$argon2id$v=19$m=19456,t=2,p=1$<salt>$<hash>`, RFC 9106 with the OWASP parameters;
 //!   `http-api hash-password` makes one). A 64-hex-digit SHA-256 hash from older releases
 //!   is refused at start-up with a message saying how to replace it.
-//! - Throttling: after `sign_in_limit` failures within `sign_in_window` for a typed name,
-//!   or from one client address (the TCP peer), sign-ins for it answer 429 with
-//!   `Retry-After` until the oldest counted failure leaves the window. Counted in Postgres
-//!   (`console_sign_in_failures`, database clock), so every replica sees them; the typed
-//!   name is stored and compared only as its SHA-256 and never logged.
+//! - Throttling (`console/throttle.rs`): every sign-in takes an attempt, before its
+//!   password is checked, from the counts of its typed name at its client address (the
+//!   TCP peer), of that address, and (unless the name signed in from there within 30
+//!   days) of that name from every address, atomically in Postgres
+//!   (`console_sign_in_counts`, database clock), so no burst on any replica gets more
+//!   checks than a count allows; when one is used up the sign-in answers 429 with
+//!   `Retry-After`. The typed name is stored only as its SHA-256 and never logged.
 //! - Sessions: the cookie holds 32 random bytes; `console_sessions` holds their SHA-256, the
 //!   staff member and the expiry (`session_ttl`). Signing out deletes the row, so the old
 //!   cookie is refused on every replica and after restarts.
@@ -78,18 +80,6 @@ pub(crate) fn password_matches(hash: &str, password: &str) -> bool {
 pub(crate) fn dummy_hash() -> &'static str {
     static DUMMY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     DUMMY.get_or_init(|| password_hash(&hex::encode(rand::random::<[u8; 32]>())))
-}
-
-/// The throttling keys of a sign-in: the typed name (as its SHA-256) and the address.
-pub(crate) fn throttle_keys(typed_user: &str, addr: Option<std::net::IpAddr>) -> Vec<String> {
-    let mut keys = vec![format!(
-        "user:{}",
-        hex::encode(Sha256::digest(typed_user.as_bytes()))
-    )];
-    if let Some(a) = addr {
-        keys.push(format!("addr:{a}"));
-    }
-    keys
 }
 
 /// A new random session id (the cookie value, base64url of 32 random bytes) and the

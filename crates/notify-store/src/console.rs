@@ -385,62 +385,155 @@ pub async fn delete_session(db: &PgPool, id_hash: &[u8]) -> Result<bool> {
     Ok(r.rows_affected() == 1)
 }
 
-/// How long, in whole seconds (at least 1), until `keys` may try to sign in again: `None`
-/// when every key has had fewer than `limit` failures within the last `window`
-/// (database clock); else until the oldest failure of the fullest key leaves the window.
-pub async fn sign_in_blocked_for(
-    db: &PgPool,
-    keys: &[String],
-    limit: u32,
-    window: std::time::Duration,
-) -> Result<Option<u64>> {
-    let wait: Option<f64> = sqlx::query_scalar(
-        "SELECT max(wait) FROM ( \
-           SELECT key, extract(epoch FROM \
-                    (array_agg(at ORDER BY at DESC))[$2] + make_interval(secs => $3) - now() \
-                  )::float8 AS wait \
-           FROM console_sign_in_failures \
-           WHERE key = ANY($1) AND at > now() - make_interval(secs => $3) \
-           GROUP BY key HAVING count(*) >= $2 \
-         ) blocked",
-    )
-    .bind(keys)
-    .bind(i32::try_from(limit).unwrap_or(i32::MAX))
-    .bind(window.as_secs_f64())
-    .fetch_one(db)
-    .await?;
-    Ok(wait.map(|w| w.ceil().max(1.0) as u64))
+/// One count a console sign-in attempt is taken from (table `console_sign_in_counts`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignInBucket {
+    /// What is counted: `pair:<sha256 hex of the typed name>:<address>`,
+    /// `addr:<address>` or `name:<sha256 hex>`; never a typed name.
+    pub key: String,
+    /// Attempts allowed within one window (at least 1).
+    pub limit: u32,
+    /// How long a window lasts from the first attempt taken after the previous one ended.
+    pub window: std::time::Duration,
 }
 
-/// Records one failed sign-in under each of `keys`, and deletes failures older than
-/// `window`.
-pub async fn record_sign_in_failure(
-    db: &PgPool,
-    keys: &[String],
-    window: std::time::Duration,
-) -> Result<()> {
-    let mut tx = db.begin().await?;
-    sqlx::query(
-        "DELETE FROM console_sign_in_failures WHERE at < now() - make_interval(secs => $1)",
+/// Takes one sign-in attempt from every bucket in `buckets`, all or none, before the
+/// password is checked: `None` when taken (the caller may check the password now), else
+/// `Some(seconds)` (at least 1) until the window of the fullest bucket that has no attempt
+/// left ends, and nothing is taken from any bucket.
+///
+/// A read without locks refuses at once when a bucket is already full. Otherwise one
+/// transaction: the statement that creates the buckets' rows (or restarts a row whose
+/// window ended, database clock) locks them in key order until the commit, so sign-ins
+/// sharing a bucket, on any replica, take from it one at a time: within one window a
+/// bucket never gives more than `limit` attempts, whatever the burst. Refused attempts
+/// take nothing, so an attempt refused by one bucket does not use up another.
+pub async fn take_sign_in_attempt(db: &PgPool, buckets: &[SignInBucket]) -> Result<Option<u64>> {
+    let mut buckets: Vec<&SignInBucket> = buckets.iter().collect();
+    buckets.sort_by(|a, b| a.key.cmp(&b.key));
+    buckets.dedup_by(|a, b| a.key == b.key);
+    let keys: Vec<&str> = buckets.iter().map(|b| b.key.as_str()).collect();
+    let windows: Vec<f64> = buckets.iter().map(|b| b.window.as_secs_f64()).collect();
+    let full = |rows: &[(String, i32, f64)]| {
+        rows.iter()
+            .filter(|(key, count, _)| {
+                buckets
+                    .iter()
+                    .any(|b| &b.key == key && i64::from(*count) >= i64::from(b.limit))
+            })
+            .map(|(_, _, left)| *left)
+            .reduce(f64::max)
+            .map(|left| left.ceil().max(1.0) as u64)
+    };
+    // Without locks first: a bucket already full refuses at once, so a flood of refused
+    // attempts does not queue on the rows the others lock.
+    let rows: Vec<(String, i32, f64)> = sqlx::query_as(
+        "SELECT key, count, extract(epoch FROM ends_at - now())::float8 \
+         FROM console_sign_in_counts WHERE key = ANY($1) AND ends_at > now()",
     )
-    .bind(window.as_secs_f64())
-    .execute(&mut *tx)
+    .bind(&keys)
+    .fetch_all(db)
     .await?;
-    sqlx::query("INSERT INTO console_sign_in_failures (key) SELECT unnest($1::text[])")
-        .bind(keys)
+    if let Some(wait) = full(&rows) {
+        return Ok(Some(wait));
+    }
+    let mut tx = db.begin().await?;
+    let rows: Vec<(String, i32, f64)> = sqlx::query_as(
+        "INSERT INTO console_sign_in_counts AS c (key, ends_at, count) \
+         SELECT key, now() + make_interval(secs => secs), 0 \
+         FROM unnest($1::text[], $2::float8[]) AS b(key, secs) ORDER BY key \
+         ON CONFLICT (key) DO UPDATE SET \
+           count = CASE WHEN c.ends_at <= now() THEN 0 ELSE c.count END, \
+           ends_at = CASE WHEN c.ends_at <= now() THEN excluded.ends_at ELSE c.ends_at END \
+         RETURNING key, count, extract(epoch FROM ends_at - now())::float8",
+    )
+    .bind(&keys)
+    .bind(&windows)
+    .fetch_all(&mut *tx)
+    .await?;
+    if let Some(wait) = full(&rows) {
+        tx.commit().await?;
+        return Ok(Some(wait));
+    }
+    let r = sqlx::query("UPDATE console_sign_in_counts SET count = count + 1 WHERE key = ANY($1)")
+        .bind(&keys)
         .execute(&mut *tx)
         .await?;
+    if r.rows_affected() != keys.len() as u64 {
+        return Err(StoreError::NotFound(format!(
+            "{} of {} sign-in buckets",
+            keys.len() as u64 - r.rows_affected(),
+            keys.len()
+        )));
+    }
     tx.commit().await?;
+    Ok(None)
+}
+
+/// After a wrong password: deletes the buckets whose window has ended, skipping rows a
+/// sign-in holds right now (the attempt itself stays taken).
+pub async fn forget_ended_sign_in_windows(db: &PgPool) -> Result<()> {
+    sqlx::query(
+        "DELETE FROM console_sign_in_counts WHERE key IN ( \
+           SELECT key FROM console_sign_in_counts WHERE ends_at < now() \
+           FOR UPDATE SKIP LOCKED)",
+    )
+    .execute(db)
+    .await?;
     Ok(())
 }
 
-/// Forgets the failures recorded under `key` (a successful sign-in clears its name's
-/// count, not its address's).
-pub async fn clear_sign_in_failures(db: &PgPool, key: &str) -> Result<()> {
-    sqlx::query("DELETE FROM console_sign_in_failures WHERE key = $1")
-        .bind(key)
-        .execute(db)
-        .await?;
+/// Whether the staff name and address of the `pair` key signed in within the last
+/// `known_for` (database clock).
+pub async fn sign_in_address_known(
+    db: &PgPool,
+    pair: &str,
+    known_for: std::time::Duration,
+) -> Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM console_sign_in_addresses \
+         WHERE key = $1 AND signed_in_at > now() - make_interval(secs => $2))",
+    )
+    .bind(pair)
+    .bind(known_for.as_secs_f64())
+    .fetch_one(db)
+    .await?)
+}
+
+/// After the right password, in one transaction: the attempt taken from each of
+/// `buckets` is given back (a successful sign-in is not counted, so each bucket's window
+/// counts only wrong passwords and the ones being checked), and the `pair` key is
+/// remembered as a known address for [`sign_in_address_known`]; pairs not seen within
+/// `known_for` are forgotten.
+pub async fn sign_in_succeeded(
+    db: &PgPool,
+    pair: &str,
+    buckets: &[String],
+    known_for: std::time::Duration,
+) -> Result<()> {
+    let mut tx = db.begin().await?;
+    sqlx::query(
+        "UPDATE console_sign_in_counts SET count = count - 1 \
+         WHERE key = ANY($1) AND count > 0 AND ends_at > now()",
+    )
+    .bind(buckets)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO console_sign_in_addresses (key, signed_in_at) VALUES ($1, now()) \
+         ON CONFLICT (key) DO UPDATE SET signed_in_at = excluded.signed_in_at",
+    )
+    .bind(pair)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "DELETE FROM console_sign_in_addresses \
+         WHERE signed_in_at < now() - make_interval(secs => $1)",
+    )
+    .bind(known_for.as_secs_f64())
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
     Ok(())
 }
 

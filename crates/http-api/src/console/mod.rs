@@ -32,6 +32,7 @@ mod email;
 mod pages;
 mod render;
 mod session;
+mod throttle;
 mod webhooks;
 
 use actions::Action;
@@ -56,11 +57,22 @@ pub struct ConsoleConfig {
     /// The console's own origin (`https://ops.example.com`) that a POST's `Origin` must
     /// be; `None`: its host and port must be the request's `Host`.
     pub origin: Option<String>,
-    /// Failed sign-ins per typed name, and per client address, within
-    /// [`Self::sign_in_window`] after which sign-in answers 429 (default 5).
+    /// Sign-in attempts for one typed name from one client address within
+    /// [`Self::sign_in_window`] (default 5); after that, sign-in answers 429 there.
+    /// Attempts are counted before the password is checked (see `throttle.rs`).
     pub sign_in_limit: u32,
-    /// The window failed sign-ins are counted in (default 15 minutes).
+    /// The window the attempts of one name and address, and of one address, are counted
+    /// in (default 15 minutes).
     pub sign_in_window: Duration,
+    /// Sign-in attempts from one client address, whatever the name, within
+    /// [`Self::sign_in_window`] (default 20).
+    pub sign_in_address_limit: u32,
+    /// Sign-in attempts for one typed name from every address within
+    /// [`Self::sign_in_name_window`] (default 50); an address the name signed in from
+    /// within 30 days does not count them or wait for them.
+    pub sign_in_name_limit: u32,
+    /// The window of [`Self::sign_in_name_limit`] (default 24 hours).
+    pub sign_in_name_window: Duration,
     /// How long a session lasts from sign-in (default 8 hours).
     pub session_ttl: Duration,
 }
@@ -76,6 +88,9 @@ impl Default for ConsoleConfig {
             origin: None,
             sign_in_limit: 5,
             sign_in_window: Duration::from_secs(15 * 60),
+            sign_in_address_limit: 20,
+            sign_in_name_limit: 50,
+            sign_in_name_window: Duration::from_secs(24 * 3600),
             session_ttl: Duration::from_secs(8 * 3600),
         }
     }
@@ -111,6 +126,8 @@ impl ConsoleConfig {
     /// required with users or the proxy header), `NOTIFY_CONSOLE_AUTH_HEADER`,
     /// `NOTIFY_CONSOLE_INSECURE_COOKIES` (false), `NOTIFY_CONSOLE_ORIGIN` (empty),
     /// `NOTIFY_CONSOLE_SIGN_IN_LIMIT` (5), `NOTIFY_CONSOLE_SIGN_IN_WINDOW` (15m),
+    /// `NOTIFY_CONSOLE_SIGN_IN_ADDRESS_LIMIT` (20), `NOTIFY_CONSOLE_SIGN_IN_NAME_LIMIT` (50),
+    /// `NOTIFY_CONSOLE_SIGN_IN_NAME_WINDOW` (24h),
     /// `NOTIFY_CONSOLE_SESSION_TTL` (8h), and `NOTIFY_AMQP_URL` / `NOTIFY_AMQP_PREFIX`
     /// (optional: the dead-letter queue).
     pub fn from_env(env: &mut notify_core::config::Env) -> Self {
@@ -142,6 +159,9 @@ impl ConsoleConfig {
             ));
         }
         let sign_in_limit = env.number("NOTIFY_CONSOLE_SIGN_IN_LIMIT", 5, 1, 1000);
+        let sign_in_address_limit =
+            env.number("NOTIFY_CONSOLE_SIGN_IN_ADDRESS_LIMIT", 20, 1, 100_000);
+        let sign_in_name_limit = env.number("NOTIFY_CONSOLE_SIGN_IN_NAME_LIMIT", 50, 1, 100_000);
         let duration = |env: &mut notify_core::config::Env, name: &str, default: Duration| {
             env.parse_with(
                 name,
@@ -162,6 +182,11 @@ impl ConsoleConfig {
             "NOTIFY_CONSOLE_SIGN_IN_WINDOW",
             defaults.sign_in_window,
         );
+        let sign_in_name_window = duration(
+            env,
+            "NOTIFY_CONSOLE_SIGN_IN_NAME_WINDOW",
+            defaults.sign_in_name_window,
+        );
         let session_ttl = duration(env, "NOTIFY_CONSOLE_SESSION_TTL", defaults.session_ttl);
         let amqp_url = env.string("NOTIFY_AMQP_URL", "");
         let amqp = (!amqp_url.is_empty()).then(|| {
@@ -179,6 +204,9 @@ impl ConsoleConfig {
             origin,
             sign_in_limit,
             sign_in_window,
+            sign_in_address_limit,
+            sign_in_name_limit,
+            sign_in_name_window,
             session_ttl,
         }
     }

@@ -2,6 +2,7 @@
 
 use super::access::{ActionForm, action_staff, check_origin, require_staff};
 use super::render::{HtmlError, Page, csrf_form, page};
+use super::throttle::Attempt;
 use crate::AppState;
 use crate::staff;
 use axum::extract::{Form, State};
@@ -28,8 +29,9 @@ pub(super) struct LoginForm {
     password: String,
 }
 
-/// `POST /console/login`: checks the password (throttled per typed name and per client
-/// address) and starts a session.
+/// `POST /console/login`: takes an attempt from the throttle's buckets (see
+/// [`super::throttle`]; 429 with `Retry-After` and no password check when one is used up),
+/// then checks the password and starts a session.
 pub(super) async fn login(
     State(app): State<AppState>,
     headers: HeaderMap,
@@ -44,31 +46,26 @@ pub(super) async fn login(
     let addr = extensions
         .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
         .map(|c| c.0.ip());
-    let keys = staff::throttle_keys(&f.user, addr);
-    let blocked = notify_store::console::sign_in_blocked_for(
-        &app.pool,
-        &keys,
-        cfg.sign_in_limit,
-        cfg.sign_in_window,
-    )
-    .await?;
-    if let Some(wait) = blocked {
-        tracing::warn!("console sign-in throttled");
-        let mut r = page(
-            "Sign in",
-            None,
-            &format!(
-                "<p class=\"failed\">Too many failed sign-ins. Try again in {} minute(s).</p>",
-                wait.div_ceil(60)
-            ),
-        );
-        *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        r.headers_mut().insert(
-            header::RETRY_AFTER,
-            wait.to_string().parse().expect("digits"),
-        );
-        return Ok(r);
-    }
+    let attempt = match Attempt::take(&app.pool, cfg, &f.user, addr).await? {
+        Ok(attempt) => attempt,
+        Err(wait) => {
+            tracing::warn!("console sign-in throttled");
+            let mut r = page(
+                "Sign in",
+                None,
+                &format!(
+                    "<p class=\"failed\">Too many sign-in attempts. Try again in {} minute(s).</p>",
+                    wait.div_ceil(60)
+                ),
+            );
+            *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                wait.to_string().parse().expect("digits"),
+            );
+            return Ok(r);
+        }
+    };
     // Unknown names are checked against a dummy hash, so they take as long as known ones.
     let hash = cfg
         .users
@@ -83,7 +80,7 @@ pub(super) async fn login(
         .unwrap_or(false)
         && known;
     if !ok {
-        notify_store::console::record_sign_in_failure(&app.pool, &keys, cfg.sign_in_window).await?;
+        attempt.failed(&app.pool).await?;
         // The typed name is never logged.
         tracing::warn!("console sign-in refused");
         let mut r = page(
@@ -94,7 +91,7 @@ pub(super) async fn login(
         *r.status_mut() = StatusCode::UNAUTHORIZED;
         return Ok(r);
     }
-    notify_store::console::clear_sign_in_failures(&app.pool, &keys[0]).await?;
+    attempt.succeeded(&app.pool).await?;
     let (id, id_hash) = staff::new_session_id();
     notify_store::console::create_session(&app.pool, &id_hash, &f.user, cfg.session_ttl).await?;
     let mut r = Redirect::to("/console").into_response();

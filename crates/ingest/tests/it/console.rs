@@ -278,58 +278,50 @@ async fn csrf_of(base: &str, cookie: &str) -> String {
 
 const LOCAL: [u8; 4] = [127, 0, 0, 1];
 
-/// Five wrong passwords for one name, each from another address: the sixth try for that
-/// name is answered 429 with Retry-After, even with the right password, until the window
+/// Five wrong passwords for one name from one address: the sixth try for that name from
+/// there is answered 429 with Retry-After, even with the right password, until the window
 /// has passed (moved in the database, whose clock the throttle reads).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sixth_wrong_password_is_throttled() {
     let p = Platform::start_with_workers(&[]).await;
     let base = p.http_url.as_str();
+    let from = [127, 0, 1, 10];
     for i in 0..5u8 {
-        let (status, _, _) =
-            sign_in(base, [127, 0, 1, 10 + i], support::CONSOLE_USER, "wrong").await;
+        let (status, _, _) = sign_in(base, from, support::CONSOLE_USER, "wrong").await;
         assert_eq!(status, 401, "failure {}", i + 1);
     }
-    let (status, retry_after, cookie) =
-        sign_in(base, [127, 0, 1, 20], support::CONSOLE_USER, "wrong").await;
+    let (status, retry_after, cookie) = sign_in(base, from, support::CONSOLE_USER, "wrong").await;
     assert_eq!(status, 429);
     let wait: u64 = retry_after.expect("Retry-After").parse().unwrap();
     assert!((1..=900).contains(&wait), "{wait} s");
     assert!(cookie.is_none());
-    let (status, _, cookie) = sign_in(
-        base,
-        [127, 0, 1, 21],
-        support::CONSOLE_USER,
-        support::CONSOLE_PASSWORD,
-    )
-    .await;
+    let (status, _, cookie) =
+        sign_in(base, from, support::CONSOLE_USER, support::CONSOLE_PASSWORD).await;
     assert_eq!(
         (status, cookie),
         (429, None),
         "the right password waits too"
     );
-    // Another name is not held up.
-    let (status, _, _) = sign_in(base, [127, 0, 1, 22], "someone-else", "wrong").await;
+    // Another name from the same address is not held up.
+    let (status, _, _) = sign_in(base, from, "someone-else", "wrong").await;
     assert_eq!(status, 401);
-    // Fifteen minutes later (the failures moved back in time), the right password works.
-    sqlx::query("UPDATE console_sign_in_failures SET at = at - interval '16 minutes'")
+    // Fifteen minutes later (the windows moved back in time), the right password works.
+    sqlx::query("UPDATE console_sign_in_counts SET ends_at = ends_at - interval '16 minutes'")
         .execute(&p.pool)
         .await
         .unwrap();
-    let (status, _, cookie) = sign_in(
-        base,
-        [127, 0, 1, 23],
-        support::CONSOLE_USER,
-        support::CONSOLE_PASSWORD,
-    )
-    .await;
+    let (status, _, cookie) =
+        sign_in(base, from, support::CONSOLE_USER, support::CONSOLE_PASSWORD).await;
     assert_eq!(status, 303);
     assert!(cookie.is_some());
     // The typed names are kept only as hashes.
-    let kept: Vec<String> = sqlx::query_scalar("SELECT key FROM console_sign_in_failures")
-        .fetch_all(&p.pool)
-        .await
-        .unwrap();
+    let kept: Vec<String> = sqlx::query_scalar(
+        "SELECT key FROM console_sign_in_counts UNION ALL SELECT key FROM console_sign_in_addresses",
+    )
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert!(kept.len() >= 4, "{kept:?}");
     assert!(
         kept.iter()
             .all(|k| !k.contains(support::CONSOLE_USER) && !k.contains("someone")),
@@ -338,16 +330,16 @@ async fn the_sixth_wrong_password_is_throttled() {
     p.stop().await;
 }
 
-/// Five failures from one address under five names: that address is throttled, for the
-/// real name and password too; another address signs in.
+/// Twenty failures from one address under twenty names: that address is throttled, for
+/// the real name and password too; another address signs in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_sign_ins_from_one_address_are_throttled_whatever_the_name() {
     let p = Platform::start_with_workers(&[]).await;
     let base = p.http_url.as_str();
     let from = [127, 0, 2, 10];
-    for i in 0..5 {
+    for i in 0..20 {
         let (status, _, _) = sign_in(base, from, &format!("guess-{i}"), "wrong").await;
-        assert_eq!(status, 401);
+        assert_eq!(status, 401, "guess {i}");
     }
     let (status, retry_after, _) =
         sign_in(base, from, support::CONSOLE_USER, support::CONSOLE_PASSWORD).await;
@@ -362,6 +354,159 @@ async fn failed_sign_ins_from_one_address_are_throttled_whatever_the_name() {
     .await;
     assert_eq!(status, 303);
     assert!(cookie.is_some());
+    p.stop().await;
+}
+
+/// Sends every (address, password) sign-in for [`support::CONSOLE_USER`] at once, spread
+/// over `bases` (http-api replicas on one database); returns the statuses in that order.
+async fn sign_in_burst(bases: &[&str], tries: &[([u8; 4], &str)]) -> Vec<u16> {
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(tries.len()));
+    let tasks: Vec<_> = tries
+        .iter()
+        .enumerate()
+        .map(|(i, &(from, password))| {
+            let (base, password) = (bases[i % bases.len()].to_string(), password.to_string());
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                sign_in(&base, from, support::CONSOLE_USER, &password)
+                    .await
+                    .0
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    statuses
+}
+
+/// How many of `statuses` are `status`.
+fn count(statuses: &[u16], status: u16) -> usize {
+    statuses.iter().filter(|&&s| s == status).count()
+}
+
+/// 100 wrong passwords for one name from one address sent at once over two replicas,
+/// with the right password among them: at most five are checked (401; a check is the
+/// only way to a 401 or a sign-in), the rest answered 429 unchecked, and the right
+/// password signs in only if it was one of the five checks (it gives its attempt back, so
+/// at most five wrong ones are checked either way). After the burst the right password
+/// from that address waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_wrong_passwords_gets_no_more_checks_than_the_limit() {
+    let mut p = Platform::start_with_workers(&[]).await;
+    let replica = p
+        .start_http_api(support::http_config(&p.stack, &p.topology))
+        .await;
+    let from = [127, 0, 3, 10];
+    let mut tries = vec![(from, "wrong"); 100];
+    tries.insert(50, (from, support::CONSOLE_PASSWORD));
+    let statuses = sign_in_burst(&[p.http_url.as_str(), &replica], &tries).await;
+    let (checked, signed_in, refused) = (
+        count(&statuses, 401),
+        count(&statuses, 303),
+        count(&statuses, 429),
+    );
+    assert_eq!(checked + signed_in + refused, 101, "{statuses:?}");
+    assert!(
+        checked <= 5,
+        "{checked} wrong passwords checked: {statuses:?}"
+    );
+    assert!(checked >= 4 && signed_in <= 1, "{statuses:?}");
+    if signed_in == 0 {
+        assert_eq!(checked, 5, "{statuses:?}");
+    }
+    for base in [p.http_url.as_str(), replica.as_str()] {
+        let (status, retry_after, cookie) =
+            sign_in(base, from, support::CONSOLE_USER, support::CONSOLE_PASSWORD).await;
+        assert_eq!((status, cookie), (429, None));
+        assert!(retry_after.is_some());
+    }
+    let count: i32 =
+        sqlx::query_scalar("SELECT count FROM console_sign_in_counts WHERE key LIKE 'pair:%'")
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        count, 5,
+        "the window holds the five wrong passwords checked"
+    );
+    p.stop().await;
+}
+
+/// An attacker's wrong passwords from one address lock out only that address: the same
+/// staff member signs in from another. Guessing from many addresses at once is capped by
+/// the name's slower bound from every address (50 a day): of 100 wrong passwords from 100
+/// addresses only what is left of the 50 is checked, and a new address then waits even
+/// with the right password, while an address the staff member signed in from still
+/// signs in. A day later (moved in the database) the new address signs in too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_attacker_at_one_address_does_not_lock_the_staff_member_out_elsewhere() {
+    let p = Platform::start_with_workers(&[]).await;
+    let base = p.http_url.as_str();
+    let attacker = [127, 0, 4, 10];
+    let statuses = sign_in_burst(&[base], &[(attacker, "wrong"); 100]).await;
+    assert_eq!(
+        (count(&statuses, 401), count(&statuses, 429)),
+        (5, 95),
+        "{statuses:?}"
+    );
+    let (status, _, _) = sign_in(
+        base,
+        attacker,
+        support::CONSOLE_USER,
+        support::CONSOLE_PASSWORD,
+    )
+    .await;
+    assert_eq!(status, 429, "the attacker's address waits");
+    let usual = [127, 0, 4, 11];
+    let (status, _, cookie) = sign_in(
+        base,
+        usual,
+        support::CONSOLE_USER,
+        support::CONSOLE_PASSWORD,
+    )
+    .await;
+    assert_eq!(
+        status, 303,
+        "the staff member signs in from another address"
+    );
+    assert!(cookie.is_some());
+
+    // 100 addresses, one wrong password each, at once: 45 more are checked (the name had
+    // 5 of its 50 used; the right password gave its attempt back).
+    let many: Vec<([u8; 4], &str)> = (0..100u8).map(|i| ([127, 0, 5, 10 + i], "wrong")).collect();
+    let statuses = sign_in_burst(&[base], &many).await;
+    assert_eq!(
+        (count(&statuses, 401), count(&statuses, 429)),
+        (45, 55),
+        "{statuses:?}"
+    );
+    let new = [127, 0, 6, 10];
+    let (status, retry_after, _) =
+        sign_in(base, new, support::CONSOLE_USER, support::CONSOLE_PASSWORD).await;
+    assert_eq!(status, 429, "a new address waits for the name's bound");
+    let wait: u64 = retry_after.unwrap().parse().unwrap();
+    assert!((900..=86_400).contains(&wait), "{wait} s");
+    let (status, _, _) = sign_in(
+        base,
+        usual,
+        support::CONSOLE_USER,
+        support::CONSOLE_PASSWORD,
+    )
+    .await;
+    assert_eq!(
+        status, 303,
+        "a known address is not held back by the name's bound"
+    );
+
+    sqlx::query("UPDATE console_sign_in_counts SET ends_at = ends_at - interval '25 hours'")
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    let (status, _, _) = sign_in(base, new, support::CONSOLE_USER, support::CONSOLE_PASSWORD).await;
+    assert_eq!(status, 303, "a day later the new address signs in");
     p.stop().await;
 }
 
@@ -507,6 +652,11 @@ async fn a_console_action_from_a_foreign_origin_is_refused() {
         .unwrap();
     assert_eq!(r.status(), 403);
     let r = login(Some(("origin", "null".into()))).await.unwrap();
+    assert_eq!(r.status(), 403);
+    // The same host and port over another scheme is another origin (RFC 6454).
+    let r = login(Some(("origin", base.replacen("http://", "https://", 1))))
+        .await
+        .unwrap();
     assert_eq!(r.status(), 403);
     let r = login(Some(("origin", base.to_string()))).await.unwrap();
     assert_eq!(r.status(), 303);
