@@ -100,6 +100,27 @@ pub fn parse_durations(s: &str) -> Result<Vec<Duration>, BadDuration> {
     s.split(',').map(parse_duration).collect()
 }
 
+/// Shortest entry of a retry schedule (`NOTIFY_RETRY_DELAYS`,
+/// `NOTIFY_WEBHOOK_RETRY_DELAYS`): 1 s. A 0 s delay retries a failing provider or endpoint
+/// in a tight loop (8 attempts in 0.4 s) and spends the attempt budget on one outage.
+pub const MIN_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// Parses a retry schedule: [`parse_durations`], every entry at least [`MIN_RETRY_DELAY`].
+/// The one rule of every `*_RETRY_DELAYS` setting.
+///
+/// # Errors
+/// The parse error, or `every delay must be at least 1s` (as text, for the config reader).
+pub fn parse_retry_delays(s: &str) -> Result<Vec<Duration>, String> {
+    let list = parse_durations(s).map_err(|e| e.to_string())?;
+    if list.iter().any(|d| *d < MIN_RETRY_DELAY) {
+        return Err(format!(
+            "every delay must be at least {}s",
+            MIN_RETRY_DELAY.as_secs()
+        ));
+    }
+    Ok(list)
+}
+
 impl RetryPolicy {
     /// Delay before the next attempt after attempt number `attempts_made` (1-based) failed,
     /// or `None` when no attempt is left.

@@ -59,7 +59,9 @@ impl WorkerConfig {
     /// [`Missing`] when `NOTIFY_AMQP_URL` is unset; every problem is also recorded in `env`.
     pub fn from_env(env: &mut Env) -> Result<Self, Missing> {
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
-        let durs = |s: &str| notify_core::retry::parse_durations(s).map_err(|e| e.to_string());
+        // Each delay at least 1 s, as the webhook delays: a 0 s delay retries a failing
+        // provider in a tight loop.
+        let durs = notify_core::retry::parse_retry_delays;
         let amqp_url = env.url_list("NOTIFY_AMQP_URL", &["amqp", "amqps"]);
         let prefix = env.string("NOTIFY_AMQP_PREFIX", "");
         let concurrency = env.parse_with("NOTIFY_WORKER_CONCURRENCY", 16u16, |s| {
@@ -98,5 +100,36 @@ impl WorkerConfig {
             shutdown_grace,
             worker_id,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(vars: &[(&str, &str)]) -> String {
+        let mut env = notify_core::config::Env::from_vars(
+            [("NOTIFY_AMQP_URL", "amqp://127.0.0.1:5672/%2f")]
+                .into_iter()
+                .chain(vars.iter().copied()),
+        );
+        let _ = WorkerConfig::from_env(&mut env);
+        env.finish().err().unwrap_or_default()
+    }
+
+    #[test]
+    fn a_retry_delay_under_a_second_is_refused_as_the_webhook_delays_are() {
+        for value in ["0s", "30s,0s,1h", "500ms", "0"] {
+            let e = errors(&[("NOTIFY_RETRY_DELAYS", value)]);
+            let line = e
+                .lines()
+                .find(|l| l.starts_with("NOTIFY_RETRY_DELAYS"))
+                .unwrap_or_else(|| panic!("NOTIFY_RETRY_DELAYS={value} accepted: {e:?}"));
+            assert!(line.contains("every delay must be at least 1s"), "{line}");
+        }
+        for value in ["1s", "1s,2s,5s", "30s,2m,10m,1h,6h"] {
+            let e = errors(&[("NOTIFY_RETRY_DELAYS", value)]);
+            assert!(!e.contains("NOTIFY_RETRY_DELAYS"), "{value}: {e}");
+        }
     }
 }

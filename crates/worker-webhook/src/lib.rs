@@ -62,8 +62,9 @@ pub const DEFAULT_RETRY_DELAYS: &str = "5s,5m,30m,2h,5h,10h";
 /// Bounds of `NOTIFY_WEBHOOK_TIMEOUT`: 1 s to 10 min (as `NOTIFY_SMTP_TIMEOUT`).
 pub const TIMEOUT_RANGE: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(600));
 
-/// Shortest entry of `NOTIFY_WEBHOOK_RETRY_DELAYS`: 1 s.
-pub const MIN_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// Shortest entry of `NOTIFY_WEBHOOK_RETRY_DELAYS`: 1 s, the rule of every retry schedule
+/// ([`notify_core::retry::parse_retry_delays`]).
+pub const MIN_RETRY_DELAY: Duration = notify_core::retry::MIN_RETRY_DELAY;
 
 /// Shortest `NOTIFY_WEBHOOK_DISABLE_AFTER`: 1 min. Shorter, an endpoint that is down for
 /// a restart (or one slow POST plus a retry) is disabled, and only an operator re-enables
@@ -77,13 +78,7 @@ impl WebhookConfig {
         let worker = notify_worker::WorkerConfig::from_env(env).ok();
         let dur = |s: &str| notify_core::retry::parse_duration(s).map_err(|e| e.to_string());
         // Each delay at least 1 s: a 0 s delay retries a failing endpoint in a tight loop.
-        let durs = |s: &str| {
-            let list = notify_core::retry::parse_durations(s).map_err(|e| e.to_string())?;
-            if list.iter().any(|d| *d < MIN_RETRY_DELAY) {
-                return Err("every delay must be at least 1s".to_string());
-            }
-            Ok(list)
-        };
+        let durs = notify_core::retry::parse_retry_delays;
         // As NOTIFY_SMTP_TIMEOUT: a timeout of 0 fails every POST, one of 11 min holds
         // a lease and a per-endpoint slot for longer than any receiver needs.
         let timeout = env.parse_with("NOTIFY_WEBHOOK_TIMEOUT", Duration::from_secs(5), |s| {
