@@ -180,6 +180,46 @@ const OUTBOX_ROWS_CANCELED: &str = "gone AS (DELETE FROM outbox o USING c
                           OR NOT EXISTS (SELECT 1 FROM unnest(o.more_delivery_ids) AS m(id)
                                          WHERE NOT m.id IN (SELECT id FROM c))))";
 
+/// The statement of [`cancel_pending`]: `$1` the events, `$2` the named recipients (empty:
+/// all), `$3` who cancels; returns the ids it canceled. Its outbox delete reaches the rows
+/// through `outbox_delivery` (migration 39), one probe per canceled delivery.
+fn cancel_pending_sql() -> String {
+    format!(
+        "WITH c AS (
+             UPDATE notification_deliveries
+             SET status = 'canceled', last_error = 'canceled by ' || $3, lease_token = NULL,
+                 lease_expires_at = NULL, updated_at = now(), state_version = state_version + 1
+             WHERE event_id = ANY($1) AND status = 'pending'
+               AND (cardinality($2::text[]) = 0 OR user_id = ANY($2)
+                    OR (provider = 'line_multicast' AND coalesce(address, '') = ''))
+             RETURNING id),
+         {OUTBOX_ROWS_CANCELED}
+         SELECT id FROM c"
+    )
+}
+
+/// The plan Postgres chooses now for the statement a cancel of `ids` (for `recipients`
+/// only, when not empty) runs to cancel their pending deliveries and delete their outbox
+/// rows, as `EXPLAIN (FORMAT JSON)` returns it (the statement is planned with these
+/// values, not executed). For tests and for an operator checking that the cancel reaches
+/// the outbox by its index and never scans it once per delivery.
+pub async fn explain_cancel(
+    db: &PgPool,
+    ids: &[Uuid],
+    recipients: &[String],
+) -> Result<serde_json::Value> {
+    let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (FORMAT JSON) {}",
+        cancel_pending_sql()
+    )))
+    .bind(ids)
+    .bind(recipients)
+    .bind("explain")
+    .fetch_one(db)
+    .await?;
+    Ok(plan)
+}
+
 /// `pending -> canceled` for the events' deliveries (the named recipients' only, when
 /// some are named); their outbox rows go too (a row naming several deliveries goes when
 /// this cancel takes them all; else it is published and the worker's claim skips the
@@ -232,23 +272,12 @@ async fn cancel_pending(
         .fetch_all(&mut *db)
         .await?;
     }
-    let canceled: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "WITH c AS (
-             UPDATE notification_deliveries
-             SET status = 'canceled', last_error = 'canceled by ' || $3, lease_token = NULL,
-                 lease_expires_at = NULL, updated_at = now(), state_version = state_version + 1
-             WHERE event_id = ANY($1) AND status = 'pending'
-               AND (cardinality($2::text[]) = 0 OR user_id = ANY($2)
-                    OR (provider = 'line_multicast' AND coalesce(address, '') = ''))
-             RETURNING id),
-         {OUTBOX_ROWS_CANCELED}
-         SELECT id FROM c",
-    )))
-    .bind(ids)
-    .bind(recipients)
-    .bind(caller)
-    .fetch_all(&mut *db)
-    .await?;
+    let canceled: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(cancel_pending_sql()))
+        .bind(ids)
+        .bind(recipients)
+        .bind(caller)
+        .fetch_all(&mut *db)
+        .await?;
     let typed: Vec<(Uuid, crate::webhooks::EventType)> = canceled
         .iter()
         .chain(&taken_out)

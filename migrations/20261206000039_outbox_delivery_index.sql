@@ -1,0 +1,19 @@
+-- Outbox rows by the delivery they name first (issue 44, item 6). Every statement that
+-- looks an outbox row up by its delivery joins on `outbox.delivery_id`: a cancel's and an
+-- erasure's delete of the rows of the deliveries they cancel (notify_store::cancel), the
+-- withdrawal of a fallback (notify_store::derived), the stale sweeps' "no outbox row
+-- names it" (deliveries::republish_stale, webhooks::republish_stale_messages). Without an
+-- index each of them scanned the whole outbox: with no statistics yet the planner chose a
+-- nested loop, one scan per canceled delivery (a cancel of 6,000 deliveries beside 12,000
+-- outbox rows took 22 s, "Rows Removed by Join Filter: 71,994,000", holding the rows'
+-- locks while the relay's claims and the workers' records waited), and with statistics a
+-- hash join over a sequential scan (200 ms at 800,000 rows, for any cancel).
+--
+-- `delivery_id` alone is enough: a row naming several deliveries (`more_delivery_ids`)
+-- goes only when a statement cancels all of them, so its first is among them; the stale
+-- sweep's look-up in the arrays hashes the few shared rows (they are due now and
+-- short-lived) and needs no index on them. The cost is one index entry per outbox row.
+--
+-- On a large production outbox build it first with CREATE INDEX CONCURRENTLY (outside a
+-- transaction) under this name; IF NOT EXISTS then makes this migration a no-op for it.
+CREATE INDEX IF NOT EXISTS outbox_delivery ON outbox (delivery_id);
