@@ -141,16 +141,19 @@ pub(crate) fn csrf_valid(cfg: &ConsoleConfig, binding: &str, token: &str) -> boo
 }
 
 /// `scheme://host[:port]` of a URL (an `Origin` or `Referer` value), lower-cased.
-fn origin_of(url: &str) -> Option<String> {
-    let (scheme, rest) = url.split_once("://")?;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    (!authority.is_empty() && !scheme.is_empty())
-        .then(|| format!("{scheme}://{authority}").to_ascii_lowercase())
+/// The origin (scheme, host, port; RFC 6454 §4) of `url` as the WHATWG URL parser reads
+/// it, so `https://h` and `https://h:443` are one origin and `http://h` another; `None`
+/// for `null`, an opaque origin or what is not a URL.
+fn origin_of(url: &str) -> Option<url::Origin> {
+    let origin = url::Url::parse(url).ok()?.origin();
+    origin.is_tuple().then_some(origin)
 }
 
 /// Whether a state-changing request comes from the console's own pages: its `Origin` (or
-/// `Referer` when there is no `Origin`) is `NOTIFY_CONSOLE_ORIGIN` when that is set, else
-/// has the request's `Host` as its host and port. `Origin: null` is refused. A request
+/// `Referer` when there is no `Origin`) has the scheme, host and port of
+/// `NOTIFY_CONSOLE_ORIGIN` when that is set, else of `<scheme>://<Host>`, where the
+/// scheme is `X-Forwarded-Proto` when a TLS-terminating proxy set it and `http`
+/// otherwise (http-api itself serves plain HTTP). `Origin: null` is refused. A request
 /// with neither header (not sent by a browser form) passes.
 pub(crate) fn same_origin(cfg: &ConsoleConfig, headers: &HeaderMap) -> bool {
     let Some(source) = headers
@@ -162,17 +165,24 @@ pub(crate) fn same_origin(cfg: &ConsoleConfig, headers: &HeaderMap) -> bool {
     let Some(origin) = source.to_str().ok().and_then(origin_of) else {
         return false;
     };
-    match &cfg.origin {
-        Some(own) => origin == *own,
-        None => headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .is_some_and(|host| {
-                origin
-                    .split_once("://")
-                    .is_some_and(|(_, a)| a == host.to_ascii_lowercase())
-            }),
-    }
+    let own = match &cfg.origin {
+        Some(own) => origin_of(own),
+        None => {
+            let text = |name: header::HeaderName| {
+                headers
+                    .get(name)
+                    .and_then(|h| h.to_str().ok())
+                    .map(str::trim)
+            };
+            let scheme = text(header::HeaderName::from_static("x-forwarded-proto"))
+                .and_then(|p| p.split(',').next())
+                .map(str::trim)
+                .filter(|p| p.eq_ignore_ascii_case("https"))
+                .map_or("http", |_| "https");
+            text(header::HOST).and_then(|host| origin_of(&format!("{scheme}://{host}")))
+        }
+    };
+    own.is_some_and(|own| own == origin)
 }
 
 /// The Content-Security-Policy of the console and the unsubscribe page: nothing but
@@ -263,6 +273,25 @@ mod tests {
             (None, Some(("origin", "http://127.0.0.1:8080")), true),
             (None, Some(("origin", "http://evil.test")), false),
             (None, Some(("origin", "null")), false),
+            // The scheme counts: the console is served over plain http here.
+            (None, Some(("origin", "https://127.0.0.1:8080")), false),
+            (None, Some(("origin", "http://127.0.0.1:8080/")), true),
+            (None, Some(("origin", "http://127.0.0.1")), false),
+            (
+                Some("https://ops.example.test"),
+                Some(("origin", "https://ops.example.test:443")),
+                true,
+            ),
+            (
+                Some("https://ops.example.test"),
+                Some(("origin", "http://ops.example.test")),
+                false,
+            ),
+            (
+                Some("https://ops.example.test"),
+                Some(("origin", "https://ops.example.test:8443")),
+                false,
+            ),
             (
                 None,
                 Some(("referer", "http://127.0.0.1:8080/console/confirm?x")),
@@ -296,6 +325,18 @@ mod tests {
                 "origin {origin:?}, header {browser:?}"
             );
         }
+    }
+
+    #[test]
+    fn behind_a_tls_proxy_the_forwarded_scheme_is_the_consoles() {
+        let cfg = cfg();
+        let mut headers = HeaderMap::new();
+        headers.insert("host", HeaderValue::from_static("ops.example.test"));
+        headers.insert("x-forwarded-proto", HeaderValue::from_static("https"));
+        headers.insert("origin", HeaderValue::from_static("https://ops.example.test"));
+        assert!(same_origin(&cfg, &headers));
+        headers.insert("origin", HeaderValue::from_static("http://ops.example.test"));
+        assert!(!same_origin(&cfg, &headers));
     }
 
     #[test]
