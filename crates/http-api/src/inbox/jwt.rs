@@ -111,6 +111,9 @@ impl Verifier {
         #[derive(Deserialize)]
         struct Claims {
             sub: String,
+            /// As sent: jsonwebtoken also takes an array here, which RFC 7519 does not.
+            #[serde(default)]
+            iss: Option<serde_json::Value>,
         }
         if token.len() > MAX_TOKEN_BYTES {
             return Err(format!("must be at most {MAX_TOKEN_BYTES} bytes"));
@@ -153,6 +156,12 @@ impl Verifier {
                 _ => "invalid".to_string(),
             }
         })?;
+        // RFC 7519 section 4.1.1: `iss` is one StringOrURI. jsonwebtoken accepts an array
+        // too (and matches any of its members), so a token naming several issuers is
+        // refused here, whether or not an issuer is required.
+        if data.claims.iss.as_ref().is_some_and(|iss| !iss.is_string()) {
+            return Err("iss must be a single string (RFC 7519)".to_string());
+        }
         // The one id rule ingest applies to a recipient's user id (NFC-normalised), so a
         // token can name only a user id that can exist (and a NUL never reaches Postgres).
         let mut violations = notify_core::validate::Violations::default();

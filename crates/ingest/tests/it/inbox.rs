@@ -935,6 +935,15 @@ async fn with_an_audience_and_issuer_configured_only_tokens_for_them_are_accepte
             "iss",
         ),
         (json!({"sub": a, "exp": exp, "aud": aud}), "iss"),
+        // RFC 7519: iss is one StringOrURI, not a list (even one holding ours).
+        (
+            json!({"sub": a, "exp": exp, "aud": aud, "iss": [iss]}),
+            "iss",
+        ),
+        (
+            json!({"sub": a, "exp": exp, "aud": aud, "iss": [iss, "https://evil.example.test"]}),
+            "iss",
+        ),
     ] {
         let (s, e) = unread_with(&p, &strict, &signed(claims.clone())).await;
         assert_eq!(s, 401, "{claims}: {e}");
@@ -947,6 +956,14 @@ async fn with_an_audience_and_issuer_configured_only_tokens_for_them_are_accepte
     // The platform's own replica has neither configured: any aud and iss pass.
     let elsewhere = signed(json!({"sub": a, "exp": exp, "aud": "another-app", "iss": "x"}));
     assert_eq!(unread_with(&p, &p.http_url, &elsewhere).await.0, 200);
+    // But an iss that is not a single string is malformed wherever it is sent.
+    let listed = signed(json!({"sub": a, "exp": exp, "iss": ["x", "y"]}));
+    let (s, e) = unread_with(&p, &p.http_url, &listed).await;
+    assert_eq!(s, 401, "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("iss"),
+        "{e}"
+    );
     stop.cancel();
     p.stop().await;
 }
