@@ -185,6 +185,78 @@ async fn the_claim_refuses_a_delivery_whose_attempts_are_spent() {
     p.stop().await;
 }
 
+/// A worker that claimed a delivery and vanished before recording anything (here: the
+/// claim made by hand, no worker running) may never have called the provider: nothing in
+/// the database says whether it reached its call's point of no return. The sweeper's
+/// texts say so, for a retry and for a last attempt, instead of "outcome is unknown".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_workers_attempt_says_the_provider_may_not_have_been_called() {
+    let p = Platform::start_with_workers(&[]).await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, _) = p.add_line_recipient("u").await;
+    let (retried, last) = (
+        p.send(&uniq("lost"), "order_paid", &[&u]).await,
+        p.send(&uniq("lost"), "order_paid", &[&u]).await,
+    );
+    let (retried, last) = (
+        retried.deliveries[0].delivery_id.clone(),
+        last.deliveries[0].delivery_id.clone(),
+    );
+    // Claimed (attempt 1 of 3, and attempt 3 of 3), then the lease runs out.
+    for (id, attempts) in [(&retried, 1), (&last, 3)] {
+        sqlx::query(
+            "UPDATE notification_deliveries
+             SET status = 'sending', attempts = $2, max_attempts = 3, lease_token = gen_random_uuid(),
+                 lease_expires_at = now() - interval '1 millisecond', updated_at = now()
+             WHERE id = $1::uuid",
+        )
+        .bind(id)
+        .bind(attempts)
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    }
+    for id in [&retried, &last] {
+        eventually(
+            "the sweeper took it back",
+            Duration::from_secs(20),
+            async || {
+                let row = delivery_row(&p, id).await;
+                if row.0 != "sending" { Ok(()) } else { Err(row) }
+            },
+        )
+        .await;
+    }
+    let (status, _, error) = delivery_row(&p, &retried).await;
+    let error = error.unwrap();
+    assert_eq!(status, "pending", "{error}");
+    assert!(error.starts_with("worker_lost: "), "{error}");
+    assert!(error.contains("may or may not have been called"), "{error}");
+    let (status, _, error) = delivery_row(&p, &last).await;
+    let error = error.unwrap();
+    assert_eq!(status, "failed", "{error}");
+    assert!(
+        error.starts_with("worker_lost: the worker died or froze during attempt 3"),
+        "{error}"
+    );
+    assert!(error.contains("may never have been called"), "{error}");
+    let answers: Vec<String> = sqlx::query_scalar(
+        "SELECT provider_response FROM delivery_attempts
+         WHERE delivery_id IN ($1::uuid, $2::uuid) AND error_code = 'worker_lost'",
+    )
+    .bind(&retried)
+    .bind(&last)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(answers.len(), 2);
+    for text in answers.iter().chain([&error]) {
+        assert!(!text.contains("outcome is unknown"), "{text}");
+        assert!(!text.contains("during the call"), "{text}");
+    }
+    p.stop().await;
+}
+
 /// The database refuses an attempt's record (here a trigger raising "interval out of
 /// range", SQLSTATE 22008, the error an unstorable retry delay used to give): the delivery
 /// ends `failed` at once with `record_failed`, the provider was called once, and no lease

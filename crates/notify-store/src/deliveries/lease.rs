@@ -47,15 +47,18 @@ pub struct ExpiredLease {
     pub fallback: Vec<crate::derived::FallbackMade>,
 }
 
-/// Why an expired lease is recorded as an attempt: the worker died or froze during the
-/// provider call, so whether the provider got it is unknown.
+/// Why an expired lease is recorded as an attempt: the worker died or froze between its
+/// claim and its record. Nothing in the database says whether it had reached its call's
+/// point of no return (the adapter confirms the lease without a round trip while it is
+/// fresh), so the provider may never have been called, or may have accepted the call.
 pub const WORKER_LOST: &str = "worker_lost";
 
 /// Takes up to `limit` deliveries whose lease expired (their worker died or froze during
 /// the call): each gets an attempt row (`worker_lost`, since the call may have reached the
 /// provider), and then either goes back to `pending`, due now, with a fresh outbox row, or,
 /// when that was its last attempt, becomes `failed` with a reason that says the worker
-/// died during the call. The attempt cap therefore holds on the recovery path too. Safe to
+/// died during that attempt before recording it, and that the provider may or may not
+/// have been called. The attempt cap therefore holds on the recovery path too. Safe to
 /// run from several replicas (`SKIP LOCKED`).
 pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<ExpiredLease>> {
     let mut tx = db.begin().await?;
@@ -70,8 +73,8 @@ pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<Expir
              SET status = CASE WHEN d.attempts >= d.max_attempts THEN 'failed' ELSE 'pending' END,
                  lease_token = NULL, lease_expires_at = NULL, next_attempt_at = now(),
                  last_error = CASE WHEN d.attempts >= d.max_attempts
-                     THEN format('worker_lost: the worker died or froze during attempt %s, the provider call''s outcome is unknown; gave up after %s attempts (attempt budget spent)', d.attempts, d.attempts)
-                     ELSE 'worker_lost: lease expired during the provider call (worker died or froze)' END,
+                     THEN format('worker_lost: the worker died or froze during attempt %s before recording it (its lease expired), so the provider may never have been called or may have accepted the call; gave up after %s attempts (attempt budget spent)', d.attempts, d.attempts)
+                     ELSE 'worker_lost: the lease expired before the attempt was recorded (the worker died or froze; the provider may or may not have been called)' END,
                  updated_at = now(), state_version = d.state_version + 1
              FROM expired WHERE d.id = expired.id
              RETURNING d.id, d.channel, d.provider, d.attempts, d.status, expired.claimed_at),
@@ -79,7 +82,7 @@ pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<Expir
              INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, error_code,
                                             provider_response, content_json, worker_id)
              SELECT id, attempts, claimed_at, CASE WHEN status = 'failed' THEN 'failed' ELSE 'retry' END,
-                    'worker_lost', 'no answer recorded: the lease expired during the call', 'null'::jsonb, ''
+                    'worker_lost', 'no answer recorded: the lease expired before the worker recorded the attempt (the provider may or may not have been called)', 'null'::jsonb, ''
              FROM upd
              ON CONFLICT (delivery_id, attempt) DO NOTHING),
          queued AS (

@@ -212,8 +212,8 @@ pub async fn record_post(
     Ok(Recorded::Written { endpoint_disabled })
 }
 
-/// Takes up to `limit` messages whose lease expired (their worker died or froze during
-/// the POST) back to `pending`, due now, with an attempt row `worker_lost` and a new outbox
+/// Takes up to `limit` messages whose lease expired (their worker died or froze between
+/// its claim and its record, before or during the POST) back to `pending`, due now, with an attempt row `worker_lost` and a new outbox
 /// row; the receiver may have got it, so it gets it again with the same `webhook-id`
 /// (at-least-once). Safe from several replicas (`SKIP LOCKED`). Returns how many.
 pub async fn requeue_expired_messages(db: &PgPool, limit: i64) -> Result<u64> {
@@ -224,7 +224,7 @@ pub async fn requeue_expired_messages(db: &PgPool, limit: i64) -> Result<u64> {
          upd AS (
              UPDATE webhook_messages m SET status = 'pending', lease_token = NULL,
                  lease_expires_at = NULL, next_attempt_at = now(),
-                 last_error = 'worker_lost: lease expired during the POST'
+                 last_error = 'worker_lost: the lease expired before the POST was recorded (the worker died or froze; the receiver may or may not have got it)'
              FROM expired WHERE m.id = expired.id RETURNING m.id, m.attempts),
          a AS (
              INSERT INTO webhook_attempts (message_id, attempt, latency_ms, error, started_at)
