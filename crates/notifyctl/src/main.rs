@@ -111,11 +111,11 @@ async fn main() -> ExitCode {
                         .map(|p| p.trim())
                         .filter(|p| !p.is_empty())
                         .map(|p| match p {
-                            "ingest" | "e2e" | "latency" | "fanout" | "console" => {
+                            "ingest" | "e2e" | "latency" | "fanout" | "cancel" | "console" => {
                                 Ok(p.to_string())
                             }
                             _ => Err(format!(
-                                "{p:?} is not a phase; use ingest, e2e, latency, fanout or console"
+                                "{p:?} is not a phase; use ingest, e2e, latency, fanout, cancel or console"
                             )),
                         })
                         .collect()

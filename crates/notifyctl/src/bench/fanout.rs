@@ -82,7 +82,7 @@ pub(super) async fn measure(
 }
 
 /// `1000000` as `1,000,000`.
-fn thousands(n: i64) -> String {
+pub(super) fn thousands(n: i64) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {

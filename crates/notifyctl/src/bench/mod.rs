@@ -4,8 +4,8 @@
 //! Prints, in order: the broker ceiling, the Postgres ceiling for the ingest transaction,
 //! ingest `CreateEvent` rate and latency at 32 and 128 clients, end-to-end deliveries per
 //! second, event-to-provider latency at a steady 500 events/s, the 100,000- and
-//! 1,000,000-recipient fan-out times, peak memory per process, and the ratios to the
-//! ceilings. After each ingest run and the end-to-end phase it prints what one event or
+//! 1,000,000-recipient fan-out times, the time of a `CancelEvent` of 100,000 pending
+//! deliveries, peak memory per process, and the ratios to the ceilings. After each ingest run and the end-to-end phase it prints what one event or
 //! delivery cost (statements, rows, WAL, transactions, broker messages, CPU per process;
 //! see [`cost`]).
 
@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod cancel;
 mod ceilings;
 mod cost;
 mod fanout;
@@ -46,8 +47,8 @@ pub struct BenchConfig {
     /// The local stack's folder (`pids/postgres.pid`, `pids/rabbitmq.pid`), to split the
     /// CPU time among the processes.
     pub stack_dir: PathBuf,
-    /// Phases to run (`ingest`, `e2e`, `latency`, `fanout`, `console`); empty = all. The two
-    /// ceilings are always measured.
+    /// Phases to run (`ingest`, `e2e`, `latency`, `fanout`, `cancel`, `console`); empty =
+    /// all. The two ceilings are always measured.
     pub only: Vec<String>,
 }
 
@@ -215,6 +216,7 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
         ("bench_e2e", vec!["inapp", "line"]),
         ("bench_fanout", vec!["inapp"]),
         ("bench_warmup", vec!["inapp", "line"]),
+        ("bench_cancel", cancel::CHANNELS.to_vec()),
     ] {
         types
             .upsert_notification_type(pb::UpsertNotificationTypeRequest {
@@ -440,6 +442,9 @@ pub async fn run(cfg: &BenchConfig) -> anyhow::Result<()> {
         for subscribers in fanout::SIZES {
             fanout::measure(&pool, &channel, subscribers).await?;
         }
+    }
+    if cfg.wants("cancel") {
+        cancel::measure(&pool, &channel).await?;
     }
     if cfg.wants("console") {
         let http_url =
