@@ -287,17 +287,41 @@ async fn cancel_pending(
     Ok((canceled.len() + taken_out.len()) as u64)
 }
 
+/// What [`cancel_for_erasure`] does with the user's deliveries in a provider call
+/// (`sending`): their lease holder may have reached the provider already, so the user may
+/// have the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InFlight {
+    /// Left to the lease holder, whose record is then the truth (`sent`, `failed`, or a
+    /// retry that ends `canceled`): an `event_cancellations` row (`canceled_by`
+    /// "erasure") is written for each of their events, so the `deliveries_stay_canceled`
+    /// trigger ends a retry, or the sweeper's requeue of a lost lease, `canceled`, and no
+    /// fallback is derived from a failure (`derived` honours the cancel).
+    Finish,
+    /// Canceled too, their lease taken (the holder's record then writes nothing), with
+    /// [`CANCELED_IN_FLIGHT`] as the error: for those still in a call when the erasure's
+    /// wait for them ended.
+    Cancel,
+}
+
+/// `last_error` of a delivery the erasure canceled while its provider call was in
+/// progress: whether the provider accepted it is not known.
+pub const CANCELED_IN_FLIGHT: &str =
+    "canceled by erasure during a provider call: it may have reached the provider";
+
 /// The cancel of an erasure (`erasure::erase_recipient`): every delivery of `user_id`
-/// still `pending` or `sending` becomes `canceled` ("canceled by erasure"; a provider call
-/// in progress loses its lease, so its record writes nothing), its own outbox rows go, and its
-/// `delivery.cancelled` webhook messages are written, as [`cancel`] does. A pending LINE
-/// multicast batch naming `line_user_id` loses that id (and is canceled when nobody is
-/// left). Call it in the erasure's transaction. Returns how many deliveries it canceled.
+/// still `pending` becomes `canceled` ("canceled by erasure"), its own outbox rows go, and
+/// its `delivery.cancelled` webhook messages are written, as [`cancel`] does; those in a
+/// provider call (`sending`) are treated as `in_flight` says. A pending LINE multicast
+/// batch naming `line_user_id` loses that id (and is canceled when nobody is left). Call
+/// it in the erasure's transaction. Returns how many deliveries it canceled and, of
+/// those, how many were in a provider call.
 pub(crate) async fn cancel_for_erasure(
     db: &mut sqlx::PgConnection,
     user_id: &str,
     line_user_id: Option<&str>,
-) -> Result<u64> {
+    in_flight: InFlight,
+) -> Result<(u64, u64)> {
     let emptied: Vec<Uuid> = match line_user_id {
         Some(line) => {
             sqlx::query_scalar::<_, Option<Uuid>>(
@@ -318,27 +342,44 @@ pub(crate) async fn cancel_for_erasure(
         }
         None => Vec::new(),
     };
-    let canceled: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+    let canceled: Vec<(Uuid, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "WITH c AS (
              UPDATE notification_deliveries
-             SET status = 'canceled', last_error = 'canceled by erasure', lease_token = NULL,
-                 lease_expires_at = NULL, updated_at = now(), state_version = state_version + 1
-             WHERE (user_id = $1 AND status IN ('pending', 'sending'))
+             SET status = 'canceled',
+                 last_error = CASE WHEN status = 'sending' THEN $4 ELSE 'canceled by erasure' END,
+                 lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
+                 state_version = state_version + 1
+             WHERE (user_id = $1 AND (status = 'pending' OR ($3 AND status = 'sending')))
                 OR (id = ANY($2) AND status = 'pending')
-             RETURNING id),
+             -- the new error names a provider call exactly when the old status was sending
+             RETURNING id, last_error = $4 AS in_flight),
          {OUTBOX_ROWS_CANCELED}
-         SELECT id FROM c",
+         SELECT id, in_flight FROM c",
     )))
     .bind(user_id)
     .bind(&emptied)
+    .bind(in_flight == InFlight::Cancel)
+    .bind(CANCELED_IN_FLIGHT)
     .fetch_all(&mut *db)
     .await?;
+    if in_flight == InFlight::Finish {
+        sqlx::query(
+            "INSERT INTO event_cancellations (event_id, user_id, canceled_by)
+             SELECT DISTINCT event_id, $1, 'erasure' FROM notification_deliveries
+             WHERE user_id = $1 AND status = 'sending'
+             ON CONFLICT (event_id, user_id) DO NOTHING",
+        )
+        .bind(user_id)
+        .execute(&mut *db)
+        .await?;
+    }
     let typed: Vec<(Uuid, crate::webhooks::EventType)> = canceled
         .iter()
-        .map(|id| (*id, crate::webhooks::EventType::DeliveryCancelled))
+        .map(|(id, _)| (*id, crate::webhooks::EventType::DeliveryCancelled))
         .collect();
     crate::webhooks::enqueue_for_deliveries(db, &typed).await?;
-    Ok(canceled.len() as u64)
+    let during_call = canceled.iter().filter(|(_, f)| *f).count() as u64;
+    Ok((canceled.len() as u64, during_call))
 }
 
 /// The deliveries of `ids` (of `recipients` only, when not empty) counted by state, and

@@ -2,58 +2,93 @@
 //! [`erase_recipient`], for every table that can hold the person's data. What each table
 //! holds and how it is treated is listed in `docs/data.md`.
 //!
-//! Three steps, so that a user with many rows never holds ingest back for long:
+//! Needles and spellings: the user's email, LINE id, display name, endpoint tokens and
+//! subscription keys, read at the start and again under the lock, are looked for in every
+//! text rewritten here in each spelling `notify_core::spellings` knows (NFC or NFD, any
+//! case, JSON-escaped), in Rust, on rows read [`BATCH`] at a time.
+//!
+//! Four steps, so that a user with many rows never holds ingest back for long:
 //!
 //! 1. Without any global lock, in batches of [`BATCH`] deliveries (one transaction each):
 //!    the user's deliveries that are final already (sent, failed, canceled, skipped) and
 //!    everything hanging off them are redacted ([`redact_batch`]): attempts' content and
 //!    provider answers replaced by [`ERASED`] (outcome, status codes and times kept), the
 //!    delivery's user id, address, endpoint, keys and error texts replaced, the events
-//!    they belong to rewritten (user id, and the user's email, LINE id, name and tokens
-//!    inside payloads and content), webhook messages and clicks of those deliveries
-//!    rewritten or deleted.
-//! 2. One transaction holding [`ERASURE_LOCK`] exclusively: the deliveries still pending
-//!    or sending are canceled as `CancelEvent` cancels them (their own outbox rows deleted, the
-//!    console counters moved by their triggers, `delivery.cancelled` webhooks written; a
-//!    provider call in progress loses its lease, so its result is not recorded) and
-//!    redacted; the recipient row, endpoints, preferences, quiet hours, topic
-//!    subscriptions, skips, cancellations, clicks, inbox rows and counter, LINE follow
-//!    state, email suppressions and feedback are deleted; console audit texts rewritten;
-//!    the audit row written. Every planning transaction (the event writer, a fan-out
-//!    page) holds the same lock shared from before it reads the recipients' facts until it
-//!    commits ([`begin_planning`]), so an event is planned either wholly before this
-//!    transaction (its deliveries are canceled here) or after it (it finds no recipient
-//!    and, through the audit row, plans nothing, in-app included).
-//! 3. Step 1 again for whatever a transaction that held a delivery's row committed
-//!    meanwhile (a fallback recorded with a failure, an inbox row written after its
-//!    lease was confirmed), then the audit row is marked complete.
+//!    they belong to rewritten (user id, and the needles inside payloads and content),
+//!    webhook messages and clicks of those deliveries rewritten or deleted; then, in
+//!    transactions of their own, the other recipients' inbox rows and attempts of those
+//!    events ([`redact_others`]).
+//! 2. One transaction holding [`ERASURE_LOCK`] exclusively: the pending deliveries are
+//!    canceled as `CancelEvent` cancels them (their own outbox rows deleted, the console
+//!    counters moved by their triggers, `delivery.cancelled` webhooks written) and
+//!    redacted. A delivery in a provider call (`sending`) is left to its lease holder,
+//!    which may have reached the provider already: an `event_cancellations` row makes a
+//!    retry or a requeue of it end `canceled` and keeps a fallback from being derived
+//!    (`cancel::InFlight::Finish`). The recipient row, endpoints, preferences, quiet hours,
+//!    topic subscriptions, skips, clicks, inbox rows and counter, LINE follow state,
+//!    email suppressions and feedback are deleted; the audit row written. Every planning
+//!    transaction (the event writer, a fan-out page) holds the same lock shared from
+//!    before it reads the recipients' facts until it commits ([`begin_planning`]), so an
+//!    event is planned either wholly before this transaction (its deliveries are canceled
+//!    here) or after it (it finds no recipient and, through the audit row, plans nothing,
+//!    in-app included, and writes skip rows).
+//! 3. Without the lock: a wait of up to [`IN_FLIGHT_WAIT`] for the user's deliveries in a
+//!    provider call to be recorded (as `sent`, `failed` or `canceled`: the record is the
+//!    lease holder's, true), then step 1 again for what they and other transactions that
+//!    held a delivery's row committed meanwhile (an inbox row, an attempt).
+//! 4. One more short transaction holding [`ERASURE_LOCK`] exclusively: a delivery still in
+//!    a provider call is canceled with [`crate::cancel::CANCELED_IN_FLIGHT`] as its error
+//!    (it may have reached the user; its late record writes nothing), the rest redacted,
+//!    and every event planned since step 2 (found by its skip rows naming the user id) is
+//!    rewritten as in step 1 and its skips deleted, as are the `event_cancellations`
+//!    rows. An event whose planning commits after this transaction is one sent after the
+//!    erasure: it plans nothing for the user and keeps what its caller sent (the user
+//!    id in its recipients and skip rows, its payload as given). Then the other
+//!    recipients' rows, LINE multicast batches and console audit texts are rewritten and
+//!    the audit row is marked complete.
 //!
-//! The needles (email, LINE id, display name, endpoint tokens and subscription keys) live
-//! only in memory between the steps; a crash after step 2 leaves the audit row without
-//! `completed_at` and the rows written during the race unredacted.
+//! The needles live only in memory between the steps; a crash after step 2 leaves the
+//! audit row without `completed_at` and the rows written during the race unredacted.
 
 use crate::Result;
+use crate::cancel::InFlight;
+use notify_core::spellings::Spellings;
 use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, PgPool, Row};
+use std::time::Duration;
 use uuid::Uuid;
 
 /// What replaces personal data that is kept for counts.
-pub const ERASED: &str = "[erased]";
+pub use notify_core::spellings::ERASED;
 
 /// The advisory lock (`pg_advisory_xact_lock`) an erasure holds exclusively in its second
 /// step and every planning transaction holds shared (ASCII "notify" + "era").
 pub const ERASURE_LOCK: i64 = 0x6e6f_7469_6679_0e7a;
 
-/// Deliveries redacted per transaction.
+/// Deliveries redacted per transaction (and rows of other recipients rewritten per
+/// transaction).
 pub const BATCH: i64 = 500;
+
+/// How long step 3 waits for the user's deliveries in a provider call to be recorded
+/// before step 4 cancels those still in one (a provider call's deadline is shorter).
+pub const IN_FLIGHT_WAIT: Duration = Duration::from_secs(15);
+/// How often it looks while it waits.
+pub const IN_FLIGHT_POLL: Duration = Duration::from_millis(50);
+
+/// Events whose other recipients' rows are read in one pass (each pass reads their
+/// delivery ids, then rewrites [`BATCH`] deliveries' rows per transaction).
+const EVENTS_PER_PASS: usize = 20;
 
 /// What an erasure did, counted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ErasureOutcome {
     /// Whether a `recipients` row existed.
     pub recipient_found: bool,
-    /// Deliveries canceled (pending or sending).
+    /// Deliveries canceled (pending, or still in a provider call when the wait ended).
     pub deliveries_canceled: u64,
+    /// Of those, the ones canceled during a provider call: they may have reached the user
+    /// (`last_error` says so).
+    pub canceled_in_flight: u64,
     /// Deliveries kept with their personal data replaced.
     pub deliveries_redacted: u64,
     /// Attempts whose content and provider answer were replaced.
@@ -115,12 +150,14 @@ pub async fn erase_recipient(
         ..Default::default()
     };
     let needles = load_needles(db, user_id).await?;
+    let spelt = Spellings::new(&needles);
 
     // Step 1: what is final already, in batches, no global lock.
     loop {
         let mut tx = db.begin().await?;
-        let n = redact_batch(&mut tx, user_id, &needles, true, &mut out).await?;
+        let (n, events) = redact_batch(&mut tx, user_id, &spelt, &mut out).await?;
         tx.commit().await?;
+        redact_others(db, &spelt, &events).await?;
         if n < BATCH as u64 {
             break;
         }
@@ -150,26 +187,23 @@ pub async fn erase_recipient(
         .map(|r| (r.get("email"), r.get("line_user_id")))
         .unwrap_or_default();
     let needles = merge(needles, load_needles(&mut *tx, user_id).await?);
-    out.deliveries_canceled +=
-        crate::cancel::cancel_for_erasure(&mut tx, user_id, line.as_deref()).await?;
+    let spelt = Spellings::new(&needles);
+    let (canceled, _) =
+        crate::cancel::cancel_for_erasure(&mut tx, user_id, line.as_deref(), InFlight::Finish)
+            .await?;
+    out.deliveries_canceled += canceled;
+    let mut touched = Vec::new();
     loop {
-        let n = redact_batch(&mut tx, user_id, &needles, false, &mut out).await?;
+        let (n, events) = redact_batch(&mut tx, user_id, &spelt, &mut out).await?;
+        touched.extend(events);
         if n < BATCH as u64 {
             break;
         }
     }
-    let skipped_events: Vec<Uuid> = sqlx::query_scalar(
-        "WITH s AS (DELETE FROM delivery_skips WHERE user_id = $1 RETURNING event_id)
-         SELECT DISTINCT event_id FROM s",
-    )
-    .bind(user_id)
-    .fetch_all(&mut *tx)
-    .await?;
-    redact_events(&mut tx, user_id, &needles, &skipped_events).await?;
+    touched.extend(redact_skipped_events(&mut tx, user_id, &spelt).await?);
     for q in [
         "DELETE FROM notification_preferences WHERE user_id = $1",
         "DELETE FROM topic_subscriptions WHERE user_id = $1",
-        "DELETE FROM event_cancellations WHERE user_id = $1",
         "DELETE FROM delivery_clicks WHERE user_id = $1",
         "DELETE FROM inbox_user_seq WHERE user_id = $1",
     ] {
@@ -206,43 +240,75 @@ pub async fn erase_recipient(
             .execute(&mut *tx)
             .await?;
     }
-    // Staff actions name addresses (suppressions) and users (searches, cancels).
-    let mut audit_needles = needles.clone();
-    audit_needles.push(user_id.to_string());
-    sqlx::query(
-        "UPDATE console_audit SET target = erase_text(target, $1), detail = erase_text(detail, $1)
-         WHERE target = ANY($1)
-            OR erase_text(target, $1) IS DISTINCT FROM target
-            OR erase_text(detail, $1) IS DISTINCT FROM detail",
-    )
-    .bind(&audit_needles)
-    .execute(&mut *tx)
-    .await?;
     sqlx::query("DELETE FROM recipients WHERE user_id = $1")
         .bind(user_id)
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
+    redact_others(db, &spelt, &touched).await?;
 
-    // Step 3: what a transaction holding a delivery's row committed during step 2.
+    // Step 3: the calls in progress are recorded by their lease holders; then what they
+    // (and any transaction holding a delivery's row) committed meanwhile.
+    wait_for_calls(db, user_id).await?;
     loop {
         let mut tx = db.begin().await?;
-        out.deliveries_canceled +=
-            crate::cancel::cancel_for_erasure(&mut tx, user_id, line.as_deref()).await?;
-        let n = redact_batch(&mut tx, user_id, &needles, false, &mut out).await?;
+        let (canceled, _) =
+            crate::cancel::cancel_for_erasure(&mut tx, user_id, line.as_deref(), InFlight::Finish)
+                .await?;
+        out.deliveries_canceled += canceled;
+        let (n, events) = redact_batch(&mut tx, user_id, &spelt, &mut out).await?;
         out.inbox_deleted += sqlx::query("DELETE FROM notifications WHERE user_id = $1")
             .bind(user_id)
             .execute(&mut *tx)
             .await?
             .rows_affected();
         tx.commit().await?;
+        redact_others(db, &spelt, &events).await?;
         if n < BATCH as u64 {
             break;
         }
     }
-    if let Some(line) = &line {
-        redact_multicast(db, user_id, line, &needles).await?;
+
+    // Step 4: under the exclusive lock again, briefly: what is left in a call, and the
+    // events planned since step 2.
+    let mut tx = db.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(ERASURE_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    let (canceled, in_flight) =
+        crate::cancel::cancel_for_erasure(&mut tx, user_id, line.as_deref(), InFlight::Cancel)
+            .await?;
+    out.deliveries_canceled += canceled;
+    out.canceled_in_flight += in_flight;
+    let mut touched = Vec::new();
+    loop {
+        let (n, events) = redact_batch(&mut tx, user_id, &spelt, &mut out).await?;
+        touched.extend(events);
+        if n < BATCH as u64 {
+            break;
+        }
     }
+    touched.extend(redact_skipped_events(&mut tx, user_id, &spelt).await?);
+    sqlx::query("DELETE FROM event_cancellations WHERE user_id = $1")
+        .bind(user_id)
+        .execute(&mut *tx)
+        .await?;
+    out.inbox_deleted += sqlx::query("DELETE FROM notifications WHERE user_id = $1")
+        .bind(user_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    tx.commit().await?;
+    redact_others(db, &spelt, &touched).await?;
+
+    if let Some(line) = &line {
+        redact_multicast(db, user_id, line, &spelt).await?;
+    }
+    // Staff actions name addresses (suppressions) and users (searches, cancels).
+    let mut audit_needles = needles;
+    audit_needles.push(user_id.to_string());
+    redact_console_audit(db, &Spellings::new(&audit_needles)).await?;
     sqlx::query(
         "UPDATE recipient_erasures SET completed_at = now(), deliveries_canceled = $2,
              deliveries_redacted = $3, attempts_redacted = $4, inbox_deleted = $5,
@@ -260,13 +326,32 @@ pub async fn erase_recipient(
     Ok(out)
 }
 
-/// The strings that identify the user inside texts: email (as written and lowercased),
-/// LINE id, display name, every endpoint token and every string of a Web Push
-/// subscription. Empty ones left out; `erase_text` ignores those under 3 characters.
+/// Waits until none of `user_id`'s deliveries is in a provider call (`sending`), or
+/// [`IN_FLIGHT_WAIT`] passed.
+async fn wait_for_calls(db: &PgPool, user_id: &str) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + IN_FLIGHT_WAIT;
+    loop {
+        let sending: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM notification_deliveries
+                            WHERE user_id = $1 AND status = 'sending')",
+        )
+        .bind(user_id)
+        .fetch_one(db)
+        .await?;
+        if !sending || tokio::time::Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(IN_FLIGHT_POLL).await;
+    }
+}
+
+/// The strings that identify the user inside texts: email, LINE id, display name, every
+/// endpoint token and every string of a Web Push subscription. Empty ones left out;
+/// [`Spellings`] ignores those under 3 characters and finds every other spelling.
 async fn load_needles(db: impl sqlx::PgExecutor<'_>, user_id: &str) -> Result<Vec<String>> {
     let found: Vec<Option<String>> = sqlx::query_scalar(
         "SELECT x FROM recipients r,
-                LATERAL unnest(ARRAY[r.email, lower(r.email), r.line_user_id, r.display_name]) x
+                LATERAL unnest(ARRAY[r.email, r.line_user_id, r.display_name]) x
          WHERE r.user_id = $1
          UNION
          SELECT x FROM notification_endpoints e,
@@ -291,28 +376,115 @@ fn merge(mut a: Vec<String>, b: Vec<String>) -> Vec<String> {
     a
 }
 
-/// Redacts up to [`BATCH`] of the user's deliveries (only final ones when `final_only`),
-/// with their attempts, webhook messages, clicks, inbox rows and events. Returns how many
-/// deliveries it took.
+/// How a column is read (as text) and written back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Plain text: [`Spellings::redact_text`].
+    Text,
+    /// `jsonb`: [`Spellings::redact_json`], written back with `::jsonb`.
+    Json,
+}
+
+/// Rewrites the columns `cols` of the rows of `table` that `filter` (SQL over `$1`, the
+/// `ids`) selects: each value read as text, the needles replaced in Rust, and only the
+/// rows with a change written back, in one statement keyed by `key` (a column of SQL type
+/// `key_type`). Returns how many rows changed. `table`, `key`, `key_type`, the columns
+/// and `filter` are this module's constants, never input.
+async fn rewrite(
+    tx: &mut PgConnection,
+    spelt: &Spellings,
+    (table, key, key_type): (&str, &str, &str),
+    cols: &[(&str, Kind)],
+    filter: &str,
+    ids: &[Uuid],
+) -> Result<u64> {
+    if spelt.is_empty() || ids.is_empty() {
+        return Ok(0);
+    }
+    let read = format!(
+        "SELECT {key}::text, {} FROM {table} WHERE {filter}",
+        cols.iter()
+            .map(|(c, _)| format!("{c}::text"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let rows = sqlx::query(sqlx::AssertSqlSafe(read))
+        .bind(ids)
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut keys: Vec<String> = Vec::new();
+    let mut values: Vec<Vec<Option<String>>> = vec![Vec::new(); cols.len()];
+    for row in &rows {
+        let new: Vec<Option<String>> = cols
+            .iter()
+            .enumerate()
+            .map(|(i, (_, kind))| {
+                let old: Option<String> = row.get(i + 1);
+                old.and_then(|old| match kind {
+                    Kind::Text => spelt.redact_text(&old),
+                    Kind::Json => spelt.redact_json(&old),
+                })
+            })
+            .collect();
+        if new.iter().any(Option::is_some) {
+            keys.push(row.get(0));
+            for (i, v) in new.into_iter().enumerate() {
+                values[i].push(v);
+            }
+        }
+    }
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    let set = cols
+        .iter()
+        .enumerate()
+        .map(|(i, (c, kind))| {
+            let cast = if *kind == Kind::Json { "::jsonb" } else { "" };
+            format!("{c} = coalesce(t.c{i}{cast}, {table}.{c})")
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let unnest = (0..cols.len())
+        .map(|i| format!("${}::text[]", i + 2))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let names = (0..cols.len())
+        .map(|i| format!("c{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let write = format!(
+        "UPDATE {table} SET {set}
+         FROM UNNEST($1::text[], {unnest}) AS t(k, {names})
+         WHERE {table}.{key} = t.k::{key_type}"
+    );
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(write)).bind(&keys);
+    for v in &values {
+        q = q.bind(v);
+    }
+    Ok(q.execute(&mut *tx).await?.rows_affected())
+}
+
+/// Redacts up to [`BATCH`] of the user's final deliveries (sent, failed, canceled,
+/// skipped), with their attempts, webhook messages, clicks, inbox rows and events.
+/// Returns how many deliveries it took and their events (for [`redact_others`]).
 async fn redact_batch(
     tx: &mut PgConnection,
     user_id: &str,
-    needles: &[String],
-    final_only: bool,
+    spelt: &Spellings,
     out: &mut ErasureOutcome,
-) -> Result<u64> {
+) -> Result<(u64, Vec<Uuid>)> {
     let ids: Vec<Uuid> = sqlx::query_scalar(
         "SELECT id FROM notification_deliveries
-         WHERE user_id = $1 AND (NOT $2 OR status IN ('sent', 'failed', 'canceled', 'skipped'))
-         ORDER BY id LIMIT $3 FOR UPDATE",
+         WHERE user_id = $1 AND status IN ('sent', 'failed', 'canceled', 'skipped')
+         ORDER BY id LIMIT $2 FOR UPDATE",
     )
     .bind(user_id)
-    .bind(final_only)
     .bind(BATCH)
     .fetch_all(&mut *tx)
     .await?;
     if ids.is_empty() {
-        return Ok(0);
+        return Ok((0, Vec::new()));
     }
     out.attempts_redacted += sqlx::query(
         "UPDATE delivery_attempts
@@ -327,18 +499,29 @@ async fn redact_batch(
     .execute(&mut *tx)
     .await?
     .rows_affected();
+    rewrite(
+        tx,
+        spelt,
+        ("webhook_attempts", "id", "bigint"),
+        &[("response_excerpt", Kind::Text), ("error", Kind::Text)],
+        "message_id IN (SELECT id FROM webhook_messages WHERE delivery_id = ANY($1))",
+        &ids,
+    )
+    .await?;
+    rewrite(
+        tx,
+        spelt,
+        ("webhook_messages", "id", "uuid"),
+        &[("payload", Kind::Json)],
+        "delivery_id = ANY($1)",
+        &ids,
+    )
+    .await?;
     sqlx::query(
-        "WITH m AS (
-             UPDATE webhook_messages
-             SET payload = jsonb_set(erase_json(payload, $2), '{data,user_id}', to_jsonb($3::text))
-             WHERE delivery_id = ANY($1)
-             RETURNING id)
-         UPDATE webhook_attempts a SET response_excerpt = erase_text(a.response_excerpt, $2),
-                error = erase_text(a.error, $2)
-         FROM m WHERE a.message_id = m.id",
+        "UPDATE webhook_messages SET payload = jsonb_set(payload, '{data,user_id}', to_jsonb($2::text))
+         WHERE delivery_id = ANY($1)",
     )
     .bind(&ids)
-    .bind(needles)
     .bind(ERASED)
     .execute(&mut *tx)
     .await?;
@@ -357,35 +540,58 @@ async fn redact_batch(
     .bind(&ids)
     .fetch_all(&mut *tx)
     .await?;
-    redact_events(tx, user_id, needles, &events).await?;
+    redact_events(tx, user_id, spelt, &events).await?;
+    rewrite(
+        tx,
+        spelt,
+        ("notification_deliveries", "id", "uuid"),
+        &[("last_error", Kind::Text), ("decision", Kind::Text)],
+        "id = ANY($1)",
+        &ids,
+    )
+    .await?;
     let n = sqlx::query(
         "UPDATE notification_deliveries
          SET user_id = $2, address = NULL, endpoint_id = NULL, idempotency_key = 'erased/' || id,
-             digest_key = NULL, last_error = erase_text(last_error, $3),
-             decision = erase_text(decision, $3), updated_at = now()
+             digest_key = NULL, updated_at = now()
          WHERE id = ANY($1)",
     )
     .bind(&ids)
     .bind(ERASED)
-    .bind(needles)
     .execute(&mut *tx)
     .await?
     .rows_affected();
     out.deliveries_redacted += n;
-    Ok(ids.len() as u64)
+    Ok((ids.len() as u64, events))
+}
+
+/// Deletes the user's skip rows and rewrites their events ([`redact_events`]): the
+/// events that planned nothing but skips for the user, those planned after step 2
+/// included. Returns the events.
+async fn redact_skipped_events(
+    tx: &mut PgConnection,
+    user_id: &str,
+    spelt: &Spellings,
+) -> Result<Vec<Uuid>> {
+    let events: Vec<Uuid> = sqlx::query_scalar(
+        "WITH s AS (DELETE FROM delivery_skips WHERE user_id = $1 RETURNING event_id)
+         SELECT DISTINCT event_id FROM s",
+    )
+    .bind(user_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    redact_events(tx, user_id, spelt, &events).await?;
+    Ok(events)
 }
 
 /// Rewrites the events `ids`: the user id in `recipients` and `actor_id` becomes
 /// [`ERASED`]; the payload of an event sent to this user alone is replaced by
 /// `{"erased": true}`; other payloads and every content keep their shape with the needles
 /// replaced. Event keys and cancellation keys are the caller's and stay (dedup holds).
-/// The other recipients' inbox rows and attempts of an event with listed recipients (at
-/// most a key's recipient limit) have the needles replaced too; topic broadcasts are left
-/// out.
 async fn redact_events(
     tx: &mut PgConnection,
     user_id: &str,
-    needles: &[String],
+    spelt: &Spellings,
     ids: &[Uuid],
 ) -> Result<()> {
     if ids.is_empty() {
@@ -393,80 +599,170 @@ async fn redact_events(
     }
     sqlx::query(
         "UPDATE notification_events
-         SET recipients = array_replace(recipients, $2, $4),
-             actor_id = CASE WHEN actor_id = $2 THEN $4 ELSE actor_id END,
+         SET recipients = array_replace(recipients, $2, $3),
+             actor_id = CASE WHEN actor_id = $2 THEN $3 ELSE actor_id END,
              payload_json = CASE WHEN recipients = ARRAY[$2]::text[] THEN '{\"erased\": true}'::jsonb
-                                 ELSE erase_json(payload_json, $3) END,
-             content_json = erase_json(content_json, $3)
+                                 ELSE payload_json END
          WHERE id = ANY($1)",
     )
     .bind(ids)
     .bind(user_id)
-    .bind(needles)
     .bind(ERASED)
     .execute(&mut *tx)
     .await?;
-    // The other recipients of an event with listed recipients (at most a key's recipient
-    // limit) got what its payload said: their inbox rows and attempts lose the needles
-    // too. Topic broadcasts are left out (one text for every subscriber, not the user's).
-    sqlx::query(
-        "WITH others AS (
-             SELECT d.id FROM notification_deliveries d
-             JOIN notification_events e ON e.id = d.event_id AND e.topic IS NULL
-             WHERE d.event_id = ANY($1)),
-         inbox AS (
-             UPDATE notifications n
-             SET title = erase_text(n.title, $2), body = erase_text(n.body, $2),
-                 url = erase_text(n.url, $2), data_json = erase_json(n.data_json, $2)
-             FROM others o
-             WHERE n.delivery_id = o.id
-               AND (erase_json(n.data_json, $2) IS DISTINCT FROM n.data_json
-                    OR erase_text(n.title || n.body || coalesce(n.url, ''), $2)
-                       IS DISTINCT FROM n.title || n.body || coalesce(n.url, '')))
-         UPDATE delivery_attempts a
-         SET content_json = erase_json(a.content_json, $2),
-             provider_response = erase_text(a.provider_response, $2)
-         FROM others o
-         WHERE a.delivery_id = o.id
-           AND (erase_json(a.content_json, $2) IS DISTINCT FROM a.content_json
-                OR erase_text(a.provider_response, $2) IS DISTINCT FROM a.provider_response)",
+    rewrite(
+        tx,
+        spelt,
+        ("notification_events", "id", "uuid"),
+        &[("payload_json", Kind::Json), ("content_json", Kind::Json)],
+        "id = ANY($1)",
+        ids,
     )
-    .bind(ids)
-    .bind(needles)
-    .execute(&mut *tx)
     .await?;
     Ok(())
+}
+
+/// The other recipients of `events` that have listed recipients (at most a key's
+/// recipient limit each) got what the payload said: their inbox rows and attempts lose
+/// the needles too, [`BATCH`] deliveries per transaction. Topic broadcasts are left out
+/// (one text for every subscriber, not the user's).
+async fn redact_others(db: &PgPool, spelt: &Spellings, events: &[Uuid]) -> Result<()> {
+    if spelt.is_empty() || events.is_empty() {
+        return Ok(());
+    }
+    let mut events = events.to_vec();
+    events.sort_unstable();
+    events.dedup();
+    for pass in events.chunks(EVENTS_PER_PASS) {
+        let deliveries: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT d.id FROM notification_deliveries d
+             JOIN notification_events e ON e.id = d.event_id AND e.topic IS NULL
+             WHERE d.event_id = ANY($1) AND d.user_id <> $2",
+        )
+        .bind(pass)
+        .bind(ERASED)
+        .fetch_all(db)
+        .await?;
+        for batch in deliveries.chunks(BATCH as usize) {
+            let mut tx = db.begin().await?;
+            rewrite(
+                &mut tx,
+                spelt,
+                ("notifications", "id", "uuid"),
+                &[
+                    ("title", Kind::Text),
+                    ("body", Kind::Text),
+                    ("url", Kind::Text),
+                    ("image_url", Kind::Text),
+                    ("data_json", Kind::Json),
+                    ("actions", Kind::Json),
+                ],
+                "delivery_id = ANY($1)",
+                batch,
+            )
+            .await?;
+            rewrite(
+                &mut tx,
+                spelt,
+                ("delivery_attempts", "id", "bigint"),
+                &[
+                    ("content_json", Kind::Json),
+                    ("provider_response", Kind::Text),
+                ],
+                "delivery_id = ANY($1)",
+                batch,
+            )
+            .await?;
+            tx.commit().await?;
+        }
+    }
+    Ok(())
+}
+
+/// Staff actions' texts (`console_audit` target and detail) with the needles and the
+/// user id replaced, read [`BATCH`] rows at a time in id order, each page its own
+/// transaction.
+async fn redact_console_audit(db: &PgPool, spelt: &Spellings) -> Result<()> {
+    let mut after = 0_i64;
+    loop {
+        let page: Vec<(i64, String, String)> = sqlx::query_as(
+            "SELECT id, target, detail FROM console_audit WHERE id > $1 ORDER BY id LIMIT $2",
+        )
+        .bind(after)
+        .bind(BATCH)
+        .fetch_all(db)
+        .await?;
+        let Some(last) = page.last() else {
+            return Ok(());
+        };
+        after = last.0;
+        let changed: Vec<(i64, String, String)> = page
+            .iter()
+            .filter_map(|(id, target, detail)| {
+                let (t, d) = (spelt.redact_text(target), spelt.redact_text(detail));
+                (t.is_some() || d.is_some()).then(|| {
+                    (
+                        *id,
+                        t.unwrap_or_else(|| target.clone()),
+                        d.unwrap_or_else(|| detail.clone()),
+                    )
+                })
+            })
+            .collect();
+        if !changed.is_empty() {
+            let (ids, (targets, details)): (Vec<i64>, (Vec<String>, Vec<String>)) =
+                changed.into_iter().map(|(i, t, d)| (i, (t, d))).unzip();
+            sqlx::query(
+                "UPDATE console_audit a SET target = t.target, detail = t.detail
+                 FROM UNNEST($1::bigint[], $2::text[], $3::text[]) AS t(id, target, detail)
+                 WHERE a.id = t.id",
+            )
+            .bind(&ids)
+            .bind(&targets)
+            .bind(&details)
+            .execute(db)
+            .await?;
+        }
+        if page.len() < BATCH as usize {
+            return Ok(());
+        }
+    }
 }
 
 /// LINE multicast batches naming the user's LINE id (any state): the id taken out of the
 /// batch's address, the user out of its `line-multicast:<first user>+n` name, the needles
 /// out of its attempts. Found by a scan of the multicast deliveries (erasure is rare; no
 /// index is kept for it on the write path).
-async fn redact_multicast(
-    db: &PgPool,
-    user_id: &str,
-    line: &str,
-    needles: &[String],
-) -> Result<()> {
-    sqlx::query(
-        "WITH m AS (
-             UPDATE notification_deliveries
-             SET address = array_to_string(array_remove(string_to_array(address, ','), $2), ','),
-                 user_id = replace(user_id, 'line-multicast:' || $1 || '+', 'line-multicast:' || $4 || '+'),
-                 updated_at = now()
-             WHERE provider = 'line_multicast' AND $2 = ANY(string_to_array(address, ','))
-             RETURNING id)
-         UPDATE delivery_attempts a
-         SET content_json = erase_json(a.content_json, $3),
-             provider_response = erase_text(a.provider_response, $3)
-         FROM m WHERE a.delivery_id = m.id",
+async fn redact_multicast(db: &PgPool, user_id: &str, line: &str, spelt: &Spellings) -> Result<()> {
+    let mut tx = db.begin().await?;
+    let batches: Vec<Uuid> = sqlx::query_scalar(
+        "UPDATE notification_deliveries
+         SET address = array_to_string(array_remove(string_to_array(address, ','), $2), ','),
+             user_id = replace(user_id, 'line-multicast:' || $1 || '+', 'line-multicast:' || $3 || '+'),
+             updated_at = now()
+         WHERE provider = 'line_multicast' AND $2 = ANY(string_to_array(address, ','))
+         RETURNING id",
     )
     .bind(user_id)
     .bind(line)
-    .bind(needles)
     .bind(ERASED)
-    .execute(db)
+    .fetch_all(&mut *tx)
     .await?;
+    for batch in batches.chunks(BATCH as usize) {
+        rewrite(
+            &mut tx,
+            spelt,
+            ("delivery_attempts", "id", "bigint"),
+            &[
+                ("content_json", Kind::Json),
+                ("provider_response", Kind::Text),
+            ],
+            "delivery_id = ANY($1)",
+            batch,
+        )
+        .await?;
+    }
+    tx.commit().await?;
     Ok(())
 }
 

@@ -57,11 +57,93 @@ async fn tables_holding(p: &Platform, needle: &str) -> Vec<String> {
     found
 }
 
+/// `s` inside a JSON string as an `ensure_ascii` serialiser writes it: every non-ASCII
+/// character as `\uXXXX` (UTF-16), hexadecimal digits in `upper` case or not.
+fn json_escaped(s: &str, upper: bool) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        if c.is_ascii() {
+            out.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                out.push_str(&if upper {
+                    format!("\\u{u:04X}")
+                } else {
+                    format!("\\u{u:04x}")
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The NFD form of the names these tests use (their only decomposable letter is `é`).
+fn nfd(s: &str) -> String {
+    s.replace('\u{e9}', "e\u{301}")
+        .replace('\u{c9}', "E\u{301}")
+}
+
+/// Every spelling of `s` an erasure must leave nowhere: NFC and NFD, as written, upper and
+/// lower case, and JSON-escaped (`\u0e2a`, `\u0E2A`, of the NFC and of the NFD form).
+fn spellings(s: &str) -> Vec<String> {
+    let mut v = vec![
+        s.to_string(),
+        nfd(s),
+        s.to_uppercase(),
+        s.to_lowercase(),
+        nfd(s).to_uppercase(),
+        json_escaped(s, false),
+        json_escaped(s, true),
+        json_escaped(&nfd(s), false),
+        json_escaped(&s.to_uppercase(), false),
+    ];
+    // Inside a JSON string (a `jsonb` printed as text) each backslash is doubled.
+    let in_json: Vec<String> = v
+        .iter()
+        .filter(|f| f.contains('\\'))
+        .map(|f| f.replace('\\', "\\\\"))
+        .collect();
+    v.extend(in_json);
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// Every `table.column` holding any spelling of `needle` ([`spellings`]), each listed
+/// with the spelling found; also compared case-insensitively by Postgres' `lower()`.
+async fn tables_holding_any_spelling(p: &Platform, needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for form in spellings(needle) {
+        for t in tables_holding(p, &form).await {
+            found.push(format!("{t} as {form:?}"));
+        }
+    }
+    for (table, column, ty) in text_columns(p).await {
+        if ty == "bytea" {
+            continue;
+        }
+        let sql = format!(
+            "SELECT count(*) FROM \"{table}\" WHERE strpos(lower(\"{column}\"::text), lower($1)) > 0"
+        );
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(needle)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+        if n > 0 {
+            found.push(format!("{table}.{column} ({n}) in some case"));
+        }
+    }
+    found
+}
+
 /// A recipient with a name, email, LINE id and an FCM token; returns (user id, name,
 /// email, LINE id, token).
 async fn full_recipient(p: &Platform, prefix: &str) -> (String, String, String, String, String) {
     let user = uniq(prefix);
-    let name = format!("สมหญิง Erasewoman {user}");
+    // NFC, with a letter that decomposes (`é`) for the NFD spelling.
+    let name = format!("สมหญิง Jos\u{e9} Erasewoman {user}");
     let email = format!("{user}@erase.example.test");
     let line = line_id();
     let token = format!("fcm-token-{}", uuid::Uuid::new_v4().simple());
@@ -144,8 +226,20 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
         .await
         .unwrap()
         .into_inner();
+    // The shared event names the user in other spellings: NFD, upper case, JSON-escaped
+    // inside a string, and so does the title the other recipient's inbox row shows.
     let mut both = p.event(&uniq("both"), "account_notice", &[&user, &other]);
-    both.payload = json!({"greeting": format!("{name} and {other_name}")}).to_string();
+    both.payload = json!({
+        "greeting": format!("{} and {other_name}", nfd(&name)),
+        "contact": email.to_uppercase(),
+        "device": token.to_uppercase(),
+        "line": line.to_lowercase(),
+        "raw": format!("{{\"name\": \"{}\"}}", json_escaped(&name, false)),
+    })
+    .to_string();
+    let c = both.content.as_mut().unwrap();
+    c.title = format!("{} และ {other_name}", nfd(&name).to_uppercase());
+    c.body = format!("ส่งถึง {} และ {other_email}", email.to_uppercase());
     let both = p.ingest().create_event(both).await.unwrap().into_inner();
     let done = p.wait_final(&sent.event_id, 60).await;
     let channels: BTreeSet<&str> = done
@@ -171,6 +265,17 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
             "{needle} is stored before the erasure"
         );
     }
+    for spelt in [
+        nfd(&name),
+        email.to_uppercase(),
+        token.to_uppercase(),
+        json_escaped(&name, false).replace('\\', "\\\\"),
+    ] {
+        assert!(
+            !tables_holding(&p, &spelt).await.is_empty(),
+            "{spelt} is stored before the erasure"
+        );
+    }
 
     let out = erase(&p, &user).await;
     assert!(out.recipient_found);
@@ -185,11 +290,24 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
     let hash = sha2::Sha256::digest(user.as_bytes());
     assert_eq!(out.user_id_sha256, hex::encode(hash));
 
-    for needle in [&email, &email.to_lowercase(), &line, &token, &name] {
+    // The spellings were stored: the other recipient's inbox row shows the shared title.
+    let shown: String = sqlx::query_scalar(
+        "SELECT title FROM notifications WHERE event_id = $1::uuid AND user_id = $2",
+    )
+    .bind(&both.event_id)
+    .bind(&other)
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert!(
+        shown.contains(&other_name) && shown.contains("[erased]"),
+        "the other recipient's inbox row keeps their own name only: {shown:?}"
+    );
+    for needle in [&email, &line, &token, &name] {
         assert_eq!(
-            tables_holding(&p, needle).await,
+            tables_holding_any_spelling(&p, needle).await,
             Vec::<String>::new(),
-            "{needle} is gone from every table"
+            "no spelling of {needle} is left in any table"
         );
     }
     for table in [
@@ -304,17 +422,18 @@ async fn an_event_racing_an_erasure_is_planned_wholly_before_it_or_finds_nothing
     .await;
     p.add_type("account_notice", &["inapp", "email", "push", "line"])
         .await;
-    let (mut before, mut after) = (0, 0);
+    let (mut before, mut during, mut after) = (0, 0, 0);
     for round in 0..15 {
         let (user, name, email, line, token) = full_recipient(&p, "race").await;
-        // Events that do not name the user in their payload: an event sent after the
-        // erasure holds what its caller sent then, which is not the erased data.
+        // Events that name the user in other spellings, in payload and title.
         let events = (0..4).map(|i| {
-            let req = p.event(
+            let mut req = p.event(
                 &format!("race-{round}-{i}-{user}"),
                 "account_notice",
                 &[&user],
             );
+            req.payload = json!({"name": nfd(&name), "email": email.to_uppercase()}).to_string();
+            req.content.as_mut().unwrap().title = format!("สวัสดี {}", json_escaped(&name, true));
             let mut c = p.ingest();
             async move { c.create_event(req).await.unwrap().into_inner() }
         });
@@ -324,12 +443,16 @@ async fn an_event_racing_an_erasure_is_planned_wholly_before_it_or_finds_nothing
             erase(&p, &user).await
         };
         let (created, _) = tokio::join!(futures_util::future::join_all(events), erasure);
+        let mut sent_after = Vec::new();
         for ev in created {
             let rows = deliveries_of_event(&p, &ev.event_id).await;
-            if rows.is_empty() {
-                after += 1;
-                assert_eq!(ev.skipped.len(), 4, "planned after: every pair skipped");
-            } else {
+            let skips: Vec<String> =
+                sqlx::query_scalar("SELECT user_id FROM delivery_skips WHERE event_id = $1::uuid")
+                    .bind(&ev.event_id)
+                    .fetch_all(&p.pool)
+                    .await
+                    .unwrap();
+            if !rows.is_empty() {
                 before += 1;
                 assert_eq!(rows.len(), 4, "planned before: wholly: {rows:?}");
                 assert!(
@@ -337,18 +460,197 @@ async fn an_event_racing_an_erasure_is_planned_wholly_before_it_or_finds_nothing
                         .all(|(u, s, a)| u == "[erased]" && s == "canceled" && a.is_none()),
                     "planned before: canceled and redacted: {rows:?}"
                 );
+                assert!(skips.is_empty(), "{skips:?}");
+            } else {
+                assert_eq!(ev.skipped.len(), 4, "planned after: every pair skipped");
+                if skips.is_empty() {
+                    // Planned while the erasure ran: rewritten by its last step.
+                    during += 1;
+                } else {
+                    // Planned after the erasure's last step: what its caller sent then.
+                    after += 1;
+                    assert_eq!(skips, vec![user.clone(); 4]);
+                    sent_after.push(ev.event_id.clone());
+                }
             }
         }
         for needle in [&email, &line, &token, &name] {
-            assert_eq!(
-                tables_holding(&p, needle).await,
-                Vec::<String>::new(),
-                "round {round}: {needle} gone"
+            let left = tables_holding_any_spelling(&p, needle).await;
+            if sent_after.is_empty() {
+                assert_eq!(left, Vec::<String>::new(), "round {round}: {needle} gone");
+            }
+            assert!(
+                left.iter().all(|t| t.starts_with("notification_events.")),
+                "round {round}: {needle} is only in events sent after the erasure: {left:?}"
             );
         }
+        // Those events, and no other, hold what their caller sent.
+        let holding: BTreeSet<String> = sqlx::query_scalar(
+            "SELECT id::text FROM notification_events
+             WHERE strpos(lower(payload_json::text || content_json::text), lower($1)) > 0",
+        )
+        .bind(&email)
+        .fetch_all(&p.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+        assert_eq!(holding, sent_after.into_iter().collect(), "round {round}");
     }
-    eprintln!("events planned before the erasure: {before}, after: {after}");
-    assert_eq!(before + after, 60);
+    eprintln!(
+        "events planned before the erasure: {before}, while it ran: {during}, after it: {after}"
+    );
+    assert_eq!(before + during + after, 60);
+    p.stop().await;
+}
+
+/// LINE requests the simulator answered for `line`, by their retry key.
+async fn line_calls_to(p: &Platform, line: &str) -> BTreeSet<String> {
+    p.sim_requests("line")
+        .await
+        .into_iter()
+        .filter(|r| r["body"]["to"] == line)
+        .map(|r| {
+            r["headers"]["x-line-retry-key"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_progress_at_the_erasure_is_recorded_as_it_ended_and_an_event_planned_meanwhile_is_erased()
+ {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Line],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("line_notice", &["line"]).await;
+    let (user, name, email, line, _) = full_recipient(&p, "in-flight").await;
+    // Every LINE call takes 2 s: the erasure finds them in progress.
+    p.http
+        .post(format!("{}/_sim/latency", p.sim_url))
+        .json(&json!({"provider": "line", "min_ms": 2000, "max_ms": 2000}))
+        .send()
+        .await
+        .unwrap()
+        .error_for_status()
+        .unwrap();
+    let mut events = Vec::new();
+    for i in 0..6 {
+        let ev = p
+            .ingest()
+            .create_event(p.event(&format!("call-{i}-{user}"), "line_notice", &[&user]))
+            .await
+            .unwrap()
+            .into_inner();
+        events.push(ev.event_id);
+    }
+    eventually(
+        "the calls are in progress",
+        Duration::from_secs(20),
+        async || {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM notification_deliveries WHERE user_id = $1 AND status = 'sending'",
+            )
+            .bind(&user)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+            if n == 6 { Ok(()) } else { Err(n) }
+        },
+    )
+    .await;
+    let erasure = {
+        let (p, user) = (&p, user.clone());
+        async move { erase(p, &user).await }
+    };
+    // An event naming the user, planned once the erasure's cancel committed and before
+    // it answered.
+    let meanwhile = async {
+        eventually(
+            "the erasure's cancel committed",
+            Duration::from_secs(10),
+            async || match p.count("recipient_erasures").await {
+                1 => Ok(()),
+                n => Err(n),
+            },
+        )
+        .await;
+        let mut req = naming_event(
+            &p,
+            &uniq("meanwhile"),
+            &user,
+            &nfd(&name),
+            &email.to_uppercase(),
+        );
+        req.r#type = "line_notice".into();
+        p.ingest().create_event(req).await.unwrap().into_inner()
+    };
+    let (out, late) = tokio::join!(erasure, meanwhile);
+    assert!(
+        deliveries_of_event(&p, &late.event_id).await.is_empty(),
+        "nothing planned for the user once the cancel committed"
+    );
+
+    // The six calls were in progress: the provider gets all six (a call the erasure
+    // canceled would arrive after its answer). Each is recorded sent; none canceled.
+    let called = eventually(
+        "the provider answered the six calls",
+        Duration::from_secs(10),
+        async || match line_calls_to(&p, &line).await {
+            c if c.len() == 6 => Ok(c),
+            c => Err(c.len()),
+        },
+    )
+    .await;
+    let states: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT coalesce(retry_key, id)::text, status, last_error FROM notification_deliveries
+         WHERE event_id = ANY($1::uuid[]) ORDER BY id",
+    )
+    .bind(&events)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(states.len(), 6);
+    for (key, status, error) in &states {
+        assert_eq!(
+            status == "sent",
+            called.contains(key),
+            "a delivery is sent exactly when the provider got it: {key} {status} {error:?}"
+        );
+    }
+    assert_eq!(
+        (out.deliveries_canceled, out.deliveries_redacted >= 6),
+        (0, true),
+        "{out:?}"
+    );
+    // And nothing of the user is left, the event planned meanwhile included.
+    for needle in [&email, &line, &name] {
+        assert_eq!(
+            tables_holding_any_spelling(&p, needle).await,
+            Vec::<String>::new(),
+            "no spelling of {needle} is left"
+        );
+    }
+    let skips: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_skips WHERE user_id = $1")
+        .bind(&user)
+        .fetch_one(&p.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        skips, 0,
+        "the event planned meanwhile names the user no more"
+    );
+    let recipients: Vec<String> =
+        sqlx::query_scalar("SELECT recipients FROM notification_events WHERE id = $1::uuid")
+            .bind(&late.event_id)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    assert_eq!(recipients, ["[erased]"]);
     p.stop().await;
 }
 
