@@ -188,12 +188,27 @@ static NEXT_ADDRESS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicU
 /// several body frames (its header frame stays small).
 pub const FRAME_MAX: u32 = 16 * 1024;
 
-/// `address` parsed, with [`FRAME_MAX`] unless it names its own `frame_max`.
-fn with_frame_max(address: &str) -> Result<lapin::uri::AMQPUri, BrokerError> {
+/// The AMQP heartbeat this client asks for, in seconds, when the URL names none
+/// (`?heartbeat=`): 10. The connection uses the smaller of this and the broker's
+/// (`connection.tune-ok`; RabbitMQ's default is 60). RabbitMQ closes a connection whose
+/// peer sent nothing for two heartbeat intervals and returns every message that
+/// connection held unacknowledged, its prefetched ones included, to the queue for other
+/// consumers. lapin sends the heartbeats from a task on the process's own Tokio runtime,
+/// so a process that is stopped (SIGSTOP, a VM paused) sends none: within about 20 s the
+/// broker takes back what it holds, instead of the 60 s default's two minutes, and a
+/// delivery the sweeper recovers from a frozen worker goes to a live one (issue 44,
+/// item 9). Short enough for that, long enough that a busy but live process, whose
+/// runtime is never blocked for seconds, keeps its connection.
+pub const HEARTBEAT_S: u16 = 10;
+
+/// `address` parsed, with [`FRAME_MAX`] and [`HEARTBEAT_S`] unless it names its own
+/// `frame_max` or `heartbeat`.
+fn tuned(address: &str) -> Result<lapin::uri::AMQPUri, BrokerError> {
     let mut uri: lapin::uri::AMQPUri = address
         .parse()
         .map_err(|e: String| lapin::Error::from(std::io::Error::other(e)))?;
     uri.query.frame_max.get_or_insert(FRAME_MAX);
+    uri.query.heartbeat.get_or_insert(HEARTBEAT_S);
     Ok(uri)
 }
 
@@ -201,7 +216,7 @@ fn with_frame_max(address: &str) -> Result<lapin::uri::AMQPUri, BrokerError> {
 /// several separated by commas (the nodes of a cluster). Each call starts at the next
 /// address of the list (round robin) and goes on through the others; every reconnect
 /// loop calls it again, so a process reaches any live node. Frames are at most
-/// [`FRAME_MAX`] bytes unless the URL says otherwise.
+/// [`FRAME_MAX`] bytes, and the heartbeat [`HEARTBEAT_S`], unless the URL says otherwise.
 ///
 /// # Errors
 /// The last address's error when none of them accepts the connection (a malformed
@@ -217,7 +232,7 @@ pub async fn connect(urls: &str, name: &str) -> Result<Connection, BrokerError> 
     loop {
         let at = (start + tried) % n;
         let props = ConnectionProperties::default().with_connection_name(name.into());
-        let connected: Result<Connection, BrokerError> = match with_frame_max(list[at]) {
+        let connected: Result<Connection, BrokerError> = match tuned(list[at]) {
             Ok(uri) => Connection::connect_uri(uri, props)
                 .await
                 .map_err(Into::into),
@@ -774,6 +789,24 @@ mod address_tests {
             .await
             .expect("broker");
         assert_eq!(own.configuration().frame_max(), 65536);
+        own.close(200, "done".into()).await.unwrap();
+    }
+
+    /// The connection agrees on a [`HEARTBEAT_S`] heartbeat (the broker's 60 s default
+    /// would let a stopped process hold its unacknowledged messages for two minutes),
+    /// unless the URL names its own.
+    #[tokio::test]
+    async fn the_connection_agrees_on_a_short_heartbeat_unless_the_url_names_its_own() {
+        let live = std::env::var("NOTIFY_AMQP_URL").expect("NOTIFY_AMQP_URL (source .stack/env)");
+        let live = addresses(&live)[0].to_string();
+        let conn = connect(&live, "test-heartbeat").await.expect("broker");
+        assert_eq!(conn.configuration().heartbeat(), HEARTBEAT_S);
+        conn.close(200, "done".into()).await.unwrap();
+        let sep = if live.contains('?') { '&' } else { '?' };
+        let own = connect(&format!("{live}{sep}heartbeat=5"), "test-heartbeat")
+            .await
+            .expect("broker");
+        assert_eq!(own.configuration().heartbeat(), 5);
         own.close(200, "done".into()).await.unwrap();
     }
 }

@@ -15,11 +15,17 @@ pub enum ErrorClass {
     /// The push token, subscription or address is gone: fail now and deactivate the
     /// endpoint.
     InvalidEndpoint,
-    /// The channel cannot take calls for a known period: the account's quota for the
-    /// period is spent (LINE's monthly message limit), or every email provider's circuit
-    /// breaker is open. Pause the whole channel until `retry_after`, without spending
-    /// this delivery's attempt.
+    /// The provider answered that the channel cannot take calls for a known period: the
+    /// account's quota for the period is spent (LINE's monthly message limit). Pause the
+    /// whole channel until `retry_after`; the call is recorded as an attempt, and this
+    /// delivery's budget grows by one so the pause spends none of it.
     QuotaExhausted,
+    /// No provider was called: none can take a call for a known period (every email
+    /// provider's circuit breaker is open, or half-open with its probe out). Nothing left
+    /// the worker, so this is not an attempt: the claim is given back (no attempt row, no
+    /// status webhook, `attempts` as before the claim) and the channel pauses until
+    /// `retry_after`.
+    Unavailable,
 }
 
 /// The provider's verdict on one attempt.

@@ -162,3 +162,78 @@ pub async fn fallback_after_made(
     }
     Ok(made)
 }
+
+/// What [`withdraw_fallbacks`] did to the fallbacks of a failure that turned out not to be
+/// one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Withdrawn {
+    /// Fallbacks (and their own fallbacks) that were still `pending`: now `canceled`,
+    /// their outbox rows gone, nothing sent.
+    pub canceled: Vec<Uuid>,
+    /// Fallbacks already past `pending` (in a provider call, sent, failed): the user may
+    /// get both; they are left as they are, for the caller to log.
+    pub past_pending: Vec<Uuid>,
+}
+
+/// Takes back the fallbacks of `delivery_id` (of event `event_id`) because the failure
+/// that caused them is no longer true: a late success recorded the delivery `sent` after
+/// the sweeper (or the claim's spent budget) had failed it. Every fallback derived from it,
+/// and from those, still `pending` becomes `canceled` ("canceled: delivery <id> was sent
+/// after all"), with its own outbox rows deleted (a row naming other deliveries too stays:
+/// its claim skips the canceled one) and its `delivery.cancelled` webhook message. Call it
+/// in the transaction that records the success, so the fallback exists exactly when the
+/// failure does.
+///
+/// # Errors
+/// The database failed.
+pub async fn withdraw_fallbacks(
+    conn: &mut PgConnection,
+    event_id: Uuid,
+    delivery_id: Uuid,
+) -> Result<Withdrawn> {
+    // Within the event (its index): `caused_by` has none, and the path is rare.
+    let rows: Vec<(Uuid, bool)> = sqlx::query_as(
+        "WITH RECURSIVE chain AS (
+             SELECT d.id, d.status FROM notification_deliveries d
+             WHERE d.event_id = $1 AND d.caused_by = $2 AND d.cause = 'fallback'
+             UNION
+             SELECT d.id, d.status FROM notification_deliveries d JOIN chain ON d.caused_by = chain.id
+             WHERE d.event_id = $1 AND d.cause = 'fallback'),
+         c AS (
+             UPDATE notification_deliveries d
+             SET status = 'canceled', lease_token = NULL, lease_expires_at = NULL,
+                 last_error = $3, updated_at = now(), state_version = d.state_version + 1,
+                 decision = CASE WHEN d.decision = '' THEN $3 ELSE d.decision || E'\\n' || $3 END
+             FROM chain WHERE d.id = chain.id AND d.status = 'pending'
+             RETURNING d.id),
+         gone AS (
+             DELETE FROM outbox o USING c
+             WHERE o.delivery_id = c.id
+               AND (o.more_delivery_ids IS NULL
+                    OR NOT EXISTS (SELECT 1 FROM unnest(o.more_delivery_ids) AS m(id)
+                                   WHERE NOT m.id IN (SELECT id FROM c))))
+         SELECT chain.id, chain.id IN (SELECT id FROM c) FROM chain",
+    )
+    .bind(event_id)
+    .bind(delivery_id)
+    .bind(format!(
+        "canceled: delivery {delivery_id}, whose failure caused this fallback, was sent after all (its provider accepted the call after its lease was given up)"
+    ))
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut out = Withdrawn::default();
+    for (id, canceled) in rows {
+        if canceled {
+            out.canceled.push(id);
+        } else {
+            out.past_pending.push(id);
+        }
+    }
+    let typed: Vec<(Uuid, crate::webhooks::EventType)> = out
+        .canceled
+        .iter()
+        .map(|id| (*id, crate::webhooks::EventType::DeliveryCancelled))
+        .collect();
+    crate::webhooks::enqueue_for_deliveries(conn, &typed).await?;
+    Ok(out)
+}

@@ -31,6 +31,11 @@ pub struct Metrics {
     /// code with statuses folded to classes), or the runtime's own `attempts_spent` /
     /// `record_failed`.
     pub deliveries_failed: Counter<u64>,
+    /// `notify_deliveries_failure_withdrawn_total{channel,provider}`: deliveries counted in
+    /// `notify_deliveries_failed_total` (and alerted `delivery_failed`) that were then
+    /// recorded sent: the provider accepted a call whose worker had frozen past its lease
+    /// on the last attempt allowed. Subtract it from the failures to get what stayed failed.
+    pub deliveries_failure_withdrawn: Counter<u64>,
     /// `notify_deliveries_retried_total{channel,provider}`: attempts that failed with a
     /// retry scheduled.
     pub deliveries_retried: Counter<u64>,
@@ -131,6 +136,12 @@ pub fn metrics() -> &'static Metrics {
             deliveries_failed: m
                 .u64_counter("notify_deliveries_failed")
                 .with_description("Deliveries failed for good, by reason.")
+                .build(),
+            deliveries_failure_withdrawn: m
+                .u64_counter("notify_deliveries_failure_withdrawn")
+                .with_description(
+                    "Deliveries counted failed that were then recorded sent (a late success).",
+                )
                 .build(),
             deliveries_retried: m
                 .u64_counter("notify_deliveries_retried")
@@ -332,6 +343,7 @@ mod tests {
         m.deliveries_sent.add(1, &cp);
         m.deliveries_failed
             .add(1, &with(KeyValue::new("reason", "line_4xx")));
+        m.deliveries_failure_withdrawn.add(1, &cp);
         m.deliveries_retried.add(1, &cp);
         m.deliveries_ambiguous.add(1, &cp);
         m.deliveries_skipped.add(

@@ -78,6 +78,14 @@ pub fn decide(
                         error: format!("{code}{status}"),
                     }
                 }
+                ErrorClass::Unavailable => {
+                    // Not an attempt (no provider was called): nothing is recorded as one.
+                    record.outcome = "retry";
+                    NextState::Unavailable {
+                        after: retry_after.unwrap_or(Duration::from_secs(1)),
+                        error: format!("{code}{status}"),
+                    }
+                }
                 ErrorClass::Transient | ErrorClass::RateLimited => {
                     let budget = RetryPolicy {
                         max_attempts: job.max_attempts.max(1) as u32,

@@ -26,6 +26,36 @@ pub(crate) enum Settle {
     Requeue,
 }
 
+/// The logs and metrics of a failure withdrawn by a late success (the delivery had been
+/// given up, alerted `delivery_failed` and counted failed; it was sent after all): an
+/// `alert_resolved = "delivery_failed"` line naming the delivery, the
+/// `notify_deliveries_failure_withdrawn_total` count, and what became of its fallbacks.
+fn withdrawn_failure(job: &notify_store::deliveries::DeliveryJob, late: &deliveries::LateSuccess) {
+    let [c, p] =
+        notify_telemetry::metrics::channel_provider(job.channel.as_str(), job.provider.as_str());
+    notify_telemetry::metrics()
+        .deliveries_failure_withdrawn
+        .add(1, &[c, p]);
+    let canceled = late.fallbacks.canceled.len();
+    let past = late.fallbacks.past_pending.len();
+    if past > 0 {
+        warn!(
+            attempt = job.attempt,
+            alert_resolved = "delivery_failed",
+            fallbacks_canceled = canceled,
+            fallbacks_already_sent = past,
+            "a delivery given up was sent after all: its failure is withdrawn, but a fallback had already left (the user may get both)"
+        );
+    } else {
+        warn!(
+            attempt = job.attempt,
+            alert_resolved = "delivery_failed",
+            fallbacks_canceled = canceled,
+            "a delivery given up was sent after all: its failure is withdrawn and its pending fallbacks canceled"
+        );
+    }
+}
+
 impl<S: ChannelSender> Ctx<S> {
     /// Handles one message to its end: every delivery it names (`pointers`, parsed by the
     /// consume loop; `None` when it could not be) is handled, as many at once as `permits`
@@ -220,7 +250,13 @@ impl<S: ChannelSender> Ctx<S> {
                 }
                 NextState::Paused { after, .. } => {
                     error!(%reason, paused_for_s = after.as_secs(), alert = "channel_paused",
-                        "channel paused (provider quota spent, or every provider's breaker open); its deliveries wait without spending attempts")
+                        "channel paused (provider quota spent); its deliveries wait without spending attempts")
+                }
+                NextState::Unavailable { after, .. } => {
+                    // No alert line per wake-up: the pause is the `notify_channel_paused`
+                    // gauge, and the breakers' own transitions are logged and counted.
+                    warn!(%reason, paused_for_ms = after.as_millis() as u64,
+                        "no provider can take the call (every breaker open): claim given back, no attempt; channel paused")
                 }
             }
             let job = Arc::new(*job);
@@ -267,11 +303,14 @@ impl<S: ChannelSender> Ctx<S> {
                     })
                     .await;
                     match late {
-                        DbCall::Done(true) => {
+                        DbCall::Done(Some(late)) => {
                             warn!(attempt = job.attempt, "lease lost during the call, but the provider accepted and nobody claimed the delivery again: success recorded");
                             count_recorded(&job, &next, &record, error.as_ref(), took);
+                            if late.was_failed {
+                                withdrawn_failure(&job, &late);
+                            }
                         }
-                        DbCall::Done(false) => warn!("lease lost before recording: another worker owns this delivery now; nothing written"),
+                        DbCall::Done(None) => warn!("lease lost before recording: another worker owns this delivery now; nothing written"),
                         DbCall::Unreachable | DbCall::Refused(_) => {}
                     }
                     Settle::Ack

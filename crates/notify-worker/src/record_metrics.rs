@@ -34,6 +34,8 @@ pub(crate) fn count_recorded(
             m.deliveries_retried.add(1, &labels);
             "retry"
         }
+        // No provider was called: not an attempt, nothing to count.
+        NextState::Unavailable { .. } => return,
         NextState::Failed { .. } => {
             let reason = error.map_or("unknown", |e| e.reason.as_str());
             let mut with_reason = labels.to_vec();

@@ -183,10 +183,10 @@ impl Providers {
     /// Sends `msg` through the first admitting provider, moving on after a transient
     /// failure that accepted nothing (see the module). When no breaker admits the call
     /// (every provider open, or half-open with its probe out), nothing is called: an
-    /// `email_providers_open` failure of class [`ErrorClass::QuotaExhausted`] with
+    /// `email_providers_open` failure of class [`ErrorClass::Unavailable`] with
     /// `retry_after` = the time until the first breaker admits again (at least 1 s), so
-    /// the runtime pauses the email channel that long and the delivery waits **without
-    /// spending an attempt**.
+    /// the runtime gives the claim back (no attempt row, no webhook, `attempts` unchanged)
+    /// and pauses the email channel that long.
     pub async fn send(&self, msg: &Outgoing<'_>, lease: &Lease) -> AttemptOutcome {
         let mut last: Option<AttemptOutcome> = None;
         for p in self.order(Instant::now()) {
@@ -239,7 +239,7 @@ impl Providers {
                 .unwrap_or_default()
                 .max(Duration::from_secs(1));
             AttemptOutcome::failed(
-                ErrorClass::QuotaExhausted,
+                ErrorClass::Unavailable,
                 "email_providers_open",
                 msg.content.clone(),
             )

@@ -136,10 +136,16 @@ async fn a_relay_answering_421_to_every_call_fails_over_and_email_returns_to_it_
     p.stop().await;
 }
 
+/// Issue 44, item 7: while every provider's breaker is open, the waiting emails are not
+/// attempts. Each wake-up (the pause's end, when one probe is admitted and the other
+/// deliveries find no provider) gives its claim back: no attempt row, no status webhook,
+/// `attempts` and `max_attempts` untouched. Only real calls count: in the end each
+/// delivery's `attempts` is its number of provider calls, one attempt row each, one
+/// `delivery.deferred` webhook per failed call and one `delivery.sent`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_every_provider_open_the_email_channel_pauses_and_spends_no_attempt() {
+async fn with_every_provider_open_waiting_emails_get_no_attempt_row_webhook_or_count_per_wake_up() {
     let (backup, backup_url) = backup_smtp().await;
-    let cooldown = Duration::from_secs(3);
+    let cooldown = Duration::from_secs(2);
     let p = Platform::start_with(Options {
         workers: vec![Channel::Email],
         smtp_sim: true,
@@ -152,17 +158,21 @@ async fn with_every_provider_open_the_email_channel_pauses_and_spends_no_attempt
         ..Default::default()
     })
     .await;
+    crate::webhooks::create_endpoint(&p, "https://hooks.example.test/status", &[]).await;
     p.add_type("order_paid", &["email"]).await;
-    let user = uniq("open");
-    p.add_recipient(&user, "สมหญิง", &format!("{user}@example.test"), "")
-        .await;
+    let users: Vec<String> = (0..6).map(|i| uniq(&format!("open{i}"))).collect();
+    for u in &users {
+        p.add_recipient(u, "สมหญิง", &format!("{u}@example.test"), "")
+            .await;
+    }
     p.smtp_sim
         .set_fault(Some("421 4.3.2 service not available"));
     backup.set_fault(Some("421 4.7.0 try again later"));
 
-    // Attempt 1 calls both providers (421 each) and opens both breakers; its retry, due
-    // 300 ms later and well inside the cooldown, finds no provider to call.
-    let ev = p.send("open:1", "order_paid", &[&user]).await;
+    // The first calls (421 from both) open both breakers; the other deliveries, and every
+    // retry inside the cooldown, find no provider to call and wait for the pause to end.
+    let user_refs: Vec<&str> = users.iter().map(String::as_str).collect();
+    let ev = p.send("open:1", "order_paid", &user_refs).await;
     let paused = eventually(
         "the email channel paused by the open breakers",
         Duration::from_secs(20),
@@ -183,47 +193,74 @@ async fn with_every_provider_open_the_email_channel_pauses_and_spends_no_attempt
         paused.1 > 0.0 && paused.1 <= cooldown.as_secs_f64(),
         "paused until the first breaker admits again: {paused:?}"
     );
-    assert_eq!(
-        p.smtp_sim.mail_commands(),
-        1,
-        "the open primary is not called"
-    );
-    assert_eq!(backup.mail_commands(), 1, "nor the open backup");
+    // Several pause cycles with both still down: each ends with one probe (a real call,
+    // refused) and the others woken and given back.
+    tokio::time::sleep(cooldown * 4).await;
 
-    // Both recover; once the pause ends the probe goes out and the email with it.
+    // Both recover; once the pause ends the probe goes out and the emails with it.
     p.smtp_sim.set_fault(None);
     backup.set_fault(None);
-    let done = p.wait_final(&ev.event_id, 30).await;
-    assert_eq!(done.deliveries[0].status, "sent", "{done:?}");
-    let (attempts, max_attempts, open_attempts, open_calls): (i32, i32, i64, i64) = sqlx::query_as(
-        "SELECT d.attempts, d.max_attempts,
-                    count(*) FILTER (WHERE a.error_code = 'email_providers_open'),
-                    count(a.provider_name) FILTER (WHERE a.error_code = 'email_providers_open')
-             FROM notification_deliveries d JOIN delivery_attempts a ON a.delivery_id = d.id
-             WHERE d.event_id = $1::uuid GROUP BY d.id",
+    let done = p.wait_final(&ev.event_id, 60).await;
+    assert!(
+        done.deliveries.iter().all(|d| d.status == "sent"),
+        "{done:?}"
+    );
+    // user, attempts, max_attempts, attempt rows, rows naming a provider, retry rows,
+    // delivery.deferred webhooks, delivery.sent webhooks
+    type PerDelivery = (String, i32, i32, i64, i64, i64, i64, i64);
+    let rows: Vec<PerDelivery> = sqlx::query_as(
+        "SELECT d.user_id, d.attempts, d.max_attempts,
+                (SELECT count(*) FROM delivery_attempts a WHERE a.delivery_id = d.id),
+                (SELECT count(*) FROM delivery_attempts a WHERE a.delivery_id = d.id
+                                                            AND a.provider_name IS NOT NULL),
+                (SELECT count(*) FROM delivery_attempts a WHERE a.delivery_id = d.id
+                                                            AND a.outcome = 'retry'),
+                (SELECT count(*) FROM webhook_messages w WHERE w.delivery_id = d.id
+                                                           AND w.event_type = 'delivery.deferred'),
+                (SELECT count(*) FROM webhook_messages w WHERE w.delivery_id = d.id
+                                                           AND w.event_type = 'delivery.sent')
+         FROM notification_deliveries d WHERE d.event_id = $1::uuid ORDER BY d.user_id",
     )
     .bind(&ev.event_id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), users.len());
+    let open_rows: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM delivery_attempts WHERE error_code = 'email_providers_open'",
+    )
     .fetch_one(&p.pool)
     .await
     .unwrap();
-    assert!(open_attempts >= 1, "a pass found every breaker open");
-    assert_eq!(open_calls, 0, "no provider named: none was called");
-    assert_eq!(
-        max_attempts,
-        5 + open_attempts as i32,
-        "each pass with every breaker open gave its attempt back"
+    assert_eq!(open_rows, 0, "a pass that called no provider is no attempt");
+    for (user, attempts, max_attempts, rows, called, retries, deferred, sent) in &rows {
+        assert_eq!(
+            (*attempts as i64, *rows),
+            (*called, *called),
+            "{user}: attempts = attempt rows = provider calls"
+        );
+        assert_eq!(
+            *max_attempts, 5,
+            "{user}: no budget given back: none was taken"
+        );
+        assert_eq!(
+            (*deferred, *sent),
+            (*retries, 1),
+            "{user}: one delivery.deferred per refused call, one delivery.sent"
+        );
+    }
+    let total_calls: i64 = rows.iter().map(|r| r.4).sum();
+    let mail_commands = p.smtp_sim.mail_commands() + backup.mail_commands();
+    assert!(
+        total_calls as usize <= mail_commands,
+        "every attempt row is a provider call: {total_calls} rows, {mail_commands} MAIL commands"
     );
+
     assert_eq!(
-        attempts,
-        2 + open_attempts as i32,
-        "the 421 pass, the open passes, the send"
+        p.smtp_sim.messages().len() + backup.messages().len(),
+        users.len(),
+        "each email accepted once"
     );
-    assert_eq!(
-        p.smtp_sim.messages().len(),
-        1,
-        "sent through the primary, once"
-    );
-    assert!(backup.messages().is_empty());
     p.stop().await;
 }
 

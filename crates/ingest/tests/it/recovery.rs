@@ -1012,9 +1012,10 @@ async fn a_late_success_loses_to_a_newer_claim() {
     );
     let second = claim().await;
     assert!(
-        !deliveries::record_late_success(&p.pool, &first, &sent, &record)
+        deliveries::record_late_success(&p.pool, &first, &sent, &record)
             .await
-            .unwrap(),
+            .unwrap()
+            .is_none(),
         "the newer claim is sending"
     );
     let retry = NextState::Retry {
@@ -1032,9 +1033,10 @@ async fn a_late_success_loses_to_a_newer_claim() {
         [true]
     );
     assert!(
-        !deliveries::record_late_success(&p.pool, &first, &sent, &record)
+        deliveries::record_late_success(&p.pool, &first, &sent, &record)
             .await
-            .unwrap(),
+            .unwrap()
+            .is_none(),
         "the newer claim already recorded its attempt"
     );
     assert_eq!(
@@ -1503,5 +1505,277 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
             .all(|(e, n)| *n == 1 && *e != canceled_event && !small_events.contains(e))
     );
     assert_eq!(p.count("outbox").await, 0);
+    p.stop().await;
+}
+
+/// Issue 44, item 8: a worker frozen (SIGSTOP) during the last attempt allowed, past its
+/// lease. The sweeper gives the delivery up (`failed`, the `delivery_failed` alert and
+/// metric, the type's fallback if it has one); the worker resumes, LINE had accepted, and
+/// the late success records `sent`. Every consequence of the failure follows that final
+/// state in the same transaction: the fallback, still pending, is canceled and never
+/// sent; a `delivery.sent` webhook follows the `delivery.failed` one; the worker logs
+/// `alert_resolved = "delivery_failed"` and counts the failure withdrawn.
+async fn a_late_success_after_the_last_attempt_was_given_up(with_fallback: bool) {
+    let mut p = Platform::start_with(Options {
+        workers: vec![],
+        lease: Duration::from_secs(3),
+        ..Default::default()
+    })
+    .await;
+    if with_fallback {
+        p.add_derived_type("order_paid", &["line"], &["line", "email"], None)
+            .await;
+    } else {
+        p.add_type("order_paid", &["line"]).await;
+    }
+    crate::webhooks::create_endpoint(&p, "https://hooks.example.test/status", &[]).await;
+    let (u, lid) = (uniq("u"), line_id());
+    let address = format!("{u}@example.test");
+    p.add_recipient(&u, "", &address, &lid).await;
+    // LINE accepts, answering after 1.5 s: the worker is stopped before it reads that.
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": lid, "status": 200,
+        "body": {"sentMessages": [{"id": "late-1"}]}, "delay_ms": 1500, "times": 1}),
+    )
+    .await;
+    let admin = support::free_addr();
+    let frozen = p.spawn(
+        "worker-line",
+        &[],
+        &[
+            ("NOTIFY_LEASE", "3s".into()),
+            ("NOTIFY_WORKER_CONCURRENCY", "1".into()),
+            ("NOTIFY_WORKER_ID", "frozen".into()),
+            ("NOTIFY_ADMIN_ADDR", admin.to_string()),
+        ],
+    );
+    let ev = p.send("late-given-up", "order_paid", &[&u]).await;
+    let id = ev.deliveries[0].delivery_id.clone();
+    wait_line_calls(&p, 1).await;
+    signal(frozen.pid(), "-STOP");
+    // This call is the last one allowed (as the third of three would be).
+    let last = sqlx::query(
+        "UPDATE notification_deliveries SET max_attempts = attempts
+         WHERE id = $1::uuid AND status = 'sending'",
+    )
+    .bind(&id)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(last.rows_affected(), 1);
+    wait_status(&p, &id, "failed", 30).await;
+    let pool = p.pool.clone();
+    let fallback = || async {
+        sqlx::query_as::<_, (String, String, String)>(
+            "SELECT id::text, status, coalesce(last_error, '') FROM notification_deliveries
+             WHERE event_id = $1::uuid AND channel = 'email'",
+        )
+        .bind(&ev.event_id)
+        .fetch_optional(&pool)
+        .await
+        .unwrap()
+    };
+    if with_fallback {
+        let f = fallback()
+            .await
+            .expect("the sweeper created the email fallback");
+        assert_eq!(f.1, "pending", "{f:?}");
+    }
+
+    signal(frozen.pid(), "-CONT");
+    wait_status(&p, &id, "sent", 30).await;
+    let (state, attempts) = status_of(&p, &id).await;
+    assert_eq!((state.as_str(), attempts), ("sent", 1));
+    let hooks: Vec<String> = sqlx::query_scalar(
+        "SELECT event_type FROM webhook_messages WHERE delivery_id = $1::uuid
+         ORDER BY state_version",
+    )
+    .bind(&id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        hooks[hooks.len().saturating_sub(2)..],
+        ["delivery.failed".to_string(), "delivery.sent".to_string()],
+        "the failure's webhook is followed by the success's: {hooks:?}"
+    );
+    let metrics = reqwest::get(format!("http://{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("notify_deliveries_failure_withdrawn_total{")
+                && l.contains(r#"channel="line""#)
+                && l.ends_with(" 1")
+        ),
+        "the failure counted withdrawn:\n{metrics}"
+    );
+    let log = frozen.log();
+    assert!(
+        log.contains(r#""alert_resolved":"delivery_failed""#),
+        "the resumed worker resolves the alert:\n{log}"
+    );
+    match fallback().await {
+        Some((fid, status, error)) => {
+            assert!(with_fallback);
+            assert_eq!(status, "canceled", "the pending fallback is canceled");
+            assert!(
+                error.starts_with(&format!("canceled: delivery {id}")),
+                "{error}"
+            );
+            let cancelled: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM webhook_messages
+                 WHERE delivery_id = $1::uuid AND event_type = 'delivery.cancelled'",
+            )
+            .bind(&fid)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+            assert_eq!(cancelled, 1, "its delivery.cancelled webhook");
+            // An email worker now finds the fallback's message and sends nothing.
+            p.start_worker(Channel::Email);
+            let queue = p.topology.queue("email");
+            p.wait_queue_depth(
+                &queue,
+                0,
+                "the fallback's message taken",
+                Duration::from_secs(20),
+            )
+            .await;
+            p.stop_workers().await;
+            assert!(p.mails_to(&address).await.is_empty(), "no fallback email");
+            assert_eq!(fallback().await.unwrap().1, "canceled");
+        }
+        None => assert!(!with_fallback, "a fallback without the type's list"),
+    }
+    frozen.terminate();
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_success_after_the_last_attempt_was_given_up_cancels_the_pending_fallback() {
+    a_late_success_after_the_last_attempt_was_given_up(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_success_after_the_last_attempt_was_given_up_withdraws_the_failure() {
+    a_late_success_after_the_last_attempt_was_given_up(false).await;
+}
+
+/// Issue 44, item 9: a worker process stopped (SIGSTOP) during a call holds, besides that
+/// call's message, room in its prefetch. Its AMQP heartbeat (notify_broker::HEARTBEAT_S,
+/// 10 s) stops with it, so the broker closes its connection within three heartbeat
+/// intervals and returns what it held: the sweeper's recovered message reaches a live worker
+/// (started only once that message is published, so it cannot have taken it first) while
+/// the frozen one is still stopped, within the bound of docs/guarantees.md; the resumed
+/// worker writes nothing and the delivery is sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_worker_holds_a_recovered_delivery_no_longer_than_three_heartbeats() {
+    let mut p = Platform::start_with(Options {
+        workers: vec![],
+        lease: Duration::from_secs(3),
+        // No republish of the waiting delivery meanwhile: only the broker's return of
+        // what the frozen worker held can bring the message to the live one.
+        republish_after: Duration::from_secs(600),
+        ..Default::default()
+    })
+    .await;
+    p.add_type("order_paid", &["line"]).await;
+    let (u, lid) = p.add_line_recipient("u").await;
+    // The first call fails, answered after 2 s, when the worker is already stopped.
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": lid, "status": 500,
+        "body": {"message": "internal"}, "delay_ms": 2000, "times": 1}),
+    )
+    .await;
+    let frozen = p.spawn(
+        "worker-line",
+        &[],
+        &[
+            ("NOTIFY_LEASE", "3s".into()),
+            // Room in its prefetch beside the call in hand.
+            ("NOTIFY_WORKER_CONCURRENCY", "4".into()),
+            ("NOTIFY_WORKER_ID", "frozen".into()),
+        ],
+    );
+    let ev = p.send("frozen-prefetch", "order_paid", &[&u]).await;
+    let id = ev.deliveries[0].delivery_id.clone();
+    wait_line_calls(&p, 1).await;
+    signal(frozen.pid(), "-STOP");
+    let stopped = std::time::Instant::now();
+    // The lease runs out; the sweeper puts the delivery back with a new outbox row, which
+    // the relay publishes.
+    eventually(
+        "the recovered delivery published",
+        Duration::from_secs(30),
+        async || {
+            let (status, _) = status_of(&p, &id).await;
+            let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
+                .fetch_one(&p.pool)
+                .await
+                .unwrap();
+            if status == "pending" && rows == 0 {
+                Ok(())
+            } else {
+                Err((status, rows))
+            }
+        },
+    )
+    .await;
+    p.start_worker_named(Channel::Line, "second");
+    // The broker checks once a heartbeat interval and closes the connection at the second
+    // check that saw nothing: 2 to 3 intervals after the frozen worker's last frame. Then
+    // the live worker's claim and call.
+    let bound = Duration::from_secs(3 * u64::from(notify_broker::HEARTBEAT_S) + 10);
+    let done = p.wait_final(&ev.event_id, bound.as_secs()).await;
+    let took = stopped.elapsed();
+    assert_eq!(done.deliveries[0].status, "sent", "{done:?}");
+    assert!(
+        took < bound,
+        "sent {took:?} after the freeze; bound {bound:?}"
+    );
+    eprintln!(
+        "recovered delivery sent {:.1} s after the freeze",
+        took.as_secs_f64()
+    );
+
+    signal(frozen.pid(), "-CONT");
+    eventually(
+        "the resumed worker finished its message",
+        Duration::from_secs(30),
+        async || {
+            let log = frozen.log();
+            if log.contains("nothing written") {
+                Ok(())
+            } else {
+                Err(log)
+            }
+        },
+    )
+    .await;
+    let attempts: Vec<(i32, String, String)> = sqlx::query_as(
+        "SELECT attempt, coalesce(error_code, outcome), worker_id FROM delivery_attempts
+         WHERE delivery_id = $1::uuid ORDER BY attempt",
+    )
+    .bind(&id)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        attempts,
+        [
+            (1, "worker_lost".to_string(), String::new()),
+            (2, "sent".to_string(), "second".to_string())
+        ]
+    );
+    assert_eq!(
+        p.sim_count("line").await,
+        2,
+        "the refused call and the send"
+    );
+    frozen.terminate();
     p.stop().await;
 }

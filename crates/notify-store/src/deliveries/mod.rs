@@ -22,7 +22,7 @@ pub use lease::{
     ExpiredLease, WORKER_LOST, extend_lease, relay_behind, republish_stale, requeue_expired_leases,
 };
 pub use record::{
-    AttemptRecord, NextState, defer_claimed, fail_unclaimed, record_attempts,
+    AttemptRecord, LateSuccess, NextState, defer_claimed, fail_unclaimed, record_attempts,
     record_attempts_with_fallbacks, record_fallback, record_late_success,
 };
 pub use skip::{UNREACHABLE, skip_claimed};

@@ -77,6 +77,17 @@ pub enum NextState {
         /// Error code and text for `last_error` and the pause's reason.
         error: String,
     },
+    /// No provider was called: none could take the call (every email provider's breaker
+    /// open). Not an attempt: the claim is given back (`pending`, `attempts` and
+    /// `first_attempt_at` as before it, no attempt row, no status webhook, `state_version`
+    /// unchanged), due `after` from now with an outbox row due then, and the channel is
+    /// paused that long, so the deliveries that wait meanwhile are not claimed at all.
+    Unavailable {
+        /// Delay from now (until the first provider admits a call again).
+        after: Duration,
+        /// Error code and text for `last_error` and the pause's reason.
+        error: String,
+    },
     /// Final failure.
     Failed {
         /// Error code and text for `last_error`.
@@ -114,7 +125,8 @@ pub struct AttemptRecord {
 /// Records attempts and their deliveries' new states in one transaction, each fenced by
 /// its own lease token: one result per input, in order, false (nothing written for it)
 /// when that lease was lost. Four statements at most, whatever the number, plus one per
-/// endpoint to deactivate or channel to pause.
+/// endpoint to deactivate or channel to pause. A [`NextState::Unavailable`] gives its
+/// claim back instead of recording an attempt.
 pub async fn record_attempts(
     db: &PgPool,
     batch: &[(&DeliveryJob, &NextState, &AttemptRecord)],
@@ -141,6 +153,8 @@ pub async fn record_attempts_with_fallbacks(
     let mut retry_base: Vec<Option<DateTime<Utc>>> = Vec::with_capacity(batch.len());
     let mut errors: Vec<Option<String>> = Vec::with_capacity(batch.len());
     let mut refunds: Vec<bool> = Vec::with_capacity(batch.len());
+    // No provider was called: the claim is given back, not recorded as an attempt.
+    let mut given_back: Vec<bool> = Vec::with_capacity(batch.len());
     for (job, next, record) in batch {
         ids.push(job.id);
         tokens.push(job.lease_token);
@@ -160,7 +174,7 @@ pub async fn record_attempts_with_fallbacks(
                 Some(notify_core::retry::millis(*after)),
                 Some(error.clone()),
             ),
-            NextState::Paused { after, error } => (
+            NextState::Paused { after, error } | NextState::Unavailable { after, error } => (
                 "pending",
                 None,
                 Some(notify_core::retry::millis(*after)),
@@ -169,6 +183,7 @@ pub async fn record_attempts_with_fallbacks(
             NextState::Failed { error } => ("failed", None, None, Some(error.clone())),
         };
         refunds.push(matches!(next, NextState::Paused { .. }));
+        given_back.push(matches!(next, NextState::Unavailable { .. }));
         statuses.push(status);
         pmids.push(pmid);
         retry_ms.push(retry);
@@ -184,11 +199,15 @@ pub async fn record_attempts_with_fallbacks(
                                                          + t.retry_ms * interval '1 millisecond') END,
              last_error = t.error, sent_at = CASE WHEN t.status = 'sent' THEN now() ELSE d.sent_at END,
              max_attempts = CASE WHEN t.refund THEN d.max_attempts + 1 ELSE d.max_attempts END,
+             attempts = CASE WHEN t.given_back THEN d.attempts - 1 ELSE d.attempts END,
+             first_attempt_at = CASE WHEN t.given_back AND d.attempts <= 1 THEN NULL
+                                     ELSE d.first_attempt_at END,
              lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
-             state_version = d.state_version + 1
+             state_version = CASE WHEN t.given_back THEN d.state_version
+                                  ELSE d.state_version + 1 END
          FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::bigint[], $6::text[],
-                     $7::bool[], $8::timestamptz[])
-              AS t(id, token, status, pmid, retry_ms, error, refund, base)
+                     $7::bool[], $8::timestamptz[], $9::bool[])
+              AS t(id, token, status, pmid, retry_ms, error, refund, base, given_back)
          WHERE d.id = ANY($1) AND d.id = t.id AND d.lease_token = t.token
            AND d.status || '' = 'sending'
          RETURNING d.id, t.token",
@@ -201,6 +220,7 @@ pub async fn record_attempts_with_fallbacks(
     .bind(&errors)
     .bind(&refunds)
     .bind(&retry_base)
+    .bind(&given_back)
     .fetch_all(&mut *tx)
     .await?;
     let updated: std::collections::HashSet<(Uuid, Uuid)> = updated.into_iter().collect();
@@ -211,8 +231,11 @@ pub async fn record_attempts_with_fallbacks(
         tx.rollback().await?;
         return Ok((vec![false; batch.len()], Vec::new()));
     }
-    let rows: Vec<(&DeliveryJob, &AttemptRecord)> =
-        kept.iter().map(|&i| (batch[i].0, batch[i].2)).collect();
+    let rows: Vec<(&DeliveryJob, &AttemptRecord)> = kept
+        .iter()
+        .filter(|&&i| !given_back[i])
+        .map(|&i| (batch[i].0, batch[i].2))
+        .collect();
     insert_attempts(&mut tx, &rows).await?;
     let retries: Vec<usize> = kept
         .iter()
@@ -231,7 +254,12 @@ pub async fn record_attempts_with_fallbacks(
         .execute(&mut *tx)
         .await?;
     }
-    let changed: Vec<(Uuid, &str)> = kept.iter().map(|&i| (ids[i], statuses[i])).collect();
+    // A claim given back changed nothing a caller sees: no webhook.
+    let changed: Vec<(Uuid, &str)> = kept
+        .iter()
+        .filter(|&&i| !given_back[i])
+        .map(|&i| (ids[i], statuses[i]))
+        .collect();
     crate::webhooks::enqueue_for_statuses(&mut tx, &changed).await?;
     let mut fallbacks = Vec::new();
     for &i in &kept {
@@ -240,7 +268,9 @@ pub async fn record_attempts_with_fallbacks(
                 crate::derived::fallback_after_made(&mut tx, batch[i].0.id, "failed").await?,
             );
         }
-        if let NextState::Paused { after, error } = batch[i].1 {
+        if let NextState::Paused { after, error } | NextState::Unavailable { after, error } =
+            batch[i].1
+        {
             pause_channel(&mut *tx, batch[i].0.channel, *after, error).await?;
         }
         if let Some((endpoint, reason)) = &batch[i].2.deactivate_endpoint {
@@ -371,46 +401,67 @@ pub async fn record_fallback(
     Ok(true)
 }
 
+/// What [`record_late_success`] recorded.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LateSuccess {
+    /// The delivery had been given up (`failed` by the sweeper's last `worker_lost`, or by
+    /// the claim's spent budget): its failure, counted and alerted then, is withdrawn, and
+    /// a `delivery.sent` webhook follows the `delivery.failed` one.
+    pub was_failed: bool,
+    /// What became of the fallbacks that failure had created
+    /// ([`crate::derived::withdraw_fallbacks`]).
+    pub fallbacks: crate::derived::Withdrawn,
+}
+
 /// Records a success that came back after the attempt's lease was lost (its heartbeats
 /// stopped, the sweeper put the delivery back to `pending`), so the delivery is not sent a
 /// second time. Fenced so that a newer claim still wins: only a delivery still `pending`
-/// (or `failed` by the sweeper because this was its last attempt), with no lease and no
-/// claim since this attempt's (`attempts` unchanged), becomes `sent`, replacing the
-/// sweeper's `worker_lost` attempt row with the real answer, in one transaction. False (nothing written) otherwise; an outbox
-/// row the sweeper wrote stays, and its message is acked by the claim without a call.
-/// `next` must be [`NextState::Sent`] (anything else writes nothing).
+/// (or `failed` by the sweeper, or by the claim's spent budget, because this was its last
+/// attempt), with no lease and no claim since this attempt's (`attempts` unchanged),
+/// becomes `sent`, replacing the sweeper's `worker_lost` attempt row with the real answer,
+/// in one transaction. When it had been failed, every consequence of that failure follows
+/// the final state in the same transaction: the fallbacks it created that are still
+/// `pending` are canceled ([`crate::derived::withdraw_fallbacks`]), and the answer says so
+/// for the caller to withdraw the alert and count it. `None` (nothing written) otherwise;
+/// an outbox row the sweeper wrote stays, and its message is acked by the claim without a
+/// call. `next` must be [`NextState::Sent`] (anything else writes nothing).
 pub async fn record_late_success(
     db: &PgPool,
     job: &DeliveryJob,
     next: &NextState,
     record: &AttemptRecord,
-) -> Result<bool> {
+) -> Result<Option<LateSuccess>> {
     let NextState::Sent {
         provider_message_id,
     } = next
     else {
-        return Ok(false);
+        return Ok(None);
     };
     let mut tx = db.begin().await?;
-    let done = sqlx::query(
-        "UPDATE notification_deliveries
-         SET status = 'sent', provider_message_id = coalesce($3, provider_message_id),
+    // The status before the update, read under the row lock the update takes.
+    let was: Option<(String, Uuid)> = sqlx::query_as(
+        "UPDATE notification_deliveries d
+         SET status = 'sent', provider_message_id = coalesce($3, d.provider_message_id),
              last_error = NULL, sent_at = now(), updated_at = now(),
-             state_version = state_version + 1
-         WHERE id = $1 AND lease_token IS NULL AND attempts = $2
-           AND (status = 'pending'
-                -- the sweeper failed it because this very attempt was the last one allowed
-                OR (status = 'failed' AND last_error LIKE 'worker_lost:%'))",
+             state_version = d.state_version + 1
+         FROM (SELECT id, status FROM notification_deliveries WHERE id = $1 FOR UPDATE) o
+         WHERE d.id = o.id AND d.lease_token IS NULL AND d.attempts = $2
+           AND (d.status = 'pending'
+                -- given up because this very attempt was the last one allowed: by the
+                -- sweeper (`worker_lost: ...`), or by the claim's spent budget, which keeps
+                -- the sweeper's error in front
+                OR (d.status = 'failed' AND d.last_error LIKE 'worker_lost:%'))
+         RETURNING o.status, d.event_id",
     )
     .bind(job.id)
     .bind(job.attempt)
     .bind(provider_message_id)
-    .execute(&mut *tx)
+    .fetch_optional(&mut *tx)
     .await?;
-    if done.rows_affected() != 1 {
+    let Some((was, event_id)) = was else {
         tx.rollback().await?;
-        return Ok(false);
-    }
+        return Ok(None);
+    };
     sqlx::query(
         "INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, provider_status,
              error_code, provider_response, content_json, worker_id)
@@ -443,8 +494,17 @@ pub async fn record_late_success(
         &[(job.id, crate::webhooks::EventType::DeliverySent)],
     )
     .await?;
+    let was_failed = was == "failed";
+    let fallbacks = if was_failed {
+        crate::derived::withdraw_fallbacks(&mut tx, event_id, job.id).await?
+    } else {
+        Default::default()
+    };
     tx.commit().await?;
-    Ok(true)
+    Ok(Some(LateSuccess {
+        was_failed,
+        fallbacks,
+    }))
 }
 
 /// Marks a delivery `failed` with `error` outside the claim protocol: for a message that

@@ -107,3 +107,20 @@ fn a_failure_that_names_its_fix_is_quoted_in_the_error() {
         }
     );
 }
+
+#[test]
+fn no_provider_called_is_not_an_attempt_even_on_the_last_one() {
+    let out = AttemptOutcome::failed(ErrorClass::Unavailable, "email_providers_open", json!({}))
+        .with_retry_after(Some(Duration::from_secs(7)));
+    // On the last attempt allowed too: nothing was called, so nothing gives up.
+    let mut last = job(5);
+    last.max_attempts = 5;
+    let (next, _) = decide(&RetryPolicy::default(), None, &last, out, 0.5);
+    assert_eq!(
+        next,
+        NextState::Unavailable {
+            after: Duration::from_secs(7),
+            error: "email_providers_open".into()
+        }
+    );
+}
