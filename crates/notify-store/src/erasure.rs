@@ -62,7 +62,7 @@ use uuid::Uuid;
 pub use notify_core::spellings::ERASED;
 
 /// The advisory lock (`pg_advisory_xact_lock`) an erasure holds exclusively in its second
-/// step and every planning transaction holds shared (ASCII "notify" + "era").
+/// and fourth steps and every planning transaction holds shared (ASCII "notify" + "era").
 pub const ERASURE_LOCK: i64 = 0x6e6f_7469_6679_0e7a;
 
 /// Deliveries redacted per transaction (and rows of other recipients rewritten per
@@ -84,7 +84,8 @@ const EVENTS_PER_PASS: usize = 20;
 pub struct ErasureOutcome {
     /// Whether a `recipients` row existed.
     pub recipient_found: bool,
-    /// Deliveries canceled (pending, or still in a provider call when the wait ended).
+    /// Deliveries canceled: pending ones, those whose provider call in progress ended in a
+    /// retry (ended `canceled`), and those still in a call when the wait ended.
     pub deliveries_canceled: u64,
     /// Of those, the ones canceled during a provider call: they may have reached the user
     /// (`last_error` says so).
@@ -192,6 +193,14 @@ pub async fn erase_recipient(
         crate::cancel::cancel_for_erasure(&mut tx, user_id, line.as_deref(), InFlight::Finish)
             .await?;
     out.deliveries_canceled += canceled;
+    // In a provider call now (no call can start: nothing is pending any more); their
+    // records decide, and those that end canceled are counted after the wait.
+    let in_call: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM notification_deliveries WHERE user_id = $1 AND status = 'sending'",
+    )
+    .bind(user_id)
+    .fetch_all(&mut *tx)
+    .await?;
     let mut touched = Vec::new();
     loop {
         let (n, events) = redact_batch(&mut tx, user_id, &spelt, &mut out).await?;
@@ -250,6 +259,14 @@ pub async fn erase_recipient(
     // Step 3: the calls in progress are recorded by their lease holders; then what they
     // (and any transaction holding a delivery's row) committed meanwhile.
     wait_for_calls(db, user_id).await?;
+    // A retry of those calls (or a requeue of a lost lease) ended canceled.
+    let ended_canceled: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM notification_deliveries WHERE id = ANY($1) AND status = 'canceled'",
+    )
+    .bind(&in_call)
+    .fetch_one(db)
+    .await?;
+    out.deliveries_canceled += ended_canceled as u64;
     loop {
         let mut tx = db.begin().await?;
         let (canceled, _) =

@@ -1114,3 +1114,88 @@ async fn list_events_filters_pages_and_shows_a_caller_only_its_own_events() {
     assert_eq!(who, "ops-admin", "the audit names the caller's key");
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_fails_while_the_erasure_waits_for_it_ends_canceled_and_is_not_retried() {
+    let p = Platform::start_with(Options {
+        workers: vec![Channel::Line],
+        ..Default::default()
+    })
+    .await;
+    p.add_type("line_notice", &["line"]).await;
+    let (user, _, _, line, _) = full_recipient(&p, "in-flight-retry").await;
+    // Every LINE call to the user takes 2 s and fails in a way worth a retry.
+    p.sim_fault(
+        json!({"provider": "line", "target_contains": line, "status": 500,
+                       "body": {"message": "try later"}, "delay_ms": 2000}),
+    )
+    .await;
+    let mut events = Vec::new();
+    for i in 0..3 {
+        let ev = p
+            .ingest()
+            .create_event(p.event(&format!("retry-{i}-{user}"), "line_notice", &[&user]))
+            .await
+            .unwrap()
+            .into_inner();
+        events.push(ev.event_id);
+    }
+    eventually(
+        "the calls are in progress",
+        Duration::from_secs(20),
+        async || {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM notification_deliveries WHERE user_id = $1 AND status = 'sending'",
+            )
+            .bind(&user)
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+            if n == 3 { Ok(()) } else { Err(n) }
+        },
+    )
+    .await;
+    let out = erase(&p, &user).await;
+    // Each call failed; its retry ended canceled; no fallback, no second call.
+    let states: Vec<(String, Option<String>, i32)> = sqlx::query_as(
+        "SELECT status, last_error, attempts FROM notification_deliveries
+         WHERE event_id = ANY($1::uuid[])",
+    )
+    .bind(&events)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        states,
+        vec![
+            (
+                "canceled".to_string(),
+                Some("canceled by erasure".to_string()),
+                1
+            );
+            3
+        ],
+        "{out:?}"
+    );
+    assert_eq!(out.deliveries_canceled, 3, "{out:?}");
+    let outcomes: Vec<String> = sqlx::query_scalar(
+        "SELECT a.outcome FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
+         WHERE d.event_id = ANY($1::uuid[])",
+    )
+    .bind(&events)
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        outcomes,
+        ["retry", "retry", "retry"],
+        "each call recorded as it ended"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        line_calls_to(&p, &line).await.len(),
+        3,
+        "no call after the erasure"
+    );
+    p.stop().await;
+}
