@@ -214,6 +214,9 @@ impl EmailSender {
                 builder = builder.raw_header(value);
             }
         }
+        if let Some(value) = folded_subject(job.content.subject()) {
+            builder = builder.raw_header(value);
+        }
         let (text, html) = self.parts(job)?;
         builder
             .multipart(MultiPart::alternative_plain_html(text, html))
@@ -331,19 +334,29 @@ pub fn mailbox_does_not_exist(reply: &str) -> bool {
 /// `=?utf-8?b?` and `?=` the word is 72 characters, so `From: ` plus a word fits in 78.
 const WORD_BYTES: usize = 45;
 
+/// Most bytes of UTF-8 in one encoded-word of the Subject: base64 of 42 bytes is 56
+/// characters, the word 68, so `Subject: ` plus a word is 77 (RFC 5322 §2.1.1: 78).
+const SUBJECT_WORD_BYTES: usize = 42;
+
 /// Splits `text` into RFC 2047 base64 encoded-words ("=?utf-8?b?…?=", RFC 2047 §2, §4.1)
 /// of whole words ([`notify_core::text::words`]: dictionary word boundaries in Thai, so a
 /// reader's client that shows the words apart never shows a word broken). A word longer
 /// than [`WORD_BYTES`] is split between grapheme clusters, and a cluster longer than that
 /// between characters, so no word ever holds part of a UTF-8 character (RFC 2047 §5 (3)).
+/// Display names and the Subject are split by this one function.
 pub fn encoded_words(text: &str) -> Vec<String> {
+    encoded_words_of(text, WORD_BYTES)
+}
+
+/// [`encoded_words`] with at most `max` bytes of text in each encoded-word.
+fn encoded_words_of(text: &str, max: usize) -> Vec<String> {
     let pieces = words(text).into_iter().flat_map(|w| -> Vec<&str> {
-        if w.len() <= WORD_BYTES {
+        if w.len() <= max {
             return vec![w];
         }
         w.graphemes(true)
             .flat_map(|g| -> Vec<&str> {
-                if g.len() <= WORD_BYTES {
+                if g.len() <= max {
                     vec![g]
                 } else {
                     g.char_indices()
@@ -356,7 +369,7 @@ pub fn encoded_words(text: &str) -> Vec<String> {
     let mut chunks: Vec<String> = vec![String::new()];
     for piece in pieces {
         let last = chunks.last_mut().expect("never empty");
-        if !last.is_empty() && last.len() + piece.len() > WORD_BYTES {
+        if !last.is_empty() && last.len() + piece.len() > max {
             chunks.push(piece.to_string());
         } else {
             last.push_str(piece);
@@ -372,6 +385,22 @@ pub fn encoded_words(text: &str) -> Vec<String> {
             )
         })
         .collect()
+}
+
+/// The Subject header, folded to at most 78 octets per line between encoded-words of whole
+/// words ([`encoded_words`], as display names are), when it is not ASCII; `None` leaves it
+/// to lettre (which would cut the text every so many bytes, inside Thai words).
+fn folded_subject(subject: &str) -> Option<HeaderValue> {
+    Some(HeaderValue::dangerous_new_pre_encoded(
+        HeaderName::new_from_ascii_str("Subject"),
+        subject.to_string(),
+        encoded_subject(subject)?,
+    ))
+}
+
+/// The folded value of [`folded_subject`] (lines joined by CRLF and a space).
+fn encoded_subject(subject: &str) -> Option<String> {
+    (!subject.is_ascii()).then(|| encoded_words_of(subject, SUBJECT_WORD_BYTES).join("\r\n "))
 }
 
 /// The `header` (From or To) for `mailbox`, folded to at most 78 octets per line, when its
@@ -457,6 +486,45 @@ mod tests {
                 assert!(!p.ends_with(['เ', 'แ', 'โ', 'ใ', 'ไ']), "{p:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_thai_subject_is_folded_between_whole_words() {
+        // Issue 44: lettre cut these inside "การชำระ" and "ยืนยันเรียบร้อย".
+        for subject in [
+            "ยืนยันการชำระเงินสำหรับคำสั่งซื้อ #1001 ของคุณเรียบร้อยแล้ว",
+            "ยืนยันเรียบร้อยแล้ว: การชำระเงินของคุณได้รับการตรวจสอบแล้ว ขอบคุณที่ใช้บริการ",
+        ] {
+            let encoded = encoded_subject(subject).expect("not ASCII");
+            let lines: Vec<&str> = encoded.split("\r\n").collect();
+            assert!(lines.len() >= 3, "{encoded}");
+            for (i, line) in lines.iter().enumerate() {
+                // The first line follows "Subject: ", the others start with the fold's space.
+                let len = if i == 0 {
+                    "Subject: ".len() + line.len()
+                } else {
+                    line.len()
+                };
+                assert!(len <= 78, "line of {len} octets: {line}");
+            }
+            let words: Vec<String> = lines.iter().map(|l| l.trim().to_string()).collect();
+            let parts = decoded(&words);
+            assert_eq!(parts.concat(), subject);
+            let bounds = word_bounds(subject);
+            let mut at = 0;
+            for p in &parts {
+                at += p.len();
+                assert!(bounds.contains(&at), "a word is cut after {p:?}");
+            }
+            assert!(
+                parts
+                    .iter()
+                    .all(|p| !p.ends_with("การช") && !p.ends_with("ยืนยันเ")),
+                "{parts:?}"
+            );
+        }
+        assert!(folded_subject("Your order #1001 shipped").is_none());
+        assert!(folded_subject(&"ยืนยัน".repeat(3)).is_some());
     }
 
     #[test]

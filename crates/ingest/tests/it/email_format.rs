@@ -148,6 +148,21 @@ async fn thai_subject_sender_and_long_body_survive_email_intact() {
         subject,
         "the subject decodes byte for byte, with no added spaces"
     );
+    // Each encoded-word of the Subject ends between two words, as the display names'
+    // do (issue 44: "การช|ำระ").
+    let mut bounds = vec![0];
+    for w in notify_core::text::words(subject) {
+        bounds.push(bounds.last().unwrap() + w.len());
+    }
+    let mut at = 0;
+    for token in header(&head, "Subject").unwrap().split_whitespace() {
+        let part = String::from_utf8(decode_word(token)).unwrap();
+        at += part.len();
+        assert!(
+            bounds.contains(&at),
+            "the Subject is cut inside a word after {part:?}"
+        );
+    }
 
     let from = header(&head, "From").expect("From");
     let (name_part, addr_part) = from.rsplit_once('<').expect("one angle-addr");
