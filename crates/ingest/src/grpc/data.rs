@@ -79,6 +79,9 @@ impl Services {
         tracing::info!(
             erased_by = %caller.name,
             deliveries_canceled = out.deliveries_canceled,
+            // Canceled while their provider call was still in progress after the wait:
+            // they may have reached the user (their `last_error` says so).
+            canceled_in_flight = out.canceled_in_flight,
             deliveries_redacted = out.deliveries_redacted,
             "recipient erased"
         );
