@@ -78,7 +78,7 @@ async fn a_user_id_typed_in_nfd_is_the_same_user_at_every_door() {
         .fetch_all(&p.pool)
         .await
         .unwrap();
-    assert_eq!(stored, [nfc.clone()]);
+    assert_eq!(stored, std::slice::from_ref(&nfc));
     for (i, spelt) in [&nfc, &nfd].into_iter().enumerate() {
         let ev = p
             .ingest()
