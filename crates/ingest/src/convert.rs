@@ -297,6 +297,7 @@ pub(crate) fn channel_counts(counts: &[(Channel, DeliveryStatus, i64)]) -> Vec<p
 /// A delivery just planned and committed, as the `CreateEvent` reply shows it (pending,
 /// due at once or at its deferral).
 pub(crate) fn new_delivery_to_pb(d: NewDelivery) -> pb::Delivery {
+    let first_attempt_at = d.plan.first_attempt_at();
     pb::Delivery {
         delivery_id: d.id.to_string(),
         user_id: d.plan.user_id,
@@ -308,7 +309,7 @@ pub(crate) fn new_delivery_to_pb(d: NewDelivery) -> pb::Delivery {
             .map(|e| e.to_string())
             .unwrap_or_default(),
         status: "pending".into(),
-        next_attempt_at: d.plan.deferred_until.map(ts),
+        next_attempt_at: first_attempt_at.map(ts),
         deferred_until: d.plan.deferred_until.map(ts),
         decision: d.plan.decision,
         cause: d.plan.cause.as_str().into(),

@@ -358,7 +358,8 @@ async fn attach_digests(
         );
         d.digest_key = None;
         // Sent now, or at a scheduled event's due time.
-        d.deferred_until = ready[i].send_at;
+        d.deferred_until = None;
+        d.scheduled_for = ready[i].send_at;
         d.decision
             .push_str("\ndigest: its window had just closed; sent on its own");
         own.push((i, d));

@@ -80,7 +80,7 @@ pub fn apply_caps(
         };
         let key = (d.user_id.clone(), d.channel);
         let slot = *decided.entry(key.clone()).or_insert_with(|| {
-            let base = d.deferred_until.unwrap_or(now).max(now);
+            let base = d.first_attempt_at().unwrap_or(now).max(now);
             let times = counted.entry(key.clone()).or_default();
             let slot = next_free_slot(base, times, cap as usize);
             if slot > base && over == OverCap::Drop {
@@ -107,7 +107,7 @@ pub fn apply_caps(
                 }
             }
             Some(slot) => {
-                let base = d.deferred_until.unwrap_or(now).max(now);
+                let base = d.first_attempt_at().unwrap_or(now).max(now);
                 if slot > base {
                     d.deferred_until = Some(slot);
                     d.decision.push_str(&format!(
@@ -162,6 +162,7 @@ mod tests {
             address: None,
             idempotency_key: format!("{user}/{channel}/{endpoint}"),
             deferred_until: None,
+            scheduled_for: None,
             decision: String::new(),
             throttle_at: None,
             digest_key: None,

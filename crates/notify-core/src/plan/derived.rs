@@ -276,7 +276,8 @@ pub fn derive(
             planned.extend(p.into_iter().map(|mut x| {
                 x.cause = Cause::Escalation;
                 x.parent_key = Some(parent.clone());
-                x.deferred_until = Some(x.deferred_until.map_or(due, |t| t.max(due)));
+                // Due then (planned as scheduled for `due`), held later by quiet hours.
+                x.scheduled_for = Some(due);
                 x.decision = format!("{head}\n{}", x.decision);
                 x
             }));
@@ -448,7 +449,8 @@ mod tests {
         let e = &p[1];
         assert_eq!(e.cause, Cause::Escalation);
         assert_eq!(e.parent_key.as_deref(), Some(p[0].idempotency_key.as_str()));
-        assert_eq!(e.deferred_until, Some(at("2026-12-01T11:00:00Z")));
+        assert_eq!(e.scheduled_for, Some(at("2026-12-01T11:00:00Z")));
+        assert_eq!(e.deferred_until, None, "due then, not held by quiet hours");
         assert!(e.decision.starts_with(
             "escalation: if the in-app notification is still unread at 2026-12-01T11:00:00Z\n"
         ));

@@ -117,8 +117,14 @@ pub struct PlannedDelivery {
     pub address: Option<String>,
     /// Unique per channel: `<event id>/<user id>/<channel>[/<endpoint id>]`.
     pub idempotency_key: String,
-    /// Quiet hours: the first attempt waits until then (the end of the window).
+    /// Held later than it is due, by quiet hours (the end of the window), a fatigue cap
+    /// (its next free slot) or a digest (the window's close): the first attempt waits
+    /// until then. `None` when nothing held it, a scheduled delivery included.
     pub deferred_until: Option<DateTime<Utc>>,
+    /// A scheduled event's (or an escalation's) due time: the first attempt waits until
+    /// then at least. Not a deferral: `deferred_until` is set only when something holds
+    /// the delivery past it.
+    pub scheduled_for: Option<DateTime<Utc>>,
     /// The planning decisions behind this delivery, one per line (preference applied,
     /// quiet hours), shown by `GetEvent` and `ExplainDelivery`.
     pub decision: String,
@@ -134,6 +140,22 @@ pub struct PlannedDelivery {
     /// For an escalation: the idempotency key of the delivery it escalates, in the same
     /// plan (its id is given when the plan's ids are).
     pub parent_key: Option<String>,
+}
+
+impl PlannedDelivery {
+    /// When the first attempt may start: the later of `deferred_until` and
+    /// `scheduled_for`; `None` = at once.
+    pub fn first_attempt_at(&self) -> Option<DateTime<Utc>> {
+        self.deferred_until.max(self.scheduled_for)
+    }
+
+    /// Holds the delivery until `t` (a digest's close, a fatigue slot), when that is later
+    /// than it would start otherwise; else leaves it as it is.
+    pub fn hold_until(&mut self, t: DateTime<Utc>) {
+        if self.first_attempt_at().is_none_or(|first| t > first) {
+            self.deferred_until = Some(t);
+        }
+    }
 }
 
 /// A recipient x channel pair that gets no delivery.
@@ -321,11 +343,10 @@ pub fn plan(
                 }
                 None => None,
             };
-            // A scheduled delivery waits until its due time (or the quiet window's end then).
-            let deferred_until = match deferred_until {
-                Some(t) => Some(t.max(now)),
-                None => scheduled.then_some(now),
-            };
+            // A scheduled delivery waits until its due time (`scheduled_for`); quiet hours
+            // at that time hold it until the window's end, later.
+            let deferred_until = deferred_until.map(|t| t.max(now)).filter(|t| *t > now);
+            let scheduled_for = scheduled.then_some(now);
             if !r.exists && (channel != Channel::InApp || r.erased) {
                 let mut decision = decision.clone();
                 if r.erased {
@@ -342,6 +363,7 @@ pub fn plan(
                 address: address.cloned(),
                 idempotency_key: key.clone(),
                 deferred_until,
+                scheduled_for,
                 decision: decision.clone(),
                 throttle_at: None,
                 digest_key: None,
@@ -402,6 +424,7 @@ pub fn plan(
                             address: None,
                             idempotency_key: format!("{key}/{endpoint_id}"),
                             deferred_until,
+                            scheduled_for,
                             decision: format!(
                                 "{decision}\nendpoint: {platform} {endpoint_id}, active"
                             ),
@@ -460,7 +483,7 @@ pub fn into_digests(
                 d.channel,
                 d.endpoint_id.map(|e| format!("/{e}")).unwrap_or_default()
             );
-            d.deferred_until = Some(d.deferred_until.map_or(end, |t| t.max(end)));
+            d.hold_until(end);
             d.digest_key = Some(group.clone());
             d.decision.push_str(&format!(
                 "\ndigest: collects {group} until {}",
@@ -493,9 +516,9 @@ pub fn merge_line_multicast(
     due: Option<DateTime<Utc>>,
 ) -> Vec<PlannedDelivery> {
     // Deliveries held by quiet hours or a fatigue cap keep their own time and go alone.
-    let (line, mut out): (Vec<_>, Vec<_>) = planned
-        .into_iter()
-        .partition(|d| d.provider == Provider::Line && d.deferred_until == due);
+    let (line, mut out): (Vec<_>, Vec<_>) = planned.into_iter().partition(|d| {
+        d.provider == Provider::Line && d.deferred_until.is_none() && d.scheduled_for == due
+    });
     for (n, batch) in line.chunks(LINE_MULTICAST_MAX).enumerate() {
         let ids: Vec<&str> = batch.iter().filter_map(|d| d.address.as_deref()).collect();
         out.push(PlannedDelivery {
@@ -505,7 +528,8 @@ pub fn merge_line_multicast(
             endpoint_id: None,
             address: Some(ids.join(",")),
             idempotency_key: format!("{event_id}/line-multicast/{page}/{n}"),
-            deferred_until: due,
+            deferred_until: None,
+            scheduled_for: due,
             decision: match due {
                 Some(t) => format!(
                     "line multicast: {} LINE users in one call\nscheduled for {}",

@@ -253,7 +253,14 @@ fn a_scheduled_event_waits_for_its_due_time_and_decides_preferences_then() {
     let (p, s) = plan(Uuid::nil(), false, &Channel::ALL, &[r.clone()], due, true);
     assert!(s.is_empty(), "an opt-out is decided again when due: {s:?}");
     assert_eq!(p.len(), 5, "inapp, email, line and two push endpoints");
-    assert!(p.iter().all(|d| d.deferred_until == Some(due)), "{p:?}");
+    // Due then, not deferred: `deferred_until` is for what holds a delivery past its due
+    // time (issue 44: it was set to the due time, which the API defines as unset).
+    assert!(
+        p.iter()
+            .all(|d| d.scheduled_for == Some(due) && d.deferred_until.is_none()),
+        "{p:?}"
+    );
+    assert!(p.iter().all(|d| d.first_attempt_at() == Some(due)));
     assert!(p.iter().all(|d| {
         d.decision
             .contains("scheduled for 2026-12-02T02:00:00+00:00")
@@ -309,6 +316,7 @@ fn a_scheduled_event_waits_for_its_due_time_and_decides_preferences_then() {
         "{}",
         p[0].decision
     );
+    assert_eq!(p[0].first_attempt_at(), p[0].deferred_until);
 }
 
 #[test]
@@ -327,7 +335,10 @@ fn a_scheduled_topic_page_is_multicast_at_its_due_time() {
     let merged = merge_line_multicast(ev, "", planned, Some(due));
     assert_eq!(merged.len(), 1, "{merged:?}");
     assert_eq!(merged[0].provider, Provider::LineMulticast);
-    assert_eq!(merged[0].deferred_until, Some(due));
+    assert_eq!(
+        (merged[0].deferred_until, merged[0].scheduled_for),
+        (None, Some(due))
+    );
     assert!(
         merged[0]
             .decision

@@ -290,6 +290,7 @@ async fn write_deliveries(
     let retry_keys = column(deliveries, |(_, d)| d.retry_key);
     let max_attempts = column(deliveries, |(_, d)| d.max_attempts);
     let deferred = column(deliveries, |(_, d)| d.plan.deferred_until);
+    let scheduled = column(deliveries, |(_, d)| d.plan.scheduled_for);
     let decisions = column(deliveries, |(_, d)| d.plan.decision.as_str());
     let throttle = column(deliveries, |(_, d)| d.plan.throttle_at);
     let digests = column(deliveries, |(_, d)| d.plan.digest_key.as_deref());
@@ -303,14 +304,15 @@ async fn write_deliveries(
                   digest_key, cause, caused_by)
              SELECT t.id, t.event_id, t.user_id, t.channel, t.provider, t.endpoint_id, t.address,
                     t.key, t.retry_key, t.max_attempts, t.deferred,
-                    greatest(now(), coalesce(t.deferred, now())), t.decision, t.throttle, t.digest,
+                    greatest(now(), t.deferred, t.scheduled), t.decision, t.throttle, t.digest,
                     t.cause, t.caused_by
              FROM UNNEST($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::uuid[],
                          $7::text[], $8::text[], $9::uuid[], $10::int[], $11::timestamptz[],
-                         $12::text[], $13::timestamptz[], $14::text[], $15::text[], $16::uuid[])
+                         $12::text[], $13::timestamptz[], $14::text[], $15::text[], $16::uuid[],
+                         $19::timestamptz[])
                   AS t(event_id, id, user_id, channel, provider, endpoint_id, address, key,
                        retry_key, max_attempts, deferred, decision, throttle, digest, cause,
-                       caused_by)
+                       caused_by, scheduled)
              ON CONFLICT (channel, idempotency_key) DO NOTHING
              RETURNING id, event_id, channel, next_attempt_at,
                        $17::bigint IS NOT NULL AND next_attempt_at <= now() AS held),
@@ -352,6 +354,7 @@ async fn write_deliveries(
     .bind(&caused_by)
     .bind(hold.map(notify_core::retry::millis))
     .bind(i64::try_from(per_row.max(1)).unwrap_or(i64::MAX))
+    .bind(&scheduled)
     .fetch_all(&mut *db)
     .await?;
     let event_of: std::collections::HashMap<Uuid, Uuid> = if hold.is_some() {
