@@ -512,9 +512,13 @@ pub async fn sign_in_succeeded(
     known_for: std::time::Duration,
 ) -> Result<()> {
     let mut tx = db.begin().await?;
+    // Locked in key order, as `take_sign_in_attempt` locks them, so the two never
+    // deadlock.
     sqlx::query(
         "UPDATE console_sign_in_counts SET count = count - 1 \
-         WHERE key = ANY($1) AND count > 0 AND ends_at > now()",
+         WHERE key IN (SELECT key FROM console_sign_in_counts WHERE key = ANY($1) \
+                       ORDER BY key FOR UPDATE) \
+           AND count > 0 AND ends_at > now()",
     )
     .bind(buckets)
     .execute(&mut *tx)
