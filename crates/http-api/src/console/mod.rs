@@ -278,4 +278,55 @@ mod tests {
         );
         assert!(parse_users("").is_empty());
     }
+
+    #[test]
+    fn the_sign_in_throttles_settings_are_read_with_their_bounds() {
+        let read = |vars: &[(&str, &str)]| {
+            let mut env = notify_core::config::Env::from_vars(vars.iter().copied());
+            let cfg = ConsoleConfig::from_env(&mut env);
+            (cfg, env.finish())
+        };
+        let (cfg, ok) = read(&[]);
+        assert!(ok.is_ok(), "{ok:?}");
+        assert_eq!(
+            (
+                cfg.sign_in_limit,
+                cfg.sign_in_window,
+                cfg.sign_in_address_limit,
+                cfg.sign_in_name_limit,
+                cfg.sign_in_name_window
+            ),
+            (
+                5,
+                Duration::from_secs(900),
+                20,
+                50,
+                Duration::from_secs(86400)
+            )
+        );
+        let (cfg, ok) = read(&[
+            ("NOTIFY_CONSOLE_SIGN_IN_ADDRESS_LIMIT", "40"),
+            ("NOTIFY_CONSOLE_SIGN_IN_NAME_LIMIT", "10"),
+            ("NOTIFY_CONSOLE_SIGN_IN_NAME_WINDOW", "1h"),
+        ]);
+        assert!(ok.is_ok(), "{ok:?}");
+        assert_eq!(
+            (
+                cfg.sign_in_address_limit,
+                cfg.sign_in_name_limit,
+                cfg.sign_in_name_window
+            ),
+            (40, 10, Duration::from_secs(3600))
+        );
+        let (_, err) = read(&[
+            ("NOTIFY_CONSOLE_SIGN_IN_NAME_LIMIT", "0"),
+            ("NOTIFY_CONSOLE_SIGN_IN_NAME_WINDOW", "0s"),
+        ]);
+        let err = err.unwrap_err();
+        assert!(
+            err.contains("NOTIFY_CONSOLE_SIGN_IN_NAME_LIMIT")
+                && err.contains("NOTIFY_CONSOLE_SIGN_IN_NAME_WINDOW"),
+            "{err}"
+        );
+    }
 }
