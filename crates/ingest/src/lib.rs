@@ -10,6 +10,7 @@ pub mod error;
 pub mod fanout;
 pub mod grpc;
 pub mod planning;
+pub mod reflection;
 pub mod relay;
 pub mod type_validation;
 pub mod types_file;
@@ -423,14 +424,20 @@ pub async fn run(
             .await;
     }
     // Both reflection versions: grpcurl and current grpcio-reflection clients still
-    // speak v1alpha only.
-    let reflection = || {
-        tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(notify_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-    };
-    let reflection_v1 = reflection().build_v1()?;
-    let reflection_v1alpha = reflection().build_v1alpha()?;
+    // speak v1alpha only. Ours, not tonic-reflection's server: an unknown symbol is an
+    // ErrorResponse on the stream, which stays open ([`reflection`]).
+    let reflection = reflection::Reflection::new(reflection::Index::new(&[
+        notify_proto::FILE_DESCRIPTOR_SET,
+        tonic_health::pb::FILE_DESCRIPTOR_SET,
+    ])?);
+    let reflection_v1 =
+        tonic_reflection::pb::v1::server_reflection_server::ServerReflectionServer::new(
+            reflection.clone(),
+        );
+    let reflection_v1alpha =
+        tonic_reflection::pb::v1alpha::server_reflection_server::ServerReflectionServer::new(
+            reflection,
+        );
     info!(addr = %listener.local_addr()?, "gRPC listening");
     let drain_task = {
         let (health, readiness, stop, drain) =

@@ -1220,6 +1220,89 @@ async fn reflection_lists_the_api() {
     p.stop().await;
 }
 
+/// An unknown symbol or file is answered in the stream with an `ErrorResponse`
+/// (`NOT_FOUND`), as reflection.proto defines it, and the stream goes on answering: on
+/// both versions (issue 44: the stream ended with status NOT_FOUND, so grpcio-reflection
+/// raised instead of its `KeyError`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_answers_an_unknown_symbol_in_the_stream_and_goes_on() {
+    let p = Platform::start_with_workers(&[]).await;
+    {
+        use tonic_reflection::pb::v1::{
+            ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+            server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        };
+        let ask = |m| ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(m),
+        };
+        let reqs = [
+            ask(MessageRequest::FileContainingSymbol(
+                "notify.v1.NoSuchService".into(),
+            )),
+            ask(MessageRequest::FileByFilename("no/such.proto".into())),
+            ask(MessageRequest::FileContainingSymbol(
+                "notify.v1.IngestService.CreateEvent".into(),
+            )),
+        ];
+        let mut stream = ServerReflectionClient::new(p.grpc.clone())
+            .server_reflection_info(futures_util::stream::iter(reqs))
+            .await
+            .unwrap()
+            .into_inner();
+        for unknown in ["notify.v1.NoSuchService", "no/such.proto"] {
+            let resp = stream.message().await.expect("the stream goes on").unwrap();
+            let Some(MessageResponse::ErrorResponse(e)) = resp.message_response else {
+                panic!("{unknown}: {resp:?}");
+            };
+            assert_eq!(e.error_code, tonic::Code::NotFound as i32, "{e:?}");
+            assert!(e.error_message.contains(unknown), "{e:?}");
+        }
+        let resp = stream.message().await.expect("still open").unwrap();
+        let Some(MessageResponse::FileDescriptorResponse(f)) = resp.message_response else {
+            panic!("{resp:?}");
+        };
+        assert_eq!(f.file_descriptor_proto.len(), 1);
+        assert!(
+            stream.message().await.unwrap().is_none(),
+            "ends with the client's"
+        );
+    }
+    {
+        use tonic_reflection::pb::v1alpha::{
+            ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+            server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        };
+        let ask = |m| ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(m),
+        };
+        let reqs = [
+            ask(MessageRequest::FileContainingSymbol("nope.Nothing".into())),
+            ask(MessageRequest::ListServices(String::new())),
+        ];
+        let mut stream = ServerReflectionClient::new(p.grpc.clone())
+            .server_reflection_info(futures_util::stream::iter(reqs))
+            .await
+            .unwrap()
+            .into_inner();
+        let resp = stream.message().await.expect("the stream goes on").unwrap();
+        let Some(MessageResponse::ErrorResponse(e)) = resp.message_response else {
+            panic!("{resp:?}");
+        };
+        assert_eq!(e.error_code, tonic::Code::NotFound as i32, "{e:?}");
+        let resp = stream.message().await.expect("still open").unwrap();
+        assert!(
+            matches!(
+                resp.message_response,
+                Some(MessageResponse::ListServicesResponse(_))
+            ),
+            "{resp:?}"
+        );
+    }
+    p.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reflection_answers_v1alpha_clients_too() {
     use tonic_reflection::pb::v1alpha::{
