@@ -333,9 +333,15 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("host", HeaderValue::from_static("ops.example.test"));
         headers.insert("x-forwarded-proto", HeaderValue::from_static("https"));
-        headers.insert("origin", HeaderValue::from_static("https://ops.example.test"));
+        headers.insert(
+            "origin",
+            HeaderValue::from_static("https://ops.example.test"),
+        );
         assert!(same_origin(&cfg, &headers));
-        headers.insert("origin", HeaderValue::from_static("http://ops.example.test"));
+        headers.insert(
+            "origin",
+            HeaderValue::from_static("http://ops.example.test"),
+        );
         assert!(!same_origin(&cfg, &headers));
     }
 

@@ -105,7 +105,8 @@ impl LinkPolicy {
         };
         let http_hosts = list(env.string("NOTIFY_DEV_HTTP_HOSTS", ""));
         let deep_link_schemes = list(env.string("NOTIFY_DEEP_LINK_SCHEMES", ""));
-        let web_push_hosts = list(env.string("NOTIFY_WEB_PUSH_HOSTS", &KNOWN_PUSH_SERVICES.join(",")));
+        let web_push_hosts =
+            list(env.string("NOTIFY_WEB_PUSH_HOSTS", &KNOWN_PUSH_SERVICES.join(",")));
         for s in &deep_link_schemes {
             let scheme_chars = s.starts_with(|c: char| c.is_ascii_alphabetic())
                 && s.chars()
@@ -135,7 +136,10 @@ impl LinkPolicy {
     /// # Errors
     /// The rule broken, never echoing the URL.
     pub fn web_push_endpoint(&self, endpoint: &str) -> Result<url::Url, String> {
-        if !endpoint.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://")) {
+        if !endpoint
+            .get(..8)
+            .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+        {
             return Err("must be an https:// URL".into());
         }
         let url = crate::webhook::endpoint_url(self, endpoint)?;
@@ -522,5 +526,4 @@ mod tests {
         };
         assert!(p.web_push_endpoint("https://127.0.0.1/x").is_err());
     }
-
 }

@@ -350,11 +350,27 @@ mod tests {
     fn look_alike_ids_are_refused_from_the_unicode_properties() {
         // Each makes an id that looks like `alice` (or another user's) and is not.
         for c in [
-            '\u{ad}', '\u{61c}', '\u{34f}', '\u{3164}', '\u{fe0f}', '\u{e0041}', '\u{2028}',
-            '\u{2029}', '\u{180e}', '\u{115f}', '\u{206a}', '\u{200d}', '\u{2066}', '\u{1d173}',
+            '\u{ad}',
+            '\u{61c}',
+            '\u{34f}',
+            '\u{3164}',
+            '\u{fe0f}',
+            '\u{e0041}',
+            '\u{2028}',
+            '\u{2029}',
+            '\u{180e}',
+            '\u{115f}',
+            '\u{206a}',
+            '\u{200d}',
+            '\u{2066}',
+            '\u{1d173}',
         ] {
             let mut v = Violations::default();
-            for id in [format!("{c}alice"), format!("al{c}ice"), format!("alice{c}")] {
+            for id in [
+                format!("{c}alice"),
+                format!("al{c}ice"),
+                format!("alice{c}"),
+            ] {
                 assert_eq!(v.id("user_id", &id, 255), None, "U+{:04X}", u32::from(c));
             }
             assert_eq!(v.0.len(), 3);

@@ -55,8 +55,13 @@ pub(super) async fn register_device(
             w.keys.auth.as_str(),
         )
     });
-    let (token, subscription) =
-        notify_core::validate::check_endpoint(&mut v, &app.cfg.links, &b.platform, &b.token, web_push);
+    let (token, subscription) = notify_core::validate::check_endpoint(
+        &mut v,
+        &app.cfg.links,
+        &b.platform,
+        &b.token,
+        web_push,
+    );
     v.into_result(()).map_err(ApiError::Violations)?;
     let id = notify_store::catalog::register_endpoint(
         &app.pool,

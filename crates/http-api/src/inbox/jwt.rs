@@ -165,7 +165,11 @@ impl Verifier {
         // The one id rule ingest applies to a recipient's user id (NFC-normalised), so a
         // token can name only a user id that can exist (and a NUL never reaches Postgres).
         let mut violations = notify_core::validate::Violations::default();
-        match violations.id("sub", &data.claims.sub, notify_core::event::MAX_USER_ID_BYTES) {
+        match violations.id(
+            "sub",
+            &data.claims.sub,
+            notify_core::event::MAX_USER_ID_BYTES,
+        ) {
             Some(sub) => Ok(sub),
             None => {
                 let why = violations.0.first().map_or("", |f| f.description.as_str());

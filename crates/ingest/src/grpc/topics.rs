@@ -56,7 +56,10 @@ impl Services {
         Ok(pb::CreateTopicResponse { created })
     }
 
-    async fn subscribe(&self, mut r: pb::SubscribeRequest) -> Result<pb::SubscribeResponse, ApiError> {
+    async fn subscribe(
+        &self,
+        mut r: pb::SubscribeRequest,
+    ) -> Result<pb::SubscribeResponse, ApiError> {
         let mut v = Violations::default();
         Self::check_topic_users(&mut v, &r.topic, &mut r.user_ids);
         v.into_result(()).map_err(ApiError::Invalid)?;

@@ -12,8 +12,16 @@ use tonic::Code;
 /// Characters that render as nothing, reorder text or break a line: each makes an id
 /// that looks like `alice` and is another user.
 const LOOK_ALIKES: [char; 10] = [
-    '\u{ad}', '\u{61c}', '\u{34f}', '\u{3164}', '\u{fe0f}', '\u{e0041}', '\u{2028}', '\u{180e}',
-    '\u{115f}', '\u{206a}',
+    '\u{ad}',
+    '\u{61c}',
+    '\u{34f}',
+    '\u{3164}',
+    '\u{fe0f}',
+    '\u{e0041}',
+    '\u{2028}',
+    '\u{180e}',
+    '\u{115f}',
+    '\u{206a}',
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

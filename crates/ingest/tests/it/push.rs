@@ -655,7 +655,11 @@ async fn web_push_endpoints_off_the_known_push_services_are_refused_at_registrat
             .await
             .expect_err(endpoint);
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{endpoint}");
-        assert!(err.message().contains("web_push.endpoint"), "{endpoint}: {}", err.message());
+        assert!(
+            err.message().contains("web_push.endpoint"),
+            "{endpoint}: {}",
+            err.message()
+        );
 
         let r = p
             .http
