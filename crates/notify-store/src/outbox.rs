@@ -205,3 +205,10 @@ pub async fn publish_failed(
     .await?;
     Ok(())
 }
+
+/// [`crate::deliveries::relay_behind`]'s condition on `$1` (milliseconds) and `$2` (rows):
+/// one bounded range scan of `outbox_available`, oldest first. The stale sweeps of
+/// deliveries and of webhook messages wait while it holds.
+pub(crate) const RELAY_BEHIND: &str = "EXISTS (SELECT 1 FROM outbox
+                                    WHERE available_at < now() - $1 * interval '1 millisecond'
+                                    ORDER BY available_at, id OFFSET $2 LIMIT 1)";

@@ -2,6 +2,7 @@
 //! worker died or froze, and the republisher of deliveries whose message was lost.
 
 use crate::Result;
+use crate::outbox::RELAY_BEHIND;
 use crate::row::parse;
 use notify_core::{Channel, Provider};
 use sqlx::{PgPool, Row};
@@ -184,12 +185,6 @@ pub async fn relay_behind(db: &PgPool, stale: Duration, backlog: i64) -> Result<
             .await?,
     )
 }
-
-/// [`relay_behind`]'s condition on `$1` (milliseconds) and `$2` (rows): one bounded range
-/// scan of `outbox_available`, oldest first.
-const RELAY_BEHIND: &str = "EXISTS (SELECT 1 FROM outbox
-                                    WHERE available_at < now() - $1 * interval '1 millisecond'
-                                    ORDER BY available_at, id OFFSET $2 LIMIT 1)";
 
 /// The sweep's wait in milliseconds: at least a second, whatever the caller passes (0
 /// would republish on every sweep).

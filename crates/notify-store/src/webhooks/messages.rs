@@ -241,20 +241,26 @@ pub async fn requeue_expired_messages(db: &PgPool, limit: i64) -> Result<u64> {
 /// Republishes up to `limit` pending messages due for longer than `stale` with no outbox
 /// row: their queue message was lost after the broker confirmed it (a purged queue, a
 /// lost node), or still waits in a long queue (then the duplicate is acked by the claim).
-/// Each gets a new outbox row and waits `stale` again before the next republish. Safe
-/// from several replicas. Returns how many.
+/// Each gets a new outbox row and waits `stale` again before the next republish. Nothing
+/// is republished while the relay is behind (as [`crate::deliveries::republish_stale`]):
+/// the outbox then holds the messages it has not published, and the look-up of every
+/// stale message's row would repeat on each sweep. Safe from several replicas. Returns
+/// how many.
 pub async fn republish_stale_messages(db: &PgPool, stale: Duration, limit: i64) -> Result<u64> {
-    let done = sqlx::query(
+    // Only a constant is spliced in.
+    let done = sqlx::query(sqlx::AssertSqlSafe(format!(
         "WITH stale AS (
              SELECT id FROM webhook_messages m
-             WHERE status = 'pending' AND next_attempt_at < now() - $1 * interval '1 millisecond'
+             WHERE NOT {RELAY_BEHIND}
+               AND status = 'pending' AND next_attempt_at < now() - $1 * interval '1 millisecond'
                AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.delivery_id = m.id)
              ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED),
          upd AS (
              UPDATE webhook_messages m SET next_attempt_at = now()
              FROM stale WHERE m.id = stale.id RETURNING m.id)
          INSERT INTO outbox (delivery_id, channel) SELECT id, 'webhook' FROM upd",
-    )
+        RELAY_BEHIND = crate::outbox::RELAY_BEHIND,
+    )))
     .bind(notify_core::retry::millis(
         stale.max(Duration::from_secs(1)),
     ))
