@@ -386,3 +386,66 @@ async fn worker_webhook_exports_its_posts_by_outcome_with_their_duration() {
     );
     p.stop().await;
 }
+
+/// The stale-message sweep (a pending webhook message whose queue message was lost) waits
+/// while the relay is behind, as the deliveries' sweep does: the outbox then still holds
+/// what it has not published, and the look-up of every stale message's outbox row would
+/// repeat on each sweep (issue 44, item 6: the statements that join the outbox).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stale_webhook_message_sweep_waits_while_the_relay_is_behind() {
+    // No ingest, so no relay claims the backlog below while the test looks.
+    let p = support::Platform::start_with(support::Options {
+        workers: vec![],
+        ingest_in_process: false,
+        ..Default::default()
+    })
+    .await;
+    let endpoint = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO webhook_endpoints (id, caller, url, secret)
+         VALUES ($1, 'anonymous', 'https://hooks.example.test/', 'whsec_x')",
+    )
+    .bind(endpoint)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    // Pending for an hour, with no outbox row: its queue message was lost.
+    sqlx::query(
+        "INSERT INTO webhook_messages (id, endpoint_id, event_type, payload, delivery_id,
+                                       state_version, next_attempt_at)
+         VALUES (gen_random_uuid(), $1, 'delivery.sent', '{}', gen_random_uuid(), 1,
+                 now() - interval '1 hour')",
+    )
+    .bind(endpoint)
+    .execute(&p.pool)
+    .await
+    .unwrap();
+    // Four rows due an hour ago, not claimed: against a sweep batch of 3 the relay is
+    // behind.
+    let backlog: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO outbox (delivery_id, channel, available_at)
+         SELECT gen_random_uuid(), 'inapp', now() - interval '1 hour' FROM generate_series(1, 4)
+         RETURNING id",
+    )
+    .fetch_all(&p.pool)
+    .await
+    .unwrap();
+    let wait = Duration::from_secs(60);
+    let sweep = async || {
+        notify_store::webhooks::republish_stale_messages(&p.pool, wait, 3)
+            .await
+            .unwrap()
+    };
+    assert_eq!(sweep().await, 0, "the relay is behind: the sweep waits");
+    sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
+        .bind(&backlog)
+        .execute(&p.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        sweep().await,
+        1,
+        "caught up: the lost message is republished"
+    );
+    p.stop().await;
+}
