@@ -194,8 +194,9 @@ pub const FRAME_MAX: u32 = 16 * 1024;
 /// peer sent nothing for two heartbeat intervals and returns every message that
 /// connection held unacknowledged, its prefetched ones included, to the queue for other
 /// consumers. lapin sends the heartbeats from a task on the process's own Tokio runtime,
-/// so a process that is stopped (SIGSTOP, a VM paused) sends none: within about 20 s the
-/// broker takes back what it holds, instead of the 60 s default's two minutes, and a
+/// so a process that is stopped (SIGSTOP, a VM paused) sends none: within three intervals
+/// (30 s, as measured on RabbitMQ 3.10) the broker takes back what it holds, instead of
+/// the 60 s default's three minutes, and a
 /// delivery the sweeper recovers from a frozen worker goes to a live one (issue 44,
 /// item 9). Short enough for that, long enough that a busy but live process, whose
 /// runtime is never blocked for seconds, keeps its connection.
