@@ -402,6 +402,23 @@ enum Kind {
     Json,
 }
 
+/// [`rewrite`] of the attempts of the deliveries `ids`: the content sent and the
+/// provider's answer.
+async fn rewrite_attempts(tx: &mut PgConnection, spelt: &Spellings, ids: &[Uuid]) -> Result<u64> {
+    rewrite(
+        tx,
+        spelt,
+        ("delivery_attempts", "id", "bigint"),
+        &[
+            ("content_json", Kind::Json),
+            ("provider_response", Kind::Text),
+        ],
+        "delivery_id = ANY($1)",
+        ids,
+    )
+    .await
+}
+
 /// Rewrites the columns `cols` of the rows of `table` that `filter` (SQL over `$1`, the
 /// `ids`) selects: each value read as text, the needles replaced in Rust, and only the
 /// rows with a change written back, in one statement keyed by `key` (a column of SQL type
@@ -678,18 +695,7 @@ async fn redact_others(db: &PgPool, spelt: &Spellings, events: &[Uuid]) -> Resul
                 batch,
             )
             .await?;
-            rewrite(
-                &mut tx,
-                spelt,
-                ("delivery_attempts", "id", "bigint"),
-                &[
-                    ("content_json", Kind::Json),
-                    ("provider_response", Kind::Text),
-                ],
-                "delivery_id = ANY($1)",
-                batch,
-            )
-            .await?;
+            rewrite_attempts(&mut tx, spelt, batch).await?;
             tx.commit().await?;
         }
     }
@@ -766,18 +772,7 @@ async fn redact_multicast(db: &PgPool, user_id: &str, line: &str, spelt: &Spelli
     .fetch_all(&mut *tx)
     .await?;
     for batch in batches.chunks(BATCH as usize) {
-        rewrite(
-            &mut tx,
-            spelt,
-            ("delivery_attempts", "id", "bigint"),
-            &[
-                ("content_json", Kind::Json),
-                ("provider_response", Kind::Text),
-            ],
-            "delivery_id = ANY($1)",
-            batch,
-        )
-        .await?;
+        rewrite_attempts(&mut tx, spelt, batch).await?;
     }
     tx.commit().await?;
     Ok(())
