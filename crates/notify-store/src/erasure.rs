@@ -166,10 +166,7 @@ pub async fn erase_recipient(
 
     // Step 2: under the exclusive lock.
     let mut tx = db.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(ERASURE_LOCK)
-        .execute(&mut *tx)
-        .await?;
+    hold_erasure_lock_exclusively(&mut tx).await?;
     let audit_id: i64 = sqlx::query_scalar(
         "INSERT INTO recipient_erasures (user_sha256, erased_by) VALUES ($1, $2) RETURNING id",
     )
@@ -289,10 +286,7 @@ pub async fn erase_recipient(
     // Step 4: under the exclusive lock again, briefly: what is left in a call, and the
     // events planned since step 2.
     let mut tx = db.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(ERASURE_LOCK)
-        .execute(&mut *tx)
-        .await?;
+    hold_erasure_lock_exclusively(&mut tx).await?;
     let (canceled, in_flight) =
         crate::cancel::cancel_for_erasure(&mut tx, user_id, line.as_deref(), InFlight::Cancel)
             .await?;
@@ -400,6 +394,16 @@ enum Kind {
     Text,
     /// `jsonb`: [`Spellings::redact_json`], written back with `::jsonb`.
     Json,
+}
+
+/// Takes [`ERASURE_LOCK`] exclusively until `tx` ends: every planning transaction, which
+/// holds it shared ([`begin_planning`]), waits, and the erasure waits for those running.
+async fn hold_erasure_lock_exclusively(tx: &mut PgConnection) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(ERASURE_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
 }
 
 /// [`rewrite`] of the attempts of the deliveries `ids`: the content sent and the

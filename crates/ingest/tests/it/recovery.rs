@@ -752,6 +752,25 @@ fn connected_to(pid: u32, port: u16) -> bool {
         })
 }
 
+/// Sends SIGCONT to a stopped worker and waits (at most `within`) until it is done with
+/// its message, which it logs as having written nothing (its lease was taken).
+async fn resume_until_idle(frozen: &support::Proc, within: Duration) {
+    signal(frozen.pid(), "-CONT");
+    eventually(
+        "the resumed worker finished its message",
+        within,
+        async || {
+            let log = frozen.log();
+            if log.contains("nothing written") {
+                Ok(())
+            } else {
+                Err(log)
+            }
+        },
+    )
+    .await;
+}
+
 fn signal(pid: u32, sig: &str) {
     let ok = std::process::Command::new("kill")
         .args([sig, &pid.to_string()])
@@ -832,21 +851,7 @@ async fn a_worker_frozen_after_its_claim_and_resumed_after_its_lease_was_taken_m
         "only the second worker sent DATA"
     );
 
-    signal(frozen.pid(), "-CONT");
-    // The resumed worker is done with its message once it logs that it wrote nothing.
-    eventually(
-        "the resumed worker finished its message",
-        Duration::from_secs(20),
-        async || {
-            let log = frozen.log();
-            if log.contains("nothing written") {
-                Ok(())
-            } else {
-                Err(log)
-            }
-        },
-    )
-    .await;
+    resume_until_idle(&frozen, Duration::from_secs(20)).await;
     assert_eq!(
         p.smtp_sim.data_started(),
         1,
@@ -1742,20 +1747,7 @@ async fn a_frozen_worker_holds_a_recovered_delivery_no_longer_than_three_heartbe
         took.as_secs_f64()
     );
 
-    signal(frozen.pid(), "-CONT");
-    eventually(
-        "the resumed worker finished its message",
-        Duration::from_secs(30),
-        async || {
-            let log = frozen.log();
-            if log.contains("nothing written") {
-                Ok(())
-            } else {
-                Err(log)
-            }
-        },
-    )
-    .await;
+    resume_until_idle(&frozen, Duration::from_secs(30)).await;
     let attempts: Vec<(i32, String, String)> = sqlx::query_as(
         "SELECT attempt, coalesce(error_code, outcome), worker_id FROM delivery_attempts
          WHERE delivery_id = $1::uuid ORDER BY attempt",

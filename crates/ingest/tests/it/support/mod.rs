@@ -14,7 +14,7 @@ pub(crate) use http::{
     InboxClient, SendExt, console_login, csrf_token, hs256, line_webhook, no_redirects,
     session_cookie,
 };
-pub(crate) use process::free_addr;
+pub(crate) use process::{Proc, free_addr};
 pub(crate) use wait::{eventually, settle};
 
 use notify_broker::Topology;
