@@ -1,16 +1,18 @@
-//! The consume loop: connect, declare, consume with prefetch = concurrency, hand each
-//! message to a task, drain on shutdown, reconnect with backoff.
+//! The one consume runtime ([`serve`]): connect, declare, consume with prefetch =
+//! concurrency, hand each message to a task, drain on shutdown, reconnect with backoff;
+//! the channel workers' use of it ([`run`]).
 
 use crate::db::DbBatches;
+use crate::reconnect::Reconnect;
 use crate::{ChannelSender, Readiness, WorkerConfig, limit, templates};
-use notify_broker::{Consumer, Pointers, lapin};
+use notify_broker::{Consumer, Inbound, Pointers, lapin};
 use notify_store::PgPool;
+use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 /// Errors that stop a worker.
 #[derive(Debug, thiserror::Error)]
@@ -27,9 +29,10 @@ pub enum WorkerError {
 }
 
 /// Runs a worker until `shutdown` is cancelled: consumes the channel's queue and sends
-/// each delivery through `sender`. On shutdown it stops taking messages, lets the
-/// deliveries in hand finish (up to the grace period), then closes the channel, which
-/// returns unstarted prefetched messages to the queue.
+/// each delivery through `sender` ([`serve`] with the channel workers' message handling).
+/// On shutdown it stops taking messages, lets the deliveries in hand finish (up to the
+/// grace period), then closes the channel, which returns unstarted prefetched messages to
+/// the queue.
 ///
 /// A lost or refused broker connection is retried with backoff (up to 10 s between
 /// tries) until shutdown; deliveries in hand when it dropped are still recorded, and their
@@ -37,6 +40,9 @@ pub enum WorkerError {
 ///
 /// `readiness` is set while the consumer is open (for `/readyz`); pass
 /// `Readiness::default()` when nobody reads it.
+///
+/// # Errors
+/// None today: broker failures are retried until shutdown.
 pub async fn run<S: ChannelSender>(
     cfg: WorkerConfig,
     pool: PgPool,
@@ -44,44 +50,86 @@ pub async fn run<S: ChannelSender>(
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
-    let mut backoff = Duration::from_millis(200);
+    let channel = sender.channel();
     let ctx = Arc::new(Ctx {
-        db: DbBatches::start(&pool, sender.channel(), cfg.lease),
+        db: DbBatches::start(&pool, channel, cfg.lease),
         limits: Arc::new(limit::RateLimits::new(&cfg.rate_limits)),
         templates: Arc::new(templates::TemplateCache::new(cfg.links.clone())),
         pool,
         sender,
-        cfg,
+        cfg: cfg.clone(),
     });
-    loop {
-        match run_connected(&ctx, &readiness, &shutdown).await {
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "broker connection failed; reconnecting");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(10));
-            }
-        }
-    }
+    serve(&cfg, channel.as_str(), ctx, &readiness, &shutdown).await
 }
 
-/// One broker connection's life: consume until shutdown or until the connection fails.
-async fn run_connected<S: ChannelSender>(
-    ctx: &Arc<Ctx<S>>,
+/// The messages of one queue as [`serve`] hands them to their tasks.
+pub trait Handler: Send + Sync + 'static {
+    /// What is read from a message before its task starts (the pointers it carries).
+    type Parsed: Send + 'static;
+
+    /// Reads a message before its permits are taken.
+    fn parse(&self, msg: &Inbound) -> Self::Parsed;
+
+    /// Deliveries the message names: one permit each is taken before its task starts
+    /// (at least 1, at most the concurrency). One by default.
+    fn permits(&self, _parsed: &Self::Parsed) -> usize {
+        1
+    }
+
+    /// Handles one message to its settle (ack, reject or requeue). `permits` are the
+    /// message's share of the concurrency; once `stop` is cancelled (shutdown, or the
+    /// connection failed) no further delivery of it should start.
+    fn handle(
+        self: Arc<Self>,
+        msg: Inbound,
+        parsed: Self::Parsed,
+        permits: OwnedSemaphorePermit,
+        stop: CancellationToken,
+    ) -> impl Future<Output = ()> + Send;
+}
+
+/// The one consume runtime, until `shutdown`: connect, declare the topology of `channel`,
+/// consume its queue (`deliveries.<channel>`) with prefetch = concurrency and manual acks,
+/// each message in a task of its own under a semaphore of `cfg.concurrency` permits
+/// ([`Handler::permits`] per message), and on shutdown or a failed connection stop taking
+/// messages, drain the tasks in hand for up to `cfg.shutdown_grace` (logged when it runs
+/// out) and close, so that unstarted prefetched messages go back to the queue. A lost or
+/// refused connection is tried again with [`Reconnect`]'s backoff. `readiness` is set
+/// while the consumer is open.
+///
+/// # Errors
+/// None today: broker failures are retried until shutdown.
+pub async fn serve<H: Handler>(
+    cfg: &WorkerConfig,
+    channel: &str,
+    handler: Arc<H>,
     readiness: &Readiness,
     shutdown: &CancellationToken,
 ) -> Result<(), WorkerError> {
-    let cfg = &ctx.cfg;
-    let channel = ctx.sender.channel();
+    let mut reconnect = Reconnect::new("broker connection failed", shutdown);
+    while let Err(e) = serve_connected(cfg, channel, &handler, readiness, shutdown).await {
+        readiness.set_consuming(false);
+        if !reconnect.wait_after(&e).await {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// One broker connection's life: consume until shutdown or until the connection fails.
+async fn serve_connected<H: Handler>(
+    cfg: &WorkerConfig,
+    channel: &str,
+    handler: &Arc<H>,
+    readiness: &Readiness,
+    shutdown: &CancellationToken,
+) -> Result<(), WorkerError> {
     let conn = notify_broker::connect(&cfg.amqp_url, &format!("worker-{channel}")).await?;
     let setup = conn.create_channel().await?;
-    cfg.topology.declare(&setup, &[channel.as_str()]).await?;
+    cfg.topology.declare(&setup, &[channel]).await?;
     let _ = setup.close(200, "topology declared".into()).await;
 
-    let queue = cfg.topology.queue(channel.as_str());
+    let queue = cfg.topology.queue(channel);
     let tag = format!("worker-{channel}-{}", uuid::Uuid::new_v4());
     let mut consumer = Consumer::start(&conn, &queue, &tag, cfg.concurrency)
         .await
@@ -105,22 +153,17 @@ async fn run_connected<S: ChannelSender>(
             n = consumer.next() => n,
         };
         match next {
-            Some(Ok(delivery)) => {
-                let pointers = Pointers::parse(delivery.body(), &delivery.headers());
-                let wanted = pointers
-                    .as_ref()
-                    .map_or(1, |p| p.deliveries.len())
+            Some(Ok(msg)) => {
+                let parsed = handler.parse(&msg);
+                let wanted = handler
+                    .permits(&parsed)
                     .clamp(1, cfg.concurrency.max(1) as usize);
                 // Not started yet: at a shutdown, closing the channel returns it to the queue.
                 let permit = tokio::select! {
                     _ = shutdown.cancelled() => break,
                     p = permits.clone().acquire_many_owned(wanted as u32) => p.expect("semaphore never closed"),
                 };
-                let ctx = ctx.clone();
-                let stop = stop.clone();
-                tasks.spawn(async move {
-                    ctx.handle(delivery, pointers, permit, &stop).await;
-                });
+                tasks.spawn(handler.clone().handle(msg, parsed, permit, stop.clone()));
             }
             Some(Err(e)) => {
                 failure = Some(e);
@@ -159,6 +202,28 @@ async fn run_connected<S: ChannelSender>(
             info!("stopped");
             Ok(())
         }
+    }
+}
+
+impl<S: ChannelSender> Handler for Ctx<S> {
+    type Parsed = Option<Pointers>;
+
+    fn parse(&self, msg: &Inbound) -> Option<Pointers> {
+        Pointers::parse(msg.body(), &msg.headers())
+    }
+
+    fn permits(&self, pointers: &Option<Pointers>) -> usize {
+        pointers.as_ref().map_or(1, |p| p.deliveries.len())
+    }
+
+    async fn handle(
+        self: Arc<Self>,
+        msg: Inbound,
+        pointers: Option<Pointers>,
+        permits: OwnedSemaphorePermit,
+        stop: CancellationToken,
+    ) {
+        self.handle_message(msg, pointers, permits, &stop).await;
     }
 }
 

@@ -1,6 +1,7 @@
 //! The worker's batched database calls and their retry while the database is unreachable.
 
 use crate::batch::Batcher;
+use crate::reconnect::Backoff;
 use notify_core::Channel;
 use notify_store::PgPool;
 use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome, DeliveryJob, NextState};
@@ -118,7 +119,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = notify_store::Result<T>>,
 {
-    let mut delay = Duration::from_millis(200);
+    let mut backoff = Backoff::standard();
     for attempt in 1..=10 {
         match f().await {
             Ok(v) => return DbCall::Done(v),
@@ -128,8 +129,7 @@ where
             }
             Err(e) => {
                 warn!(error = %e, attempt, what, "database call failed; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
+                tokio::time::sleep(backoff.next_wait()).await;
             }
         }
     }

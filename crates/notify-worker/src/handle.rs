@@ -66,7 +66,7 @@ impl<S: ChannelSender> Ctx<S> {
     /// finish and are recorded, and a message with deliveries left unstarted is left
     /// unsettled, so closing the channel returns it to the queue whole (the next claim
     /// skips the deliveries already ended).
-    pub(crate) async fn handle(
+    pub(crate) async fn handle_message(
         &self,
         msg: Inbound,
         pointers: Option<Pointers>,

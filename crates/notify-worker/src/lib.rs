@@ -25,6 +25,7 @@ pub mod http;
 pub mod lease;
 pub mod limit;
 mod readiness;
+pub mod reconnect;
 mod record_metrics;
 pub mod templates;
 #[cfg(any(test, feature = "testing"))]
@@ -32,7 +33,7 @@ pub mod testing;
 
 pub use bin_main::main_with;
 pub use config::{DEFAULT_RATE_LIMITS, WorkerConfig, parse_rate_limits};
-pub use consume::{WorkerError, run};
+pub use consume::{Handler, WorkerError, run, serve};
 pub use decide::decide;
 pub use lease::{Lease, LeaseLost};
 pub use notify_store::deliveries::DeliveryJob as Job;
