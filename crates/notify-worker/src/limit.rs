@@ -8,15 +8,34 @@
 //! governor's own `until_ready` every waiter slept to the same instant on futures-timer's
 //! thread and all but one went back to sleep: at 64 deliveries in hand and 1,000 LINE calls
 //! a second that doubled worker-line's CPU per delivery (docs/scaling.md, 2026-12-05).
+//!
+//! The limiter reads Tokio's clock ([`TokioClock`]), the clock it sleeps on and the one
+//! the lease reads: in production that is the monotonic clock, and a test that pauses
+//! Tokio's time (`#[tokio::test(start_paused = true)]`) advances it instead of waiting.
 
 use governor::clock::Clock;
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use governor::middleware::NoOpMiddleware;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
 use std::collections::{BTreeMap, HashMap};
 use std::num::NonZeroU32;
 
+/// Tokio's clock as governor's: `tokio::time::Instant::now()`, the monotonic clock, or the
+/// paused and advanced one of a test.
+#[derive(Debug, Clone, Copy, Default)]
+struct TokioClock;
+
+impl Clock for TokioClock {
+    type Instant = std::time::Instant;
+
+    fn now(&self) -> std::time::Instant {
+        tokio::time::Instant::now().into_std()
+    }
+}
+
 /// One provider's limiter and the queue of callers waiting for it.
 struct Limit {
-    limiter: DefaultDirectRateLimiter,
+    limiter: RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<std::time::Instant>>,
     /// Held by the caller whose turn is next; tokio's lock is fair (first come, first
     /// served).
     turn: tokio::sync::Mutex<()>,
@@ -36,7 +55,7 @@ impl RateLimits {
                 .filter_map(|(p, n)| {
                     let n = NonZeroU32::new(*n)?;
                     let limit = Limit {
-                        limiter: RateLimiter::direct(Quota::per_second(n)),
+                        limiter: RateLimiter::direct_with_clock(Quota::per_second(n), TokioClock),
                         turn: tokio::sync::Mutex::new(()),
                     };
                     Some((p.clone(), limit))
@@ -62,32 +81,38 @@ impl RateLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+    use tokio::time::Instant;
 
-    #[tokio::test]
+    // Tokio's time is paused: the limiter's sleeps advance it at once, and the elapsed
+    // time is exactly the limiter's waits.
+
+    #[tokio::test(start_paused = true)]
     async fn calls_beyond_the_rate_wait_for_their_slot() {
         let limits = RateLimits::new(&BTreeMap::from([("line".to_string(), 10)]));
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         for _ in 0..25 {
             limits.wait("line").await;
         }
-        // 10 at once, then one every 100 ms: the 25th starts after about 1.5 s.
-        assert!(started.elapsed() >= std::time::Duration::from_millis(1400));
-        let started = std::time::Instant::now();
+        // 10 at once, then one every 100 ms: the 25th starts 1.5 s after the first.
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(1500) && waited < Duration::from_millis(1600),
+            "{waited:?}"
+        );
+        let started = Instant::now();
         for _ in 0..1000 {
             limits.wait("fcm").await;
         }
-        assert!(
-            started.elapsed() < std::time::Duration::from_millis(500),
-            "no limit"
-        );
+        assert_eq!(started.elapsed(), Duration::ZERO, "no limit");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn concurrent_callers_get_their_slots_in_arrival_order() {
         let limits =
             std::sync::Arc::new(RateLimits::new(&BTreeMap::from([("line".to_string(), 20)])));
         let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         // The current-thread runtime first polls the tasks in the order they were spawned,
         // so they line up in that order.
         let tasks: Vec<_> = (0..30)
@@ -112,7 +137,11 @@ mod tests {
             (0..30).collect::<Vec<_>>(),
             "first come, first served"
         );
-        // 20 at once, then one every 50 ms: the 30th starts after about 0.5 s.
-        assert!(started.elapsed() >= std::time::Duration::from_millis(450));
+        // 20 at once, then one every 50 ms: the 30th starts 0.5 s after the first.
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(500) && waited < Duration::from_millis(600),
+            "{waited:?}"
+        );
     }
 }

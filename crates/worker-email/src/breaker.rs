@@ -1,5 +1,8 @@
 //! A circuit breaker per email provider, pure: every call takes the current instant, so the
-//! tests drive it with exact instants.
+//! tests drive it with exact instants. The instants are Tokio's
+//! ([`tokio::time::Instant`]: the monotonic clock in production), which
+//! [`crate::providers::Providers`] reads, so a test that pauses Tokio's time moves past a
+//! cooldown with `tokio::time::advance` instead of waiting it out.
 //!
 //! - **Closed**: every attempt is admitted. It opens after [`BreakerConfig::failures`]
 //!   consecutive transient failures, or when, over the last [`BreakerConfig::window`], at
@@ -17,7 +20,8 @@
 //! provider working, and counts as a success.
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// Thresholds of a breaker.
 #[derive(Debug, Clone, Copy, PartialEq)]

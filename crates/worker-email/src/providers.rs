@@ -28,9 +28,11 @@ use crate::{ses, smtp};
 use notify_core::{AttemptOutcome, ErrorClass};
 use notify_worker::Lease;
 use opentelemetry::KeyValue;
-use serde_json::{Value, json};
+use serde_json::{json, Value};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// Tokio's clock, which a test that pauses time advances (see the breaker).
+use tokio::time::Instant;
 
 /// How one provider sends.
 pub enum Transport {
