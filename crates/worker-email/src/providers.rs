@@ -28,7 +28,7 @@ use crate::{ses, smtp};
 use notify_core::{AttemptOutcome, ErrorClass};
 use notify_worker::Lease;
 use opentelemetry::KeyValue;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use std::sync::Mutex;
 use std::time::Duration;
 // Tokio's clock, which a test that pauses time advances (see the breaker).

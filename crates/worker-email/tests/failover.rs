@@ -2,8 +2,8 @@
 //! servers, or an SMTP server and the simulator's SES, in `NOTIFY_SMTP_URL` order.
 
 use notify_core::ErrorClass::*;
-use notify_worker::testing::{job, lease, sent_id, Expect, Sim};
 use notify_worker::ChannelSender;
+use notify_worker::testing::{Expect, Sim, job, lease, sent_id};
 use std::time::Duration;
 use worker_email::breaker::{BreakerConfig, State};
 use worker_email::{EmailConfig, EmailSender};
@@ -257,11 +257,13 @@ async fn a_recovered_backup_is_probed_while_the_primary_is_healthy() {
     secondary.smtp.set_fault(Some("421 4.7.0 try again later"));
     let out = email.send(&mail_to("somchai@example.test"), &lease()).await;
     assert!(sent_id(&out).is_none(), "{out:?}");
-    assert!(email
-        .providers()
-        .states()
-        .iter()
-        .all(|(_, s)| *s == State::Open));
+    assert!(
+        email
+            .providers()
+            .states()
+            .iter()
+            .all(|(_, s)| *s == State::Open)
+    );
     // Both recover. After the cooldown the first email probes the primary and closes it;
     // the next one probes the backup although the primary is healthy, and closes it too.
     primary.smtp.set_fault(None);
