@@ -71,7 +71,7 @@ impl<'a> Reconnect<'a> {
 
     /// Logs `error` (with the wait, `retry_in_ms`) and waits before the next try.
     /// `false` when `shutdown` was cancelled first: do not try again.
-    pub async fn wait_after(&mut self, error: &dyn Display) -> bool {
+    pub async fn wait_after(&mut self, error: &(dyn Display + Sync)) -> bool {
         let wait = self.backoff.next_wait();
         error!(
             error = %error,
