@@ -14,6 +14,7 @@ pub mod logfmt;
 pub mod metrics;
 pub mod otel;
 pub mod propagation;
+pub mod reconnect;
 
 pub use metrics::metrics;
 pub use otel::shutdown;

@@ -25,7 +25,7 @@ pub mod http;
 pub mod lease;
 pub mod limit;
 mod readiness;
-pub mod reconnect;
+pub use notify_telemetry::reconnect;
 mod record_metrics;
 pub mod templates;
 #[cfg(any(test, feature = "testing"))]

@@ -1,6 +1,6 @@
-//! Trying again after a failure, with a wait that grows: the one backoff schedule of the
-//! worker runtime (broker reconnects, database retries) and the reconnect loop of
-//! everything that holds a broker connection until shutdown.
+//! Trying again after a failure, with a wait that grows: the one backoff schedule of every
+//! service (broker reconnects, database retries, the relay, the API key listener) and the
+//! reconnect loop of everything that holds a connection until shutdown.
 
 use std::fmt::Display;
 use std::time::Duration;
@@ -16,6 +16,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(10);
 /// Waits between tries, each twice the one before, up to a ceiling.
 #[derive(Debug, Clone)]
 pub struct Backoff {
+    first: Duration,
     next: Duration,
     max: Duration,
 }
@@ -23,7 +24,16 @@ pub struct Backoff {
 impl Backoff {
     /// Waits of `first`, doubling up to `max`.
     pub const fn new(first: Duration, max: Duration) -> Self {
-        Self { next: first, max }
+        Self {
+            first,
+            next: first,
+            max,
+        }
+    }
+
+    /// Starts the schedule again from its first wait (after a try that succeeded).
+    pub fn reset(&mut self) {
+        self.next = self.first;
     }
 
     /// Waits of 0.2 s doubling up to 10 s ([`FIRST_WAIT`], [`MAX_WAIT`]).
@@ -69,6 +79,11 @@ impl<'a> Reconnect<'a> {
         }
     }
 
+    /// Starts the waits again from the first (after a connection that came up healthy).
+    pub fn reset(&mut self) {
+        self.backoff.reset();
+    }
+
     /// Logs `error` (with the wait, `retry_in_ms`) and waits before the next try.
     /// `false` when `shutdown` was cancelled first: do not try again.
     pub async fn wait_after(&mut self, error: &(dyn Display + Sync)) -> bool {
@@ -95,6 +110,8 @@ mod tests {
         let mut b = Backoff::standard();
         let waits: Vec<u64> = (0..8).map(|_| b.next_wait().as_millis() as u64).collect();
         assert_eq!(waits, [200, 400, 800, 1600, 3200, 6400, 10_000, 10_000]);
+        b.reset();
+        assert_eq!(b.next_wait().as_millis(), 200);
     }
 
     #[tokio::test(start_paused = true)]
