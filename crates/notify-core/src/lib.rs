@@ -21,6 +21,7 @@ pub mod schedule;
 pub mod sensitive;
 pub mod signed;
 pub mod spellings;
+pub mod states;
 pub mod status;
 pub mod template;
 #[cfg(test)]
@@ -37,5 +38,6 @@ pub use notification_type::{Category, Priority, SensitiveData};
 pub use outcome::{AttemptOutcome, ErrorClass};
 pub use plan::{PlannedDelivery, RecipientFacts, SkipReason, SkippedDelivery};
 pub use retry::RetryPolicy;
+pub use states::{AttemptLabel, EndpointStatus, FailReason, MessageStatus};
 pub use status::{FanoutStatus, InboxStatus};
 pub use validate::FieldViolation;

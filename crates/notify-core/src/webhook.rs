@@ -64,17 +64,18 @@ impl EventType {
         Self::ALL.into_iter().find(|t| t.as_str() == s)
     }
 
-    /// The event type of a delivery that just reached `status` (a stored delivery status);
-    /// `None` for `sending` (a claim is no state a caller is told about) and unknown text.
-    /// `pending` after a change is a retry or a deferral.
-    pub fn of_delivery_status(status: &str) -> Option<EventType> {
+    /// The event type of a delivery that just reached `status`; `None` for `sending` (a
+    /// claim is no state a caller is told about). `pending` after a change is a retry or a
+    /// deferral.
+    pub fn of_delivery_status(status: crate::DeliveryStatus) -> Option<EventType> {
+        use crate::DeliveryStatus as S;
         Some(match status {
-            "sent" => EventType::DeliverySent,
-            "failed" => EventType::DeliveryFailed,
-            "pending" => EventType::DeliveryDeferred,
-            "canceled" => EventType::DeliveryCancelled,
-            "skipped" => EventType::DeliverySkipped,
-            _ => return None,
+            S::Sent => EventType::DeliverySent,
+            S::Failed => EventType::DeliveryFailed,
+            S::Pending => EventType::DeliveryDeferred,
+            S::Canceled => EventType::DeliveryCancelled,
+            S::Skipped => EventType::DeliverySkipped,
+            S::Sending => return None,
         })
     }
 }

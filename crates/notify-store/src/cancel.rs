@@ -14,6 +14,7 @@
 //! waits for them (bounded) before it counts.
 
 use crate::{Result, StoreError};
+use notify_core::DeliveryStatus;
 use sqlx::{PgConnection, PgPool, Row};
 use std::time::Duration;
 use uuid::Uuid;
@@ -59,6 +60,21 @@ pub struct CancelOutcome {
     /// event: those after the fan-out's checkpoint when it stopped; some recipients: the
     /// named subscribers with no delivery and no planning skip).
     pub not_created: u64,
+}
+
+impl CancelOutcome {
+    /// Adds `n` deliveries in `status` to their count; a delivery still in a provider
+    /// call, a pending one left (none should be, it would be sent by no one but is not
+    /// canceled either) and an unreadable status count as in flight.
+    fn count(&mut self, status: Option<DeliveryStatus>, n: u64) {
+        match status {
+            Some(DeliveryStatus::Canceled) => self.canceled += n,
+            Some(DeliveryStatus::Sent) => self.sent += n,
+            Some(DeliveryStatus::Failed) => self.failed += n,
+            Some(DeliveryStatus::Skipped) => self.skipped += n,
+            Some(DeliveryStatus::Pending | DeliveryStatus::Sending) | None => self.in_flight += n,
+        }
+    }
 }
 
 /// Cancels what `selector` finds among `caller`'s events (every caller's when
@@ -402,15 +418,7 @@ pub async fn counts(
     let mut out = CancelOutcome::default();
     for r in &rows {
         let n = r.get::<i64, _>("n") as u64;
-        match r.get::<String, _>("status").as_str() {
-            "canceled" => out.canceled += n,
-            "sent" => out.sent += n,
-            "failed" => out.failed += n,
-            "skipped" => out.skipped += n,
-            // Still in a provider call; a pending one left (none should be) would be sent
-            // by no one but is not canceled either: in flight too.
-            _ => out.in_flight += n,
-        }
+        out.count(r.get::<&str, _>("status").parse().ok(), n);
     }
     if !recipients.is_empty() {
         // Named recipients inside a LINE multicast batch that went (or is going) out
@@ -428,13 +436,7 @@ pub async fn counts(
         .await?;
         for r in &in_batches {
             let n = r.get::<i64, _>("n") as u64;
-            match r.get::<String, _>("status").as_str() {
-                "canceled" => out.canceled += n,
-                "sent" => out.sent += n,
-                "failed" => out.failed += n,
-                "skipped" => out.skipped += n,
-                _ => out.in_flight += n,
-            }
+            out.count(r.get::<&str, _>("status").parse().ok(), n);
         }
     }
     let not_created: i64 = if recipients.is_empty() {

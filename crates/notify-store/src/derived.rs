@@ -107,11 +107,12 @@ pub async fn fallback_after_made(
         from.to_string()
     };
     let last_error: Option<String> = row.get("last_error");
-    let what = match cause {
-        "failed" | "worker_lost" | "attempts_spent" => {
+    use notify_core::FailReason;
+    let what = match cause.parse() {
+        Ok(FailReason::AttemptFailed | FailReason::WorkerLost | FailReason::AttemptsSpent) => {
             format!("failed: {}", last_error.as_deref().unwrap_or(cause))
         }
-        reason => format!("skipped when due: {reason}"),
+        _ => format!("skipped when due: {cause}"),
     };
     let max_attempts: i32 = row.get("max_attempts");
     let mut made = Vec::new();

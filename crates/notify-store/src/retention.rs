@@ -36,6 +36,7 @@
 
 use crate::Result;
 use chrono::{DateTime, Utc};
+use notify_core::DeliveryStatus;
 use sqlx::{PgExecutor, Row};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -45,8 +46,14 @@ use uuid::Uuid;
 /// The advisory lock key of a purge pass (`pg_try_advisory_lock`): "retention" in ASCII.
 pub const PURGE_LOCK: i64 = 0x7265_7465_6e74_696f;
 
-/// Delivery states a purge may delete. `pending` and `sending` are never in it.
-pub const FINAL_STATES: &[&str] = &["sent", "failed", "canceled", "skipped"];
+/// Delivery states a purge may delete: the final ones ([`DeliveryStatus::is_final`]).
+/// `pending` and `sending` are never in it.
+pub const FINAL_STATES: &[DeliveryStatus] = &[
+    DeliveryStatus::Sent,
+    DeliveryStatus::Failed,
+    DeliveryStatus::Canceled,
+    DeliveryStatus::Skipped,
+];
 
 /// How long data is kept: the global setting (`NOTIFY_RETENTION_*`), or a type's
 /// lengths after its overrides ([`TypeRetention::over`]).
@@ -465,7 +472,7 @@ async fn purge_deliveries_batch(
          ORDER BY d.id LIMIT $4 FOR UPDATE OF d SKIP LOCKED",
     )
     .bind(&held)
-    .bind(FINAL_STATES)
+    .bind(FINAL_STATES.iter().map(|s| s.as_str()).collect::<Vec<_>>())
     .bind(cutoff)
     .bind(batch)
     .fetch_all(&mut *tx)

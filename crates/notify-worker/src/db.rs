@@ -62,7 +62,7 @@ impl DbBatches {
                         notify_telemetry::metrics::count_fallback(
                             f.from.as_str(),
                             f.to.as_str(),
-                            "failed",
+                            notify_core::FailReason::AttemptFailed.as_str(),
                         );
                     }
                     Ok(recorded)

@@ -1,7 +1,7 @@
 //! Turning an attempt's outcome into the delivery's next state and the attempt record.
 
 use notify_core::outcome::{AttemptError, AttemptOutcome, AttemptResult, ErrorClass};
-use notify_core::{Channel, RetryPolicy};
+use notify_core::{AttemptLabel, Channel, RetryPolicy};
 use notify_store::deliveries::{AttemptRecord, DeliveryJob, NextState};
 use std::time::Duration;
 
@@ -18,7 +18,8 @@ pub fn decide(
     jitter: f64,
 ) -> (NextState, AttemptRecord) {
     let mut record = AttemptRecord {
-        outcome: "sent",
+        // Set from the next state below.
+        outcome: AttemptLabel::Sent,
         provider_status: outcome.provider_status,
         error_code: None,
         provider_response: outcome.provider_response,
@@ -51,14 +52,10 @@ pub fn decide(
                 _ => String::new(),
             };
             match class {
-                ErrorClass::Permanent => {
-                    record.outcome = "failed";
-                    NextState::Failed {
-                        error: format!("{code}{status}"),
-                    }
-                }
+                ErrorClass::Permanent => NextState::Failed {
+                    error: format!("{code}{status}"),
+                },
                 ErrorClass::InvalidEndpoint => {
-                    record.outcome = "failed";
                     if let Some(ep) = job.endpoint_id {
                         record.deactivate_endpoint = Some((ep, code.clone()));
                     } else if job.channel == Channel::Email
@@ -71,7 +68,6 @@ pub fn decide(
                     }
                 }
                 ErrorClass::QuotaExhausted => {
-                    record.outcome = "retry";
                     NextState::Paused {
                         // Without a stated end, look again in an hour.
                         after: retry_after.unwrap_or(Duration::from_secs(3600)),
@@ -80,7 +76,6 @@ pub fn decide(
                 }
                 ErrorClass::Unavailable => {
                     // Not an attempt (no provider was called): nothing is recorded as one.
-                    record.outcome = "retry";
                     NextState::Unavailable {
                         after: retry_after.unwrap_or(Duration::from_secs(1)),
                         error: format!("{code}{status}"),
@@ -103,27 +98,22 @@ pub fn decide(
                         )
                         .filter(|d| horizon.is_none_or(|h| age.saturating_add(*d) < h));
                     match delay {
-                        Some(after) => {
-                            record.outcome = "retry";
-                            NextState::Retry {
-                                after,
-                                error: format!("{code}{status}"),
-                            }
-                        }
-                        None => {
-                            record.outcome = "failed";
-                            NextState::Failed {
-                                error: format!(
-                                    "{code}{status}; gave up after {} attempts (attempt budget or retry horizon spent)",
-                                    job.attempt
-                                ),
-                            }
-                        }
+                        Some(after) => NextState::Retry {
+                            after,
+                            error: format!("{code}{status}"),
+                        },
+                        None => NextState::Failed {
+                            error: format!(
+                                "{code}{status}; gave up after {} attempts (attempt budget or retry horizon spent)",
+                                job.attempt
+                            ),
+                        },
                     }
                 }
             }
         }
     };
+    record.outcome = next.attempt_label();
     (next, record)
 }
 

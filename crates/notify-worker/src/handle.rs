@@ -8,6 +8,7 @@ use crate::decide::decide;
 use crate::record_metrics::count_recorded;
 use crate::{ChannelSender, lease};
 use notify_broker::{Inbound, Pointer, Pointers};
+use notify_core::{AttemptLabel, FailReason};
 use notify_store::deliveries::{self, ClaimOutcome, NextState};
 use std::sync::Arc;
 use tracing::{Instrument, error, info, info_span, warn};
@@ -130,7 +131,7 @@ impl<S: ChannelSender> Ctx<S> {
         async {
             if message_channel != channel.as_str() {
                 warn!(%message_channel, "message for another channel: dead-lettered");
-                let _ = deliveries::fail_unclaimed(&self.pool, pointer.id, "unsupported_channel").await;
+                let _ = deliveries::fail_unclaimed(&self.pool, pointer.id, FailReason::UnsupportedChannel).await;
                 return Settle::Reject;
             }
             if let Some(settle) = self.deliver_unclaimed(pointer, &s).await {
@@ -153,7 +154,7 @@ impl<S: ChannelSender> Ctx<S> {
                 }
                 DbCall::Done(ClaimOutcome::WrongChannel(actual)) => {
                     warn!(%actual, "delivery belongs to another channel: dead-lettered");
-                    let _ = deliveries::fail_unclaimed(&self.pool, pointer.id, "unsupported_channel").await;
+                    let _ = deliveries::fail_unclaimed(&self.pool, pointer.id, FailReason::UnsupportedChannel).await;
                     return Settle::Reject;
                 }
                 DbCall::Done(ClaimOutcome::NotClaimable(status)) => {
@@ -164,12 +165,12 @@ impl<S: ChannelSender> Ctx<S> {
                     // Every attempt was spent, the last ones by workers that died during the
                     // call: the claim failed it instead of calling the provider again.
                     for f in fallback {
-                        notify_telemetry::metrics::count_fallback(f.from.as_str(), f.to.as_str(), "attempts_spent");
+                        notify_telemetry::metrics::count_fallback(f.from.as_str(), f.to.as_str(), FailReason::AttemptsSpent.as_str());
                     }
                     let m = notify_telemetry::metrics();
                     let [c, p] = notify_telemetry::metrics::channel_provider(channel.as_str(), provider.as_str());
-                    m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", "attempts_spent")]);
-                    error!(attempts, reason = "attempts_spent", alert = "delivery_failed",
+                    m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", FailReason::AttemptsSpent.as_str())]);
+                    error!(attempts, reason = FailReason::AttemptsSpent.as_str(), alert = "delivery_failed",
                         "delivery failed: its attempt budget was spent (workers died during the calls); no further call");
                     return Settle::Ack;
                 }
@@ -241,7 +242,7 @@ impl<S: ChannelSender> Ctx<S> {
             let reason = error.as_ref().map(|e| e.reason.as_str()).unwrap_or_default();
             let status = record.provider_status.unwrap_or(0);
             match &next {
-                NextState::Sent { .. } => info!(attempt = job.attempt, "sent"),
+                NextState::Sent { .. } => info!(attempt = job.attempt, "{}", AttemptLabel::Sent),
                 NextState::Retry { after, .. } => {
                     warn!(attempt = job.attempt, retry_in_ms = after.as_millis() as u64, %reason, provider_status = status, "attempt failed; retry scheduled")
                 }
@@ -274,7 +275,8 @@ impl<S: ChannelSender> Ctx<S> {
                         _ => None,
                     };
                     let why = format!(
-                        "record_failed: the attempt's record was refused by the database ({}); the delivery was ended instead of being sent again",
+                        "{}: the attempt's record was refused by the database ({}); the delivery was ended instead of being sent again",
+                        FailReason::RecordFailed,
                         notify_store::truncate_utf8(&e.to_string(), 300)
                     );
                     let ended = with_db_retry("record fallback", || {
@@ -288,8 +290,8 @@ impl<S: ChannelSender> Ctx<S> {
                         let m = notify_telemetry::metrics();
                         let labels = notify_telemetry::metrics::channel_provider(job.channel.as_str(), job.provider.as_str());
                         let [c, p] = labels;
-                        m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", "record_failed")]);
-                        error!(attempt = job.attempt, reason = "record_failed", alert = "delivery_failed",
+                        m.deliveries_failed.add(1, &[c, p, opentelemetry::KeyValue::new("reason", FailReason::RecordFailed.as_str())]);
+                        error!(attempt = job.attempt, reason = FailReason::RecordFailed.as_str(), alert = "delivery_failed",
                             "delivery failed: its attempt could not be recorded; ended without another call");
                     }
                     Settle::Ack
@@ -374,7 +376,7 @@ impl<S: ChannelSender> Ctx<S> {
         .await
         {
             DbCall::Done(true) => {
-                info!(attempt = job.attempt, "sent");
+                info!(attempt = job.attempt, "{}", AttemptLabel::Sent);
                 // The inbox write is this channel's call: its time counts, as the claim
                 // path's `send` does.
                 count_recorded(&job, &next, &record, None, started.elapsed());

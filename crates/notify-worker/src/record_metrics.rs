@@ -1,5 +1,6 @@
 //! The metrics of recorded attempts.
 
+use notify_core::AttemptLabel;
 use notify_core::outcome::AttemptError;
 use notify_store::deliveries::{AttemptRecord, DeliveryJob, NextState};
 use std::time::Duration;
@@ -18,21 +19,20 @@ pub(crate) fn count_recorded(
     let m = notify_telemetry::metrics();
     let labels =
         notify_telemetry::metrics::channel_provider(job.channel.as_str(), job.provider.as_str());
-    let outcome = match next {
+    match next {
         NextState::Sent { .. } => {
             m.deliveries_sent.add(1, &labels);
             if job.cause == notify_core::plan::Cause::Escalation {
-                m.escalations.add(1, &[KeyValue::new("outcome", "sent")]);
+                m.escalations
+                    .add(1, &[KeyValue::new("outcome", AttemptLabel::Sent.as_str())]);
             }
             let since = (chrono::Utc::now() - job.created_at)
                 .to_std()
                 .unwrap_or_default();
             m.event_to_provider.record(since.as_secs_f64(), &labels);
-            "sent"
         }
         NextState::Retry { .. } | NextState::Paused { .. } => {
             m.deliveries_retried.add(1, &labels);
-            "retry"
         }
         // No provider was called: not an attempt, nothing to count.
         NextState::Unavailable { .. } => return,
@@ -41,9 +41,8 @@ pub(crate) fn count_recorded(
             let mut with_reason = labels.to_vec();
             with_reason.push(KeyValue::new("reason", reason.to_string()));
             m.deliveries_failed.add(1, &with_reason);
-            "failed"
         }
-    };
+    }
     if error.is_some_and(|e| e.ambiguous) {
         m.deliveries_ambiguous.add(1, &labels);
     }
@@ -51,6 +50,6 @@ pub(crate) fn count_recorded(
         m.endpoints_deactivated.add(1, &labels);
     }
     let mut with_outcome = labels.to_vec();
-    with_outcome.push(KeyValue::new("outcome", outcome));
+    with_outcome.push(KeyValue::new("outcome", record.outcome.as_str()));
     m.attempt_duration.record(took.as_secs_f64(), &with_outcome);
 }

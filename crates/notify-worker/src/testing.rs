@@ -45,7 +45,7 @@ pub fn job(channel: &str, provider: &str) -> DeliveryJob {
         endpoint_platform: Some(provider.parse().expect("a platform")),
         endpoint_token: Some("tok".into()),
         endpoint_subscription: None,
-        endpoint_status: Some("active".parse().expect("an endpoint status")),
+        endpoint_status: Some(notify_core::EndpointStatus::Active),
         critical: false,
         quiet_hours: Vec::new(),
         due: Default::default(),

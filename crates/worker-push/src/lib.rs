@@ -316,7 +316,7 @@ impl ChannelSender for PushSender {
     async fn send(&self, job: &Job, lease: &Lease) -> AttemptOutcome {
         let platform = job.endpoint_platform.as_deref().unwrap_or("");
         let content = json!({"endpoint_id": job.endpoint_id, "platform": platform});
-        if job.endpoint_status.as_deref() != Some("active") {
+        if job.endpoint_status != Some(notify_core::EndpointStatus::Active) {
             return AttemptOutcome::failed(ErrorClass::Permanent, "endpoint_revoked", content);
         }
         // Actions without an id get `action<N>`, as at ingest (a template may render one).

@@ -698,7 +698,7 @@ async fn written(p: &Platform, delivery: uuid::Uuid) -> (String, i32, i64, i64) 
 /// The attempt the in-app worker records for an inbox row it wrote.
 fn inbox_written() -> notify_store::deliveries::AttemptRecord {
     notify_store::deliveries::AttemptRecord {
-        outcome: "sent",
+        outcome: notify_core::AttemptLabel::Sent,
         provider_status: None,
         error_code: None,
         provider_response: Some("inbox row written".into()),

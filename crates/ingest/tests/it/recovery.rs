@@ -985,7 +985,7 @@ async fn a_late_success_loses_to_a_newer_claim() {
         provider_message_id: Some("late".into()),
     };
     let record = AttemptRecord {
-        outcome: "sent",
+        outcome: notify_core::AttemptLabel::Sent,
         provider_status: Some(200),
         error_code: None,
         provider_response: None,
@@ -1028,7 +1028,7 @@ async fn a_late_success_loses_to_a_newer_claim() {
         error: "line_500".into(),
     };
     let failed_attempt = AttemptRecord {
-        outcome: "retry",
+        outcome: notify_core::AttemptLabel::Retry,
         ..record.clone()
     };
     assert_eq!(

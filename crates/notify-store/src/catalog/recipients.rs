@@ -3,7 +3,7 @@
 //! undeliverable email).
 
 use crate::{Result, StoreError};
-use notify_core::Channel;
+use notify_core::{Channel, EndpointStatus};
 use sqlx::{PgExecutor, Row};
 use uuid::Uuid;
 
@@ -82,19 +82,21 @@ pub async fn register_endpoint(
 pub async fn revoke_endpoint(db: &sqlx::PgPool, id: Uuid, reason: &str) -> Result<bool> {
     let row = sqlx::query(
         "WITH target AS (SELECT id, status FROM notification_endpoints WHERE id = $1),
-              upd AS (UPDATE notification_endpoints e SET status = 'revoked', revoked_reason = $2,
+              upd AS (UPDATE notification_endpoints e SET status = $3, revoked_reason = $2,
                           revoked_at = now()
-                      FROM target WHERE e.id = target.id AND target.status = 'active' RETURNING e.id)
-         SELECT (SELECT count(*) FROM target) AS found, (SELECT count(*) FROM upd) AS revoked",
+                      FROM target WHERE e.id = target.id AND target.status = $4 RETURNING e.id)
+         SELECT (SELECT count(*) FROM target) AS found, (SELECT count(*) FROM upd) AS changed",
     )
     .bind(id)
     .bind(reason)
+    .bind(EndpointStatus::Revoked.as_str())
+    .bind(EndpointStatus::Active.as_str())
     .fetch_one(db)
     .await?;
     if row.get::<i64, _>("found") == 0 {
         return Err(StoreError::NotFound(format!("endpoint {id}")));
     }
-    Ok(row.get::<i64, _>("revoked") > 0)
+    Ok(row.get::<i64, _>("changed") > 0)
 }
 
 /// Marks an endpoint revoked because the provider said the token is gone, unless it was

@@ -78,7 +78,7 @@ pub async fn gauges(db: &PgPool) -> Result<Gauges> {
                 (SELECT coalesce(extract(epoch FROM now() - min(available_at)), 0)::float8
                    FROM outbox WHERE available_at <= now()) AS outbox_oldest_s,
                 (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                            'channel', c.channel, 'pending', c.pending, 'oldest', c.oldest,
+                            'channel', c.channel, 'pending_n', c.pending, 'oldest', c.oldest,
                             'scheduled', c.scheduled, 'paused', c.paused)), '[]'::jsonb)
                    FROM (SELECT ch.channel, coalesce(b.pending, 0) AS pending,
                                 coalesce(b.scheduled, 0) AS scheduled,
@@ -103,7 +103,7 @@ pub async fn gauges(db: &PgPool) -> Result<Gauges> {
         .map(|c| {
             Ok(ChannelGauges {
                 channel: parse_text("channel", c["channel"].as_str().unwrap_or_default())?,
-                pending: c["pending"].as_i64().unwrap_or(0),
+                pending: c["pending_n"].as_i64().unwrap_or(0),
                 scheduled: c["scheduled"].as_i64().unwrap_or(0),
                 oldest_due_s: c["oldest"].as_f64().unwrap_or(0.0).max(0.0),
                 paused: c["paused"].as_bool().unwrap_or(false),

@@ -7,7 +7,7 @@
 use super::{ClaimOutcome, DeliveryJob, DueState, paused_until};
 use crate::Result;
 use crate::row::{parse, parse_text};
-use notify_core::Channel;
+use notify_core::{Channel, DeliveryStatus, FailReason};
 use sqlx::{PgPool, Row};
 use std::time::Duration;
 use uuid::Uuid;
@@ -186,7 +186,7 @@ pub async fn claim_many(
         .iter()
         .map(|id| {
             if !seen.insert(*id) {
-                return ClaimOutcome::NotClaimable("sending".into());
+                return ClaimOutcome::NotClaimable(DeliveryStatus::Sending.to_string());
             }
             claimed.remove(id).unwrap_or(ClaimOutcome::Missing)
         })
@@ -273,7 +273,10 @@ fn job_from_row(r: &sqlx::postgres::PgRow) -> Result<DeliveryJob> {
         endpoint_platform: r.get("platform"),
         endpoint_token: r.get("token"),
         endpoint_subscription: r.get("subscription_json"),
-        endpoint_status: r.get("endpoint_status"),
+        endpoint_status: r
+            .get::<Option<&str>, _>("endpoint_status")
+            .map(|s| parse_text("endpoint_status", s))
+            .transpose()?,
         critical: r.get("critical"),
         quiet_hours: r
             .get::<Option<serde_json::Value>, _>("quiet_hours_json")
@@ -325,7 +328,7 @@ async fn fail_exhausted(
     let mut tx = db.begin().await?;
     let rows: Vec<(Uuid, String, i32, String)> = sqlx::query_as(
         "UPDATE notification_deliveries d
-         SET status = 'failed', lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
+         SET status = $3, lease_token = NULL, lease_expires_at = NULL, updated_at = now(),
              state_version = d.state_version + 1,
              last_error = format('%s; gave up after %s attempts (attempt budget spent)',
                                  coalesce(d.last_error, 'attempt_budget_spent'), d.attempts)
@@ -335,6 +338,7 @@ async fn fail_exhausted(
     )
     .bind(ids)
     .bind(channel.as_str())
+    .bind(DeliveryStatus::Failed.as_str())
     .fetch_all(&mut *tx)
     .await?;
     let failed: Vec<(Uuid, crate::webhooks::EventType)> = rows
@@ -344,7 +348,9 @@ async fn fail_exhausted(
     crate::webhooks::enqueue_for_deliveries(&mut tx, &failed).await?;
     let mut out = std::collections::HashMap::with_capacity(rows.len());
     for (id, provider, attempts, error) in rows {
-        let fallback = crate::derived::fallback_after_made(&mut tx, id, "attempts_spent").await?;
+        let fallback =
+            crate::derived::fallback_after_made(&mut tx, id, FailReason::AttemptsSpent.as_str())
+                .await?;
         out.insert(
             id,
             ClaimOutcome::Exhausted {

@@ -4,6 +4,7 @@
 use super::{AttemptRecord, DeliveryJob};
 use crate::Result;
 use crate::row::column;
+use notify_core::DeliveryStatus;
 use sqlx::PgPool;
 use sqlx::types::Json;
 use uuid::Uuid;
@@ -172,14 +173,14 @@ pub async fn record_inbox_sent(
     // By primary key, not the partial due index (see `claim_many`).
     let updated: Vec<Uuid> = sqlx::query_scalar(
         "UPDATE notification_deliveries d
-         SET status = 'sent', attempts = d.attempts + 1, republish_count = 0,
+         SET status = $6, attempts = d.attempts + 1, republish_count = 0,
              first_attempt_at = coalesce(d.first_attempt_at, now()), sent_at = now(),
              last_error = NULL, updated_at = now(), state_version = d.state_version + 1
          FROM UNNEST($1::uuid[], $2::int[], $3::int[], $4::timestamptz[])
               AS t(id, version, attempt, read_at)
          WHERE d.id = ANY($1) AND d.id = t.id AND d.state_version = t.version
            AND d.attempts + 1 = t.attempt AND d.channel || '' = 'inapp'
-           AND d.status || '' = 'pending' AND d.next_attempt_at <= now()
+           AND d.status || '' = $7 AND d.next_attempt_at <= now()
            AND d.attempts < d.max_attempts
            AND now() < t.read_at + $5 * interval '1 millisecond'
          RETURNING d.id",
@@ -189,6 +190,8 @@ pub async fn record_inbox_sent(
     .bind(column(&read, |j| j.attempt))
     .bind(column(&read, |j| j.started_at))
     .bind(notify_core::retry::millis(within))
+    .bind(DeliveryStatus::Sent.as_str())
+    .bind(DeliveryStatus::Pending.as_str())
     .fetch_all(&mut *tx)
     .await?;
     let updated: std::collections::HashSet<Uuid> = updated.into_iter().collect();
@@ -220,7 +223,8 @@ pub async fn record_inbox_sent(
         .collect();
     let rows: Vec<(&DeliveryJob, &AttemptRecord)> = rows.iter().map(|(j, r)| (*j, r)).collect();
     super::record::insert_attempts(&mut tx, &rows).await?;
-    let sent: Vec<(Uuid, &str)> = jobs.iter().map(|j| (j.id, "sent")).collect();
+    let sent: Vec<(Uuid, DeliveryStatus)> =
+        jobs.iter().map(|j| (j.id, DeliveryStatus::Sent)).collect();
     crate::webhooks::enqueue_for_statuses(&mut tx, &sent).await?;
     tx.commit().await?;
     let mut out = vec![false; batch.len()];

@@ -4,7 +4,7 @@
 use crate::Result;
 use crate::outbox::RELAY_BEHIND;
 use crate::row::parse;
-use notify_core::{Channel, Provider};
+use notify_core::{AttemptLabel, Channel, DeliveryStatus, FailReason, Provider};
 use sqlx::{PgPool, Row};
 use std::time::Duration;
 use uuid::Uuid;
@@ -52,7 +52,7 @@ pub struct ExpiredLease {
 /// claim and its record. Nothing in the database says whether it had reached its call's
 /// point of no return (the adapter confirms the lease without a round trip while it is
 /// fresh), so the provider may never have been called, or may have accepted the call.
-pub const WORKER_LOST: &str = "worker_lost";
+pub const WORKER_LOST: &str = FailReason::WorkerLost.as_str();
 
 /// Takes up to `limit` deliveries whose lease expired (their worker died or froze during
 /// the call): each gets an attempt row (`worker_lost`, since the call may have reached the
@@ -71,41 +71,42 @@ pub async fn requeue_expired_leases(db: &PgPool, limit: i64) -> Result<Vec<Expir
              ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED),
          upd AS (
              UPDATE notification_deliveries d
-             SET status = CASE WHEN d.attempts >= d.max_attempts THEN 'failed' ELSE 'pending' END,
+             SET status = CASE WHEN d.attempts >= d.max_attempts THEN $2 ELSE $3 END,
                  lease_token = NULL, lease_expires_at = NULL, next_attempt_at = now(),
                  last_error = CASE WHEN d.attempts >= d.max_attempts
-                     THEN format('worker_lost: the worker died or froze during attempt %s before recording it (its lease expired), so the provider may never have been called or may have accepted the call; gave up after %s attempts (attempt budget spent)', d.attempts, d.attempts)
-                     ELSE 'worker_lost: the lease expired before the attempt was recorded (the worker died or froze; the provider may or may not have been called)' END,
+                     THEN format('%s: the worker died or froze during attempt %s before recording it (its lease expired), so the provider may never have been called or may have accepted the call; gave up after %s attempts (attempt budget spent)', $6::text, d.attempts, d.attempts)
+                     ELSE $6 || ': the lease expired before the attempt was recorded (the worker died or froze; the provider may or may not have been called)' END,
                  updated_at = now(), state_version = d.state_version + 1
              FROM expired WHERE d.id = expired.id
              RETURNING d.id, d.channel, d.provider, d.attempts, d.status, expired.claimed_at),
          attempts AS (
              INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, error_code,
                                             provider_response, content_json, worker_id)
-             SELECT id, attempts, claimed_at, CASE WHEN status = 'failed' THEN 'failed' ELSE 'retry' END,
-                    'worker_lost', 'no answer recorded: the lease expired before the worker recorded the attempt (the provider may or may not have been called)', 'null'::jsonb, ''
+             SELECT id, attempts, claimed_at, CASE WHEN status = $2 THEN $4 ELSE $5 END,
+                    $6, 'no answer recorded: the lease expired before the worker recorded the attempt (the provider may or may not have been called)', 'null'::jsonb, ''
              FROM upd
              ON CONFLICT (delivery_id, attempt) DO NOTHING),
          queued AS (
              INSERT INTO outbox (delivery_id, channel)
-             SELECT id, channel FROM upd WHERE status = 'pending')
-         SELECT id, channel, provider, attempts, status = 'failed' AS failed FROM upd",
+             SELECT id, channel FROM upd WHERE status = $3)
+         SELECT id, channel, provider, attempts, status FROM upd",
     )
     .bind(limit)
+    .bind(DeliveryStatus::Failed.as_str())
+    .bind(DeliveryStatus::Pending.as_str())
+    .bind(AttemptLabel::Failed.as_str())
+    .bind(AttemptLabel::Retry.as_str())
+    .bind(FailReason::WorkerLost.as_str())
     .fetch_all(&mut *tx)
     .await?;
-    let changed: Vec<(Uuid, &str)> = rows
+    let changed: Vec<(Uuid, DeliveryStatus)> = rows
         .iter()
-        .map(|r| {
-            let failed: bool = r.get("failed");
-            (r.get("id"), if failed { "failed" } else { "pending" })
-        })
-        .collect();
+        .map(|r| Ok((r.get("id"), parse(r, "status")?)))
+        .collect::<Result<_>>()?;
     crate::webhooks::enqueue_for_statuses(&mut tx, &changed).await?;
     let mut out = Vec::with_capacity(rows.len());
-    for r in &rows {
-        let failed: bool = r.get("failed");
-        let id: Uuid = r.get("id");
+    for (r, (id, status)) in rows.iter().zip(changed) {
+        let failed = status == DeliveryStatus::Failed;
         // The last attempt's worker was lost: the fallback is created with the failure.
         let fallback = if failed {
             crate::derived::fallback_after_made(&mut tx, id, WORKER_LOST).await?

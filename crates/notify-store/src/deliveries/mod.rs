@@ -5,7 +5,7 @@
 //! Everything is re-exported here: callers use `notify_store::deliveries::*`.
 
 use chrono::{DateTime, Utc};
-use notify_core::{Category, Channel, Content, Priority, Provider};
+use notify_core::{Category, Channel, Content, EndpointStatus, Priority, Provider};
 use uuid::Uuid;
 
 mod channels;
@@ -98,8 +98,9 @@ pub struct DeliveryJob {
     pub endpoint_token: Option<String>,
     /// Web Push subscription keys.
     pub endpoint_subscription: Option<serde_json::Value>,
-    /// `active` or `revoked`.
-    pub endpoint_status: Option<String>,
+    /// The push endpoint's state (`None` when the delivery names no endpoint, or its
+    /// endpoint is gone).
+    pub endpoint_status: Option<EndpointStatus>,
     /// The type is critical (security alert, OTP): quiet hours do not hold it.
     pub critical: bool,
     /// The recipient's quiet hours as they are now (read at the claim, so a window set
@@ -149,9 +150,9 @@ impl DeliveryJob {
     /// The facts [`notify_core::due::check`] reads, from this claim.
     pub fn due_facts(&self) -> notify_core::due::DueFacts<'_> {
         use notify_core::due::{DueFacts, Endpoint};
-        let endpoint = match (self.channel, self.endpoint_status.as_deref()) {
+        let endpoint = match (self.channel, self.endpoint_status) {
             (Channel::Push, None) => Endpoint::Gone,
-            (Channel::Push, Some("revoked")) => Endpoint::Revoked {
+            (Channel::Push, Some(EndpointStatus::Revoked)) => Endpoint::Revoked {
                 at: self.due.endpoint_revoked_at,
                 reason: self.due.endpoint_revoked_reason.as_deref(),
             },

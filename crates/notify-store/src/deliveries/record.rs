@@ -6,6 +6,7 @@
 use super::{DeliveryJob, MAX_PROVIDER_RESPONSE_BYTES, pause_channel};
 use crate::{Result, truncate_utf8};
 use chrono::{DateTime, Utc};
+use notify_core::{AttemptLabel, DeliveryStatus, FailReason};
 use sqlx::PgPool;
 use std::time::Duration;
 use uuid::Uuid;
@@ -24,12 +25,12 @@ pub async fn defer_claimed(
     let done = sqlx::query(
         "WITH d AS (
              UPDATE notification_deliveries
-             SET status = 'pending', attempts = attempts - 1, lease_token = NULL,
+             SET status = $5, attempts = attempts - 1, lease_token = NULL,
                  state_version = state_version + 1,
                  lease_expires_at = NULL, next_attempt_at = $3, deferred_until = $3,
                  decision = CASE WHEN decision = '' THEN $4 ELSE decision || E'\n' || $4 END,
                  updated_at = now()
-             WHERE id = $1 AND lease_token = $2 AND status = 'sending'
+             WHERE id = $1 AND lease_token = $2 AND status = $6
              RETURNING id, channel)
          INSERT INTO outbox (delivery_id, channel, available_at) SELECT id, channel, $3 FROM d",
     )
@@ -37,6 +38,8 @@ pub async fn defer_claimed(
     .bind(job.lease_token)
     .bind(until)
     .bind(why)
+    .bind(DeliveryStatus::Pending.as_str())
+    .bind(DeliveryStatus::Sending.as_str())
     .execute(&mut *tx)
     .await?;
     if done.rows_affected() != 1 {
@@ -95,11 +98,36 @@ pub enum NextState {
     },
 }
 
+impl NextState {
+    /// The delivery's status once this state is recorded: `sent`, `failed`, or `pending`
+    /// (a retry, a pause, a claim given back).
+    pub fn status(&self) -> DeliveryStatus {
+        match self {
+            NextState::Sent { .. } => DeliveryStatus::Sent,
+            NextState::Failed { .. } => DeliveryStatus::Failed,
+            NextState::Retry { .. } | NextState::Paused { .. } | NextState::Unavailable { .. } => {
+                DeliveryStatus::Pending
+            }
+        }
+    }
+
+    /// The outcome stored on the attempt that led here: `sent`, `failed`, or `retry` for
+    /// every state that waits for another attempt.
+    pub fn attempt_label(&self) -> AttemptLabel {
+        match self.status() {
+            DeliveryStatus::Sent => AttemptLabel::Sent,
+            DeliveryStatus::Failed => AttemptLabel::Failed,
+            _ => AttemptLabel::Retry,
+        }
+    }
+}
+
 /// One attempt to record.
 #[derive(Debug, Clone)]
 pub struct AttemptRecord {
-    /// Outcome label stored on the attempt: `sent`, `retry` or `failed`.
-    pub outcome: &'static str,
+    /// Outcome label stored on the attempt ([`NextState::attempt_label`] of the state it
+    /// led to).
+    pub outcome: AttemptLabel,
     /// HTTP status or SMTP code.
     pub provider_status: Option<i32>,
     /// Normalised error code.
@@ -164,27 +192,22 @@ pub async fn record_attempts_with_fallbacks(
                 .and_then(|took| job.started_at.checked_add_signed(took)),
             _ => None,
         });
-        let (status, pmid, retry, error) = match next {
+        let (pmid, retry, error) = match next {
             NextState::Sent {
                 provider_message_id,
-            } => ("sent", provider_message_id.clone(), None, None),
-            NextState::Retry { after, error } => (
-                "pending",
+            } => (provider_message_id.clone(), None, None),
+            NextState::Retry { after, error }
+            | NextState::Paused { after, error }
+            | NextState::Unavailable { after, error } => (
                 None,
                 Some(notify_core::retry::millis(*after)),
                 Some(error.clone()),
             ),
-            NextState::Paused { after, error } | NextState::Unavailable { after, error } => (
-                "pending",
-                None,
-                Some(notify_core::retry::millis(*after)),
-                Some(error.clone()),
-            ),
-            NextState::Failed { error } => ("failed", None, None, Some(error.clone())),
+            NextState::Failed { error } => (None, None, Some(error.clone())),
         };
         refunds.push(matches!(next, NextState::Paused { .. }));
         given_back.push(matches!(next, NextState::Unavailable { .. }));
-        statuses.push(status);
+        statuses.push(next.status());
         pmids.push(pmid);
         retry_ms.push(retry);
         errors.push(error);
@@ -197,7 +220,7 @@ pub async fn record_attempts_with_fallbacks(
              next_attempt_at = CASE WHEN t.retry_ms IS NULL THEN d.next_attempt_at
                                     ELSE greatest(now(), coalesce(t.base, now())
                                                          + t.retry_ms * interval '1 millisecond') END,
-             last_error = t.error, sent_at = CASE WHEN t.status = 'sent' THEN now() ELSE d.sent_at END,
+             last_error = t.error, sent_at = CASE WHEN t.status = $10 THEN now() ELSE d.sent_at END,
              max_attempts = CASE WHEN t.refund THEN d.max_attempts + 1 ELSE d.max_attempts END,
              attempts = CASE WHEN t.given_back THEN d.attempts - 1 ELSE d.attempts END,
              first_attempt_at = CASE WHEN t.given_back AND d.attempts <= 1 THEN NULL
@@ -209,18 +232,20 @@ pub async fn record_attempts_with_fallbacks(
                      $7::bool[], $8::timestamptz[], $9::bool[])
               AS t(id, token, status, pmid, retry_ms, error, refund, base, given_back)
          WHERE d.id = ANY($1) AND d.id = t.id AND d.lease_token = t.token
-           AND d.status || '' = 'sending'
+           AND d.status || '' = $11
          RETURNING d.id, t.token",
     )
     .bind(&ids)
     .bind(&tokens)
-    .bind(&statuses)
+    .bind(statuses.iter().map(|s| s.as_str()).collect::<Vec<_>>())
     .bind(&pmids)
     .bind(&retry_ms)
     .bind(&errors)
     .bind(&refunds)
     .bind(&retry_base)
     .bind(&given_back)
+    .bind(DeliveryStatus::Sent.as_str())
+    .bind(DeliveryStatus::Sending.as_str())
     .fetch_all(&mut *tx)
     .await?;
     let updated: std::collections::HashSet<(Uuid, Uuid)> = updated.into_iter().collect();
@@ -255,7 +280,7 @@ pub async fn record_attempts_with_fallbacks(
         .await?;
     }
     // A claim given back changed nothing a caller sees: no webhook.
-    let changed: Vec<(Uuid, &str)> = kept
+    let changed: Vec<(Uuid, DeliveryStatus)> = kept
         .iter()
         .filter(|&&i| !given_back[i])
         .map(|&i| (ids[i], statuses[i]))
@@ -265,7 +290,12 @@ pub async fn record_attempts_with_fallbacks(
     for &i in &kept {
         if matches!(batch[i].1, NextState::Failed { .. }) {
             fallbacks.extend(
-                crate::derived::fallback_after_made(&mut tx, batch[i].0.id, "failed").await?,
+                crate::derived::fallback_after_made(
+                    &mut tx,
+                    batch[i].0.id,
+                    FailReason::AttemptFailed.as_str(),
+                )
+                .await?,
             );
         }
         if let NextState::Paused { after, error } | NextState::Unavailable { after, error } =
@@ -320,7 +350,11 @@ pub(super) async fn insert_attempts(
     .bind(rows.iter().map(|(j, _)| j.id).collect::<Vec<_>>())
     .bind(rows.iter().map(|(j, _)| j.attempt).collect::<Vec<_>>())
     .bind(rows.iter().map(|(j, _)| j.started_at).collect::<Vec<_>>())
-    .bind(rows.iter().map(|(_, r)| r.outcome).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|(_, r)| r.outcome.as_str())
+            .collect::<Vec<_>>(),
+    )
     .bind(
         rows.iter()
             .map(|(_, r)| r.provider_status)
@@ -363,9 +397,9 @@ pub async fn record_fallback(
     sent: Option<Option<String>>,
     why: &str,
 ) -> Result<bool> {
-    let (status, pmid) = match &sent {
-        Some(pmid) => ("sent", pmid.clone()),
-        None => ("failed", None),
+    let (status, outcome, pmid) = match &sent {
+        Some(pmid) => (DeliveryStatus::Sent, AttemptLabel::Sent, pmid.clone()),
+        None => (DeliveryStatus::Failed, AttemptLabel::Failed, None),
     };
     let mut tx = db.begin().await?;
     let updated: i64 = sqlx::query_scalar(
@@ -373,24 +407,27 @@ pub async fn record_fallback(
              UPDATE notification_deliveries
              SET status = $3, provider_message_id = coalesce($4, provider_message_id),
                  state_version = state_version + 1,
-                 sent_at = CASE WHEN $3 = 'sent' THEN now() ELSE sent_at END, last_error = $5,
+                 sent_at = CASE WHEN $3 = $9 THEN now() ELSE sent_at END, last_error = $5,
                  lease_token = NULL, lease_expires_at = NULL, updated_at = now()
-             WHERE id = $1 AND lease_token = $2 AND status = 'sending'
+             WHERE id = $1 AND lease_token = $2 AND status = $10
              RETURNING id, attempts),
          a AS (
              INSERT INTO delivery_attempts (delivery_id, attempt, started_at, outcome, error_code,
                                             provider_response, content_json, worker_id)
-             SELECT id, attempts, $6, CASE WHEN $3 = 'sent' THEN 'sent' ELSE 'failed' END,
-                    'record_failed', $5, 'null'::jsonb, '' FROM d
+             SELECT id, attempts, $6, $7, $8, $5, 'null'::jsonb, '' FROM d
              ON CONFLICT (delivery_id, attempt) DO NOTHING)
          SELECT count(*) FROM d",
     )
     .bind(job.id)
     .bind(job.lease_token)
-    .bind(status)
+    .bind(status.as_str())
     .bind(pmid)
     .bind(why)
     .bind(job.started_at)
+    .bind(outcome.as_str())
+    .bind(FailReason::RecordFailed.as_str())
+    .bind(DeliveryStatus::Sent.as_str())
+    .bind(DeliveryStatus::Sending.as_str())
     .fetch_one(&mut *tx)
     .await?;
     if updated != 1 {
@@ -441,21 +478,25 @@ pub async fn record_late_success(
     // The status before the update, read under the row lock the update takes.
     let was: Option<(String, Uuid)> = sqlx::query_as(
         "UPDATE notification_deliveries d
-         SET status = 'sent', provider_message_id = coalesce($3, d.provider_message_id),
+         SET status = $4, provider_message_id = coalesce($3, d.provider_message_id),
              last_error = NULL, sent_at = now(), updated_at = now(),
              state_version = d.state_version + 1
          FROM (SELECT id, status FROM notification_deliveries WHERE id = $1 FOR UPDATE) o
          WHERE d.id = o.id AND d.lease_token IS NULL AND d.attempts = $2
-           AND (d.status = 'pending'
+           AND (d.status = $5
                 -- given up because this very attempt was the last one allowed: by the
                 -- sweeper (`worker_lost: ...`), or by the claim's spent budget, which keeps
                 -- the sweeper's error in front
-                OR (d.status = 'failed' AND d.last_error LIKE 'worker_lost:%'))
+                OR (d.status = $6 AND d.last_error LIKE $7 || ':%'))
          RETURNING o.status, d.event_id",
     )
     .bind(job.id)
     .bind(job.attempt)
     .bind(provider_message_id)
+    .bind(DeliveryStatus::Sent.as_str())
+    .bind(DeliveryStatus::Pending.as_str())
+    .bind(DeliveryStatus::Failed.as_str())
+    .bind(FailReason::WorkerLost.as_str())
     .fetch_optional(&mut *tx)
     .await?;
     let Some((was, event_id)) = was else {
@@ -476,7 +517,7 @@ pub async fn record_late_success(
     .bind(job.id)
     .bind(job.attempt)
     .bind(job.started_at)
-    .bind(record.outcome)
+    .bind(record.outcome.as_str())
     .bind(record.provider_status)
     .bind(&record.error_code)
     .bind(
@@ -494,7 +535,8 @@ pub async fn record_late_success(
         &[(job.id, crate::webhooks::EventType::DeliverySent)],
     )
     .await?;
-    let was_failed = was == "failed";
+    let was_failed =
+        crate::row::parse_text::<DeliveryStatus>("status", &was)? == DeliveryStatus::Failed;
     let fallbacks = if was_failed {
         crate::derived::withdraw_fallbacks(&mut tx, event_id, job.id).await?
     } else {
@@ -507,17 +549,20 @@ pub async fn record_late_success(
     }))
 }
 
-/// Marks a delivery `failed` with `error` outside the claim protocol: for a message that
-/// reached the wrong queue or cannot be sent at all. Only a `pending` delivery changes.
-pub async fn fail_unclaimed(db: &PgPool, id: Uuid, error: &str) -> Result<bool> {
+/// Marks a delivery `failed` with `reason` as its error outside the claim protocol: for a
+/// message that reached the wrong queue or cannot be sent at all. Only a `pending`
+/// delivery changes; false when it was not (nothing written).
+pub async fn fail_unclaimed(db: &PgPool, id: Uuid, reason: FailReason) -> Result<bool> {
     let mut tx = db.begin().await?;
     let done = sqlx::query(
-        "UPDATE notification_deliveries SET status = 'failed', last_error = $2, updated_at = now(),
+        "UPDATE notification_deliveries SET status = $3, last_error = $2, updated_at = now(),
              state_version = state_version + 1
-         WHERE id = $1 AND status = 'pending'",
+         WHERE id = $1 AND status = $4",
     )
     .bind(id)
-    .bind(error)
+    .bind(reason.as_str())
+    .bind(DeliveryStatus::Failed.as_str())
+    .bind(DeliveryStatus::Pending.as_str())
     .execute(&mut *tx)
     .await?;
     if done.rows_affected() != 1 {

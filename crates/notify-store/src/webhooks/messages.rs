@@ -3,6 +3,7 @@
 
 use crate::{Result, truncate_utf8};
 use chrono::{DateTime, Utc};
+use notify_core::MessageStatus;
 use sqlx::{PgPool, Row};
 use std::time::Duration;
 use uuid::Uuid;
@@ -157,23 +158,24 @@ pub async fn record_post(
         disabled.unwrap_or(false)
     };
     let (status, retry_ms) = match next {
-        _ if endpoint_disabled => ("failed", None),
-        MessageNext::Sent => ("sent", None),
-        MessageNext::Retry(d) => ("pending", Some(notify_core::retry::millis(d))),
-        MessageNext::Failed => ("failed", None),
+        _ if endpoint_disabled => (MessageStatus::Failed, None),
+        MessageNext::Sent => (MessageStatus::Sent, None),
+        MessageNext::Retry(d) => (MessageStatus::Pending, Some(notify_core::retry::millis(d))),
+        MessageNext::Failed => (MessageStatus::Failed, None),
     };
     let done = sqlx::query(
         "UPDATE webhook_messages SET status = $3, last_error = $4,
              next_attempt_at = CASE WHEN $5::bigint IS NULL THEN next_attempt_at
                                     ELSE now() + $5 * interval '1 millisecond' END,
              lease_token = NULL, lease_expires_at = NULL
-         WHERE id = $1 AND lease_token = $2 AND status = 'sending'",
+         WHERE id = $1 AND lease_token = $2 AND status = $6",
     )
     .bind(msg.id)
     .bind(msg.lease_token)
-    .bind(status)
+    .bind(status.as_str())
     .bind(&result.error)
     .bind(retry_ms)
+    .bind(MessageStatus::Sending.as_str())
     .execute(&mut *tx)
     .await?;
     if done.rows_affected() != 1 {

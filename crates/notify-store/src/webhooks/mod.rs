@@ -77,14 +77,14 @@ pub async fn enqueue_for_deliveries(
 }
 
 /// [`enqueue_for_deliveries`] for deliveries that just reached the stored status of each
-/// pair ([`EventType::of_delivery_status`]; `sending` and unknown names are left out).
+/// pair ([`EventType::of_delivery_status`]; `sending` is left out).
 pub async fn enqueue_for_statuses(
     conn: &mut sqlx::PgConnection,
-    items: &[(Uuid, &str)],
+    items: &[(Uuid, notify_core::DeliveryStatus)],
 ) -> Result<u64> {
     let typed: Vec<(Uuid, EventType)> = items
         .iter()
-        .filter_map(|(id, s)| EventType::of_delivery_status(s).map(|t| (*id, t)))
+        .filter_map(|(id, s)| EventType::of_delivery_status(*s).map(|t| (*id, t)))
         .collect();
     enqueue_for_deliveries(conn, &typed).await
 }

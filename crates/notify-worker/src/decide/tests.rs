@@ -16,10 +16,10 @@ fn transient_failures_retry_until_the_budget_is_spent() {
     // Jitter 0.5: the middle of the band, the base delay of 30 s itself.
     let (next, rec) = decide(&p, None, &job(1), out(), 0.5);
     assert!(matches!(next, NextState::Retry { after, .. } if after == Duration::from_secs(30)));
-    assert_eq!(rec.outcome, "retry");
+    assert_eq!(rec.outcome, AttemptLabel::Retry);
     let (next, rec) = decide(&p, None, &job(5), out(), 0.5);
     assert!(matches!(&next, NextState::Failed { error } if error.contains("gave up after 5")));
-    assert_eq!(rec.outcome, "failed");
+    assert_eq!(rec.outcome, AttemptLabel::Failed);
 }
 
 #[test]
