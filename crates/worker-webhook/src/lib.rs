@@ -13,7 +13,7 @@
 
 pub mod post;
 
-use notify_broker::{Consumer, DeliveryMessage, Inbound};
+use notify_broker::{DeliveryMessage, Inbound};
 use notify_core::RetryPolicy;
 use notify_core::config::Env;
 use notify_core::links::LinkPolicy;
@@ -23,10 +23,9 @@ use opentelemetry::KeyValue;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{error, warn};
 use uuid::Uuid;
 
 /// Settings of the webhook worker (environment variables in brackets).
@@ -127,6 +126,17 @@ impl WebhookConfig {
     }
 }
 
+/// Why the webhook worker stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    /// The HTTP client could not be built (the TLS backend could not be set up).
+    #[error("webhook HTTP client: {0}")]
+    HttpClient(#[from] reqwest::Error),
+    /// The consume runtime stopped with an error.
+    #[error(transparent)]
+    Worker(#[from] notify_worker::WorkerError),
+}
+
 /// What the tasks share.
 struct Ctx {
     pool: PgPool,
@@ -141,27 +151,28 @@ struct Ctx {
 /// A lost broker connection is retried with backoff.
 ///
 /// # Errors
-/// The HTTP client could not be built.
+/// [`WebhookError::HttpClient`]: the HTTP client could not be built.
 pub async fn run(
     cfg: WebhookConfig,
     pool: PgPool,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), WebhookError> {
     run_with_readiness(cfg, pool, notify_worker::Readiness::new(), shutdown).await
 }
 
 /// [`run`], telling `consuming` whether the consumer of `deliveries.webhook` is open
 /// (false while connecting to RabbitMQ, after the connection is lost and while
-/// draining), for `/readyz` as the channel workers do.
+/// draining), for `/readyz` as the channel workers do. The consumer is the channel
+/// workers' runtime ([`notify_worker::serve`] on channel [`store::OUTBOX_CHANNEL`]).
 ///
 /// # Errors
-/// The HTTP client could not be built.
+/// [`WebhookError::HttpClient`]: the HTTP client could not be built.
 pub async fn run_with_readiness(
     cfg: WebhookConfig,
     pool: PgPool,
     consuming: notify_worker::Readiness,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), WebhookError> {
     // Exported from the start at 0, so that the first disabled endpoint is an increase
     // (an alert on increase() does not see a series that appears at 1).
     notify_telemetry::metrics()
@@ -176,24 +187,11 @@ pub async fn run_with_readiness(
         busy: Mutex::new(HashMap::new()),
     });
     let sweeper = tokio::spawn(sweep(ctx.clone(), shutdown.clone()));
-    let mut backoff = Duration::from_millis(200);
-    loop {
-        let result = run_connected(&ctx, &consuming, &shutdown).await;
-        consuming.set_consuming(false);
-        match result {
-            Ok(()) => break,
-            Err(e) => {
-                error!(error = %e, retry_in_ms = backoff.as_millis() as u64, "broker connection failed; reconnecting");
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(10));
-            }
-        }
-    }
+    let worker = ctx.cfg.worker.clone();
+    let served =
+        notify_worker::serve(&worker, store::OUTBOX_CHANNEL, ctx, &consuming, &shutdown).await;
     let _ = sweeper.await;
-    Ok(())
+    Ok(served?)
 }
 
 async fn sweep(ctx: Arc<Ctx>, shutdown: CancellationToken) {
@@ -221,84 +219,40 @@ async fn sweep(ctx: Arc<Ctx>, shutdown: CancellationToken) {
     }
 }
 
-async fn run_connected(
-    ctx: &Arc<Ctx>,
-    consuming: &notify_worker::Readiness,
-    shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
-    let cfg = &ctx.cfg.worker;
-    let channel = store::OUTBOX_CHANNEL;
-    let conn = notify_broker::connect(&cfg.amqp_url, "worker-webhook").await?;
-    let setup = conn.create_channel().await?;
-    cfg.topology.declare(&setup, &[channel]).await?;
-    let _ = setup.close(200, "topology declared".into()).await;
-    let queue = cfg.topology.queue(channel);
-    let tag = format!("worker-webhook-{}", Uuid::new_v4());
-    let mut consumer = Consumer::start(&conn, &queue, &tag, cfg.concurrency).await?;
-    info!(%queue, concurrency = cfg.concurrency, "consuming");
-    consuming.set_consuming(true);
-    let permits = Arc::new(Semaphore::new(cfg.concurrency as usize));
-    let mut tasks = JoinSet::new();
-    let mut failure = None;
-    loop {
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            p = permits.clone().acquire_owned() => p.expect("semaphore never closed"),
-        };
-        let next = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            n = consumer.next() => n,
-        };
-        match next {
-            Some(Ok(m)) => {
-                let ctx = ctx.clone();
-                tasks.spawn(async move {
-                    handle(&ctx, m).await;
-                    drop(permit);
-                });
-            }
-            Some(Err(e)) => {
-                failure = Some(anyhow::Error::from(e));
-                break;
-            }
-            None => {
-                failure = Some(anyhow::anyhow!("the broker ended the consumer"));
-                break;
-            }
-        }
-        while tasks.try_join_next().is_some() {}
-    }
-    consuming.set_consuming(false);
-    consumer.cancel().await;
-    let _ = tokio::time::timeout(cfg.shutdown_grace, async {
-        while tasks.join_next().await.is_some() {}
-    })
-    .await;
-    consumer.close("worker stopping").await;
-    let _ = conn.close(200, "worker stopping".into()).await;
-    match failure {
-        Some(e) if !shutdown.is_cancelled() => Err(e),
-        _ => Ok(()),
-    }
-}
+/// A webhook message names one message row (a version-1 pointer: the relay never
+/// batches channel `webhook`), so it takes one permit.
+impl notify_worker::Handler for Ctx {
+    type Parsed = Option<DeliveryMessage>;
 
-/// One message from claim to settle. A database error leaves the message unacked for
-/// redelivery (nack + requeue); an unreadable one goes to the dead-letter queue.
-async fn handle(ctx: &Ctx, m: Inbound) {
-    let Ok(msg) = serde_json::from_slice::<DeliveryMessage>(m.body()) else {
-        warn!("unreadable webhook message; dead-lettered");
-        m.reject().await;
-        return;
-    };
-    match deliver(ctx, msg.delivery_id).await {
-        Ok(()) => m.ack().await,
-        Err(e) if e.is_transient() => {
-            warn!(error = %e, message_id = %msg.delivery_id, "database unavailable; message requeued");
-            m.nack_requeue().await;
-        }
-        Err(e) => {
-            error!(error = %e, message_id = %msg.delivery_id, "webhook message cannot be handled; dead-lettered");
+    fn parse(&self, msg: &Inbound) -> Option<DeliveryMessage> {
+        DeliveryMessage::parse(msg.body())
+    }
+
+    /// One message from claim to settle. A database error leaves the message unacked for
+    /// redelivery (nack + requeue); an unreadable one (not a version-1 pointer) goes to
+    /// the dead-letter queue.
+    async fn handle(
+        self: Arc<Self>,
+        m: Inbound,
+        parsed: Option<DeliveryMessage>,
+        _permit: OwnedSemaphorePermit,
+        _stop: CancellationToken,
+    ) {
+        let Some(msg) = parsed else {
+            warn!("unreadable webhook message; dead-lettered");
             m.reject().await;
+            return;
+        };
+        match deliver(&self, msg.delivery_id).await {
+            Ok(()) => m.ack().await,
+            Err(e) if e.is_transient() => {
+                warn!(error = %e, message_id = %msg.delivery_id, "database unavailable; message requeued");
+                m.nack_requeue().await;
+            }
+            Err(e) => {
+                error!(error = %e, message_id = %msg.delivery_id, "webhook message cannot be handled; dead-lettered");
+                m.reject().await;
+            }
         }
     }
 }

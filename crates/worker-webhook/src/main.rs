@@ -62,5 +62,5 @@ async fn main() -> anyhow::Result<()> {
     let result = worker_webhook::run_with_readiness(cfg, pool, consuming, shutdown).await;
     admin_stop.cancel();
     notify_telemetry::shutdown();
-    result
+    Ok(result?)
 }
