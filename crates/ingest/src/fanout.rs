@@ -21,9 +21,8 @@
 //! than the relay publishes and its memory stays bounded.
 
 use crate::clock::Clock;
-use crate::planning::{add_derived, count_derived, new_deliveries};
+use crate::planning::{EventPlan, Grouping, count_derived, insert_planned};
 use notify_core::Channel;
-use notify_core::plan::{merge_line_multicast, plan};
 use notify_store::PgPool;
 use notify_store::events::{self, FanoutJob};
 use std::collections::VecDeque;
@@ -218,26 +217,22 @@ impl PageContext {
         let facts = notify_store::catalog::load_recipient_facts(&mut tx, &ty.key, &users).await?;
         // The database clock in production, like due times and leases (never the host's).
         let now = self.clock.at(database_now);
-        // A scheduled event is planned at its due time (the fan-out itself runs at once).
-        let now = job.send_at.map_or(now, |t| t.max(now));
-        let scheduled = job.send_at.is_some();
-        let (mut planned, mut skipped) = plan(
-            job.event_id,
-            ty.critical,
-            &job.channels,
-            &facts,
-            now,
-            scheduled,
-        );
-        add_derived(
-            job.event_id,
-            ty.critical,
-            &ty.derivation,
-            &facts,
-            (now, scheduled),
-            &mut planned,
-            &mut skipped,
-        );
+        let event = EventPlan {
+            event_id: job.event_id,
+            channels: &job.channels,
+            critical: ty.critical,
+            over_cap: ty.over_cap,
+            derivation: &ty.derivation,
+            // A scheduled event is planned at its due time (the fan-out itself runs at once).
+            send_at: job.send_at,
+            grouping: if job.line_multicast {
+                Grouping::LineMulticast { page: &cursor }
+            } else {
+                Grouping::Alone
+            },
+            max_attempts: self.max_attempts,
+        };
+        let mut draft = event.draft(&facts, now);
         drop(facts);
         let before_committed = match before {
             Some(rx) => rx.await.unwrap_or(false),
@@ -254,44 +249,21 @@ impl PageContext {
             return Ok(false);
         }
         let canceled = events::canceled_recipients(&mut tx, job.event_id, &users).await?;
-        if !canceled.is_empty() {
-            planned.retain(|p| !canceled.contains(&p.user_id));
-            skipped.retain(|s| !canceled.contains(&s.user_id));
-        }
-        if !self.caps.is_empty() {
+        draft.without(&canceled);
+        let mut counted = if self.caps.is_empty() {
+            notify_core::fatigue::Counted::new()
+        } else {
             let page: Vec<&str> = users
                 .iter()
                 .filter(|u| !canceled.contains(*u))
                 .map(String::as_str)
                 .collect();
-            let mut counted = events::counted_toward_caps(&mut tx, &page).await?;
-            planned = notify_core::fatigue::apply_caps(
-                planned,
-                &mut skipped,
-                &self.caps,
-                ty.critical,
-                ty.over_cap,
-                now,
-                &mut counted,
-            );
-        }
-        if job.line_multicast {
-            let due = scheduled.then_some(now);
-            planned = merge_line_multicast(job.event_id, &cursor, planned, due);
-        }
-        let planned = new_deliveries(planned, self.max_attempts);
+            events::counted_toward_caps(&mut tx, &page).await?
+        };
+        let (planned, skipped) = event.finish(draft, &self.caps, &mut counted);
         let rows: Vec<(uuid::Uuid, &notify_store::events::NewDelivery)> =
             planned.iter().map(|d| (job.event_id, d)).collect();
-        let mut held = match &self.direct {
-            Some((direct, hold)) => {
-                events::insert_deliveries_held(&mut tx, &rows, *hold, direct.deliveries_per_row())
-                    .await?
-            }
-            None => {
-                events::insert_deliveries_many(&mut tx, &rows).await?;
-                Vec::new()
-            }
-        };
+        let mut held = insert_planned(&mut tx, &rows, &self.direct).await?;
         drop(rows);
         events::insert_skips(&mut tx, job.event_id, &skipped).await?;
         if !events::advance_fanout(&mut tx, job.event_id, &cursor, &next, page_len, done, HOLD)
