@@ -61,7 +61,6 @@ pub mod console;
 pub mod email_events;
 pub mod error;
 pub mod inbox;
-pub mod staff;
 
 /// Settings of the HTTP service.
 #[derive(Debug, Clone)]
@@ -221,7 +220,9 @@ fn router_parts(
             "/unsubscribe",
             get(unsubscribe_page)
                 .post(unsubscribe)
-                .layer(axum::middleware::map_response(staff::security_headers)),
+                .layer(axum::middleware::map_response(
+                    console::staff::security_headers,
+                )),
         )
         .merge(inbox::routes())
         .merge(console::routes())

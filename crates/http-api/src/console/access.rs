@@ -2,9 +2,9 @@
 //! `Origin` check of every POST, and the CSRF token of action forms.
 
 use super::render::HtmlError;
+use super::staff;
 use crate::AppState;
 use crate::error::ApiError;
-use crate::staff;
 use axum::http::HeaderMap;
 use serde::Deserialize;
 

@@ -4,7 +4,7 @@
 //! `name:<argon2id PHC string>,...`, throttled, a server-side session whose cookie is
 //! HttpOnly, SameSite=Strict and Secure, 8 hours) or through an authenticating proxy that
 //! sets `NOTIFY_CONSOLE_AUTH_HEADER` (e.g. `X-Forwarded-User`; only safe when the proxy is
-//! the sole way in). See [`crate::staff`] for the details. End-user inbox tokens are never
+//! the sole way in). See [`staff`] for the details. End-user inbox tokens are never
 //! accepted here. Without either setting the console answers 404.
 //!
 //! Pages: the overview (per channel: deliveries by status in the last hour and day, the
@@ -21,7 +21,6 @@
 //! Content-Security-Policy with `frame-ancestors 'none'`.
 
 use crate::AppState;
-use crate::staff;
 use axum::Router;
 use axum::routing::{get, post};
 use std::time::Duration;
@@ -32,12 +31,13 @@ mod email;
 mod pages;
 mod render;
 mod session;
+pub mod staff;
 mod throttle;
 mod webhooks;
 
 use actions::Action;
 
-pub use crate::staff::password_hash;
+pub use staff::password_hash;
 
 /// Console settings.
 #[derive(Debug, Clone)]

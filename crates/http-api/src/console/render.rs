@@ -1,9 +1,9 @@
 //! How the console's pages look: the page frame, and errors ([`ApiError`]) answered as
 //! HTML pages rather than JSON.
 
+use super::staff;
 use crate::AppState;
 use crate::error::{ApiError, log_store_error, store_status};
-use crate::staff;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use notify_core::content::escape_html as esc;

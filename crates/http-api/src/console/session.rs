@@ -1,10 +1,10 @@
-//! Signing in and out of the console with configured credentials (see [`crate::staff`]).
+//! Signing in and out of the console with configured credentials (see [`staff`]).
 
 use super::access::{ActionForm, action_staff, check_origin, require_staff};
 use super::render::{HtmlError, Page, csrf_form, page};
+use super::staff;
 use super::throttle::Attempt;
 use crate::AppState;
-use crate::staff;
 use axum::extract::{Form, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect};

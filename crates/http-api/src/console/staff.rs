@@ -23,7 +23,7 @@
 //!   console's own origin gets 403. A request with neither is not from a browser form and
 //!   relies on the cookie (SameSite=Strict) and the CSRF token.
 
-use crate::console::ConsoleConfig;
+use super::ConsoleConfig;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
