@@ -4,6 +4,7 @@
 //! ([`crate::links`]) and the LINE message limits are checked on top.
 
 use crate::validate::Violations;
+pub use crate::validate::{MAX_ACTION_ID_BYTES, is_action_id};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -103,8 +104,6 @@ pub const MAX_ACTIONS: usize = 3;
 /// Most characters of an action label: the label limit of LINE action objects (Messaging
 /// API reference, "Action objects": `label` max 20 characters), the strictest channel.
 pub const MAX_ACTION_LABEL_CHARS: usize = 20;
-/// Most bytes of an action id (`[A-Za-z0-9_.:-]`).
-pub const MAX_ACTION_ID_BYTES: usize = 64;
 /// Most characters of an image URL: LINE's limit for image URLs (Messaging API
 /// reference, image message `originalContentUrl`: max 2000 characters).
 pub const MAX_IMAGE_URL_CHARS: usize = 2_000;
@@ -218,16 +217,6 @@ pub fn is_reserved_fcm_key(key: &str) -> bool {
     matches!(lower.as_str(), "from" | "notification" | "message_type")
         || lower.starts_with("google")
         || lower.starts_with("gcm")
-}
-
-/// Whether `id` is a valid action id: 1 to [`MAX_ACTION_ID_BYTES`] characters of
-/// `[A-Za-z0-9_.:-]`.
-pub fn is_action_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= MAX_ACTION_ID_BYTES
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
 }
 
 fn check_image(v: &mut Violations, field: &str, url: &str) {
@@ -408,7 +397,7 @@ impl Content {
 
     /// Every link the content carries with its field path (empty ones left out): `url`,
     /// `image_url`, the actions' URLs, the Web Push icon, image and actions, and every
-    /// string under a link-naming key ([`crate::links::is_link_key`]: `uri`,
+    /// string under a link-naming key ([`crate::link_keys::is_link_key`]: `uri`,
     /// `originalContentUrl`, `linkUri`, ...) in the LINE messages.
     pub fn links(&self) -> Vec<(String, String)> {
         let mut out = Vec::new();
@@ -433,7 +422,7 @@ impl Content {
         }
         let mut found = Vec::new();
         for (i, m) in o.line_messages.iter().enumerate() {
-            crate::links::walk(
+            crate::link_keys::walk(
                 &format!("content.overrides.line_messages_json[{i}]"),
                 m,
                 false,

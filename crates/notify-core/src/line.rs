@@ -81,7 +81,7 @@ pub fn postback_data(delivery_id: Uuid, action_id: &str) -> String {
 /// The delivery id and action id of postback `data` built by [`postback_data`]; `None`
 /// for any other data (a caller's own postback, a forged or truncated one, one longer
 /// than LINE's 300-character postback data, an action id that is not one
-/// ([`crate::content::is_action_id`])).
+/// ([`crate::validate::is_action_id`])).
 pub fn parse_postback_data(data: &str) -> Option<(Uuid, String)> {
     if data.chars().count() > 300 {
         return None;
@@ -90,7 +90,7 @@ pub fn parse_postback_data(data: &str) -> Option<(Uuid, String)> {
     for pair in data.split('&') {
         match pair.split_once('=') {
             Some(("d", v)) => delivery = Uuid::parse_str(v).ok(),
-            Some(("a", v)) if crate::content::is_action_id(v) => action = Some(v.to_string()),
+            Some(("a", v)) if crate::validate::is_action_id(v) => action = Some(v.to_string()),
             _ => return None,
         }
     }

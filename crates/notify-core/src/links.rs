@@ -14,6 +14,8 @@
 //! Pure: no DNS, no I/O.
 
 use crate::event::NewEvent;
+pub use crate::link_keys::is_link_key;
+use crate::link_keys::walk;
 use crate::validate::{FieldViolation, Violations};
 
 /// Which `http://` hosts links may name (all others must be `https://`).
@@ -125,37 +127,6 @@ impl LinkPolicy {
         }
     }
 
-    /// The URL to POST a Web Push message to, if `endpoint` (a `PushSubscription`'s
-    /// endpoint, W3C Push API) may be one: an `https://` URL passing the public-address
-    /// rule of status webhooks ([`crate::webhook::endpoint_url`]: no private, loopback,
-    /// link-local or other special-purpose address however spelt, no `localhost`, no
-    /// `user:password@`, at most 2,048 bytes) whose host, as the URL parser reads it, is
-    /// one of [`Self::web_push_hosts`]. Checked when a device is registered and again
-    /// before every send, so a row written some other way is never connected to.
-    ///
-    /// # Errors
-    /// The rule broken, never echoing the URL.
-    pub fn web_push_endpoint(&self, endpoint: &str) -> Result<url::Url, String> {
-        if !endpoint
-            .get(..8)
-            .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
-        {
-            return Err("must be an https:// URL".into());
-        }
-        let url = crate::webhook::endpoint_url(self, endpoint)?;
-        let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
-        let host = host.strip_suffix('.').unwrap_or(&host);
-        if !matches!(url.host(), Some(url::Host::Domain(_)))
-            || !host_listed(&self.web_push_hosts, host)
-        {
-            return Err(format!(
-                "must name a known push service ({}; NOTIFY_WEB_PUSH_HOSTS)",
-                self.web_push_hosts.join(", ")
-            ));
-        }
-        Ok(url)
-    }
-
     /// Why `url`, standing at `field`, is not an acceptable link: [`Self::problem`], except
     /// that on a button ([`opens_on_tap`]) a deep link with an allowed scheme
     /// passes.
@@ -239,62 +210,6 @@ impl LinkPolicy {
             }
         }
         v.into_result(())
-    }
-}
-
-/// Whether one of the words of `k` (split at `_`, `-`, `.`, spaces and camelCase humps:
-/// `imageUrl`, `deep_link`, `redirect_uri`) names a link: `url`, `uri`, `link`, `href`
-/// (and their plurals), `callback`, `redirect`, `website`, `homepage`.
-pub fn is_link_key(k: &str) -> bool {
-    let mut words: Vec<String> = Vec::new();
-    let mut cur = String::new();
-    let mut prev_lower = false;
-    for c in k.chars() {
-        if !c.is_alphanumeric() {
-            words.push(std::mem::take(&mut cur));
-            prev_lower = false;
-            continue;
-        }
-        if c.is_uppercase() && prev_lower {
-            words.push(std::mem::take(&mut cur));
-        }
-        prev_lower = c.is_lowercase() || c.is_ascii_digit();
-        cur.extend(c.to_lowercase());
-    }
-    words.push(cur);
-    words.iter().any(|w| {
-        matches!(
-            w.as_str(),
-            "url"
-                | "urls"
-                | "uri"
-                | "uris"
-                | "link"
-                | "links"
-                | "href"
-                | "callback"
-                | "redirect"
-                | "website"
-                | "homepage"
-        )
-    })
-}
-
-/// Collects `(path, string)` for every string at or under a link key.
-pub(crate) fn walk(path: &str, v: &serde_json::Value, link: bool, out: &mut Vec<(String, String)>) {
-    match v {
-        serde_json::Value::Object(map) => {
-            for (k, x) in map {
-                walk(&format!("{path}.{k}"), x, link || is_link_key(k), out);
-            }
-        }
-        serde_json::Value::Array(items) => {
-            for (i, x) in items.iter().enumerate() {
-                walk(&format!("{path}[{i}]"), x, link, out);
-            }
-        }
-        serde_json::Value::String(s) if link => out.push((path.to_string(), s.clone())),
-        _ => {}
     }
 }
 
@@ -490,40 +405,5 @@ mod tests {
             problems.contains("\"javascript\" is not an app scheme"),
             "{problems}"
         );
-    }
-
-    #[test]
-    fn web_push_endpoints_must_be_known_push_services_on_public_addresses() {
-        let p = LinkPolicy::default();
-        for ok in [
-            "https://fcm.googleapis.com/fcm/send/abc:APA91b",
-            "https://updates.push.services.mozilla.com/wpush/v2/gAAAA",
-            "https://web.push.apple.com/QGuQyavXut",
-            "https://wns2-par02p.notify.windows.com/w/?token=BQYAAA",
-            "HTTPS://FCM.googleapis.com/fcm/send/x",
-        ] {
-            assert!(p.web_push_endpoint(ok).is_ok(), "{ok}");
-        }
-        for bad in [
-            "http://fcm.googleapis.com/fcm/send/x",
-            "https://127.0.0.1/x",
-            "https://169.254.169.254/latest",
-            "https://10.0.0.1/x",
-            "https://localhost/x",
-            "https://[::1]/x",
-            "https://0x7f000001/x",
-            "https://user:pw@fcm.googleapis.com/x",
-            "https://fcm.googleapis.com.evil.test/x",
-            "https://evil.test/fcm.googleapis.com",
-            "https://notify.windows.com.evil.test/x",
-        ] {
-            assert!(p.web_push_endpoint(bad).is_err(), "{bad}");
-        }
-        // Even a list naming an address keeps IP literals out.
-        let p = LinkPolicy {
-            web_push_hosts: vec!["127.0.0.1".into()],
-            ..Default::default()
-        };
-        assert!(p.web_push_endpoint("https://127.0.0.1/x").is_err());
     }
 }

@@ -222,6 +222,19 @@ pub fn is_line_user_id(id: &str) -> bool {
             .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
 }
 
+/// Most bytes of an action id (`[A-Za-z0-9_.:-]`).
+pub const MAX_ACTION_ID_BYTES: usize = 64;
+
+/// Whether `id` is a valid action id: 1 to [`MAX_ACTION_ID_BYTES`] characters of
+/// `[A-Za-z0-9_.:-]`.
+pub fn is_action_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ACTION_ID_BYTES
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b':' | b'-'))
+}
+
 /// Notification type keys: 1 to 64 characters of `[a-z0-9_.-]`, starting with a letter.
 pub fn is_type_key(key: &str) -> bool {
     !key.is_empty()
@@ -230,71 +243,6 @@ pub fn is_type_key(key: &str) -> bool {
         && key
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '_' | '.' | '-'))
-}
-
-/// Checks a push endpoint registration: `platform` `fcm` or `apns` with a `token`, or
-/// `webpush` with a subscription `(endpoint, p256dh, auth)` (W3C Push API; RFC 8291: p256dh
-/// is a 65-byte uncompressed P-256 point, auth 16 bytes, both base64url) whose endpoint
-/// the link policy allows ([`crate::links::LinkPolicy::web_push_endpoint`]: a known push
-/// service on a public address). Returns what to store: the token (the endpoint URL for
-/// Web Push) and the subscription keys.
-pub fn check_endpoint(
-    v: &mut Violations,
-    links: &crate::links::LinkPolicy,
-    platform: &str,
-    token: &str,
-    web_push: Option<(&str, &str, &str)>,
-) -> (String, Option<serde_json::Value>) {
-    match platform {
-        "fcm" | "apns" => {
-            if v.check_id("token", token, 4096) && token.chars().any(char::is_whitespace) {
-                v.add("token", "must not contain whitespace");
-            }
-            if web_push.is_some() {
-                v.add("web_push", "must be empty for platform fcm and apns");
-            }
-            (token.to_string(), None)
-        }
-        "webpush" => match web_push {
-            None => {
-                v.add("web_push", "is required for platform webpush");
-                (String::new(), None)
-            }
-            Some((endpoint, p256dh, auth)) => {
-                if !token.is_empty() {
-                    v.add(
-                        "token",
-                        "must be empty for platform webpush (the endpoint is in web_push)",
-                    );
-                }
-                if let Err(why) = links.web_push_endpoint(endpoint) {
-                    v.add("web_push.endpoint", why);
-                }
-                let b64url = |x: &str, lens: std::ops::RangeInclusive<usize>| {
-                    lens.contains(&x.len())
-                        && x.chars()
-                            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '='))
-                };
-                if !b64url(p256dh, 86..=88) {
-                    v.add(
-                        "web_push.p256dh",
-                        "must be a base64url P-256 public key (65 bytes)",
-                    );
-                }
-                if !b64url(auth, 22..=24) {
-                    v.add("web_push.auth", "must be a base64url 16-byte secret");
-                }
-                (
-                    endpoint.to_string(),
-                    Some(serde_json::json!({"p256dh": p256dh, "auth": auth})),
-                )
-            }
-        },
-        _ => {
-            v.add("platform", "must be one of fcm, apns, webpush");
-            (String::new(), None)
-        }
-    }
 }
 
 /// Checks a preference's target: a type key or `*`, a channel or `*`, not both `*`.

@@ -55,7 +55,7 @@ pub(super) async fn register_device(
             w.keys.auth.as_str(),
         )
     });
-    let (token, subscription) = notify_core::validate::check_endpoint(
+    let (token, subscription) = notify_core::push_endpoint::check_endpoint(
         &mut v,
         &app.cfg.links,
         &b.platform,

@@ -6,6 +6,7 @@ use super::Services;
 use crate::auth::Need;
 use crate::error::ApiError;
 use notify_core::Channel;
+use notify_core::push_endpoint;
 use notify_core::validate::{self, Violations};
 use notify_proto::v1 as pb;
 use notify_store::catalog::{self, Recipient};
@@ -82,7 +83,7 @@ impl Services {
             .as_ref()
             .map(|w| (w.endpoint.as_str(), w.p256dh.as_str(), w.auth.as_str()));
         let (token, subscription) =
-            validate::check_endpoint(&mut v, &self.links, &r.platform, &r.token, web_push);
+            push_endpoint::check_endpoint(&mut v, &self.links, &r.platform, &r.token, web_push);
         v.into_result(()).map_err(ApiError::Invalid)?;
         let id = catalog::register_endpoint(
             &self.pool,
