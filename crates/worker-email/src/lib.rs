@@ -34,6 +34,7 @@ use serde_json::json;
 use std::time::Duration;
 use unicode_segmentation::UnicodeSegmentation;
 
+pub mod attempt;
 pub mod breaker;
 pub mod layout;
 pub mod providers;

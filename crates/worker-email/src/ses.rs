@@ -18,7 +18,7 @@
 //! SHA-256 of the canonical request>`; the key derived by HMAC-SHA256 chaining `"AWS4" +
 //! secret`, date, region, `ses`, `aws4_request`.
 
-use crate::providers::{Outgoing, Verdict};
+use crate::attempt::{Outgoing, Verdict};
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use notify_core::{AttemptOutcome, ErrorClass};
