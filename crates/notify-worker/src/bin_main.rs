@@ -1,6 +1,6 @@
 //! The standard `main` of a worker binary.
 
-use crate::{ChannelSender, Readiness, WorkerConfig, run};
+use crate::{ChannelSender, Readiness, WorkerConfig, WorkerError, run};
 use notify_store::PgPool;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -8,7 +8,10 @@ use tokio_util::sync::CancellationToken;
 /// Standard `main` body of a worker binary: reads the configuration (exit 64 listing every
 /// bad variable), sets up logging, builds the sender with `build` (given the environment
 /// reader and the database pool), and runs until SIGTERM.
-pub async fn main_with<S, F>(service: &str, build: F) -> anyhow::Result<()>
+///
+/// # Errors
+/// What stopped the worker ([`WorkerError`]: the broker, after its reconnects).
+pub async fn main_with<S, F>(service: &str, build: F) -> Result<(), WorkerError>
 where
     S: ChannelSender,
     F: FnOnce(&mut notify_core::config::Env, Option<&PgPool>) -> Option<S>,
@@ -76,6 +79,5 @@ where
     let result = run(cfg, pool, Arc::new(sender), consuming, shutdown).await;
     admin_stop.cancel();
     notify_telemetry::shutdown();
-    result?;
-    Ok(())
+    result
 }

@@ -2,7 +2,7 @@
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    notify_worker::main_with("worker-email", |env, pool| {
+    Ok(notify_worker::main_with("worker-email", |env, pool| {
         // A missing or bad variable is already recorded in `env`.
         let cfg = worker_email::EmailConfig::from_env(env)?;
         match worker_email::EmailSender::new(cfg) {
@@ -16,5 +16,5 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     })
-    .await
+    .await?)
 }

@@ -2,8 +2,8 @@
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    notify_worker::main_with("worker-inapp", |_env, pool| {
+    Ok(notify_worker::main_with("worker-inapp", |_env, pool| {
         pool.map(|pool| worker_inapp::InAppSender::new(pool.clone()))
     })
-    .await
+    .await?)
 }

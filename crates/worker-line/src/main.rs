@@ -2,7 +2,7 @@
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    notify_worker::main_with("worker-line", |env, _pool| {
+    Ok(notify_worker::main_with("worker-line", |env, _pool| {
         // A missing variable is already recorded in `env`.
         let cfg = worker_line::LineConfig::from_env(env).ok()?;
         match worker_line::LineSender::new(cfg) {
@@ -13,5 +13,5 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     })
-    .await
+    .await?)
 }

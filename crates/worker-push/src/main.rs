@@ -2,7 +2,7 @@
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    notify_worker::main_with("worker-push", |env, pool| {
+    Ok(notify_worker::main_with("worker-push", |env, pool| {
         // A missing variable is already recorded in `env`.
         let cfg = worker_push::PushConfig::from_env(env).ok()?;
         match worker_push::PushSender::new(cfg) {
@@ -17,5 +17,5 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     })
-    .await
+    .await?)
 }
