@@ -19,17 +19,25 @@
 //! the `api_keys` channel announces a change (a revocation takes effect within
 //! milliseconds everywhere) and every 30 s in case a notification was missed.
 
+use crate::clock::Clock as PlanningClock;
 use crate::error::ApiError;
-use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use governor::clock::Clock;
+use governor::middleware::NoOpMiddleware;
+use governor::nanos::Nanos;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
 use notify_store::PgPool;
 use notify_store::api_keys::{self, ApiKey};
+use notify_telemetry::reconnect::Reconnect;
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
+
+/// How often every replica reloads the keys even without an `api_keys` notification.
+const KEY_RELOAD_EVERY: Duration = Duration::from_secs(30);
 
 /// Which credentials a call must carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +85,32 @@ pub enum Need {
     Manage,
 }
 
+/// The clock the rate buckets refill by: monotonic time since start in production
+/// ([`PlanningClock::Database`]), the manual instant in tests ([`PlanningClock::Manual`]),
+/// so that a test advances the clock instead of waiting for a bucket to refill.
+#[derive(Debug, Clone)]
+struct QuotaClock {
+    start: std::time::Instant,
+    planning: PlanningClock,
+}
+
+impl Clock for QuotaClock {
+    type Instant = Nanos;
+
+    fn now(&self) -> Nanos {
+        match &self.planning {
+            PlanningClock::Database => Nanos::from(self.start.elapsed()),
+            // Nanoseconds since 1970: a manual clock set before then reads as 0.
+            PlanningClock::Manual(m) => {
+                Nanos::from(m.now().timestamp_nanos_opt().unwrap_or(0).max(0) as u64)
+            }
+        }
+    }
+}
+
+/// One key's token bucket.
+type KeyLimiter = RateLimiter<NotKeyed, InMemoryState, QuotaClock, NoOpMiddleware<Nanos>>;
+
 #[derive(Default)]
 struct Cache {
     by_hash: HashMap<Vec<u8>, Arc<ApiKey>>,
@@ -87,10 +121,11 @@ struct Cache {
 pub struct Auth {
     mode: AuthMode,
     cache: RwLock<Cache>,
-    limiters: Mutex<HashMap<uuid::Uuid, (i32, Arc<DefaultDirectRateLimiter>)>>,
+    limiters: Mutex<HashMap<uuid::Uuid, (i32, Arc<KeyLimiter>)>>,
     /// Every call of a key (reads and management too): ten times its event rate, at
     /// least 100 per second.
-    call_limiters: Mutex<HashMap<uuid::Uuid, (i32, Arc<DefaultDirectRateLimiter>)>>,
+    call_limiters: Mutex<HashMap<uuid::Uuid, (i32, Arc<KeyLimiter>)>>,
+    clock: QuotaClock,
 }
 
 /// `true` when `type_key` matches one of `patterns` (an exact key, `prefix*`, or `*`).
@@ -113,12 +148,18 @@ fn common_name(der: &[u8]) -> Option<String> {
 
 impl Auth {
     /// An empty cache in `mode`; call [`Auth::reload`] (or [`Auth::spawn_refresh`]).
-    pub fn new(mode: AuthMode) -> Arc<Self> {
+    /// The rate buckets refill by monotonic time, or by `clock`'s instant when it is
+    /// [`PlanningClock::Manual`] (tests).
+    pub fn new(mode: AuthMode, clock: PlanningClock) -> Arc<Self> {
         Arc::new(Self {
             mode,
             cache: RwLock::new(Cache::default()),
             limiters: Mutex::new(HashMap::new()),
             call_limiters: Mutex::new(HashMap::new()),
+            clock: QuotaClock {
+                start: std::time::Instant::now(),
+                planning: clock,
+            },
         })
     }
 
@@ -158,42 +199,42 @@ impl Auth {
         info!(keys = n, mode = ?self.mode, "API keys loaded");
         let auth = self.clone();
         tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(200);
-            while !stop.is_cancelled() {
-                let mut listener =
-                    match sqlx::postgres::PgListener::connect_with(&listen_pool).await {
-                        Ok(l) => l,
-                        Err(e) => {
-                            warn!(error = %e, "API key listener cannot connect; retrying");
-                            tokio::time::sleep(backoff).await;
-                            backoff = (backoff * 2).min(Duration::from_secs(5));
-                            continue;
-                        }
-                    };
-                if let Err(e) = listener.listen("api_keys").await {
-                    warn!(error = %e, "LISTEN api_keys failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    continue;
-                }
-                backoff = Duration::from_millis(200);
-                // Changes made while no LISTEN was active.
-                let _ = auth.reload(&pool).await;
-                loop {
-                    tokio::select! {
-                        _ = stop.cancelled() => return,
-                        n = listener.recv() => if let Err(e) = n {
-                            warn!(error = %e, "API key listener lost; reconnecting");
-                            break;
-                        },
-                        _ = tokio::time::sleep(Duration::from_secs(30)) => {}
-                    }
-                    if let Err(e) = auth.reload(&pool).await {
-                        warn!(error = %e, "API keys not reloaded; keeping the ones I have");
-                    }
+            let mut reconnect = Reconnect::new("API key listener failed", &stop);
+            while let Err(e) = auth
+                .follow_changes(&pool, &listen_pool, &stop, &mut reconnect)
+                .await
+            {
+                if !reconnect.wait_after(&e).await {
+                    break;
                 }
             }
         });
         Ok(())
+    }
+
+    /// One life of the key listener: `LISTEN api_keys`, then a reload of the keys (for
+    /// changes made while no `LISTEN` was active), then one on every notification and
+    /// every 30 s, until `stop` (`Ok`) or the listener fails (the error).
+    async fn follow_changes(
+        &self,
+        pool: &PgPool,
+        listen_pool: &PgPool,
+        stop: &CancellationToken,
+        reconnect: &mut Reconnect<'_>,
+    ) -> Result<(), sqlx::Error> {
+        let mut listener = sqlx::postgres::PgListener::connect_with(listen_pool).await?;
+        listener.listen("api_keys").await?;
+        reconnect.reset();
+        loop {
+            if let Err(e) = self.reload(pool).await {
+                warn!(error = %e, "API keys not reloaded; keeping the ones I have");
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                n = listener.recv() => { n?; }
+                _ = tokio::time::sleep(KEY_RELOAD_EVERY) => {}
+            }
+        }
     }
 
     /// Authenticates `req` and checks `need`. Errors: `UNAUTHENTICATED` without a valid
@@ -205,7 +246,7 @@ impl Auth {
                 .events_per_second
                 .saturating_mul(10)
                 .clamp(100, 1_000_000);
-            Self::spend(&self.call_limiters, key, per_second, &caller.name, "calls")?;
+            self.spend(&self.call_limiters, key, per_second, &caller.name, "calls")?;
         }
         if need == Need::Manage && caller.key.as_ref().is_some_and(|k| !k.can_manage) {
             return Err(ApiError::PermissionDenied(format!(
@@ -344,7 +385,7 @@ impl Auth {
                 retry_after: None,
             });
         }
-        Self::spend(
+        self.spend(
             &self.limiters,
             key,
             key.events_per_second,
@@ -356,7 +397,8 @@ impl Auth {
     /// Takes one token from `key`'s bucket in `map` (made at `per_second`, remade when
     /// that changes); `RESOURCE_EXHAUSTED` with the wait when it is empty.
     fn spend(
-        map: &Mutex<HashMap<uuid::Uuid, (i32, Arc<DefaultDirectRateLimiter>)>>,
+        &self,
+        map: &Mutex<HashMap<uuid::Uuid, (i32, Arc<KeyLimiter>)>>,
         key: &ApiKey,
         per_second: i32,
         name: &str,
@@ -366,14 +408,14 @@ impl Auth {
             let mut map = map.lock().expect("limiter lock");
             let entry = map
                 .entry(key.id)
-                .or_insert_with(|| (per_second, Arc::new(limiter(per_second))));
+                .or_insert_with(|| (per_second, Arc::new(self.limiter(per_second))));
             if entry.0 != per_second {
-                *entry = (per_second, Arc::new(limiter(per_second)));
+                *entry = (per_second, Arc::new(self.limiter(per_second)));
             }
             entry.1.clone()
         };
         if let Err(not_until) = limiter.check() {
-            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            let wait = not_until.wait_time_from(self.clock.now());
             return Err(ApiError::QuotaExceeded {
                 subject: format!("api_key:{name}"),
                 description: format!("{what}: at most {per_second} per second for this key"),
@@ -382,11 +424,12 @@ impl Auth {
         }
         Ok(())
     }
-}
 
-fn limiter(per_second: i32) -> DefaultDirectRateLimiter {
-    let n = NonZeroU32::new(per_second.max(1) as u32).expect("at least 1");
-    RateLimiter::direct(Quota::per_second(n))
+    /// A bucket of `per_second` tokens (at least 1), refilled at that rate.
+    fn limiter(&self, per_second: i32) -> KeyLimiter {
+        let n = NonZeroU32::new(per_second.max(1) as u32).expect("at least 1");
+        RateLimiter::direct_with_clock(Quota::per_second(n), self.clock.clone())
+    }
 }
 
 #[cfg(test)]
@@ -402,5 +445,23 @@ mod tests {
         assert!(!type_allowed(&p, "orders"));
         assert!(type_allowed(&["*".to_string()], "anything"));
         assert!(!type_allowed(&[], "order_paid"));
+    }
+
+    #[test]
+    fn buckets_refill_by_the_manual_clock_when_a_test_sets_one() {
+        let manual = crate::clock::ManualClock::new(chrono::Utc::now());
+        let auth = Auth::new(AuthMode::ApiKey, PlanningClock::Manual(manual.clone()));
+        let bucket = auth.limiter(2);
+        assert!(bucket.check().is_ok() && bucket.check().is_ok());
+        let refused = bucket.check().expect_err("the burst of 2 is spent");
+        assert_eq!(
+            refused.wait_time_from(auth.clock.now()),
+            Duration::from_millis(500)
+        );
+        // Time stands still until the test moves it.
+        assert!(bucket.check().is_err());
+        manual.advance(chrono::Duration::milliseconds(500));
+        assert!(bucket.check().is_ok());
+        assert!(bucket.check().is_err());
     }
 }

@@ -397,7 +397,7 @@ pub async fn run(
         stop.clone(),
     ));
 
-    let auth = auth::Auth::new(cfg.auth);
+    let auth = auth::Auth::new(cfg.auth, cfg.clock.clone());
     auth.spawn_refresh(pool.clone(), session, stop.clone())
         .await?;
     let services = grpc::Services::new(
