@@ -271,6 +271,31 @@ pub fn channel_provider(channel: &str, provider: &str) -> [KeyValue; 2] {
     ]
 }
 
+/// A delivery ended `failed` by the platform rather than by a provider's verdict (a worker
+/// lost during the last attempt allowed, attempts spent at the claim, a record the
+/// database refused, a channel not the queue's): counts it in
+/// `notify_deliveries_failed_total{channel,provider,reason}` and writes its error line
+/// with `alert = "delivery_failed"`, `reason` and `attempt` as fields and `why` in the
+/// message (`delivery failed: <why>`). The delivery id comes from the enclosing span.
+pub fn delivery_failed(
+    channel: notify_core::Channel,
+    provider: notify_core::Provider,
+    attempt: i32,
+    reason: notify_core::FailReason,
+    why: &str,
+) {
+    let [c, p] = channel_provider(channel.as_str(), provider.as_str());
+    metrics()
+        .deliveries_failed
+        .add(1, &[c, p, KeyValue::new("reason", reason.as_str())]);
+    tracing::error!(
+        attempt,
+        reason = reason.as_str(),
+        alert = "delivery_failed",
+        "delivery failed: {why}"
+    );
+}
+
 /// Labels `from`, `to` and `cause` of [`Metrics::fallbacks`].
 pub fn fallback_labels(from: &str, to: &str, cause: &str) -> [KeyValue; 3] {
     [

@@ -10,7 +10,7 @@ use crate::record_metrics::count_recorded;
 use crate::{ChannelSender, lease};
 use notify_broker::Pointer;
 use notify_core::outcome::{AttemptError, AttemptOutcome};
-use notify_core::{AttemptLabel, Channel, FailReason, Provider};
+use notify_core::{AttemptLabel, FailReason};
 use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome, DeliveryJob, NextState};
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -44,34 +44,7 @@ struct Decided {
     took: std::time::Duration,
 }
 
-/// A delivery the runtime ended `failed` (not a provider's verdict, which
-/// `count_recorded` counts after its record): counts it in
-/// `notify_deliveries_failed_total{channel,provider,reason}` and writes its
-/// `alert = "delivery_failed"` error line, `reason` and `attempt` as fields and `why` in
-/// the message ("delivery failed: <why>").
-fn delivery_failed(
-    channel: Channel,
-    provider: Provider,
-    attempt: i32,
-    reason: FailReason,
-    why: &str,
-) {
-    let [c, p] = notify_telemetry::metrics::channel_provider(channel.as_str(), provider.as_str());
-    notify_telemetry::metrics().deliveries_failed.add(
-        1,
-        &[
-            c,
-            p,
-            opentelemetry::KeyValue::new("reason", reason.as_str()),
-        ],
-    );
-    error!(
-        attempt,
-        reason = reason.as_str(),
-        alert = "delivery_failed",
-        "delivery failed: {why}"
-    );
-}
+use notify_telemetry::metrics::delivery_failed;
 
 impl<S: ChannelSender> Ctx<S> {
     /// One delivery of a message from claim to record; answers how the message should be
