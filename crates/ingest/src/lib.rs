@@ -38,7 +38,7 @@ pub async fn run(
     pools: impl Into<notify_store::Pools>,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), RunError> {
     let notify_store::Pools {
         main: pool,
         session,
@@ -105,7 +105,8 @@ pub async fn run(
 
     let auth = auth::Auth::new(cfg.auth, cfg.clock.clone());
     auth.spawn_refresh(pool.clone(), session, stop.clone())
-        .await?;
+        .await
+        .map_err(RunError::ApiKeys)?;
     let services = grpc::Services::new(
         pool,
         writer::WriterConfig {
@@ -120,7 +121,7 @@ pub async fn run(
         auth,
         cfg.links.clone(),
     )
-    .map_err(|e| anyhow::anyhow!("starting the event writer's thread: {e}"))?;
+    .map_err(RunError::WriterThread)?;
     let (mut health, health_service) = tonic_health::server::health_reporter();
     // Every served service, so a check naming any of them answers SERVING (and, during
     // the drain, NOT_SERVING).
@@ -144,7 +145,7 @@ pub async fn run(
         tonic_reflection::pb::v1alpha::server_reflection_server::ServerReflectionServer::new(
             reflection,
         );
-    info!(addr = %listener.local_addr()?, "gRPC listening");
+    info!(addr = %listener.local_addr().map_err(RunError::Listener)?, "gRPC listening");
     let drain_task = {
         let (health, readiness, stop, drain) =
             (health.clone(), readiness.clone(), stop.clone(), cfg.drain);
@@ -179,7 +180,7 @@ pub async fn run(
                 // With API keys alone a certificate is optional; otherwise it is required.
                 .client_auth_optional(cfg.auth == auth::AuthMode::ApiKey);
         }
-        builder = builder.tls_config(tls_cfg)?;
+        builder = builder.tls_config(tls_cfg).map_err(RunError::Tls)?;
     }
     let max = cfg.max_message_bytes;
     builder
@@ -214,7 +215,8 @@ pub async fn run(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
             stop.cancelled(),
         )
-        .await?;
+        .await
+        .map_err(RunError::Serve)?;
     stop.cancel();
     info!("gRPC stopped; draining the relay");
     let _ = drain_task.await;
@@ -225,6 +227,29 @@ pub async fn run(
     let _ = retention_task.await;
     let _ = fanout_task.await;
     Ok(())
+}
+
+/// Why [`run`] could not start or stopped early; each names the part that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The first load of API keys (or the `LISTEN` for their changes) failed.
+    #[error("loading API keys: {0}")]
+    ApiKeys(#[source] notify_store::StoreError),
+    /// The event writer's OS thread could not be spawned.
+    #[error("starting the event writer's thread: {0}")]
+    WriterThread(#[source] std::io::Error),
+    /// The reflection index could not be built from the compiled descriptor sets.
+    #[error(transparent)]
+    Reflection(#[from] reflection::BadDescriptorSet),
+    /// The listener's local address could not be read.
+    #[error("reading the gRPC listener's address: {0}")]
+    Listener(#[source] std::io::Error),
+    /// The TLS certificate, key or client CA was rejected.
+    #[error("configuring TLS: {0}")]
+    Tls(#[source] tonic::transport::Error),
+    /// The gRPC server stopped with an error.
+    #[error("serving gRPC: {0}")]
+    Serve(#[source] tonic::transport::Error),
 }
 
 /// Every gRPC service name the health service reports on ("" is the server as a whole).

@@ -13,7 +13,7 @@
 //!   written), at the due time of the next row written for later, and polls as a
 //!   fallback; runs safely in any number of ingest replicas (claims use SKIP LOCKED).
 
-use notify_broker::{Publisher, Topology};
+use notify_broker::{BrokerError, Publisher, Topology};
 use notify_core::Channel;
 use notify_store::PgPool;
 use notify_store::outbox::{self, OutboxRow};
@@ -26,6 +26,23 @@ use tracing::{info, warn};
 
 mod direct;
 mod publish;
+
+/// Why one life of the relay ended (it reconnects after each).
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The broker: connecting, declaring the topology, opening the publisher.
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// The `LISTEN notify_outbox` connection.
+    #[error("outbox listener: {0}")]
+    Listener(#[from] sqlx::Error),
+    /// Claiming, deleting or settling outbox rows.
+    #[error(transparent)]
+    Store(#[from] notify_store::StoreError),
+    /// The publisher's channel closed under a batch (the last publish error).
+    #[error("publisher channel closed: {0}")]
+    PublisherClosed(String),
+}
 
 pub use direct::{Direct, DirectRx};
 use direct::{deliveries, release};
@@ -126,9 +143,9 @@ async fn run_connected(
     stats: &RelayStats,
     direct: &mut DirectRx,
     shutdown: &CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), RelayError> {
     let conn = notify_broker::connect(&cfg.amqp_url, "ingest-relay").await?;
-    let setup = conn.create_channel().await?;
+    let setup = conn.create_channel().await.map_err(BrokerError::from)?;
     cfg.topology.declare(&setup, &QUEUE_CHANNELS).await?;
     let _ = setup.close(200, "topology declared".into()).await;
     let publisher = Publisher::new(&conn, &cfg.topology, cfg.confirm_timeout).await?;

@@ -1,7 +1,7 @@
 //! The publish loop's one step: outbox rows to broker messages (several deliveries of one
 //! channel per message), published with confirms and each row settled by its confirms.
 
-use super::{RelayConfig, RelayStats};
+use super::{RelayConfig, RelayError, RelayStats};
 use notify_broker::{DeliveryBatch, DeliveryMessage, Pointer, PublishOutcome, Publisher};
 use notify_store::PgPool;
 use notify_store::outbox::{self, OutboxRow};
@@ -24,7 +24,7 @@ pub(super) async fn publish_rows(
     stats: &RelayStats,
     publisher: &Publisher,
     rows: Vec<OutboxRow>,
-) -> anyhow::Result<()> {
+) -> Result<(), RelayError> {
     // One producer span per delivery, a child of the event's stored trace context; its
     // own context travels to the worker (in the message headers, or beside the delivery's
     // id in a batch message) and parents the consumer span of that delivery.
@@ -145,7 +145,7 @@ pub(super) async fn publish_rows(
         warn!(count = failed.len(), error = %last_error, "publish not confirmed; kept in the outbox");
         outbox::publish_failed(pool, &failed, &last_error, cfg.retry_in).await?;
         if !publisher.is_healthy() {
-            anyhow::bail!("publisher channel closed: {last_error}");
+            return Err(RelayError::PublisherClosed(last_error));
         }
     }
     Ok(())
