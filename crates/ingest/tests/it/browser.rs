@@ -52,8 +52,7 @@ fn token(user: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_inbox_updates_live_and_marks_all_read_in_chromium() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("news", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "news", &["inapp"]).await;
     let u = p.add_bare_recipient("u").await;
     let ev = p.send("first", "news", &[&u]).await;
     p.wait_final(&ev.event_id, 30).await;
@@ -95,21 +94,18 @@ async fn the_example_inbox_updates_live_and_marks_all_read_in_chromium() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(shots.join("inbox-3-all-read.png").exists());
-    let unread: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM notifications WHERE user_id = $1 AND status = 'unread'",
-    )
-    .bind(&u)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let unread: i64 = p
+        .scalar(
+            "SELECT count(*) FROM notifications WHERE user_id = $1 AND status = 'unread'",
+            &u,
+        )
+        .await;
     assert_eq!(unread, 0, "mark all read reached the database");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_retries_a_failed_line_delivery_in_chromium() {
-    let p = Platform::start_with_workers(&[Channel::Line]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let p = Platform::start_with_type(&[Channel::Line], "order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
     let error = "The property, to, in the request body is invalid";
     p.sim_fault(json!({"provider": "line", "target_contains": lid, "status": 400, "times": 1, "body": {"message": error}}))
@@ -142,7 +138,6 @@ async fn an_operator_retries_a_failed_line_delivery_in_chromium() {
     assert!(shots.join("console-3-sent.png").exists());
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(status_attempts(&done.deliveries[0]), ("sent", 2));
-    p.stop().await;
 }
 
 /// A running browser script that reports steps as lines on stdout and waits for a line
@@ -205,8 +200,7 @@ async fn row(p: &Platform, user: &str, title: &str) -> (String, Option<String>) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_inbox_shows_thai_dates_rich_items_pages_and_misses_nothing_in_chromium() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("news", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "news", &["inapp"]).await;
     p.add_type("order_paid", &["inapp"]).await;
     let u = p.add_bare_recipient("u").await;
     let notify = async |key: &str, title: &str| {
@@ -221,14 +215,12 @@ async fn the_example_inbox_shows_thai_dates_rich_items_pages_and_misses_nothing_
         notify(&format!("news:{n}"), &format!("ข่าวที่ {n}")).await;
     }
     // 00:30 on 29 November 2026 in Bangkok, still the 28th in UTC (the browser's zone).
-    sqlx::query(
+    p.exec(
         "UPDATE notifications SET created_at = '2026-11-28T17:30:00Z'
          WHERE user_id = $1 AND title = 'ข่าวที่ 1'",
+        &u,
     )
-    .bind(&u)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     let rich = p
         .ingest()
         .create_event(p.rich_event("order:1001:paid", "order_paid", &[&u]))
@@ -275,5 +267,4 @@ async fn the_example_inbox_shows_thai_dates_rich_items_pages_and_misses_nothing_
     ] {
         assert!(shots.join(format!("inbox-{name}.png")).exists(), "{name}");
     }
-    p.stop().await;
 }

@@ -41,17 +41,15 @@ fn follow_event(kind: &str, user: &str, at_ms: i64) -> Value {
 /// Registers `promo_weekly`: a low-priority marketing type sent by email, so its mail
 /// carries the one-click unsubscribe link.
 async fn add_marketing_type(p: &Platform) {
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "promo_weekly".into(),
-            priority: "low".into(),
-            default_channels: vec!["email".into()],
-            critical: false,
-            category: "marketing".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "promo_weekly".into(),
+        priority: "low".into(),
+        default_channels: vec!["email".into()],
+        critical: false,
+        category: "marketing".into(),
+        ..Default::default()
+    })
+    .await;
 }
 
 /// The raw headers MailDev received for email `id`, unfolded, by lowercase name.
@@ -79,8 +77,7 @@ fn line_skips(ev: &pb::CreateEventResponse) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_line_user_who_unfollowed_is_skipped_until_they_follow_again() {
-    let p = Platform::start_with_workers(&[Channel::Line]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let p = Platform::start_with_type(&[Channel::Line], "order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
     let t0 = chrono::Utc::now().timestamp_millis();
 
@@ -127,7 +124,6 @@ async fn a_line_user_who_unfollowed_is_skipped_until_they_follow_again() {
     assert_eq!((status, body), (200, json!({})));
     let ev = p.send("wh:3", "order_paid", &[&u]).await;
     assert_eq!(ev.deliveries.len(), 1);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -151,7 +147,6 @@ async fn a_bad_line_webhook_body_gets_a_json_400_naming_the_field() {
         err["error"]["code"], "body_too_large",
         "as JSON like every other error"
     );
-    p.stop().await;
 }
 
 /// Marketing email carries List-Unsubscribe and List-Unsubscribe-Post; a POST of
@@ -235,7 +230,6 @@ async fn marketing_email_unsubscribes_in_one_click() {
     assert_eq!(ev.skipped[0].reason, "opted_out");
     let ev = p.send("order:2", "order_paid", &[&u]).await;
     assert_eq!(ev.deliveries.len(), 1, "other types still arrive");
-    p.stop().await;
 }
 
 /// SMTP rejections sorted by their reply: 550 5.1.1 fails at once and marks the address,
@@ -341,7 +335,6 @@ async fn a_nonexistent_mailbox_is_marked_and_skipped_until_the_address_changes()
         p.smtp_sim.messages()[0].to,
         [format!("{gone}@example.test")]
     );
-    p.stop().await;
 }
 
 /// An unsubscribe link older than `NOTIFY_UNSUBSCRIBE_TTL` (60 days), or from before links
@@ -417,7 +410,6 @@ async fn an_expired_unsubscribe_link_changes_nothing() {
     assert_eq!(ok.status(), 200);
     let ev = p.send("promo:fresh", "promo_weekly", &[&u]).await;
     assert!(ev.deliveries.is_empty());
-    p.stop().await;
 }
 
 /// `http-api` as a process, its log lines read: a LINE follow event and a refused console
@@ -503,5 +495,4 @@ async fn the_line_webhook_and_a_refused_sign_in_log_no_line_id_or_typed_name() {
     .await;
     assert!(!log.contains(&lid), "the LINE user id is logged: {log}");
     assert!(!log.contains(&typed), "the typed name is logged: {log}");
-    p.stop().await;
 }

@@ -21,14 +21,12 @@ use tonic_types::StatusExt;
 /// The database clock now (the clock `sent_at` is written on).
 /// Deliveries of `event_id` by status.
 async fn statuses(p: &Platform, event_id: &str) -> Vec<(String, i64)> {
-    sqlx::query_as(
+    p.rows(
         "SELECT status, count(*) FROM notification_deliveries WHERE event_id = $1::uuid
          GROUP BY status ORDER BY status",
+        event_id,
     )
-    .bind(event_id)
-    .fetch_all(&p.pool)
     .await
-    .unwrap()
 }
 
 /// Subscribes `n` users `<prefix>-000000` ... to a new topic `topic`, by SQL.
@@ -55,8 +53,7 @@ fn total(r: &pb::CancelEventResponse) -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broadcast_canceled_half_way_through_its_fan_out_sends_nothing_after_the_cancel() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("promo", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "promo", &["inapp"]).await;
     seed_topic(&p, "shop.sale", "s", 20_000).await;
     let mut req = p.event("sale:2026-12", "promo", &[]);
     req.topic = "shop.sale".into();
@@ -108,13 +105,7 @@ async fn a_broadcast_canceled_half_way_through_its_fan_out_sends_nothing_after_t
     let rows = 20_000 - i64::from(out.not_created);
     settle("nothing after the cancel", Duration::from_secs(3), async || {
         let n = p.count("notification_deliveries").await;
-        let late: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM notification_deliveries WHERE sent_at > $1 OR status IN ('pending', 'sending')",
-        )
-        .bind(returned)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+        let late: i64 = p.scalar("SELECT count(*) FROM notification_deliveries WHERE sent_at > $1 OR status IN ('pending', 'sending')", returned).await;
         if n == rows && late == 0 { Ok(()) } else { Err((n, late)) }
     })
     .await;
@@ -129,13 +120,11 @@ async fn a_broadcast_canceled_half_way_through_its_fan_out_sends_nothing_after_t
     // The same call again: the same answer, nothing new.
     let again = cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
     assert_eq!(again, out);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_concurrent_cancels_and_replays_of_one_key_are_harmless() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("promo", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "promo", &["inapp"]).await;
     seed_topic(&p, "shop.flash", "f", 5_000).await;
     let mut req = p.event("flash:1", "promo", &[]);
     req.topic = "shop.flash".into();
@@ -190,24 +179,16 @@ async fn fifty_concurrent_cancels_and_replays_of_one_key_are_harmless() {
         assert_eq!(out, &answer, "every cancel answers the same counts");
     }
     settle("nothing sent after the first cancel returned", Duration::from_secs(2), async || {
-        let late: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM notification_deliveries WHERE sent_at > $1 OR status IN ('pending', 'sending')",
-        )
-        .bind(first_return)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+        let late: i64 = p.scalar("SELECT count(*) FROM notification_deliveries WHERE sent_at > $1 OR status IN ('pending', 'sending')", first_return).await;
         if late == 0 { Ok(()) } else { Err(late) }
     })
     .await;
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancels_by_event_key_by_cancellation_key_and_for_some_recipients() {
     // No worker yet: every delivery waits, pending.
-    let mut p = Platform::start_with_workers(&[]).await;
-    p.add_type("reminder", &["inapp"]).await;
+    let mut p = Platform::start_with_type(&[], "reminder", &["inapp"]).await;
     let (a, b, c) = (uniq("a"), uniq("b"), uniq("c"));
 
     // By event key: the whole event; GetEvent shows it.
@@ -292,13 +273,11 @@ async fn cancels_by_event_key_by_cancellation_key_and_for_some_recipients() {
     assert_eq!(got, want);
     p.wait_final(&other.event_id, 30).await;
     assert_eq!(statuses(&p, &other.event_id).await, [("sent".into(), 1)]);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_cancels_are_refused_by_field_and_the_key_is_checked_at_create() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("reminder", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "reminder", &["inapp"]).await;
     let violations = |s: tonic::Status| -> Vec<String> {
         assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
         s.get_details_bad_request()
@@ -343,7 +322,6 @@ async fn bad_cancels_are_refused_by_field_and_the_key_is_checked_at_create() {
         .await
         .unwrap_err();
     assert_eq!(unknown.code(), Code::NotFound);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -402,12 +380,12 @@ async fn another_callers_cancel_is_not_found_and_changes_nothing() {
         "another caller's cancellation key finds nothing"
     );
     assert_eq!(statuses(&p, &ev.event_id).await, [("pending".into(), 1)]);
-    let canceled_at: Option<chrono::DateTime<chrono::Utc>> =
-        sqlx::query_scalar("SELECT canceled_at FROM notification_events WHERE id = $1::uuid")
-            .bind(&ev.event_id)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let canceled_at: Option<chrono::DateTime<chrono::Utc>> = p
+        .scalar(
+            "SELECT canceled_at FROM notification_events WHERE id = $1::uuid",
+            &ev.event_id,
+        )
+        .await;
     assert!(canceled_at.is_none(), "nothing changed");
 
     // The owner's own cancel works; so does one that may manage (idempotent after it).
@@ -431,21 +409,18 @@ async fn another_callers_cancel_is_not_found_and_changes_nothing() {
         .unwrap()
         .into_inner();
     assert_eq!(managed, own);
-    let last_error: String = sqlx::query_scalar(
-        "SELECT last_error FROM notification_deliveries WHERE event_id = $1::uuid",
-    )
-    .bind(&ev.event_id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let last_error: String = p
+        .scalar(
+            "SELECT last_error FROM notification_deliveries WHERE event_id = $1::uuid",
+            &ev.event_id,
+        )
+        .await;
     assert_eq!(last_error, "canceled by shop-orders");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_in_flight_finishes_and_is_reported_sent() {
-    let p = Platform::start_with_workers(&[Channel::Line]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let p = Platform::start_with_type(&[Channel::Line], "order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 200,
@@ -470,47 +445,40 @@ async fn a_delivery_in_flight_finishes_and_is_reported_sent() {
     );
     assert_eq!(p.sim_count("line").await, 1, "one push");
     assert_eq!(statuses(&p, &ev.event_id).await, [("sent".into(), 1)]);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_workers_delivery_of_a_canceled_event_is_not_revived() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("reminder", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "reminder", &["inapp"]).await;
     let ev = p.send("lost:1", "reminder", &["u-lost"]).await;
     // Its message published (a relay still connecting would keep the row, which nothing
     // below deletes: the delivery is canceled by the requeue's trigger, not by a cancel
     // statement), then, as if a worker claimed it and died: sending, its lease expired.
     p.wait_outbox_empty("the event's message published", Duration::from_secs(20))
         .await;
-    sqlx::query(
+    p.exec(
         "UPDATE notification_deliveries SET status = 'sending', attempts = 1,
                 lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second'
          WHERE event_id = $1::uuid",
+        &ev.event_id,
     )
-    .bind(&ev.event_id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     // The sweeper requeues it while the cancel waits: it ends canceled, not pending.
     let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
     assert_eq!((out.canceled, out.in_flight), (1, 0), "{out:?}");
-    let (status, outbox): (String, i64) = sqlx::query_as(
-        "SELECT d.status, (SELECT count(*) FROM outbox o WHERE o.delivery_id = d.id)
+    let (status, outbox): (String, i64) = p
+        .row(
+            "SELECT d.status, (SELECT count(*) FROM outbox o WHERE o.delivery_id = d.id)
          FROM notification_deliveries d WHERE d.event_id = $1::uuid",
-    )
-    .bind(&ev.event_id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+            &ev.event_id,
+        )
+        .await;
     assert_eq!((status.as_str(), outbox), ("canceled", 0));
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_cancels_through_the_same_path() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("reminder", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "reminder", &["inapp"]).await;
     let ev = p.send("console:1", "reminder", &["u-1", "u-2"]).await;
     let http = no_redirects();
     let url = |path: &str| format!("{}{path}", p.http_url);
@@ -542,13 +510,12 @@ async fn the_console_cancels_through_the_same_path() {
             ),
         "{page}"
     );
-    let detail: String = sqlx::query_scalar(
-        "SELECT detail FROM console_audit WHERE action = 'cancel_event' AND target = $1",
-    )
-    .bind(id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let detail: String = p
+        .scalar(
+            "SELECT detail FROM console_audit WHERE action = 'cancel_event' AND target = $1",
+            id,
+        )
+        .await;
     assert!(
         detail.starts_with("2 pending deliveries canceled"),
         "{detail}"
@@ -558,22 +525,19 @@ async fn the_console_cancels_through_the_same_path() {
     assert!(p.get_event(id).await.canceled_at.is_some());
     let out = cancel(&p, Target::EventId(id.clone()), &[]).await;
     assert_eq!((out.events, out.canceled), (1, 2));
-    let last_error: String = sqlx::query_scalar(
-        "SELECT DISTINCT last_error FROM notification_deliveries WHERE event_id = $1::uuid",
-    )
-    .bind(id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let last_error: String = p
+        .scalar(
+            "SELECT DISTINCT last_error FROM notification_deliveries WHERE event_id = $1::uuid",
+            id,
+        )
+        .await;
     assert_eq!(last_error, format!("canceled by {}", support::CONSOLE_USER));
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recipients_canceled_during_a_fan_out_get_no_delivery_and_the_rest_do() {
     // No worker: every delivery the fan-out writes stays pending, so what it wrote shows.
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("promo", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "promo", &["inapp"]).await;
     seed_topic(&p, "shop.news", "n", 5_000).await;
     let mut req = p.event("news:1", "promo", &[]);
     req.topic = "shop.news".into();
@@ -594,13 +558,7 @@ async fn recipients_canceled_during_a_fan_out_get_no_delivery_and_the_rest_do() 
     })
     .await;
     assert!(done.canceled_at.is_none(), "not the whole event");
-    let rows: Vec<(String, String)> = sqlx::query_as(
-        "SELECT user_id, status FROM notification_deliveries WHERE event_id = $1::uuid AND status <> 'pending'",
-    )
-    .bind(&ev.event_id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let rows: Vec<(String, String)> = p.rows("SELECT user_id, status FROM notification_deliveries WHERE event_id = $1::uuid AND status <> 'pending'", &ev.event_id).await;
     for (user, status) in &rows {
         assert!(
             named.contains(&user.as_str()) && status == "canceled",
@@ -622,15 +580,13 @@ async fn recipients_canceled_during_a_fan_out_get_no_delivery_and_the_rest_do() 
         cancel(&p, Target::EventId(ev.event_id.clone()), &named).await,
         out
     );
-    p.stop().await;
 }
 
 /// The fence a writer of derived deliveries takes (`notify_store::cancel::is_canceled`):
 /// a cancel that comes while the writer holds it waits, then cancels what it wrote.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_waits_for_a_writer_holding_the_fence_and_cancels_what_it_wrote() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("reminder", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "reminder", &["inapp"]).await;
     let ev = p.send("fence:1", "reminder", &["u-1"]).await;
     let id: uuid::Uuid = ev.event_id.parse().unwrap();
     let mut writer = p.pool.begin().await.unwrap();
@@ -667,32 +623,27 @@ async fn a_cancel_waits_for_a_writer_holding_the_fence_and_cancels_what_it_wrote
             .unwrap()
     );
     drop(conn);
-    p.stop().await;
 }
 
 /// The delivery ids of `event_id`'s deliveries, in recipient order.
 async fn delivery_ids(p: &Platform, event_id: &str) -> Vec<uuid::Uuid> {
-    sqlx::query_scalar(
+    p.scalars(
         "SELECT id FROM notification_deliveries WHERE event_id = $1::uuid ORDER BY user_id",
+        event_id,
     )
-    .bind(event_id)
-    .fetch_all(&p.pool)
     .await
-    .unwrap()
 }
 
 /// What `delivery` has now: status, attempts, inbox rows, attempt rows.
 async fn written(p: &Platform, delivery: uuid::Uuid) -> (String, i32, i64, i64) {
-    sqlx::query_as(
+    p.row(
         "SELECT d.status, d.attempts,
                 (SELECT count(*) FROM notifications n WHERE n.delivery_id = d.id),
                 (SELECT count(*) FROM delivery_attempts a WHERE a.delivery_id = d.id)
          FROM notification_deliveries d WHERE d.id = $1",
+        delivery,
     )
-    .bind(delivery)
-    .fetch_one(&p.pool)
     .await
-    .unwrap()
 }
 
 /// The attempt the in-app worker records for an inbox row it wrote.
@@ -715,8 +666,7 @@ fn inbox_written() -> notify_store::deliveries::AttemptRecord {
 async fn an_inapp_delivery_read_without_a_claim_is_written_once_and_never_after_a_cancel() {
     use notify_store::deliveries::{self, ClaimOutcome};
     const LEASE: Duration = Duration::from_secs(60);
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("nc_note", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "nc_note", &["inapp"]).await;
     let canceled = p.send("nc:1", "nc_note", &["u-nc-a"]).await;
     let kept = p.send("nc:2", "nc_note", &["u-nc-b"]).await;
     let claimed = p.send("nc:3", "nc_note", &["u-nc-c"]).await;
@@ -724,11 +674,11 @@ async fn an_inapp_delivery_read_without_a_claim_is_written_once_and_never_after_
     let spent = p.send("nc:5", "nc_note", &["u-nc-e"]).await;
     // Its attempts all spent (workers died during them): never read, failed by the claim.
     let s = delivery_ids(&p, &spent.event_id).await[0];
-    sqlx::query("UPDATE notification_deliveries SET attempts = max_attempts WHERE id = $1")
-        .bind(s)
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.exec(
+        "UPDATE notification_deliveries SET attempts = max_attempts WHERE id = $1",
+        s,
+    )
+    .await;
     let none = deliveries::read_due_many(&p.pool, &[s], Channel::InApp)
         .await
         .unwrap();
@@ -823,25 +773,22 @@ async fn an_inapp_delivery_read_without_a_claim_is_written_once_and_never_after_
     );
     assert_eq!(written(&p, k).await, ("sent".into(), 1, 1, 1));
     // The sent delivery's attempt is the one read, with its first attempt time.
-    let (attempt, first_at_set, sent_at_set): (i32, bool, bool) = sqlx::query_as(
-        "SELECT a.attempt, d.first_attempt_at IS NOT NULL, d.sent_at IS NOT NULL
+    let (attempt, first_at_set, sent_at_set): (i32, bool, bool) = p
+        .row(
+            "SELECT a.attempt, d.first_attempt_at IS NOT NULL, d.sent_at IS NOT NULL
          FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
          WHERE a.delivery_id = $1",
-    )
-    .bind(k)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+            k,
+        )
+        .await;
     assert_eq!((attempt, first_at_set, sent_at_set), (1, true, true));
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inapp_delivery_read_before_an_erasure_is_not_written_and_a_paused_one_is_not_read() {
     use notify_store::deliveries::{self, ClaimOutcome};
     const LEASE: Duration = Duration::from_secs(60);
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("ne_note", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "ne_note", &["inapp"]).await;
     let erased_user = uniq("u-ne-erased");
     let erased = p.send("ne:1", "ne_note", &[erased_user.as_str()]).await;
     let kept = p.send("ne:2", "ne_note", &["u-ne-kept"]).await;
@@ -869,12 +816,12 @@ async fn an_inapp_delivery_read_before_an_erasure_is_not_written_and_a_paused_on
     );
     assert_eq!(written(&p, e).await, ("canceled".into(), 0, 0, 0));
     assert_eq!(written(&p, k).await, ("sent".into(), 1, 1, 1));
-    let rows_of_erased: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM notifications WHERE user_id = $1")
-            .bind(&erased_user)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let rows_of_erased: i64 = p
+        .scalar(
+            "SELECT count(*) FROM notifications WHERE user_id = $1",
+            &erased_user,
+        )
+        .await;
     assert_eq!(rows_of_erased, 0);
 
     // A paused in-app channel: nothing is read, and the claim moves the delivery to the
@@ -896,16 +843,14 @@ async fn an_inapp_delivery_read_before_an_erasure_is_not_written_and_a_paused_on
         "{claim:?}"
     );
     assert_eq!(written(&p, l).await, ("pending".into(), 0, 0, 0));
-    let waits: bool = sqlx::query_scalar(
-        "SELECT next_attempt_at >= now() + interval '59 minutes' FROM notification_deliveries
+    let waits: bool = p
+        .scalar(
+            "SELECT next_attempt_at >= now() + interval '59 minutes' FROM notification_deliveries
          WHERE id = $1",
-    )
-    .bind(l)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+            l,
+        )
+        .await;
     assert!(waits, "it waits for the pause to end");
-    p.stop().await;
 }
 
 /// `node` and every plan node below it, depth first.
@@ -949,17 +894,14 @@ fn assert_outbox_by_index(plan: &serde_json::Value, when: &str) {
 async fn a_cancel_of_six_thousand_pending_deliveries_reaches_the_outbox_by_its_index() {
     // Issue 44, item 6: 3 events x 1,000 recipients x 2 channels beside 12,000 outbox rows
     // took 22 s, one scan of the outbox per canceled delivery.
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("bulk_reminder", &["inapp", "email"]).await;
+    let p = Platform::start_with_type(&[], "bulk_reminder", &["inapp", "email"]).await;
     let prefix = uniq("bulk");
-    sqlx::query(
+    p.exec(
         "INSERT INTO recipients (user_id, email)
          SELECT $1 || '-' || i, $1 || '-' || i || '@example.test' FROM generate_series(1, 1000) i",
+        &prefix,
     )
-    .bind(&prefix)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     let users: Vec<String> = (1..=1000).map(|i| format!("{prefix}-{i}")).collect();
     let users: Vec<&str> = users.iter().map(String::as_str).collect();
     // Six events due tomorrow: every delivery stays pending with an outbox row of its own.
@@ -1026,5 +968,4 @@ async fn a_cancel_of_six_thousand_pending_deliveries_reaches_the_outbox_by_its_i
     // The plan is the assertion; the time only catches a return of the 22 s scan (the
     // acceptance figure is under 1 s; a debug build beside other tests needs room).
     assert!(took < Duration::from_secs(5), "{took:?}");
-    p.stop().await;
 }

@@ -256,7 +256,6 @@ async fn the_python_node_and_reflection_clients_each_send_an_event_that_reaches_
     .await;
     assert_eq!(got["deliveries"][0]["channel"], "inapp", "{got:#}");
     assert_eq!(got["deliveries"][0]["userId"], user.as_str(), "{got:#}");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -309,7 +308,6 @@ async fn every_client_prints_the_field_violations_of_a_bad_request_one_per_line(
     }
     // Nothing was written.
     assert_eq!(p.count("notification_events").await, 0);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -346,5 +344,4 @@ async fn every_client_retries_unavailable_only_and_a_refused_key_at_once() {
     .await;
     assert_eq!(out.code, Some(1), "{out:#?}");
     assert!(out.stderr.starts_with("ERROR UNAUTHENTICATED"), "{out:#?}");
-    p.stop().await;
 }

@@ -121,7 +121,6 @@ async fn an_operator_finds_a_failed_line_delivery_and_retries_it() {
             && audit.contains(support::CONSOLE_USER),
         "{audit}"
     );
-    p.stop().await;
 }
 
 fn urlencoding(s: &str) -> String {
@@ -138,8 +137,7 @@ fn urlencoding(s: &str) -> String {
 /// that is not a pointer where it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_moved_back_to_their_queue() {
-    let mut p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let mut p = Platform::start_with_type(&[], "order_paid", &["line"]).await;
     let (u, _) = p.add_line_recipient("u").await;
     let ev = p.send("dlq", "order_paid", &[&u]).await;
     let delivery = ev.deliveries[0].delivery_id.clone();
@@ -223,7 +221,6 @@ async fn dead_letters_are_moved_back_to_their_queue() {
     .await
     .unwrap();
     assert_eq!(audit, "2 moved back, 1 left (not delivery pointers)");
-    p.stop().await;
 }
 
 /// Signs in from `from` (a loopback address: the throttle counts per client address);
@@ -327,7 +324,6 @@ async fn the_sixth_wrong_password_is_throttled() {
             .all(|k| !k.contains(support::CONSOLE_USER) && !k.contains("someone")),
         "{kept:?}"
     );
-    p.stop().await;
 }
 
 /// Twenty failures from one address under twenty names: that address is throttled, for
@@ -354,7 +350,6 @@ async fn failed_sign_ins_from_one_address_are_throttled_whatever_the_name() {
     .await;
     assert_eq!(status, 303);
     assert!(cookie.is_some());
-    p.stop().await;
 }
 
 /// Sends every (address, password) sign-in for [`support::CONSOLE_USER`] at once, spread
@@ -441,7 +436,6 @@ async fn a_burst_of_wrong_passwords_gets_no_more_checks_than_the_limit() {
         count, 5,
         "the window holds the five wrong passwords checked"
     );
-    p.stop().await;
 }
 
 /// An attacker's wrong passwords from one address lock out only that address: the same
@@ -516,7 +510,6 @@ async fn an_attacker_at_one_address_does_not_lock_the_staff_member_out_elsewhere
         .unwrap();
     let (status, _, _) = sign_in(base, new, support::CONSOLE_USER, support::CONSOLE_PASSWORD).await;
     assert_eq!(status, 303, "a day later the new address signs in");
-    p.stop().await;
 }
 
 /// Signing out deletes the session: the old cookie is refused by the same service, and by
@@ -568,7 +561,6 @@ async fn a_cookie_from_before_sign_out_is_refused_even_after_a_restart() {
         .await;
     let (status, _) = get_with(&after_restart, "/console", &cookie).await;
     assert_eq!(status, 303, "the old cookie is refused after a restart");
-    p.stop().await;
 }
 
 /// A session ends at its expiry, whatever the cookie's own Max-Age says.
@@ -597,7 +589,6 @@ async fn an_expired_session_is_refused() {
         .await
         .unwrap();
     assert_eq!(get_with(base, "/console", &cookie).await.0, 303);
-    p.stop().await;
 }
 
 /// The CSRF token belongs to the session it was shown in: the same staff member's token
@@ -634,7 +625,6 @@ async fn a_csrf_token_from_another_session_is_refused() {
         .unwrap();
     assert_eq!(audited, 0, "nothing was done");
     assert_eq!(cancel(&a, &csrf_a).await.unwrap().status(), 303);
-    p.stop().await;
 }
 
 /// A POST whose Origin (or Referer) is another site is refused with 403 before anything
@@ -688,7 +678,6 @@ async fn a_console_action_from_a_foreign_origin_is_refused() {
         .unwrap();
     assert_eq!(audited, 0, "nothing was done");
     assert_eq!(cancel(base.to_string()).await.unwrap().status(), 303);
-    p.stop().await;
 }
 
 /// Console pages and the unsubscribe page carry a CSP that forbids framing, plus
@@ -741,5 +730,4 @@ async fn console_pages_cannot_be_framed_and_the_cookie_is_secure_by_default() {
             && cookie.contains("SameSite=Strict"),
         "{cookie}"
     );
-    p.stop().await;
 }

@@ -149,15 +149,7 @@ async fn full_recipient(p: &Platform, prefix: &str) -> (String, String, String, 
     let token = format!("fcm-token-{}", uuid::Uuid::new_v4().simple());
     p.add_recipient(&user, &name, &email, &line).await;
     p.add_device(&user, &token).await;
-    p.recipients()
-        .set_preference(pb::SetPreferenceRequest {
-            user_id: user.clone(),
-            r#type: "*".into(),
-            channel: "email".into(),
-            enabled: true,
-        })
-        .await
-        .unwrap();
+    p.set_preference(&user, "*", "email", true).await;
     p.recipients()
         .set_quiet_hours(pb::SetQuietHoursRequest {
             user_id: user.clone(),
@@ -202,13 +194,11 @@ async fn deliveries_of_event(
     p: &Platform,
     event_id: &str,
 ) -> Vec<(String, String, Option<String>)> {
-    sqlx::query_as(
+    p.rows(
         "SELECT user_id, status, address FROM notification_deliveries WHERE event_id = $1::uuid",
+        event_id,
     )
-    .bind(event_id)
-    .fetch_all(&p.pool)
     .await
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -326,13 +316,7 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
         assert_eq!(n, 0, "{table} names the user id no more");
     }
     // The counts stay: every delivery is still there, with its status and attempts.
-    let kept: Vec<(String, i32)> = sqlx::query_as(
-        "SELECT status, attempts FROM notification_deliveries WHERE event_id = $1::uuid ORDER BY channel",
-    )
-    .bind(&sent.event_id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let kept: Vec<(String, i32)> = p.rows("SELECT status, attempts FROM notification_deliveries WHERE event_id = $1::uuid ORDER BY channel", &sent.event_id).await;
     assert_eq!(kept.len(), 4);
     assert!(kept.iter().all(|(s, a)| s == "sent" && *a == 1), "{kept:?}");
     let later_rows = deliveries_of_event(&p, &later.event_id).await;
@@ -343,14 +327,13 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
             .all(|(u, s, a)| u == "[erased]" && s == "canceled" && a.is_none()),
         "{later_rows:?}"
     );
-    let queued: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM outbox o JOIN notification_deliveries d ON d.id = o.delivery_id
+    let queued: i64 = p
+        .scalar(
+            "SELECT count(*) FROM outbox o JOIN notification_deliveries d ON d.id = o.delivery_id
          WHERE d.event_id = $1::uuid",
-    )
-    .bind(&later.event_id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+            &later.event_id,
+        )
+        .await;
     assert_eq!(queued, 0, "the canceled deliveries' outbox rows are gone");
 
     // The console's counts moved with the cancel: they equal the rows' own.
@@ -372,13 +355,12 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
             "{needle} kept"
         );
     }
-    let both_event: Vec<String> = sqlx::query_scalar(
-        "SELECT unnest(recipients) FROM notification_events WHERE id = $1::uuid ORDER BY 1",
-    )
-    .bind(&both.event_id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let both_event: Vec<String> = p
+        .scalars(
+            "SELECT unnest(recipients) FROM notification_events WHERE id = $1::uuid ORDER BY 1",
+            &both.event_id,
+        )
+        .await;
     let mut expected = vec!["[erased]".to_string(), other.clone()];
     expected.sort();
     assert_eq!(both_event, expected);
@@ -410,7 +392,6 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
     let twice = erase(&p, &uniq("never-registered")).await;
     assert!(!twice.recipient_found);
     assert_eq!(p.count("recipient_erasures").await, 2);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -446,12 +427,12 @@ async fn an_event_racing_an_erasure_is_planned_wholly_before_it_or_finds_nothing
         let mut sent_after = Vec::new();
         for ev in created {
             let rows = deliveries_of_event(&p, &ev.event_id).await;
-            let skips: Vec<String> =
-                sqlx::query_scalar("SELECT user_id FROM delivery_skips WHERE event_id = $1::uuid")
-                    .bind(&ev.event_id)
-                    .fetch_all(&p.pool)
-                    .await
-                    .unwrap();
+            let skips: Vec<String> = p
+                .scalars(
+                    "SELECT user_id FROM delivery_skips WHERE event_id = $1::uuid",
+                    &ev.event_id,
+                )
+                .await;
             if !rows.is_empty() {
                 before += 1;
                 assert_eq!(rows.len(), 4, "planned before: wholly: {rows:?}");
@@ -485,23 +466,21 @@ async fn an_event_racing_an_erasure_is_planned_wholly_before_it_or_finds_nothing
             );
         }
         // Those events, and no other, hold what their caller sent.
-        let holding: BTreeSet<String> = sqlx::query_scalar(
-            "SELECT id::text FROM notification_events
+        let holding: BTreeSet<String> = p
+            .scalars(
+                "SELECT id::text FROM notification_events
              WHERE strpos(lower(payload_json::text || content_json::text), lower($1)) > 0",
-        )
-        .bind(&email)
-        .fetch_all(&p.pool)
-        .await
-        .unwrap()
-        .into_iter()
-        .collect();
+                &email,
+            )
+            .await
+            .into_iter()
+            .collect();
         assert_eq!(holding, sent_after.into_iter().collect(), "round {round}");
     }
     eprintln!(
         "events planned before the erasure: {before}, while it ran: {during}, after it: {after}"
     );
     assert_eq!(before + during + after, 60);
-    p.stop().await;
 }
 
 /// LINE requests the simulator answered for `line`, by their retry key.
@@ -552,13 +531,7 @@ async fn a_call_in_progress_at_the_erasure_is_recorded_as_it_ended_and_an_event_
         "the calls are in progress",
         Duration::from_secs(20),
         async || {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM notification_deliveries WHERE user_id = $1 AND status = 'sending'",
-            )
-            .bind(&user)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+            let n: i64 = p.scalar("SELECT count(*) FROM notification_deliveries WHERE user_id = $1 AND status = 'sending'", &user).await;
             if n == 6 { Ok(()) } else { Err(n) }
         },
     )
@@ -606,14 +579,13 @@ async fn a_call_in_progress_at_the_erasure_is_recorded_as_it_ended_and_an_event_
         },
     )
     .await;
-    let states: Vec<(String, String, Option<String>)> = sqlx::query_as(
-        "SELECT coalesce(retry_key, id)::text, status, last_error FROM notification_deliveries
+    let states: Vec<(String, String, Option<String>)> = p
+        .rows(
+            "SELECT coalesce(retry_key, id)::text, status, last_error FROM notification_deliveries
          WHERE event_id = ANY($1::uuid[]) ORDER BY id",
-    )
-    .bind(&events)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+            &events,
+        )
+        .await;
     assert_eq!(states.len(), 6);
     for (key, status, error) in &states {
         assert_eq!(
@@ -635,23 +607,23 @@ async fn a_call_in_progress_at_the_erasure_is_recorded_as_it_ended_and_an_event_
             "no spelling of {needle} is left"
         );
     }
-    let skips: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_skips WHERE user_id = $1")
-        .bind(&user)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+    let skips: i64 = p
+        .scalar(
+            "SELECT count(*) FROM delivery_skips WHERE user_id = $1",
+            &user,
+        )
+        .await;
     assert_eq!(
         skips, 0,
         "the event planned meanwhile names the user no more"
     );
-    let recipients: Vec<String> =
-        sqlx::query_scalar("SELECT recipients FROM notification_events WHERE id = $1::uuid")
-            .bind(&late.event_id)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let recipients: Vec<String> = p
+        .scalar(
+            "SELECT recipients FROM notification_events WHERE id = $1::uuid",
+            &late.event_id,
+        )
+        .await;
     assert_eq!(recipients, ["[erased]"]);
-    p.stop().await;
 }
 
 /// `ExportRecipientData` for `user`: the chunks' sizes and the parsed document.
@@ -683,8 +655,8 @@ fn ids(v: &Value, list: &str, field: &str) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_export_holds_exactly_the_users_rows_streamed_in_pages() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("account_notice", &["inapp", "email"]).await;
+    let p =
+        Platform::start_with_type(&[Channel::InApp], "account_notice", &["inapp", "email"]).await;
     let (a, a_name, a_email, _, a_token) = full_recipient(&p, "export-a").await;
     let (b, b_name, b_email, b_line, b_token) = full_recipient(&p, "export-b").await;
     let own = p
@@ -747,24 +719,21 @@ async fn an_export_holds_exactly_the_users_rows_streamed_in_pages() {
     );
     assert!(!text.contains(&a_token), "the token is masked");
 
-    let db_deliveries: BTreeSet<String> =
-        sqlx::query_scalar("SELECT id::text FROM notification_deliveries WHERE user_id = $1")
-            .bind(&a)
-            .fetch_all(&p.pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
+    let db_deliveries: BTreeSet<String> = p
+        .scalars(
+            "SELECT id::text FROM notification_deliveries WHERE user_id = $1",
+            &a,
+        )
+        .await
+        .into_iter()
+        .collect();
     assert_eq!(db_deliveries.len(), 3004);
     assert_eq!(ids(&doc, "deliveries", "delivery_id"), db_deliveries);
-    let db_inbox: BTreeSet<String> =
-        sqlx::query_scalar("SELECT id::text FROM notifications WHERE user_id = $1")
-            .bind(&a)
-            .fetch_all(&p.pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .collect();
+    let db_inbox: BTreeSet<String> = p
+        .scalars("SELECT id::text FROM notifications WHERE user_id = $1", &a)
+        .await
+        .into_iter()
+        .collect();
     assert_eq!(db_inbox.len(), 2);
     assert_eq!(ids(&doc, "inbox", "id"), db_inbox);
     let with_content = doc["deliveries"]
@@ -809,7 +778,6 @@ async fn an_export_holds_exactly_the_users_rows_streamed_in_pages() {
         panic!("a blank user id is refused");
     };
     assert_eq!(violated_fields(&err), ["user_id"]);
-    p.stop().await;
 }
 
 fn violated_fields(err: &tonic::Status) -> Vec<String> {
@@ -879,7 +847,6 @@ async fn get_recipient_shows_contact_data_with_masked_tokens() {
         .await
         .unwrap_err();
     assert_eq!(violated_fields(&bad), ["user_id"]);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1016,13 +983,12 @@ async fn list_events_filters_pages_and_shows_a_caller_only_its_own_events() {
     .await;
     assert_eq!(odd_paid, [shop_ids[3].clone(), shop_ids[1].clone()]);
     // Time range: created at or after the third event, before the sixth.
-    let created: Vec<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
-        "SELECT created_at FROM notification_events WHERE id = ANY($1::uuid[]) ORDER BY id",
-    )
-    .bind(&shop_ids)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let created: Vec<chrono::DateTime<chrono::Utc>> = p
+        .scalars(
+            "SELECT created_at FROM notification_events WHERE id = ANY($1::uuid[]) ORDER BY id",
+            &shop_ids,
+        )
+        .await;
     let ts = |t: chrono::DateTime<chrono::Utc>| prost_types::Timestamp {
         seconds: t.timestamp(),
         nanos: t.timestamp_subsec_nanos() as i32,
@@ -1112,7 +1078,6 @@ async fn list_events_filters_pages_and_shows_a_caller_only_its_own_events() {
         .await
         .unwrap();
     assert_eq!(who, "ops-admin", "the audit names the caller's key");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1144,27 +1109,20 @@ async fn a_call_that_fails_while_the_erasure_waits_for_it_ends_canceled_and_is_n
         "the calls are in progress",
         Duration::from_secs(20),
         async || {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM notification_deliveries WHERE user_id = $1 AND status = 'sending'",
-            )
-            .bind(&user)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+            let n: i64 = p.scalar("SELECT count(*) FROM notification_deliveries WHERE user_id = $1 AND status = 'sending'", &user).await;
             if n == 3 { Ok(()) } else { Err(n) }
         },
     )
     .await;
     let out = erase(&p, &user).await;
     // Each call failed; its retry ended canceled; no fallback, no second call.
-    let states: Vec<(String, Option<String>, i32)> = sqlx::query_as(
-        "SELECT status, last_error, attempts FROM notification_deliveries
+    let states: Vec<(String, Option<String>, i32)> = p
+        .rows(
+            "SELECT status, last_error, attempts FROM notification_deliveries
          WHERE event_id = ANY($1::uuid[])",
-    )
-    .bind(&events)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+            &events,
+        )
+        .await;
     assert_eq!(
         states,
         vec![
@@ -1178,14 +1136,8 @@ async fn a_call_that_fails_while_the_erasure_waits_for_it_ends_canceled_and_is_n
         "{out:?}"
     );
     assert_eq!(out.deliveries_canceled, 3, "{out:?}");
-    let outcomes: Vec<String> = sqlx::query_scalar(
-        "SELECT a.outcome FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
-         WHERE d.event_id = ANY($1::uuid[])",
-    )
-    .bind(&events)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let outcomes: Vec<String> = p.scalars("SELECT a.outcome FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
+         WHERE d.event_id = ANY($1::uuid[])", &events).await;
     assert_eq!(
         outcomes,
         ["retry", "retry", "retry"],
@@ -1197,5 +1149,4 @@ async fn a_call_that_fails_while_the_erasure_waits_for_it_ends_canceled_and_is_n
         3,
         "no call after the erasure"
     );
-    p.stop().await;
 }

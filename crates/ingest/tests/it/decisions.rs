@@ -37,15 +37,13 @@ fn hhmm(t: chrono::DateTime<chrono_tz::Tz>) -> String {
 async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["inapp", "email", "line"]).await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "security_login".into(),
-            default_channels: vec!["line".into()],
-            critical: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "security_login".into(),
+        default_channels: vec!["line".into()],
+        critical: true,
+        ..Default::default()
+    })
+    .await;
     let u = uniq("u");
     p.add_recipient(&u, "", &format!("{u}@example.test"), &line_id())
         .await;
@@ -149,14 +147,8 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
         );
     }
     assert!(p.sim_requests("line").await.is_empty(), "LINE waits");
-    let outbox_due: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
-        "SELECT min(o.available_at) FROM outbox o JOIN notification_deliveries d ON d.id = o.delivery_id
-         WHERE d.event_id = $1::uuid",
-    )
-    .bind(&ev.event_id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let outbox_due: chrono::DateTime<chrono::Utc> = p.scalar("SELECT min(o.available_at) FROM outbox o JOIN notification_deliveries d ON d.id = o.delivery_id
+         WHERE d.event_id = $1::uuid", &ev.event_id).await;
     assert_eq!(
         outbox_due.timestamp(),
         expected_end.timestamp(),
@@ -199,22 +191,18 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
         now - chrono::Duration::hours(2),
     )
     .await;
-    sqlx::query(
+    p.exec(
         "UPDATE outbox SET available_at = now() WHERE delivery_id IN
            (SELECT id FROM notification_deliveries WHERE event_id = $1::uuid);
          ",
+        &ev.event_id,
     )
-    .bind(&ev.event_id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
-    sqlx::query(
+    .await;
+    p.exec(
         "UPDATE notification_deliveries SET next_attempt_at = now() WHERE event_id = $1::uuid",
+        &ev.event_id,
     )
-    .bind(&ev.event_id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_all_sent(&done);
     let why = explain(&p, &ev.event_id, &u, "line").await;
@@ -224,15 +212,12 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
             .iter()
             .any(|l| l.starts_with("attempt 1: sent, provider status 200"))
     );
-
-    p.stop().await;
 }
 
 /// Each preference level decides in turn, and the skip says which one did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_deciding_preference_level_is_explained() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["inapp", "email", "line"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["inapp", "email", "line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", &format!("{u}@example.test"), &line_id())
         .await;
@@ -287,7 +272,6 @@ async fn the_deciding_preference_level_is_explained() {
         .unwrap()
         .into_inner();
     assert_eq!(prefs.preferences.len(), 3);
-    p.stop().await;
 }
 
 /// A type with a dedup window: the same key within one bucket is a duplicate; in the next
@@ -305,15 +289,13 @@ async fn a_dedup_window_merges_repeats_within_a_bucket_only() {
         ..Default::default()
     })
     .await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "stock_low".into(),
-            default_channels: vec!["inapp".into()],
-            dedup_window_seconds: 2,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "stock_low".into(),
+        default_channels: vec!["inapp".into()],
+        dedup_window_seconds: 2,
+        ..Default::default()
+    })
+    .await;
     let u = uniq("u");
     let first = p.send("stock:sku-1", "stock_low", &[&u]).await;
     // The last instant of the same bucket.
@@ -344,7 +326,6 @@ async fn a_dedup_window_merges_repeats_within_a_bucket_only() {
         "{}",
         found.event_key
     );
-    p.stop().await;
 }
 
 /// Fatigue caps (LINE: 2 per user per rolling hour): the third non-critical event in the
@@ -363,16 +344,14 @@ async fn fatigue_caps_defer_or_drop_past_the_hourly_cap() {
         ("promo", "drop", false),
         ("otp", "", true),
     ] {
-        p.types()
-            .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-                key: key.into(),
-                default_channels: vec!["line".into(), "inapp".into()],
-                over_cap: over_cap.into(),
-                critical,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        p.upsert_type(pb::UpsertNotificationTypeRequest {
+            key: key.into(),
+            default_channels: vec!["line".into(), "inapp".into()],
+            over_cap: over_cap.into(),
+            critical,
+            ..Default::default()
+        })
+        .await;
     }
     let u = uniq("u");
     p.add_recipient(&u, "", "", &line_id()).await;
@@ -419,5 +398,4 @@ async fn fatigue_caps_defer_or_drop_past_the_hourly_cap() {
     p.wait_final(&first.event_id, 30).await;
     p.wait_final(&second.event_id, 30).await;
     assert_eq!(p.sim_count("line").await, 3, "news 1, otp, news 2");
-    p.stop().await;
 }

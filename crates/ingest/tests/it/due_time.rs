@@ -39,21 +39,17 @@ async fn make_due(p: &Platform, event_id: &str, users: &[&str]) {
         )
         .await;
     }
-    sqlx::query(
+    p.exec(
         "UPDATE notification_deliveries SET next_attempt_at = now() WHERE event_id = $1::uuid",
+        event_id,
     )
-    .bind(event_id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
-    sqlx::query(
+    .await;
+    p.exec(
         "UPDATE outbox SET available_at = now() WHERE delivery_id IN
            (SELECT id FROM notification_deliveries WHERE event_id = $1::uuid)",
+        event_id,
     )
-    .bind(event_id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
 }
 
 /// Every delivery is pending and held at the call: nothing was decided yet.
@@ -66,15 +62,7 @@ fn assert_held(ev: &pb::CreateEventResponse) {
 }
 
 async fn set_pref(p: &Platform, user: &str, type_key: &str, channel: &str, on: bool) {
-    p.recipients()
-        .set_preference(pb::SetPreferenceRequest {
-            user_id: user.into(),
-            r#type: type_key.into(),
-            channel: channel.into(),
-            enabled: on,
-        })
-        .await
-        .unwrap();
+    p.set_preference(user, type_key, channel, on).await;
 }
 
 async fn explain(p: &Platform, event_id: &str, user: &str, channel: &str) -> Vec<String> {
@@ -121,15 +109,13 @@ fn assert_skipped(d: &pb::Delivery, reason: &str, line_starts: &str) {
 async fn a_preference_changed_before_the_due_time_decides() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["email"]).await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "security_login".into(),
-            default_channels: vec!["email".into()],
-            critical: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "security_login".into(),
+        default_channels: vec!["email".into()],
+        critical: true,
+        ..Default::default()
+    })
+    .await;
     let (off, back) = (uniq("off"), uniq("back"));
     let (off_mail, back_mail) = (
         format!("{off}@example.test"),
@@ -213,7 +199,6 @@ async fn a_preference_changed_before_the_due_time_decides() {
         },
     )
     .await;
-    p.stop().await;
 }
 
 /// The channel stops reaching the user before the delivery is due: an unfollow (the LINE
@@ -301,21 +286,14 @@ async fn a_channel_unreachable_by_the_due_time_is_skipped() {
     assert!(p.sim_requests("line").await.is_empty(), "no LINE call");
     assert!(p.sim_requests("fcm").await.is_empty(), "no FCM call");
     assert!(p.mails_to(&mail).await.is_empty(), "no email");
-    let attempts: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
-         WHERE d.event_id = $1::uuid AND d.status = 'skipped'",
-    )
-    .bind(&ev.event_id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let attempts: i64 = p.scalar("SELECT count(*) FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
+         WHERE d.event_id = $1::uuid AND d.status = 'skipped'", &ev.event_id).await;
     assert_eq!(attempts, 0, "a skip writes no attempt");
     let trail = explain(&p, &ev.event_id, &u, "line").await;
     assert!(
         trail.iter().any(|l| l.starts_with("LINE: unfollowed at ")),
         "{trail:#?}"
     );
-    p.stop().await;
 }
 
 /// `skip_claimed` is fenced by the lease token: a worker whose lease was taken writes
@@ -324,8 +302,7 @@ async fn a_channel_unreachable_by_the_due_time_is_skipped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_skip_is_fenced_by_the_lease_and_gives_the_attempt_back() {
     use notify_store::deliveries::{self, ClaimOutcome};
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["email"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["email"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", &format!("{u}@example.test"), "")
         .await;
@@ -379,23 +356,21 @@ async fn a_skip_is_fenced_by_the_lease_and_gives_the_attempt_back() {
             .unwrap(),
         "once"
     );
-    let row: (String, i32, Option<String>, Option<uuid::Uuid>, i64, i64) = sqlx::query_as(
-        "SELECT status, attempts, last_error, lease_token,
+    let row: (String, i32, Option<String>, Option<uuid::Uuid>, i64, i64) = p
+        .row(
+            "SELECT status, attempts, last_error, lease_token,
                 (SELECT count(*) FROM outbox WHERE delivery_id = $1),
                 (SELECT count(*) FROM delivery_attempts WHERE delivery_id = $1)
          FROM notification_deliveries WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+            id,
+        )
+        .await;
     assert_eq!(
         row,
         ("skipped".into(), 0, Some("opted_out".into()), None, 0, 0)
     );
     let d = &p.get_event(&ev.event_id).await.deliveries[0];
     assert!(d.decision.ends_with(&why), "{}", d.decision);
-    p.stop().await;
 }
 
 /// In-app is delivered without a claim when due; a preference turned off after planning
@@ -403,8 +378,7 @@ async fn a_skip_is_fenced_by_the_lease_and_gives_the_attempt_back() {
 /// spent, and no inbox row.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_inapp_preference_turned_off_before_the_worker_reads_it_is_skipped_with_no_inbox_row() {
-    let mut p = Platform::start_with_workers(&[]).await;
-    p.add_type("due_inapp_note", &["inapp"]).await;
+    let mut p = Platform::start_with_type(&[], "due_inapp_note", &["inapp"]).await;
     let (off, on) = (
         p.add_bare_recipient("inapp-off").await,
         p.add_bare_recipient("inapp-on").await,
@@ -421,13 +395,11 @@ async fn an_inapp_preference_turned_off_before_the_worker_reads_it_is_skipped_wi
         "preference: off at ",
     );
     assert_eq!(delivery(&done, &on, "inapp").status, "sent");
-    let rows: Vec<String> = sqlx::query_scalar(
-        "SELECT user_id FROM notifications WHERE event_id = $1::uuid ORDER BY user_id",
-    )
-    .bind(&ev.event_id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let rows: Vec<String> = p
+        .scalars(
+            "SELECT user_id FROM notifications WHERE event_id = $1::uuid ORDER BY user_id",
+            &ev.event_id,
+        )
+        .await;
     assert_eq!(rows, [on]);
-    p.stop().await;
 }

@@ -19,15 +19,13 @@ async fn backup_smtp() -> (provider_sim::smtp::SmtpSim, String) {
 
 /// `(provider, outcome)` of each attempt of event `event_id`'s only delivery.
 async fn attempts(p: &Platform, event_id: &str) -> Vec<(String, String)> {
-    sqlx::query_as(
+    p.rows(
         "SELECT coalesce(a.provider_name, ''), a.outcome FROM delivery_attempts a
          JOIN notification_deliveries d ON d.id = a.delivery_id
          WHERE d.event_id = $1::uuid ORDER BY a.attempt",
+        event_id,
     )
-    .bind(event_id)
-    .fetch_all(&p.pool)
     .await
-    .unwrap()
 }
 
 async fn provider_state(p: &Platform, provider: &str) -> Option<String> {
@@ -133,7 +131,6 @@ async fn a_relay_answering_421_to_every_call_fails_over_and_email_returns_to_it_
         },
     )
     .await;
-    p.stop().await;
 }
 
 /// Issue 44, item 7: while every provider's breaker is open, the waiting emails are not
@@ -208,8 +205,9 @@ async fn with_every_provider_open_waiting_emails_get_no_attempt_row_webhook_or_c
     // user, attempts, max_attempts, attempt rows, rows naming a provider, retry rows,
     // delivery.deferred webhooks, delivery.sent webhooks
     type PerDelivery = (String, i32, i32, i64, i64, i64, i64, i64);
-    let rows: Vec<PerDelivery> = sqlx::query_as(
-        "SELECT d.user_id, d.attempts, d.max_attempts,
+    let rows: Vec<PerDelivery> = p
+        .rows(
+            "SELECT d.user_id, d.attempts, d.max_attempts,
                 (SELECT count(*) FROM delivery_attempts a WHERE a.delivery_id = d.id),
                 (SELECT count(*) FROM delivery_attempts a WHERE a.delivery_id = d.id
                                                             AND a.provider_name IS NOT NULL),
@@ -220,11 +218,9 @@ async fn with_every_provider_open_waiting_emails_get_no_attempt_row_webhook_or_c
                 (SELECT count(*) FROM webhook_messages w WHERE w.delivery_id = d.id
                                                            AND w.event_type = 'delivery.sent')
          FROM notification_deliveries d WHERE d.event_id = $1::uuid ORDER BY d.user_id",
-    )
-    .bind(&ev.event_id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+            &ev.event_id,
+        )
+        .await;
     assert_eq!(rows.len(), users.len());
     let open_rows: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM delivery_attempts WHERE error_code = 'email_providers_open'",
@@ -261,7 +257,6 @@ async fn with_every_provider_open_waiting_emails_get_no_attempt_row_webhook_or_c
         users.len(),
         "each email accepted once"
     );
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -286,7 +281,6 @@ async fn a_550_5_1_1_on_the_primary_does_not_fail_over_and_marks_the_address() {
     assert_eq!(backup.mail_commands(), 0, "never sent elsewhere");
     let ev = p.send("g:2", "order_paid", &[&gone]).await;
     assert_eq!(ev.skipped[0].reason, "email_undeliverable");
-    p.stop().await;
 }
 
 /// An http-api that trusts the simulator's SNS certificate, with its base URL.
@@ -312,13 +306,11 @@ async fn notify(p: &Platform, http: &str, body: Value) -> Value {
 }
 
 async fn marked(p: &Platform, user: &str) -> bool {
-    sqlx::query_scalar(
+    p.scalar(
         "SELECT email_undeliverable_at IS NOT NULL FROM recipients WHERE user_id = $1",
+        user,
     )
-    .bind(user)
-    .fetch_one(&p.pool)
     .await
-    .unwrap()
 }
 
 async fn count(p: &Platform, table: &str) -> i64 {
@@ -385,13 +377,12 @@ async fn a_signed_bounce_marks_the_address_and_a_forged_one_is_refused_and_write
         )
         .await;
         assert_eq!(r["status"], 200);
-        let suppressed: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM email_suppressions WHERE address = $1 AND category = 'all'",
-        )
-        .bind(&soft_address)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+        let suppressed: i64 = p
+            .scalar(
+                "SELECT count(*) FROM email_suppressions WHERE address = $1 AND category = 'all'",
+                &soft_address,
+            )
+            .await;
         assert_eq!(suppressed, i64::from(i == 3), "after {i} soft bounces");
     }
     assert!(
@@ -400,7 +391,6 @@ async fn a_signed_bounce_marks_the_address_and_a_forged_one_is_refused_and_write
     );
     let ev = p.send("s:1", "order_paid", &[&soft]).await;
     assert_eq!(ev.skipped[0].reason, "suppressed");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -434,7 +424,6 @@ async fn a_signed_subscription_confirmation_is_confirmed_and_a_forged_one_is_not
     assert_eq!(q["Action"], "ConfirmSubscription");
     assert_eq!(q["TopicArn"], provider_sim::ses::TOPIC_ARN);
     assert_eq!(q["Token"].as_str().map(str::len), Some(32), "{q}");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -442,16 +431,14 @@ async fn a_complaint_suppresses_marketing_email_only() {
     let mut p = Platform::start_with_workers(&[]).await;
     let http = trusting_http_api(&mut p).await;
     p.add_type("order_paid", &["email"]).await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "promo_weekly".into(),
-            priority: "low".into(),
-            default_channels: vec!["email".into()],
-            category: "marketing".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "promo_weekly".into(),
+        priority: "low".into(),
+        default_channels: vec!["email".into()],
+        category: "marketing".into(),
+        ..Default::default()
+    })
+    .await;
     let user = uniq("c");
     let address = format!("{user}@example.test");
     p.add_recipient(&user, "", &address, "").await;
@@ -464,7 +451,6 @@ async fn a_complaint_suppresses_marketing_email_only() {
     let ev = p.send("c:2", "order_paid", &[&user]).await;
     assert_eq!(ev.deliveries.len(), 1, "transactional email still goes out");
     assert!(ev.skipped.is_empty());
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -472,16 +458,14 @@ async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
     use support::{SendExt, console_login, csrf_token, no_redirects, session_cookie};
     let mut p = Platform::start_with_workers(&[]).await;
     let http_api = trusting_http_api(&mut p).await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "promo_weekly".into(),
-            priority: "low".into(),
-            default_channels: vec!["email".into()],
-            category: "marketing".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "promo_weekly".into(),
+        priority: "low".into(),
+        default_channels: vec!["email".into()],
+        category: "marketing".into(),
+        ..Default::default()
+    })
+    .await;
     let user = uniq("k");
     let address = format!("{user}@example.test");
     p.add_recipient(&user, "", &address, "").await;
@@ -507,11 +491,12 @@ async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
         )),
         "{list}"
     );
-    let id: i64 = sqlx::query_scalar("SELECT id FROM email_suppressions WHERE user_id = $1")
-        .bind(&user)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+    let id: i64 = p
+        .scalar(
+            "SELECT id FROM email_suppressions WHERE user_id = $1",
+            &user,
+        )
+        .await;
     let confirm = http
         .get(url(&format!("/console/email/confirm-remove/{id}")))
         .header("cookie", &cookie)
@@ -591,7 +576,6 @@ async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
             ),
         ]
     );
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -603,16 +587,14 @@ async fn a_complaint_before_the_due_time_skips_the_held_marketing_email() {
     })
     .await;
     let http_api = trusting_http_api(&mut p).await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "promo_weekly".into(),
-            priority: "low".into(),
-            default_channels: vec!["email".into()],
-            category: "marketing".into(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "promo_weekly".into(),
+        priority: "low".into(),
+        default_channels: vec!["email".into()],
+        category: "marketing".into(),
+        ..Default::default()
+    })
+    .await;
     let user = uniq("h");
     let address = format!("{user}@example.test");
     p.add_recipient(&user, "", &address, "").await;
@@ -664,5 +646,4 @@ async fn a_complaint_before_the_due_time_skips_the_held_marketing_email() {
         d.decision
     );
     assert!(p.smtp_sim.messages().is_empty(), "no email was sent");
-    p.stop().await;
 }

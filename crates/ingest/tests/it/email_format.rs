@@ -95,8 +95,7 @@ fn decode_header(value: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thai_subject_sender_and_long_body_survive_email_intact() {
-    let p = Platform::start_with_workers(&[Channel::Email]).await;
-    p.add_type("order_shipped", &["email"]).await;
+    let p = Platform::start_with_type(&[Channel::Email], "order_shipped", &["email"]).await;
     let user = uniq("u1001");
     let address = format!("{user}@example.test");
     p.add_recipient(&user, "", &address, "").await;
@@ -209,13 +208,11 @@ async fn thai_subject_sender_and_long_body_survive_email_intact() {
         text,
         "the body byte for byte"
     );
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rich_email_shows_the_image_and_buttons_and_its_text_part_says_the_same() {
-    let p = Platform::start_with_workers(&[Channel::Email]).await;
-    p.add_type("order_paid", &["email"]).await;
+    let p = Platform::start_with_type(&[Channel::Email], "order_paid", &["email"]).await;
     let user = uniq("u");
     let address = format!("{user}@example.test");
     p.add_recipient(&user, "สมชาย", &address, "").await;
@@ -273,5 +270,4 @@ async fn a_rich_email_shows_the_image_and_buttons_and_its_text_part_says_the_sam
         !html.contains("ยกเลิกการรับอีเมล"),
         "a transactional type has no unsubscribe footer"
     );
-    p.stop().await;
 }

@@ -88,7 +88,6 @@ async fn a_user_without_a_line_id_gets_the_email_instead_once() {
     assert_eq!(again.event_id, created.event_id);
     assert_eq!(p.get_event(&created.event_id).await.deliveries.len(), 2);
     assert_eq!(p.mails_to(&address).await.len(), 1);
-    p.stop().await;
 }
 
 /// A LINE delivery refused for good (400) falls back to email in the transaction that
@@ -186,7 +185,6 @@ async fn a_line_delivery_that_fails_for_good_falls_back_to_email_once() {
         }
     })
     .await;
-    p.stop().await;
 }
 
 /// An in-app notification still unread after `after_seconds` (2 s) escalates to email:
@@ -225,7 +223,6 @@ async fn an_unread_in_app_notification_escalates_to_email_when_due() {
     one_mail(&p, &address).await;
     let trail = explain(&p, &created.event_id, &u, "email").await;
     assert!(trail[0].starts_with("escalation: if the in-app notification is still unread at "));
-    p.stop().await;
 }
 
 /// Reading the in-app notification before the escalation is due cancels it: at its due
@@ -256,7 +253,6 @@ async fn no_email_when_the_user_reads_the_notification_first() {
         email.decision
     );
     assert!(p.mails_to(&address).await.is_empty());
-    p.stop().await;
 }
 
 /// The fallback email respects the user's email opt-out, at planning (no LINE id) and
@@ -273,15 +269,7 @@ async fn the_fallback_email_respects_an_email_opt_out() {
     p.add_recipient(&v, "", &format!("{v}@example.test"), &lid)
         .await;
     for user in [&u, &v] {
-        p.recipients()
-            .set_preference(pb::SetPreferenceRequest {
-                user_id: user.to_string(),
-                r#type: "order_paid".into(),
-                channel: "email".into(),
-                enabled: false,
-            })
-            .await
-            .unwrap();
+        p.set_preference(user, "order_paid", "email", false).await;
     }
     // At planning.
     let created = p.send(&format!("order:{u}"), "order_paid", &[&u]).await;
@@ -326,7 +314,6 @@ async fn the_fallback_email_respects_an_email_opt_out() {
         "{}",
         skip.decision
     );
-    p.stop().await;
 }
 
 /// Bad fallback and escalation settings are refused by field.
@@ -380,7 +367,6 @@ async fn bad_fallback_and_escalation_settings_are_refused_by_field() {
             "escalations[2]",
         ]
     );
-    p.stop().await;
 }
 
 /// "Why was this email sent?": for a user whose LINE account unfollowed, ExplainDelivery
@@ -413,7 +399,6 @@ async fn explain_names_the_unfollow_and_its_time() {
     );
     let ev = p.get_event(&created.event_id).await;
     assert_eq!(ev.skipped[0].reason, "line_unfollowed");
-    p.stop().await;
 }
 
 /// The topic fan-out derives like the direct writer: a subscriber without a LINE id gets
@@ -465,7 +450,6 @@ async fn the_topic_fan_out_plans_the_fallback_too() {
     ];
     want.sort();
     assert_eq!(got, want);
-    p.stop().await;
 }
 
 /// The sweeper's last `worker_lost` and the claim's spent attempt budget create the
@@ -492,15 +476,13 @@ async fn a_lost_last_attempt_and_a_spent_budget_fall_back_too() {
         events.push(created.event_id);
     }
     // The last attempt's worker died: its lease ran out.
-    sqlx::query(
+    p.exec(
         "UPDATE notification_deliveries SET status = 'sending', attempts = max_attempts,
              lease_token = gen_random_uuid(), lease_expires_at = now() - interval '1 second'
          WHERE id = $1",
+        line_ids[0],
     )
-    .bind(line_ids[0])
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     let swept = deliveries::requeue_expired_leases(&p.pool, 10)
         .await
         .unwrap();
@@ -513,14 +495,12 @@ async fn a_lost_last_attempt_and_a_spent_budget_fall_back_too() {
         "one fallback, to email"
     );
     // Every attempt spent, due again: the claim fails it.
-    sqlx::query(
+    p.exec(
         "UPDATE notification_deliveries SET attempts = max_attempts, next_attempt_at = now()
          WHERE id = $1",
+        line_ids[1],
     )
-    .bind(line_ids[1])
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     let claimed = deliveries::claim(
         &p.pool,
         line_ids[1],
@@ -559,5 +539,4 @@ async fn a_lost_last_attempt_and_a_spent_budget_fall_back_too() {
             .unwrap()
             .is_empty()
     );
-    p.stop().await;
 }

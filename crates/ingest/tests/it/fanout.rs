@@ -43,8 +43,8 @@ async fn wait_fanout_done(p: &Platform, event_id: &str) -> pb::GetEventResponse 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_topic_event_reaches_every_subscriber_once_in_checkpointed_batches() {
-    let p = Platform::start_with_workers(&[notify_core::Channel::InApp]).await;
-    p.add_type("promo", &["inapp", "line"]).await;
+    let p = Platform::start_with_type(&[notify_core::Channel::InApp], "promo", &["inapp", "line"])
+        .await;
     assert!(
         p.topics()
             .create_topic(pb::CreateTopicRequest {
@@ -122,13 +122,11 @@ async fn a_topic_event_reaches_every_subscriber_once_in_checkpointed_batches() {
     )
     .await;
     assert_eq!(p.count("notifications").await, 2_500);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topic_calls_validate_their_input() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("promo", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "promo", &["inapp"]).await;
     let err = p
         .topics()
         .create_topic(pb::CreateTopicRequest {
@@ -168,7 +166,6 @@ async fn topic_calls_validate_their_input() {
         Code::InvalidArgument
     );
     assert_eq!(p.count("notification_events").await, 0);
-    p.stop().await;
 }
 
 /// A topic event with `line_multicast`: LINE goes out in multicast calls of at most 500
@@ -177,8 +174,7 @@ async fn topic_calls_validate_their_input() {
 /// without a LINE id or who blocked the account are still skipped one by one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn line_multicast_sends_topic_broadcasts_in_batches_of_at_most_500() {
-    let p = Platform::start_with_workers(&[notify_core::Channel::Line]).await;
-    p.add_type("promo", &["line"]).await;
+    let p = Platform::start_with_type(&[notify_core::Channel::Line], "promo", &["line"]).await;
     p.topics()
         .create_topic(pb::CreateTopicRequest {
             key: "shop.promotions".into(),
@@ -203,11 +199,7 @@ async fn line_multicast_sends_topic_broadcasts_in_batches_of_at_most_500() {
     .execute(&p.pool)
     .await
     .unwrap();
-    sqlx::query("INSERT INTO line_followers (line_user_id, following, changed_at) VALUES ($1, false, now())")
-        .bind(line_of(1))
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.exec("INSERT INTO line_followers (line_user_id, following, changed_at) VALUES ($1, false, now())", line_of(1)).await;
     p.sim_fault(serde_json::json!({"provider": "line", "status": 500, "times": 1}))
         .await;
 
@@ -274,5 +266,4 @@ async fn line_multicast_sends_topic_broadcasts_in_batches_of_at_most_500() {
         reached, expected,
         "every reachable subscriber in exactly one accepted call"
     );
-    p.stop().await;
 }

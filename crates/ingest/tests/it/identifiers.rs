@@ -26,8 +26,7 @@ const LOOK_ALIKES: [char; 10] = [
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn look_alike_user_ids_are_refused_at_every_door() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("alike_news", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "alike_news", &["inapp"]).await;
     let alice = uniq("alice");
     p.add_recipient(&alice, "Alice", "", "").await;
     for c in LOOK_ALIKES {
@@ -70,13 +69,11 @@ async fn look_alike_user_ids_are_refused_at_every_door() {
         .await
         .unwrap();
     assert_eq!(stored, 1, "only the real alice is stored");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_id_typed_in_nfd_is_the_same_user_at_every_door() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("nfd_news", &["email"]).await;
+    let p = Platform::start_with_type(&[], "nfd_news", &["email"]).await;
     let tail = uniq("");
     let nfd = format!("jose\u{301}{tail}");
     let nfc = format!("jos\u{e9}{tail}");
@@ -108,5 +105,4 @@ async fn a_user_id_typed_in_nfd_is_the_same_user_at_every_door() {
         .expect("found in NFD")
         .into_inner();
     assert_eq!(got.user_id, nfc);
-    p.stop().await;
 }

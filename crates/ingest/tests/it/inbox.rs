@@ -178,7 +178,6 @@ async fn users_see_and_change_only_their_own_notifications() {
         (s, e["error"]["code"].as_str()),
         (413, Some("body_too_large"))
     );
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -244,7 +243,6 @@ async fn bad_tokens_get_401_and_a_busy_user_gets_429() {
         .await
         .unwrap();
     assert!(!other.headers().contains_key("access-control-allow-origin"));
-    p.stop().await;
 }
 
 /// Reads SSE frames until `want` events of type `kind` arrived; returns (id, data) pairs.
@@ -333,7 +331,6 @@ async fn the_stream_delivers_new_notifications_live_and_resumes_after_a_reconnec
         .map(|(_, d)| d["title"].as_str().unwrap())
         .collect();
     assert_eq!(titles, ["สอง", "สาม"]);
-    p.stop().await;
 }
 
 /// A read-all of 1,200 notifications changes them in one statement, announced once: a
@@ -343,16 +340,14 @@ async fn the_stream_delivers_new_notifications_live_and_resumes_after_a_reconnec
 async fn a_read_all_of_more_than_a_page_reaches_the_stream_at_once() {
     let p = Platform::start_with_workers(&[]).await;
     let a = p.add_bare_recipient("a").await;
-    sqlx::query(
+    p.exec(
         "INSERT INTO notifications (id, delivery_id, event_id, user_id, type, title, body)
          SELECT gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), $1, 'news',
                 'ข่าว ' || i, ''
          FROM generate_series(1, 1200) i",
+        &a,
     )
-    .bind(&a)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     let c = InboxClient {
         p: &p,
         token: token(&a, support::INBOX_SECRET, 300),
@@ -381,7 +376,6 @@ async fn a_read_all_of_more_than_a_page_reaches_the_stream_at_once() {
         read_events(&mut body, &mut buf, "unread_count", 1).await[0].1["unread"],
         0
     );
-    p.stop().await;
 }
 
 /// `docs/openapi.json` lists exactly the inbox routes the service serves, and each of them
@@ -440,13 +434,11 @@ async fn the_openapi_file_matches_the_routes() {
     assert_eq!(r.status(), 404);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["code"], "not_found");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_manage_their_preferences_quiet_hours_and_devices() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("news", &["inapp", "push"]).await;
+    let p = Platform::start_with_type(&[], "news", &["inapp", "push"]).await;
     let (a, b) = (uniq("a"), uniq("b"));
     for u in [&a, &b] {
         p.add_recipient(u, "", "", "").await;
@@ -563,14 +555,13 @@ async fn users_manage_their_preferences_quiet_hours_and_devices() {
     assert_eq!(del(&cb, &id).await, 404, "not B's device");
     assert_eq!(del(&ca, &id).await, 204);
     assert_eq!(del(&ca, &id).await, 204, "idempotent");
-    let status: String =
-        sqlx::query_scalar("SELECT status FROM notification_endpoints WHERE id = $1::uuid")
-            .bind(&id)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let status: String = p
+        .scalar(
+            "SELECT status FROM notification_endpoints WHERE id = $1::uuid",
+            &id,
+        )
+        .await;
     assert_eq!(status, "revoked");
-    p.stop().await;
 }
 
 /// ES256 tokens checked against a JWKS served over HTTP, on a second replica of the
@@ -683,7 +674,6 @@ async fn a_second_replica_with_jwks_keys_streams_the_same_inbox() {
     assert_eq!(got[0].1["title"], "ผ่านอีกเครื่อง");
     drop(body);
     stop.cancel();
-    p.stop().await;
 }
 
 /// Reads SSE `notification` frames for `window`, or until the stream ends; returns their
@@ -792,12 +782,9 @@ async fn a_client_reconnecting_every_300_ms_sees_each_of_400_concurrent_notifica
         }
         seen.extend(got);
         // Done once every row is committed and two more rounds found nothing new.
-        let written: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM notifications WHERE user_id = $1")
-                .bind(&a)
-                .fetch_one(&p.pool)
-                .await
-                .unwrap();
+        let written: i64 = p
+            .scalar("SELECT count(*) FROM notifications WHERE user_id = $1", &a)
+            .await;
         if written == (WRITERS * EACH) as i64 {
             settled_rounds += 1;
             if settled_rounds > 2 {
@@ -813,12 +800,12 @@ async fn a_client_reconnecting_every_300_ms_sees_each_of_400_concurrent_notifica
     let before = ids.len();
     ids.dedup();
     assert_eq!(before, ids.len(), "a notification was sent twice");
-    let stored: Vec<String> =
-        sqlx::query_scalar("SELECT id::text FROM notifications WHERE user_id = $1 ORDER BY id")
-            .bind(&a)
-            .fetch_all(&p.pool)
-            .await
-            .unwrap();
+    let stored: Vec<String> = p
+        .scalars(
+            "SELECT id::text FROM notifications WHERE user_id = $1 ORDER BY id",
+            &a,
+        )
+        .await;
     let missing: Vec<&String> = stored
         .iter()
         .filter(|s| ids.binary_search(&s.as_str()).is_err())
@@ -830,7 +817,6 @@ async fn a_client_reconnecting_every_300_ms_sees_each_of_400_concurrent_notifica
         missing.len(),
         stored.len()
     );
-    p.stop().await;
 }
 
 /// An HS256 token with these claims, signed with the platform's secret.
@@ -869,7 +855,6 @@ async fn a_token_used_before_its_nbf_gets_401_with_json() {
     );
     let ready = signed(json!({"sub": a, "exp": now() + 7200, "nbf": now() - 5}));
     assert_eq!(unread_with(&p, &p.http_url, &ready).await.0, 200);
-    p.stop().await;
 }
 
 /// With `NOTIFY_INBOX_JWT_AUDIENCE` and `NOTIFY_INBOX_JWT_ISSUER` set (here on a second
@@ -965,7 +950,6 @@ async fn with_an_audience_and_issuer_configured_only_tokens_for_them_are_accepte
         "{e}"
     );
     stop.cancel();
-    p.stop().await;
 }
 
 /// The same rule as ingest's for a user id: a `sub` with a NUL (which Postgres cannot
@@ -997,7 +981,6 @@ async fn a_sub_with_a_control_invisible_or_bidi_character_gets_401_with_json() {
             "{sub:?}: {e}"
         );
     }
-    p.stop().await;
 }
 
 /// Ingest stores user ids NFC-normalised; a token naming the same user in decomposed form
@@ -1017,7 +1000,6 @@ async fn a_decomposed_sub_reads_the_inbox_of_the_same_composed_user_id() {
     )
     .await;
     assert_eq!((s, n["unread"].as_i64()), (200, Some(1)), "{n}");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1040,7 +1022,6 @@ async fn a_token_over_8_kib_gets_401_with_json_before_it_is_parsed() {
             .contains("8192 bytes"),
         "{e}"
     );
-    p.stop().await;
 }
 
 /// A repeated query parameter, an id that is not UTF-8 and a method a route does not serve
@@ -1100,7 +1081,6 @@ async fn malformed_requests_get_json_errors_naming_the_parameter_or_the_allowed_
             "{method} {path}: {h:?}"
         );
     }
-    p.stop().await;
 }
 
 /// A JSON body of the right shape but a wrong-typed, missing or unknown field is reported
@@ -1162,7 +1142,6 @@ async fn a_wrong_typed_missing_or_unknown_json_field_is_reported_by_its_name() {
         assert_eq!(e["error"]["field"], field, "{method} {path} {body}: {e}");
         assert!(!e["error"]["message"].as_str().unwrap().is_empty(), "{e}");
     }
-    p.stop().await;
 }
 
 /// Read changes take a feed position the same way: while two in-app workers write 200
@@ -1257,12 +1236,9 @@ async fn read_changes_made_during_a_burst_reach_a_resuming_client_in_order() {
         }
         drop(body);
         let (_, r) = c.get("/v1/inbox/unread-count").await;
-        let written: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM notifications WHERE user_id = $1")
-                .bind(&a)
-                .fetch_one(&p.pool)
-                .await
-                .unwrap();
+        let written: i64 = p
+            .scalar("SELECT count(*) FROM notifications WHERE user_id = $1", &a)
+            .await;
         if written == (WRITERS * EACH) as i64 && r["unread"] == 0 {
             settled_rounds += 1;
             if settled_rounds > 2 {
@@ -1290,5 +1266,4 @@ async fn read_changes_made_during_a_burst_reach_a_resuming_client_in_order() {
         "{} read changes never reached the client",
         unread.len()
     );
-    p.stop().await;
 }

@@ -31,8 +31,7 @@ const ACTIONS: &str = r#"[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_click_marks_the_item_read_answers_its_link_and_is_counted_once() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "order_paid", &["inapp"]).await;
     let u = p.add_bare_recipient("u").await;
     let ev = deliver(&p, p.rich_event("order:1001:paid", "order_paid", &[&u])).await;
     assert_eq!(ev.deliveries[0].status, "sent");
@@ -91,13 +90,11 @@ async fn an_action_click_marks_the_item_read_answers_its_link_and_is_counted_onc
     assert_eq!(count["unread"], 0);
     let listed = c.page().await;
     assert_eq!(listed["items"][0]["clicked_action"], "");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_click_names_the_field_and_changes_nothing() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "order_paid", &["inapp"]).await;
     let (u, other) = (
         p.add_bare_recipient("u").await,
         p.add_bare_recipient("o").await,
@@ -139,21 +136,18 @@ async fn a_bad_click_names_the_field_and_changes_nothing() {
             .unwrap()
             .is_empty()
     );
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_digest_row_shows_its_latest_image_and_actions_and_forgets_the_old_click() {
     let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "order_update".into(),
-            default_channels: vec!["inapp".into()],
-            digest_window_seconds: 600,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "order_update".into(),
+        default_channels: vec!["inapp".into()],
+        digest_window_seconds: 600,
+        ..Default::default()
+    })
+    .await;
     let u = p.add_bare_recipient("u").await;
     let c = InboxClient::of(&p, &u);
     let mut first = p.rich_event("order:1001:packed", "order_update", &[&u]);
@@ -200,7 +194,6 @@ async fn a_digest_row_shows_its_latest_image_and_actions_and_forgets_the_old_cli
     let clicks = clicks_of(&p.pool, delivery_id(&ev)).await.unwrap();
     assert_eq!(clicks.len(), 1);
     assert_eq!(clicks[0].action_id, "track");
-    p.stop().await;
 }
 
 /// Opens the stream, resuming after `last` when given; returns the body.
@@ -253,8 +246,7 @@ async fn titles_until_count(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_opened_from_the_pages_feed_seq_gets_what_arrived_after_the_page() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("news", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "news", &["inapp"]).await;
     let u = p.add_bare_recipient("u").await;
     let c = InboxClient::of(&p, &u);
     let mut req = p.event("n1", "news", &[&u]);
@@ -275,5 +267,4 @@ async fn a_stream_opened_from_the_pages_feed_seq_gets_what_arrived_after_the_pag
     // A stream opened without it starts at the present: the race an old client lost.
     let mut fresh = open_stream(&p, &c, None).await;
     assert!(titles_until_count(&mut fresh).await.is_empty());
-    p.stop().await;
 }

@@ -36,14 +36,12 @@ fn violations(err: &tonic::Status) -> Vec<(String, String)> {
 
 /// Deliveries of `event_id` by (channel, status).
 async fn statuses(p: &Platform, event_id: &str) -> Vec<(String, String, i64)> {
-    sqlx::query_as(
+    p.rows(
         "SELECT channel, status, count(*) FROM notification_deliveries WHERE event_id = $1::uuid
          GROUP BY channel, status ORDER BY channel, status",
+        event_id,
     )
-    .bind(event_id)
-    .fetch_all(&p.pool)
     .await
-    .unwrap()
 }
 
 async fn wait_fanout_done(p: &Platform, event_id: &str) {
@@ -63,8 +61,7 @@ async fn wait_fanout_done(p: &Platform, event_id: &str) {
 /// recipient gets nothing not yet handed to a provider.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recipient_canceled_after_their_multicast_batch_was_written_is_not_in_the_call() {
-    let mut p = Platform::start_with_workers(&[]).await;
-    p.add_type("promo", &["line"]).await;
+    let mut p = Platform::start_with_type(&[], "promo", &["line"]).await;
     p.topics()
         .create_topic(pb::CreateTopicRequest {
             key: "shop.mc".into(),
@@ -109,15 +106,13 @@ async fn a_recipient_canceled_after_their_multicast_batch_was_written_is_not_in_
         to.contains(&users[0].1) && to.contains(&users[2].1),
         "{to:?}"
     );
-    p.stop().await;
 }
 
 /// A delay that is a well-formed duration but longer than the horizon is refused naming
 /// the horizon (as `31d` is), not as if it were not a duration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delay_longer_than_a_year_is_refused_naming_the_horizon() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["inapp"]).await;
     for delay in ["400d", "9999999d", "100000h"] {
         let mut req = p.event(&uniq("order:long"), "order_paid", &["u1"]);
         req.delay = delay.into();
@@ -130,15 +125,13 @@ async fn a_delay_longer_than_a_year_is_refused_naming_the_horizon() {
             "{delay}: {found:?}"
         );
     }
-    p.stop().await;
 }
 
 /// Odd delays: "0s" sends now (no due time); negative, fractional, unit-less garbage and
 /// numbers past u64 are refused naming `delay`; nothing is written for a refusal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn odd_delays_send_now_or_are_refused_naming_delay() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "order_paid", &["inapp"]).await;
     for delay in [
         "-5s",
         "1.5h",
@@ -184,7 +177,6 @@ async fn odd_delays_send_now_or_are_refused_naming_delay() {
         Code::AlreadyExists,
         "no delay is another event identity than 0s: {err:?}"
     );
-    p.stop().await;
 }
 
 /// `send_at` at the horizon's edge and in odd spellings: exactly 30 days ahead on the
@@ -193,8 +185,7 @@ async fn odd_delays_send_now_or_are_refused_naming_delay() {
 /// either refused naming `send_at` or taken, never an internal error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_at_at_the_horizon_and_in_odd_spellings() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "order_paid", &["inapp"]).await;
     let horizon = db_now(&p).await + chrono::Duration::days(30);
 
     let mut at = p.event("order:edge", "order_paid", &["u1"]);
@@ -266,7 +257,6 @@ async fn send_at_at_the_horizon_and_in_odd_spellings() {
         }
         Err(e) => assert_eq!(violations(&e)[0].0, "send_at", "{e:?}"),
     }
-    p.stop().await;
 }
 
 /// A canceled scheduled event replayed with the same key is a duplicate of the canceled
@@ -274,8 +264,7 @@ async fn send_at_at_the_horizon_and_in_odd_spellings() {
 /// ALREADY_EXISTS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_canceled_scheduled_event_replayed_stays_canceled() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("reminder", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "reminder", &["inapp"]).await;
     let mut req = p.event("remind:later", "reminder", &["u1", "u2"]);
     req.delay = "2s".into();
     let ev = p
@@ -317,7 +306,6 @@ async fn a_canceled_scheduled_event_replayed_stays_canceled() {
     .await;
     assert_eq!(p.count("outbox").await, 0);
     assert_eq!(p.count("notifications").await, 0, "no inbox row");
-    p.stop().await;
 }
 
 /// A scheduled topic broadcast canceled by its cancellation key before its due time:
@@ -325,8 +313,7 @@ async fn a_canceled_scheduled_event_replayed_stays_canceled() {
 /// anyone when the due time passes, and the counts add up to the audience.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduled_broadcast_canceled_before_it_is_due_sends_nothing() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("promo", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "promo", &["inapp"]).await;
     p.topics()
         .create_topic(pb::CreateTopicRequest {
             key: "shop.sale".into(),
@@ -358,27 +345,19 @@ async fn a_scheduled_broadcast_canceled_before_it_is_due_sends_nothing() {
         "{out:?}"
     );
     settle("nothing sent after the due time", Duration::from_secs(4), async || {
-        let bad: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM notification_deliveries WHERE event_id = $1::uuid AND status <> 'canceled'",
-        )
-        .bind(&ev.event_id)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+        let bad: i64 = p.scalar("SELECT count(*) FROM notification_deliveries WHERE event_id = $1::uuid AND status <> 'canceled'", &ev.event_id).await;
         if bad == 0 { Ok(()) } else { Err(bad) }
     })
     .await;
     assert_eq!(p.count("notifications").await, 0);
     assert_eq!(p.get_event(&ev.event_id).await.fanout_status, "canceled");
-    p.stop().await;
 }
 
 /// Leaving a topic before a scheduled broadcast is due is decided when due: the
 /// subscriber who unsubscribed is skipped `unsubscribed`, the one who stayed gets it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_who_leaves_the_topic_before_the_due_time_gets_nothing() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("promo", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "promo", &["inapp"]).await;
     let topic = uniq("shop.flash");
     p.topics()
         .create_topic(pb::CreateTopicRequest { key: topic.clone() })
@@ -401,13 +380,12 @@ async fn a_subscriber_who_leaves_the_topic_before_the_due_time_gets_nothing() {
         "the fan-out planned both",
         Duration::from_secs(10),
         async || {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM notification_deliveries WHERE event_id = $1::uuid",
-            )
-            .bind(&ev.event_id)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+            let n: i64 = p
+                .scalar(
+                    "SELECT count(*) FROM notification_deliveries WHERE event_id = $1::uuid",
+                    &ev.event_id,
+                )
+                .await;
             if n == 2 { Ok(()) } else { Err(n) }
         },
     )
@@ -439,7 +417,6 @@ async fn a_subscriber_who_leaves_the_topic_before_the_due_time_gets_nothing() {
         "{}",
         left.decision
     );
-    p.stop().await;
 }
 
 /// A LINE delivery in its provider call when its recipient is canceled, which then fails
@@ -502,7 +479,6 @@ async fn a_failure_after_the_recipients_cancel_makes_no_fallback() {
         p.mails_to(&mail).await.is_empty(),
         "no mail to the canceled recipient"
     );
-    p.stop().await;
 }
 
 /// An escalation of a canceled event: the in-app notification was sent, the pending
@@ -547,7 +523,6 @@ async fn the_escalation_of_a_canceled_event_is_canceled_and_never_sent() {
         (email.status.as_str(), email.cause.as_str()),
         ("canceled", "escalation")
     );
-    p.stop().await;
 }
 
 /// Another caller sees nothing of a caller's derived deliveries: GetEvent, ExplainDelivery
@@ -690,7 +665,6 @@ async fn another_caller_learns_nothing_of_derived_deliveries() {
     .await
     .unwrap();
     assert!(pending >= 1, "alice's derived deliveries untouched");
-    p.stop().await;
 }
 
 /// 50 concurrent cancels of overlapping targets (one cancellation key over several
@@ -698,8 +672,7 @@ async fn another_caller_learns_nothing_of_derived_deliveries() {
 /// deadlock, no error) and leave nothing pending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_concurrent_cancels_of_overlapping_targets_all_succeed() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("reminder", &["inapp", "email"]).await;
+    let p = Platform::start_with_type(&[], "reminder", &["inapp", "email"]).await;
     let users: Vec<String> = (0..4).map(|i| format!("ov-{i}")).collect();
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
     let mut ids = Vec::new();
@@ -757,7 +730,6 @@ async fn fifty_concurrent_cancels_of_overlapping_targets_all_succeed() {
     for id in &ids {
         assert!(p.get_event(id).await.canceled_at.is_some());
     }
-    p.stop().await;
 }
 
 /// A cancel by cancellation key repeated while a large CreateEvent with that key is being
@@ -765,8 +737,7 @@ async fn fifty_concurrent_cancels_of_overlapping_targets_all_succeed() {
 /// with all its deliveries canceled; once it found the event, nothing of it is pending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_racing_the_create_of_its_key_finds_nothing_or_everything() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("reminder", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "reminder", &["inapp"]).await;
     let users: Vec<String> = (0..900).map(|i| format!("race-{i:04}")).collect();
     let refs: Vec<&str> = users.iter().map(String::as_str).collect();
     let mut req = p.event("race:1", "reminder", &refs);
@@ -792,15 +763,13 @@ async fn a_cancel_racing_the_create_of_its_key_finds_nothing_or_everything() {
         statuses(&p, &ev.event_id).await,
         [("inapp".to_string(), "canceled".to_string(), 900)]
     );
-    p.stop().await;
 }
 
 /// A LINE user who unfollows and follows again before a scheduled delivery is due gets
 /// it: the newest follow event decides at the due time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_line_user_who_follows_again_before_the_due_time_gets_the_message() {
-    let p = Platform::start_with_workers(&[Channel::Line]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let p = Platform::start_with_type(&[Channel::Line], "order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("refollow").await;
     let mut req = p.event("refollow:1", "order_paid", &[&u]);
     req.delay = "2s".into();
@@ -823,7 +792,6 @@ async fn a_line_user_who_follows_again_before_the_due_time_gets_the_message() {
     let done = p.wait_final(&ev.event_id, 20).await;
     support::assert_all_sent(&done);
     assert_eq!(p.sim_count("line").await, 1);
-    p.stop().await;
 }
 
 /// The console's event page for a scheduled, canceled event whose LINE delivery failed
@@ -881,7 +849,6 @@ async fn the_console_renders_scheduled_canceled_and_derived_rows_escaped() {
             assert!(page.contains("scheduled: due at"), "{page}");
         }
     }
-    p.stop().await;
 }
 
 /// A user whose phone is signed in to another account before a scheduled push is due:
@@ -889,8 +856,7 @@ async fn the_console_renders_scheduled_canceled_and_derived_rows_escaped() {
 /// endpoint is no longer this user's and the push must not reach it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduled_push_does_not_reach_a_device_now_registered_to_another_user() {
-    let p = Platform::start_with_workers(&[Channel::Push]).await;
-    p.add_type("order_paid", &["push"]).await;
+    let p = Platform::start_with_type(&[Channel::Push], "order_paid", &["push"]).await;
     let (a, b) = (
         p.add_bare_recipient("owner").await,
         p.add_bare_recipient("next").await,
@@ -902,12 +868,12 @@ async fn a_scheduled_push_does_not_reach_a_device_now_registered_to_another_user
     let ev = p.ingest().create_event(req).await.unwrap().into_inner();
     // The phone now belongs to b's account.
     p.add_device(&b, &token).await;
-    let owner: String =
-        sqlx::query_scalar("SELECT user_id FROM notification_endpoints WHERE token = $1")
-            .bind(&token)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let owner: String = p
+        .scalar(
+            "SELECT user_id FROM notification_endpoints WHERE token = $1",
+            &token,
+        )
+        .await;
     assert_eq!(owner, b, "the token is b's now");
     let done = p.wait_final(&ev.event_id, 20).await;
     assert_eq!(
@@ -921,15 +887,13 @@ async fn a_scheduled_push_does_not_reach_a_device_now_registered_to_another_user
         "{:?}",
         done.deliveries
     );
-    p.stop().await;
 }
 
 /// A user who changes their email address before a scheduled email is due gets it at the
 /// new address, not at the one they left (decided at the time of sending).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduled_email_goes_to_the_address_the_user_has_when_it_is_due() {
-    let p = Platform::start_with_workers(&[Channel::Email]).await;
-    p.add_type("order_paid", &["email"]).await;
+    let p = Platform::start_with_type(&[Channel::Email], "order_paid", &["email"]).await;
     let u = uniq("moved");
     let (old, new) = (
         format!("{u}-old@shop.example.test"),
@@ -951,7 +915,6 @@ async fn a_scheduled_email_goes_to_the_address_the_user_has_when_it_is_due() {
         "mailed to the old address"
     );
     assert_eq!(p.mails_to(&new).await.len(), 1);
-    p.stop().await;
 }
 
 /// A fallback chain in which no channel can reach the user: no delivery at all, one skip
@@ -982,7 +945,6 @@ async fn a_fallback_chain_with_no_reachable_channel_skips_each_and_sends_nothing
     let replay = p.send("none:1", "order_paid", &[&u]).await;
     assert!(replay.duplicate);
     assert_eq!(p.count("notification_deliveries").await, 0);
-    p.stop().await;
 }
 
 /// A scheduled LINE message whose recipient blocks the account before it is due: at the
@@ -1041,7 +1003,6 @@ async fn an_unfollow_before_the_due_time_falls_back_to_email_when_due() {
     );
     assert_eq!(email.caused_by, line.delivery_id);
     assert_eq!(p.sim_count("line").await, 0);
-    p.stop().await;
 }
 
 /// A LINE call in flight when the cancel comes answers 500: the retry its record would
@@ -1049,8 +1010,7 @@ async fn an_unfollow_before_the_due_time_falls_back_to_email_when_due() {
 /// called once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_recorded_while_the_cancel_waits_is_canceled_not_sent() {
-    let p = Platform::start_with_workers(&[Channel::Line]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let p = Platform::start_with_type(&[Channel::Line], "order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("retry").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 500,
@@ -1088,7 +1048,6 @@ async fn a_retry_recorded_while_the_cancel_waits_is_canceled_not_sent() {
     )
     .await;
     assert_eq!(p.count("outbox").await, 0);
-    p.stop().await;
 }
 
 /// A cancel that lands the moment an escalation becomes due: whatever the race, nothing
@@ -1102,14 +1061,13 @@ async fn a_cancel_at_the_moment_an_escalation_is_due_leaves_nothing_sent_after_i
     let mail = format!("{u}@shop.example.test");
     p.add_recipient(&u, "", &mail, "").await;
     let ev = p.send("inv:race", "invoice_due", &[&u]).await;
-    let due: DateTime<Utc> = sqlx::query_scalar(
-        "SELECT next_attempt_at FROM notification_deliveries
+    let due: DateTime<Utc> = p
+        .scalar(
+            "SELECT next_attempt_at FROM notification_deliveries
          WHERE event_id = $1::uuid AND cause = 'escalation'",
-    )
-    .bind(&ev.event_id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+            &ev.event_id,
+        )
+        .await;
     eventually(
         "the escalation is due",
         Duration::from_secs(5),
@@ -1145,20 +1103,18 @@ async fn a_cancel_at_the_moment_an_escalation_is_due_leaves_nothing_sent_after_i
     )
     .await;
     let mails = p.mails_to(&mail).await.len() as u32;
-    let email_sent: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM notification_deliveries
+    let email_sent: i64 = p
+        .scalar(
+            "SELECT count(*) FROM notification_deliveries
          WHERE event_id = $1::uuid AND channel = 'email' AND status = 'sent'",
-    )
-    .bind(&ev.event_id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+            &ev.event_id,
+        )
+        .await;
     assert_eq!(
         i64::from(mails),
         email_sent,
         "a mail exactly when its delivery is sent"
     );
-    p.stop().await;
 }
 
 /// The fallback of a failure whose transaction dies half way (a worker crash before the
@@ -1194,13 +1150,7 @@ async fn a_fallback_whose_transaction_died_is_made_once_when_done_again() {
     };
     assert!(fail_and_fall_back(false).await.is_some());
     let emails = async || -> i64 {
-        sqlx::query_scalar(
-            "SELECT count(*) FROM notification_deliveries WHERE event_id = $1::uuid AND channel = 'email'",
-        )
-        .bind(&ev.event_id)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap()
+        p.scalar("SELECT count(*) FROM notification_deliveries WHERE event_id = $1::uuid AND channel = 'email'", &ev.event_id).await
     };
     assert_eq!(emails().await, 0, "the crashed transaction left nothing");
     assert!(fail_and_fall_back(true).await.is_some());
@@ -1213,7 +1163,6 @@ async fn a_fallback_whose_transaction_died_is_made_once_when_done_again() {
     let replay = p.send("crash:1", "order_paid", &[&u]).await;
     assert!(replay.duplicate);
     assert_eq!(emails().await, 1);
-    p.stop().await;
 }
 
 /// A scheduled event's derived deliveries wait for its due time too: the fallback email
@@ -1237,14 +1186,13 @@ async fn derived_deliveries_of_a_scheduled_event_wait_for_its_due_time() {
     req.delay = "1h".into();
     let ev = p.ingest().create_event(req).await.unwrap().into_inner();
     let send_at = instant(ev.send_at.as_ref().expect("scheduled"));
-    let due: Vec<(String, String, DateTime<Utc>)> = sqlx::query_as(
-        "SELECT channel, cause, next_attempt_at FROM notification_deliveries
+    let due: Vec<(String, String, DateTime<Utc>)> = p
+        .rows(
+            "SELECT channel, cause, next_attempt_at FROM notification_deliveries
          WHERE event_id = $1::uuid ORDER BY channel",
-    )
-    .bind(&ev.event_id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+            &ev.event_id,
+        )
+        .await;
     let close = |a: DateTime<Utc>, b: DateTime<Utc>| (a - b).num_milliseconds().abs() < 5;
     assert_eq!(due.len(), 3, "{due:?}");
     for (channel, cause, at) in &due {
@@ -1277,15 +1225,13 @@ async fn derived_deliveries_of_a_scheduled_event_wait_for_its_due_time() {
         },
     )
     .await;
-    p.stop().await;
 }
 
 /// A device revoked and registered again (same token, same user) before a scheduled push
 /// is due gets it: the endpoint is active at the due time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_device_registered_again_before_the_due_time_gets_the_push() {
-    let p = Platform::start_with_workers(&[Channel::Push]).await;
-    p.add_type("order_paid", &["push"]).await;
+    let p = Platform::start_with_type(&[Channel::Push], "order_paid", &["push"]).await;
     let u = p.add_bare_recipient("again").await;
     let token = format!("fcm-again-{u}");
     let endpoint = p.add_device(&u, &token).await;
@@ -1307,7 +1253,6 @@ async fn a_device_registered_again_before_the_due_time_gets_the_push() {
     let done = p.wait_final(&ev.event_id, 20).await;
     support::assert_all_sent(&done);
     assert_eq!(p.sim_count("fcm").await, 1);
-    p.stop().await;
 }
 
 /// CancelEvent's edges: an event key in another Unicode normalisation form finds the
@@ -1315,8 +1260,7 @@ async fn a_device_registered_again_before_the_due_time_gets_the_push() {
 /// recipient counts once, and a recipient who is not on the event cancels nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_keys_match_in_any_normalisation_and_recipient_lists_are_bounded() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("reminder", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "reminder", &["inapp"]).await;
     let ev = p.send("caf\u{e9}:1", "reminder", &["u1", "u2"]).await;
     let many: Vec<String> = (0..1_001).map(|i| format!("m{i}")).collect();
     let refs: Vec<&str> = many.iter().map(String::as_str).collect();
@@ -1357,7 +1301,6 @@ async fn cancel_keys_match_in_any_normalisation_and_recipient_lists_are_bounded(
     .await;
     assert_eq!(out.event_ids, [held.event_id], "{out:?}");
     assert_eq!(out.canceled, 1, "{out:?}");
-    p.stop().await;
 }
 
 /// Two LINE subscribers with email addresses and a topic type that falls back from LINE
@@ -1429,7 +1372,6 @@ async fn a_failed_line_multicast_batch_falls_back_to_email_for_each_user() {
         )
         .await;
     }
-    p.stop().await;
 }
 
 /// A topic broadcast sent by LINE multicast whose type escalates LINE to email: the
@@ -1464,7 +1406,6 @@ async fn a_multicast_broadcast_with_a_line_escalation_completes_and_escalates_ea
         .collect();
     assert_eq!(line.len(), 1, "one multicast batch: {:?}", done.deliveries);
     assert_eq!(line[0].provider, "line_multicast");
-    p.stop().await;
 }
 
 /// Quiet hours of the due time across a DST change: a New York user's email scheduled for
@@ -1485,11 +1426,11 @@ async fn quiet_hours_at_a_due_time_across_a_dst_change_end_at_the_local_morning(
     let u = uniq("nyc");
     p.add_recipient(&u, "", &format!("{u}@example.test"), "")
         .await;
-    sqlx::query("UPDATE recipients SET timezone = 'America/New_York' WHERE user_id = $1")
-        .bind(&u)
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.exec(
+        "UPDATE recipients SET timezone = 'America/New_York' WHERE user_id = $1",
+        &u,
+    )
+    .await;
     p.recipients()
         .set_quiet_hours(pb::SetQuietHoursRequest {
             user_id: u.clone(),
@@ -1524,7 +1465,6 @@ async fn quiet_hours_at_a_due_time_across_a_dst_change_end_at_the_local_morning(
     req.send_at = "2027-03-14T06:30:00Z".into();
     let again = p.ingest().create_event(req).await.unwrap().into_inner();
     assert!(again.duplicate, "one instant");
-    p.stop().await;
 }
 
 /// The in-app notification read at the very instant its escalation is due: read in time,
@@ -1538,14 +1478,13 @@ async fn a_notification_read_exactly_at_the_escalation_due_time_cancels_it() {
     let mail = format!("{u}@shop.example.test");
     p.add_recipient(&u, "", &mail, "").await;
     let ev = p.send("inv:exact", "invoice_due", &[&u]).await;
-    let due: DateTime<Utc> = sqlx::query_scalar(
-        "SELECT next_attempt_at FROM notification_deliveries
+    let due: DateTime<Utc> = p
+        .scalar(
+            "SELECT next_attempt_at FROM notification_deliveries
          WHERE event_id = $1::uuid AND cause = 'escalation'",
-    )
-    .bind(&ev.event_id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+            &ev.event_id,
+        )
+        .await;
     eventually("the inbox row", Duration::from_secs(10), async || {
         let n = sqlx::query(
             "UPDATE notifications SET status = 'read', read_at = $2
@@ -1578,7 +1517,6 @@ async fn a_notification_read_exactly_at_the_escalation_due_time_cancels_it() {
         "{email:?}"
     );
     assert!(p.mails_to(&mail).await.is_empty());
-    p.stop().await;
 }
 
 /// An operator retrying, in the console, a failed LINE delivery of an event that was
@@ -1647,7 +1585,6 @@ async fn a_console_retry_of_a_failed_delivery_of_a_canceled_event_sends_nothing(
         if ok { Ok(()) } else { Err((s, calls)) }
     })
     .await;
-    p.stop().await;
 }
 
 /// A LINE message scheduled two days ahead that meets a 500 when it is due is retried
@@ -1656,8 +1593,7 @@ async fn a_console_retry_of_a_failed_delivery_of_a_canceled_event_sends_nothing(
 /// moving the delivery's creation back, so the test does not wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_line_message_scheduled_two_days_ahead_is_retried_after_a_500() {
-    let mut p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let mut p = Platform::start_with_type(&[], "order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("later").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 500,
@@ -1667,14 +1603,12 @@ async fn a_line_message_scheduled_two_days_ahead_is_retried_after_a_500() {
     let mut req = p.event("line:later", "order_paid", &[&u]);
     req.delay = "1s".into();
     let ev = p.ingest().create_event(req).await.unwrap().into_inner();
-    sqlx::query(
+    p.exec(
         "UPDATE notification_deliveries SET created_at = created_at - interval '2 days'
          WHERE event_id = $1::uuid",
+        &ev.event_id,
     )
-    .bind(&ev.event_id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     p.start_worker(Channel::Line);
     let done = p.wait_final(&ev.event_id, 20).await;
     assert_eq!(
@@ -1683,5 +1617,4 @@ async fn a_line_message_scheduled_two_days_ahead_is_retried_after_a_500() {
         "{:?}",
         done.deliveries[0]
     );
-    p.stop().await;
 }

@@ -26,8 +26,7 @@ fn postback(user: &str, data: &str, event_id: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rich_event_is_a_flex_card_and_a_postback_tap_is_one_click() {
-    let p = Platform::start_with_workers(&[Channel::Line]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let p = Platform::start_with_type(&[Channel::Line], "order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
     let ev = p
         .ingest()
@@ -101,7 +100,6 @@ async fn a_rich_event_is_a_flex_card_and_a_postback_tap_is_one_click() {
         "one click, redelivery ignored"
     );
     assert_eq!(p.count("delivery_clicks").await, 1);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,25 +110,23 @@ async fn a_card_over_line_limits_fails_at_render_naming_the_rule_and_line_is_not
     let card = json!([{"type": "flex", "altText": "{{ payload.note }}", "contents": {
         "type": "bubble", "body": {"type": "box", "layout": "vertical", "contents": [
             {"type": "text", "text": "คำสั่งซื้อ #{{ payload.order_id }}"}]}}}]);
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "order_note".into(),
-            default_channels: vec!["line".into()],
-            default_locale: "th".into(),
-            sample_payload: r#"{"order_id": 1, "note": "สั้น"}"#.into(),
-            templates: vec![pb::Template {
-                channel: "line".into(),
-                locale: "th".into(),
-                overrides: Some(pb::ChannelOverrides {
-                    line_messages_json: card.to_string(),
-                    ..Default::default()
-                }),
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "order_note".into(),
+        default_channels: vec!["line".into()],
+        default_locale: "th".into(),
+        sample_payload: r#"{"order_id": 1, "note": "สั้น"}"#.into(),
+        templates: vec![pb::Template {
+            channel: "line".into(),
+            locale: "th".into(),
+            overrides: Some(pb::ChannelOverrides {
+                line_messages_json: card.to_string(),
                 ..Default::default()
-            }],
+            }),
             ..Default::default()
-        })
-        .await
-        .unwrap();
+        }],
+        ..Default::default()
+    })
+    .await;
     p.add_type("order_paid", &["line"]).await;
     let (u, _) = p.add_line_recipient("u").await;
 
@@ -159,7 +155,6 @@ async fn a_card_over_line_limits_fails_at_render_naming_the_rule_and_line_is_not
     }
     let calls: Vec<Value> = p.sim_requests("line").await;
     assert!(calls.is_empty(), "LINE was never called: {calls:?}");
-    p.stop().await;
 }
 
 /// The shipped type file's Thai LINE template (what `make demo` sends): its sample payload
@@ -208,5 +203,4 @@ async fn the_shipped_thai_order_paid_card_renders_from_the_sample_payload() {
         card["contents"]["footer"]["contents"][0]["action"],
         json!({"type": "uri", "label": "ดูคำสั่งซื้อ", "uri": "https://shop.example/orders/1001"})
     );
-    p.stop().await;
 }

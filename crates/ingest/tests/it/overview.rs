@@ -288,7 +288,6 @@ async fn every_status_change_between_any_two_statuses_is_counted_exactly() {
     );
     assert_eq!(deltas(db).await, 0);
     assert_exact(db, "after two racing rollups").await;
-    p.stop().await;
 }
 
 /// The real paths, with the rollup task running every second: in-app sent, LINE sent
@@ -344,15 +343,7 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
     let out = cancel(&p, Target::EventId(scheduled.event_id.clone()), &[]).await;
     assert_eq!(out.canceled, 2, "{out:?}");
     assert_exact_live(db, "canceled").await;
-    p.recipients()
-        .set_preference(pb::SetPreferenceRequest {
-            user_id: gone.clone(),
-            r#type: "ov_paid".into(),
-            channel: "line".into(),
-            enabled: false,
-        })
-        .await
-        .unwrap();
+    p.set_preference(&gone, "ov_paid", "line", false).await;
     for sql in [
         "UPDATE notification_deliveries SET next_attempt_at = now() WHERE event_id = $1::uuid",
         "UPDATE outbox SET available_at = now() WHERE delivery_id IN
@@ -390,7 +381,6 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
         .await
         .unwrap();
     assert!(rows > 0);
-    p.stop().await;
 }
 
 /// A statement updating many deliveries on a connection whose earlier updates were

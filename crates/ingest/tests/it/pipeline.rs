@@ -29,15 +29,7 @@ async fn one_event_reaches_every_channel_once_and_a_replay_is_a_duplicate() {
     p.add_device(&a, &format!("{a}-phone")).await;
     p.add_device(&a, &format!("{a}-tablet")).await;
     p.add_device(&b, &format!("{b}-phone")).await;
-    p.recipients()
-        .set_preference(pb::SetPreferenceRequest {
-            user_id: c.clone(),
-            r#type: "order_paid".into(),
-            channel: "email".into(),
-            enabled: false,
-        })
-        .await
-        .unwrap();
+    p.set_preference(&c, "order_paid", "email", false).await;
 
     let req = p.event(&uniq("order:123:paid"), "order_paid", &[&a, &b, &c]);
     let first = p
@@ -159,13 +151,11 @@ async fn one_event_reaches_every_channel_once_and_a_replay_is_a_duplicate() {
             .starts_with("Bearer ya29.sim-")
     }));
     assert_eq!(p.sim_count("oauth").await, 1, "the access token is cached");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_concurrent_identical_requests_make_one_event() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("comment_reply", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "comment_reply", &["inapp"]).await;
     let req = p.event("comment:55:reply:9", "comment_reply", &["u1", "u2"]);
     let calls = (0..20).map(|_| {
         let mut client = p.ingest();
@@ -185,7 +175,6 @@ async fn twenty_concurrent_identical_requests_make_one_event() {
     assert_eq!(ids.len(), 1, "one event id for all 20 replies");
     assert_eq!(p.count("notification_events").await, 1);
     assert_eq!(p.count("notification_deliveries").await, 2);
-    p.stop().await;
 }
 
 /// The event writer has connections of its own: `CreateEvent` is written while every
@@ -193,8 +182,7 @@ async fn twenty_concurrent_identical_requests_make_one_event() {
 /// before it waited for one and failed `UNAVAILABLE` after the pool's 5 s acquire timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_event_is_written_while_the_main_pool_is_exhausted() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["inapp"]).await;
     // Hold every connection the main pool will give (its size, less what the LISTEN
     // connections keep); the pool's acquire timeout is 5 s.
     let mut held = Vec::new();
@@ -218,13 +206,11 @@ async fn create_event_is_written_while_the_main_pool_is_exhausted() {
     drop(held);
     assert_eq!(p.count("notification_events").await, 1);
     assert_eq!(p.count("notification_deliveries").await, 1);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_written_together_each_get_their_own_answer() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["inapp", "email"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["inapp", "email"]).await;
     p.add_recipient("u1", "สมชาย", "somchai@example.test", "")
         .await;
     // 120 requests at once, so the writer commits them in shared transactions: 100 good
@@ -291,7 +277,6 @@ async fn concurrent_requests_written_together_each_get_their_own_answer() {
     assert_eq!(p.count("notification_events").await, 101);
     assert_eq!(p.count("notification_deliveries").await, 100 * 3 + 2);
     assert_eq!(p.count("delivery_skips").await, 100);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -352,13 +337,11 @@ async fn one_failing_request_among_sixty(writers: usize) {
     assert_eq!(ok, 57);
     assert_eq!(p.count("notification_events").await, 57);
     assert_eq!(p.count("notification_deliveries").await, 57);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries() {
-    let p = Platform::start_with_workers(&[notify_core::Channel::Line]).await;
-    p.add_type("news", &["line"]).await;
+    let p = Platform::start_with_type(&[notify_core::Channel::Line], "news", &["line"]).await;
     let (u1, u2) = (uniq("u"), uniq("u"));
     p.add_recipient(&u1, "", "", &line_id()).await;
     p.add_recipient(&u2, "", "", &line_id()).await;
@@ -446,13 +429,11 @@ async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries
         done.deliveries[0].last_error
     );
     assert_eq!(p.sim_count("line").await, 2, "nothing was pushed for it");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_line_monthly_quota_pauses_the_channel_without_spending_attempts() {
-    let p = Platform::start_with_workers(&[notify_core::Channel::Line]).await;
-    p.add_type("news", &["line"]).await;
+    let p = Platform::start_with_type(&[notify_core::Channel::Line], "news", &["line"]).await;
     let (u1, u2) = (uniq("u"), uniq("u"));
     p.add_recipient(&u1, "", "", &line_id()).await;
     p.add_recipient(&u2, "", "", &line_id()).await;
@@ -539,13 +520,11 @@ async fn the_line_monthly_quota_pauses_the_channel_without_spending_attempts() {
     .unwrap();
     assert_eq!(due, 1, "its message is published again when the pause ends");
     assert_eq!(p.sim_count("line").await, 1, "only the refused call");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("comment_reply", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "comment_reply", &["inapp"]).await;
     // "café" precomposed vs e + combining acute: one key after NFC.
     let first = p.send("caf\u{e9}:1", "comment_reply", &["u1"]).await;
     let again = p.send("cafe\u{301}:1", "comment_reply", &["u1"]).await;
@@ -575,13 +554,11 @@ async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
     );
     assert_eq!(p.count("notification_events").await, 2);
     assert_eq!(p.count("notification_deliveries").await, 3);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_names_the_field_and_writes_nothing() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["inapp", "email"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["inapp", "email"]).await;
     let base = || p.event("k:1", "order_paid", &["u1"]);
     let mut cases: Vec<(&str, pb::CreateEventRequest, &str)> = Vec::new();
     let mut r = base();
@@ -700,13 +677,11 @@ async fn bad_input_names_the_field_and_writes_nothing() {
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
     assert_eq!(p.count("recipients").await, 0);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once() {
-    let mut p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["push"]).await;
+    let mut p = Platform::start_with_type(&[], "order_paid", &["push"]).await;
     let users: Vec<String> = (0..4).map(|i| uniq(&format!("user-100{i}"))).collect();
     for u in &users {
         p.add_recipient(u, "", "", "").await;
@@ -726,11 +701,7 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
         .unwrap()
         .delivery_id
         .clone();
-    sqlx::query("UPDATE notification_deliveries SET next_attempt_at = now() + interval '1 hour' WHERE id = $1::uuid")
-        .bind(&fourth)
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.exec("UPDATE notification_deliveries SET next_attempt_at = now() + interval '1 hour' WHERE id = $1::uuid", &fourth).await;
     let (_conn, ch) = p.amqp().await;
     let queue = p.topology.queue("push");
     let publish = |body: Vec<u8>| {
@@ -786,19 +757,17 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
         3,
         "exactly the three due deliveries were sent: {tokens:?}"
     );
-    let (status, error): (String, Option<String>) = sqlx::query_as(
-        "SELECT status, last_error FROM notification_deliveries WHERE id = $1::uuid",
-    )
-    .bind(&fourth)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let (status, error): (String, Option<String>) = p
+        .row(
+            "SELECT status, last_error FROM notification_deliveries WHERE id = $1::uuid",
+            &fourth,
+        )
+        .await;
     assert_eq!(
         (status.as_str(), error.as_deref()),
         ("failed", Some("unsupported_channel"))
     );
     assert_eq!(p.queue_depth(&p.topology.queue("push")).await, 0);
-    p.stop().await;
 }
 
 /// The relay puts up to `NOTIFY_RELAY_DELIVERIES_PER_MESSAGE` deliveries of one channel in
@@ -806,8 +775,7 @@ async fn poison_messages_go_to_the_dead_letter_queue_and_good_ones_are_sent_once
 /// names an unknown delivery is dead-lettered after its good deliveries were sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_share_messages_and_each_one_a_message_names_is_sent_once() {
-    let mut p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let mut p = Platform::start_with_type(&[], "order_paid", &["inapp"]).await;
     let users: Vec<String> = (0..120).map(|i| uniq(&format!("batch-{i}"))).collect();
     for u in &users {
         p.add_recipient(u, "", "", "").await;
@@ -864,14 +832,13 @@ async fn deliveries_share_messages_and_each_one_a_message_names_is_sent_once() {
     )
     .await;
     assert_eq!(p.queue_depth(&queue).await, 0);
-    let inbox: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM notifications WHERE user_id = ANY($1)")
-            .bind(&users)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let inbox: i64 = p
+        .scalar(
+            "SELECT count(*) FROM notifications WHERE user_id = ANY($1)",
+            &users,
+        )
+        .await;
     assert_eq!(inbox, 120, "one inbox item per recipient, none twice");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -885,18 +852,12 @@ async fn a_resent_line_push_with_the_same_retry_key_counts_as_sent() {
     assert_eq!(d.status, "sent");
     // Simulate a worker that died after LINE accepted but before recording: the delivery
     // goes back to pending and is sent again.
-    sqlx::query(
-        "UPDATE notification_deliveries SET status = 'pending', provider_message_id = NULL WHERE id = $1::uuid;",
+    p.exec("UPDATE notification_deliveries SET status = 'pending', provider_message_id = NULL WHERE id = $1::uuid;", &d.delivery_id).await;
+    p.exec(
+        "INSERT INTO outbox (delivery_id, channel) VALUES ($1::uuid, 'line')",
+        &d.delivery_id,
     )
-    .bind(&d.delivery_id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
-    sqlx::query("INSERT INTO outbox (delivery_id, channel) VALUES ($1::uuid, 'line')")
-        .bind(&d.delivery_id)
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    .await;
     let again = p.wait_final(&ev.event_id, 20).await;
     let d2 = &again.deliveries[0];
     assert_eq!((d2.status.as_str(), d2.attempts), ("sent", 2));
@@ -914,7 +875,6 @@ async fn a_resent_line_push_with_the_same_retry_key_counts_as_sent() {
         !d2.provider_message_id.is_empty(),
         "x-line-accepted-request-id recorded"
     );
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -940,13 +900,7 @@ async fn transient_errors_retry_and_permanent_errors_fail_at_once() {
     assert_eq!((d1.status.as_str(), d1.attempts), ("sent", 2));
     assert_eq!((d2.status.as_str(), d2.attempts), ("failed", 1));
     assert!(d2.last_error.contains("line_403"), "{}", d2.last_error);
-    let attempts: Vec<(i32, String, Option<i32>)> = sqlx::query_as(
-        "SELECT attempt, outcome, provider_status FROM delivery_attempts WHERE delivery_id = $1::uuid ORDER BY attempt",
-    )
-    .bind(&d1.delivery_id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let attempts: Vec<(i32, String, Option<i32>)> = p.rows("SELECT attempt, outcome, provider_status FROM delivery_attempts WHERE delivery_id = $1::uuid ORDER BY attempt", &d1.delivery_id).await;
     assert_eq!(
         attempts,
         [
@@ -954,13 +908,11 @@ async fn transient_errors_retry_and_permanent_errors_fail_at_once() {
             (2, "sent".to_string(), Some(200))
         ]
     );
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_body_too_big_for_fcm_is_shortened_at_a_grapheme_boundary() {
-    let p = Platform::start_with_workers(&[notify_core::Channel::Push]).await;
-    p.add_type("order_paid", &["push"]).await;
+    let p = Platform::start_with_type(&[notify_core::Channel::Push], "order_paid", &["push"]).await;
     let u = p.add_bare_recipient("u").await;
     p.add_device(&u, &format!("fcm-tok-{u}")).await;
     let body = "ขอบคุณที่ใช้บริการ".repeat(1000); // 18,000 characters, 54,000 bytes
@@ -989,13 +941,11 @@ async fn a_push_body_too_big_for_fcm_is_shortened_at_a_grapheme_boundary() {
         !matches!(next, '\u{0E31}' | '\u{0E34}'..='\u{0E3A}' | '\u{0E47}'..='\u{0E4E}'),
         "the cut does not strip a vowel or tone mark from its consonant"
     );
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apns_pushes_go_over_http2_with_one_reused_provider_token() {
-    let p = Platform::start_with_workers(&[notify_core::Channel::Push]).await;
-    p.add_type("order_paid", &["push"]).await;
+    let p = Platform::start_with_type(&[notify_core::Channel::Push], "order_paid", &["push"]).await;
     let u = p.add_bare_recipient("u").await;
     p.add_endpoint(&u, "apns", &format!("apns-tok-{u}")).await;
     let mut events = Vec::new();
@@ -1034,15 +984,13 @@ async fn apns_pushes_go_over_http2_with_one_reused_provider_token() {
         sent[0]["headers"]["authorization"], sent[1]["headers"]["authorization"],
         "the provider token is reused, not minted per request"
     );
-    p.stop().await;
 }
 
 /// F05 for APNs: 410 deactivates a token only if it was not registered again after the
 /// answer's timestamp; BadDeviceToken deactivates; neither is retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apns_dead_tokens_are_deactivated_respecting_the_410_timestamp() {
-    let p = Platform::start_with_workers(&[notify_core::Channel::Push]).await;
-    p.add_type("order_paid", &["push"]).await;
+    let p = Platform::start_with_type(&[notify_core::Channel::Push], "order_paid", &["push"]).await;
     let u = p.add_bare_recipient("user-1001").await;
     // Invalid since 2025-05-01, but registered (again) now, after that: kept.
     let re_registered = p
@@ -1088,7 +1036,6 @@ async fn apns_dead_tokens_are_deactivated_respecting_the_410_timestamp() {
     assert_eq!(status(gone.clone()).await, "revoked");
     assert_eq!(status(bad.clone()).await, "revoked");
     assert_eq!(status(live.clone()).await, "active");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1115,13 +1062,12 @@ async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
         d_dead.last_error
     );
     assert_eq!(d_live.status, "sent");
-    let (status, reason): (String, Option<String>) = sqlx::query_as(
-        "SELECT status, revoked_reason FROM notification_endpoints WHERE id = $1::uuid",
-    )
-    .bind(&dead)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let (status, reason): (String, Option<String>) = p
+        .row(
+            "SELECT status, revoked_reason FROM notification_endpoints WHERE id = $1::uuid",
+            &dead,
+        )
+        .await;
     assert_eq!(
         (status.as_str(), reason.as_deref()),
         ("revoked", Some("invalid_token"))
@@ -1130,13 +1076,11 @@ async fn an_unregistered_fcm_token_deactivates_exactly_that_endpoint() {
     let ev2 = p.send("e2", "order_paid", &[&u]).await;
     assert_eq!(ev2.deliveries.len(), 1, "only the live device is planned");
     assert_eq!(ev2.deliveries[0].endpoint_id, live);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_passed_deadline_cancels_the_request_and_writes_nothing() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("comment_reply", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "comment_reply", &["inapp"]).await;
     // Hold a lock that makes the ingest transaction wait, past the caller's deadline.
     let mut blocker = p.pool.begin().await.unwrap();
     sqlx::query("LOCK TABLE notification_events IN ACCESS EXCLUSIVE MODE")
@@ -1166,14 +1110,8 @@ async fn a_passed_deadline_cancels_the_request_and_writes_nothing() {
         "the cancelled request's transaction ended",
         Duration::from_secs(10),
         async || {
-            let open: Vec<(Option<String>, Option<String>)> = sqlx::query_as(
-                "SELECT state, query FROM pg_stat_activity
-                 WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start < $1",
-            )
-            .bind(released)
-            .fetch_all(&p.pool)
-            .await
-            .unwrap();
+            let open: Vec<(Option<String>, Option<String>)> = p.rows("SELECT state, query FROM pg_stat_activity
+                 WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start < $1", released).await;
             if open.is_empty() { Ok(()) } else { Err(open) }
         },
     )
@@ -1184,7 +1122,6 @@ async fn a_passed_deadline_cancels_the_request_and_writes_nothing() {
     // The same request afterwards succeeds and is new.
     let ok = p.send("slow:1", "comment_reply", &["u1"]).await;
     assert!(!ok.duplicate);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1217,7 +1154,6 @@ async fn reflection_lists_the_api() {
     ] {
         assert!(names.contains(s), "{s} missing from {names:?}");
     }
-    p.stop().await;
 }
 
 /// An unknown symbol or file is answered in the stream with an `ErrorResponse`
@@ -1300,7 +1236,6 @@ async fn reflection_answers_an_unknown_symbol_in_the_stream_and_goes_on() {
             "{resp:?}"
         );
     }
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1345,7 +1280,6 @@ async fn reflection_answers_v1alpha_clients_too() {
         panic!("unexpected reflection answer: {resp:?}");
     };
     assert!(!files.file_descriptor_proto.is_empty());
-    p.stop().await;
 }
 
 /// A codec that sends the given bytes as the request body, unchecked.
@@ -1432,7 +1366,6 @@ async fn an_undecodable_request_is_invalid_argument_naming_the_field() {
         .collect();
     assert_eq!(fields, ["request"]);
     assert_eq!(p.count("notification_events").await, 0);
-    p.stop().await;
 }
 
 /// Every service the server offers (as reflection lists them) answers SERVING.
@@ -1480,7 +1413,6 @@ async fn health_service_reports_every_served_service_serving() {
             "{service:?}"
         );
     }
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1552,7 +1484,6 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
         "exactly one more push once the route is back"
     );
     assert_eq!(p.count("outbox").await, 0);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1582,7 +1513,6 @@ async fn a_revoked_fcm_access_token_is_replaced_and_the_push_retried() {
         "401, then a fresh token and success"
     );
     assert_eq!(p.sim_count("oauth").await, 2, "one new token fetched");
-    p.stop().await;
 }
 
 /// A burst of 60 LINE deliveries with a limit of 20 calls a second reaches LINE spread
@@ -1622,7 +1552,6 @@ async fn a_burst_is_spread_to_the_providers_rate_limit() {
     let span = (at[59] - at[0]).num_milliseconds();
     // 20 at once, then one every 50 ms: the 60th starts 2 s after the first.
     assert!(span >= 1900, "60 calls within {span} ms");
-    p.stop().await;
 }
 
 /// Accept-then-time-out on LINE: LINE accepts the push but the answer never arrives in
@@ -1630,8 +1559,7 @@ async fn a_burst_is_spread_to_the_providers_rate_limit() {
 /// and the user saw one message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_line_push_accepted_then_timed_out_ends_sent_with_one_message() {
-    let p = Platform::start_with_workers(&[notify_core::Channel::Line]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let p = Platform::start_with_type(&[notify_core::Channel::Line], "order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
     p.sim_fault(
         json!({"provider": "line", "target_contains": lid, "status": 200,
@@ -1652,15 +1580,13 @@ async fn a_line_push_accepted_then_timed_out_ends_sent_with_one_message() {
         [200, 409],
         "accepted once; the resend is refused as a duplicate"
     );
-    let first: Option<String> = sqlx::query_scalar(
-        "SELECT error_code FROM delivery_attempts WHERE delivery_id = $1::uuid AND attempt = 1",
-    )
-    .bind(&d.delivery_id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let first: Option<String> = p
+        .scalar(
+            "SELECT error_code FROM delivery_attempts WHERE delivery_id = $1::uuid AND attempt = 1",
+            &d.delivery_id,
+        )
+        .await;
     assert_eq!(first.as_deref(), Some("line_timeout"));
-    p.stop().await;
 }
 
 /// Planning decides on the database's clock, the one due times and leases use: with the
@@ -1755,12 +1681,12 @@ async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
         Some(expected_end.timestamp()),
         "deferred to the window's end on the database's clock: {email:?}"
     );
-    let due: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT available_at FROM outbox WHERE delivery_id = $1::uuid")
-            .bind(&email.delivery_id)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let due: chrono::DateTime<chrono::Utc> = p
+        .scalar(
+            "SELECT available_at FROM outbox WHERE delivery_id = $1::uuid",
+            &email.delivery_id,
+        )
+        .await;
     assert_eq!(due.timestamp(), expected_end.timestamp());
 
     // The topic fan-out plans on the same clock.
@@ -1800,5 +1726,4 @@ async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
         "fan-out deferred on the database's clock: {email:?}"
     );
     drop(ingest);
-    p.stop().await;
 }

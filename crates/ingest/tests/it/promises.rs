@@ -12,24 +12,20 @@ use std::time::Duration;
 use support::{Options, Platform, eventually, uniq};
 
 async fn delivery_row(p: &Platform, id: &str) -> (String, i32, Option<String>) {
-    sqlx::query_as(
+    p.row(
         "SELECT status, attempts, last_error FROM notification_deliveries WHERE id = $1::uuid",
+        id,
     )
-    .bind(id)
-    .fetch_one(&p.pool)
     .await
-    .unwrap()
 }
 
 async fn attempt_codes(p: &Platform, id: &str) -> Vec<(i32, String, Option<String>)> {
-    sqlx::query_as(
+    p.rows(
         "SELECT attempt, outcome, error_code FROM delivery_attempts
          WHERE delivery_id = $1::uuid ORDER BY attempt",
+        id,
     )
-    .bind(id)
-    .fetch_all(&p.pool)
     .await
-    .unwrap()
 }
 
 /// Kill -9 the LINE worker during the provider call of the same delivery, more times
@@ -151,7 +147,6 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
                 && l.contains(&id)),
         "the delivery_failed alert names the delivery"
     );
-    p.stop().await;
 }
 
 /// The claim is the one door to a provider call: a due `pending` delivery whose attempts
@@ -159,19 +154,16 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
 /// by the claim, with no call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claim_refuses_a_delivery_whose_attempts_are_spent() {
-    let mut p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let mut p = Platform::start_with_type(&[], "order_paid", &["line"]).await;
     let (u, _) = p.add_line_recipient("u").await;
     let ev = p.send(&uniq("spent"), "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
-    sqlx::query(
+    p.exec(
         "UPDATE notification_deliveries SET attempts = max_attempts, last_error = 'worker_lost'
          WHERE id = $1::uuid",
+        &id,
     )
-    .bind(&id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     p.start_worker(Channel::Line);
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(done.deliveries[0].status, "failed");
@@ -182,7 +174,6 @@ async fn the_claim_refuses_a_delivery_whose_attempts_are_spent() {
         "worker_lost; gave up after 5 attempts (attempt budget spent)"
     );
     assert!(p.sim_requests("line").await.is_empty(), "no sixth call");
-    p.stop().await;
 }
 
 /// A worker that claimed a delivery and vanished before recording anything (here: the
@@ -191,8 +182,7 @@ async fn the_claim_refuses_a_delivery_whose_attempts_are_spent() {
 /// texts say so, for a retry and for a last attempt, instead of "outcome is unknown".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_workers_attempt_says_the_provider_may_not_have_been_called() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["line"]).await;
     let (u, _) = p.add_line_recipient("u").await;
     let (retried, last) = (
         p.send(&uniq("lost"), "order_paid", &[&u]).await,
@@ -254,7 +244,6 @@ async fn a_lost_workers_attempt_says_the_provider_may_not_have_been_called() {
         assert!(!text.contains("outcome is unknown"), "{text}");
         assert!(!text.contains("during the call"), "{text}");
     }
-    p.stop().await;
 }
 
 /// The database refuses an attempt's record (here a trigger raising "interval out of
@@ -318,7 +307,6 @@ async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_agai
         attempt_codes(&p, &d.delivery_id).await,
         [(1, "failed".into(), Some("record_failed".into()))]
     );
-    p.stop().await;
 }
 
 /// A retry delay Postgres could not store (`u64::MAX` seconds) used to start fine and make
@@ -366,7 +354,6 @@ async fn a_duration_the_system_cannot_store_or_act_on_is_refused_at_start() {
             "{bin} {var}={value}: {err}"
         );
     }
-    p.stop().await;
 }
 
 /// An always-503 provider with bases 300 ms, 600 ms, 1.2 s, 2.4 s: no call comes before
@@ -394,13 +381,7 @@ async fn retry_gaps_grow_within_the_jitter_band() {
     let ev = p.send(&uniq("spacing"), "order_paid", &[&u]).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(done.deliveries[0].attempts, 5);
-    let started: Vec<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
-        "SELECT started_at FROM delivery_attempts WHERE delivery_id = $1::uuid ORDER BY attempt",
-    )
-    .bind(&done.deliveries[0].delivery_id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let started: Vec<chrono::DateTime<chrono::Utc>> = p.scalars("SELECT started_at FROM delivery_attempts WHERE delivery_id = $1::uuid ORDER BY attempt", &done.deliveries[0].delivery_id).await;
     let gaps: Vec<i64> = started
         .windows(2)
         .map(|w| (w[1] - w[0]).num_milliseconds())
@@ -416,7 +397,6 @@ async fn retry_gaps_grow_within_the_jitter_band() {
     // The last base is eight times the first: even with a second of claim latency on the
     // first gap, the last one is longer.
     assert!(gaps[3] > gaps[0], "{gaps:?}");
-    p.stop().await;
 }
 
 /// A quiet window around now in Bangkok time, set directly on the recipient (as
@@ -445,14 +425,8 @@ async fn quiet_now(p: &Platform, user: &str) -> chrono::DateTime<chrono::Utc> {
 
 /// Makes a delivery due now (its outbox row too): the time it waits for has come.
 async fn due_now(p: &Platform, id: &str) {
-    sqlx::query(
-        "WITH d AS (UPDATE notification_deliveries SET next_attempt_at = now() WHERE id = $1::uuid RETURNING id)
-         UPDATE outbox SET available_at = now() WHERE delivery_id IN (SELECT id FROM d)",
-    )
-    .bind(id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    p.exec("WITH d AS (UPDATE notification_deliveries SET next_attempt_at = now() WHERE id = $1::uuid RETURNING id)
+         UPDATE outbox SET available_at = now() WHERE delivery_id IN (SELECT id FROM d)", id).await;
 }
 
 async fn wait_deferred(
@@ -463,14 +437,8 @@ async fn wait_deferred(
         "deferred by quiet hours",
         Duration::from_secs(20),
         async || {
-            let r: (String, i32, chrono::DateTime<chrono::Utc>, String) = sqlx::query_as(
-                "SELECT status, attempts, next_attempt_at, decision FROM notification_deliveries
-             WHERE id = $1::uuid",
-            )
-            .bind(id)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+            let r: (String, i32, chrono::DateTime<chrono::Utc>, String) = p.row("SELECT status, attempts, next_attempt_at, decision FROM notification_deliveries
+             WHERE id = $1::uuid", id).await;
             if r.0 == "pending" && r.3.contains("quiet hours (Asia/Bangkok): due at") {
                 Ok(r)
             } else {
@@ -513,15 +481,14 @@ async fn a_retry_that_falls_in_quiet_hours_waits_for_their_end() {
     let (status, attempts, due, decision) = wait_deferred(&p, &id).await;
     assert_eq!((status.as_str(), attempts), ("pending", 1), "{decision}");
     assert_eq!(due, end, "due again at the window's end");
-    let outbox: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT available_at FROM outbox WHERE delivery_id = $1::uuid")
-            .bind(&id)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let outbox: chrono::DateTime<chrono::Utc> = p
+        .scalar(
+            "SELECT available_at FROM outbox WHERE delivery_id = $1::uuid",
+            &id,
+        )
+        .await;
     assert_eq!(outbox, end);
     assert_eq!(p.sim_count("line").await, 1, "no call at night");
-    p.stop().await;
 }
 
 /// A fatigue-cap slot (and equally a digest's close: any due time set at planning) that
@@ -555,7 +522,6 @@ async fn a_fatigue_slot_that_arrives_in_quiet_hours_waits_for_their_end() {
         1,
         "only the first event went out"
     );
-    p.stop().await;
 }
 
 /// A digest whose window closes while the recipient is inside quiet hours (set after the
@@ -564,15 +530,13 @@ async fn a_fatigue_slot_that_arrives_in_quiet_hours_waits_for_their_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_digest_that_closes_in_quiet_hours_waits_for_their_end() {
     let p = Platform::start_with_workers(&[Channel::Line]).await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "comment_reply".into(),
-            default_channels: vec!["line".into()],
-            digest_window_seconds: 3600,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "comment_reply".into(),
+        default_channels: vec!["line".into()],
+        digest_window_seconds: 3600,
+        ..Default::default()
+    })
+    .await;
     let (u, _) = p.add_line_recipient("u").await;
     let mut req = p.event(&uniq("reply"), "comment_reply", &[&u]);
     req.aggregate_key = "thread:55".into();
@@ -591,7 +555,6 @@ async fn a_digest_that_closes_in_quiet_hours_waits_for_their_end() {
         p.sim_requests("line").await.is_empty(),
         "no digest at night"
     );
-    p.stop().await;
 }
 
 /// Twelve events for one user at once, through two ingest replicas with several group
@@ -626,13 +589,7 @@ async fn fatigue_caps_are_exact_with_concurrent_writers_and_replicas() {
     while let Some(r) = calls.join_next().await {
         r.unwrap();
     }
-    let mut times: Vec<chrono::DateTime<chrono::Utc>> = sqlx::query_scalar(
-        "SELECT throttle_at FROM notification_deliveries WHERE user_id = $1 AND channel = 'line'",
-    )
-    .bind(&u)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let mut times: Vec<chrono::DateTime<chrono::Utc>> = p.scalars("SELECT throttle_at FROM notification_deliveries WHERE user_id = $1 AND channel = 'line'", &u).await;
     assert_eq!(times.len(), 12);
     times.sort();
     for (i, t) in times.iter().enumerate() {
@@ -642,7 +599,6 @@ async fn fatigue_caps_are_exact_with_concurrent_writers_and_replicas() {
             .count();
         assert!(in_hour <= 2, "{in_hour} in the hour from {t}: {times:?}");
     }
-    p.stop().await;
 }
 
 /// A pending delivery whose message sits unconsumed in a long queue (no outbox row, due
@@ -666,14 +622,8 @@ async fn republishing_a_waiting_backlog_adds_a_bounded_number_of_messages() {
     let mut republished = 0;
     for _ in 0..8 {
         // 1.5 s pass.
-        sqlx::query(
-            "UPDATE notification_deliveries SET next_attempt_at = next_attempt_at - interval '1.5 seconds'
-             WHERE id = $1::uuid",
-        )
-        .bind(&id)
-        .execute(&p.pool)
-        .await
-        .unwrap();
+        p.exec("UPDATE notification_deliveries SET next_attempt_at = next_attempt_at - interval '1.5 seconds'
+             WHERE id = $1::uuid", &id).await;
         let n = notify_store::deliveries::republish_stale(&p.pool, Duration::from_secs(1), 100)
             .await
             .unwrap();
@@ -686,7 +636,6 @@ async fn republishing_a_waiting_backlog_adds_a_bounded_number_of_messages() {
         republished, 3,
         "after 1 s, 2 s and 4 s more, not every sweep"
     );
-    p.stop().await;
 }
 
 /// GetEvent answers from one snapshot: a delivery that ends and the skip its ending
@@ -695,8 +644,7 @@ async fn republishing_a_waiting_backlog_adds_a_bounded_number_of_messages() {
 /// GetEvent has read the deliveries and waits to read the skips while the ending commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_event_shows_one_moment_of_an_event() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["line"]).await;
     let (u, _) = p.add_line_recipient("u").await;
     let created = p.send(&uniq("snap"), "order_paid", &[&u]).await;
     let (event_id, delivery_id) = (
@@ -739,5 +687,4 @@ async fn get_event_shows_one_moment_of_an_event() {
         (after.deliveries[0].status.as_str(), after.skipped.len()),
         ("failed", 1)
     );
-    p.stop().await;
 }

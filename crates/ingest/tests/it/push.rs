@@ -15,11 +15,11 @@ async fn push_platform() -> Platform {
 }
 
 async fn endpoint_state(p: &Platform, id: &str) -> (String, Option<String>) {
-    sqlx::query_as("SELECT status, revoked_reason FROM notification_endpoints WHERE id = $1::uuid")
-        .bind(id)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap()
+    p.row(
+        "SELECT status, revoked_reason FROM notification_endpoints WHERE id = $1::uuid",
+        id,
+    )
+    .await
 }
 
 fn by_endpoint<'a>(ev: &'a pb::GetEventResponse, endpoint_id: &str) -> &'a pb::Delivery {
@@ -73,11 +73,7 @@ async fn dead_push_targets_on_every_service_are_removed_and_live_ones_kept() {
             &format!("unregistered-1746057600000-apns-tok-C-{u}"),
         )
         .await;
-    sqlx::query("UPDATE notification_endpoints SET registered_at = '2025-04-01T00:00:00Z' WHERE id = $1::uuid")
-        .bind(&c)
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.exec("UPDATE notification_endpoints SET registered_at = '2025-04-01T00:00:00Z' WHERE id = $1::uuid", &c).await;
     let d = p
         .add_endpoint(&u, "apns", &format!("bad-apns-tok-D-{u}"))
         .await;
@@ -141,7 +137,6 @@ async fn dead_push_targets_on_every_service_are_removed_and_live_ones_kept() {
         ],
         "event 2 calls exactly B and F"
     );
-    p.stop().await;
 }
 
 /// F05 sub-case (b): a new subscription E2 registered while the send to E is in flight
@@ -177,7 +172,6 @@ async fn a_subscription_registered_during_a_410_send_is_kept() {
     assert_eq!(ev2.deliveries[0].endpoint_id, e2);
     let done2 = p.wait_final(&ev2.event_id, 30).await;
     assert_eq!(done2.deliveries[0].status, "sent");
-    p.stop().await;
 }
 
 /// Web Push: the simulator decrypts the aes128gcm body with the subscription's keys back
@@ -186,16 +180,14 @@ async fn a_subscription_registered_during_a_410_send_is_kept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn web_push_bodies_decrypt_to_the_exact_json_sent() {
     let p = push_platform().await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "security_login".into(),
-            priority: "high".into(),
-            default_channels: vec!["push".into()],
-            critical: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "security_login".into(),
+        priority: "high".into(),
+        default_channels: vec!["push".into()],
+        critical: true,
+        ..Default::default()
+    })
+    .await;
     let u = p.add_bare_recipient("u").await;
     let url = format!("https://push.example.test/sub/W-{u}");
     p.add_webpush(&u, &url).await;
@@ -219,13 +211,12 @@ async fn web_push_bodies_decrypt_to_the_exact_json_sent() {
     assert_eq!(seen.len(), 2);
     for (req, (event_id, delivery_id)) in seen.iter().zip(&ids) {
         assert_eq!(req["status"], 201);
-        let content: Value = sqlx::query_scalar(
-            "SELECT content_json FROM delivery_attempts WHERE delivery_id = $1::uuid",
-        )
-        .bind(delivery_id)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+        let content: Value = p
+            .scalar(
+                "SELECT content_json FROM delivery_attempts WHERE delivery_id = $1::uuid",
+                delivery_id,
+            )
+            .await;
         let decrypted = &req["body"]["payload"];
         assert_eq!(decrypted, &content["payload"], "decrypted = recorded");
         assert_eq!(decrypted["title"], "ชำระเงินแล้ว #1001");
@@ -245,7 +236,6 @@ async fn web_push_bodies_decrypt_to_the_exact_json_sent() {
         seen[0]["headers"]["authorization"], seen[1]["headers"]["authorization"],
         "the VAPID JWT is reused for the origin"
     );
-    p.stop().await;
 }
 
 /// Web Push answers sorted per RFC 8030: 503 and 429 retry, a timeout after the push
@@ -364,13 +354,7 @@ async fn web_push_errors_are_sorted_by_class() {
         })
         .count();
     assert_eq!(slow, 2);
-    let rows: Vec<(i32, Option<String>)> = sqlx::query_as(
-        "SELECT a.attempt, a.error_code FROM delivery_attempts a WHERE a.delivery_id = $1::uuid ORDER BY a.attempt",
-    )
-    .bind(&by_endpoint(&done, &users[1].1).delivery_id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let rows: Vec<(i32, Option<String>)> = p.rows("SELECT a.attempt, a.error_code FROM delivery_attempts a WHERE a.delivery_id = $1::uuid ORDER BY a.attempt", &by_endpoint(&done, &users[1].1).delivery_id).await;
     assert_eq!(rows[0].1.as_deref(), Some("webpush_timeout"), "{rows:?}");
 
     // 429 with Retry-After: 2 waits for the later of Retry-After and the one-minute floor
@@ -403,7 +387,6 @@ async fn web_push_errors_are_sorted_by_class() {
     );
     let wait = del.next_attempt_at.unwrap().seconds - chrono::Utc::now().timestamp();
     assert!((55..=61).contains(&wait), "next attempt in {wait}s");
-    p.stop().await;
 }
 
 /// 1,500 Thai characters on FCM, APNs and Web Push: each provider receives the longest
@@ -478,7 +461,6 @@ async fn thai_push_bodies_are_cut_to_each_providers_limit_byte_for_byte() {
             "{provider}: the cut leaves no vowel or tone mark without its consonant"
         );
     }
-    p.stop().await;
 }
 
 /// FCM and APNs answers sorted by class against the simulator: 5xx and an expired APNs
@@ -595,13 +577,7 @@ async fn fcm_and_apns_errors_are_sorted_by_class() {
             (*status, *attempts),
             "{name}: {del:?}"
         );
-        let first: Option<String> = sqlx::query_scalar(
-            "SELECT error_code FROM delivery_attempts WHERE delivery_id = $1::uuid AND attempt = 1",
-        )
-        .bind(&del.delivery_id)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+        let first: Option<String> = p.scalar("SELECT error_code FROM delivery_attempts WHERE delivery_id = $1::uuid AND attempt = 1", &del.delivery_id).await;
         assert_eq!(first.as_deref(), Some(*code), "{name}");
         assert_eq!(
             endpoint_state(&p, id).await.0,
@@ -611,7 +587,6 @@ async fn fcm_and_apns_errors_are_sorted_by_class() {
         let seen = calls.iter().filter(|(_, t)| t == token).count();
         assert_eq!(seen as u32, *attempts, "{name}: provider calls");
     }
-    p.stop().await;
 }
 
 /// Web Push endpoints on every private or loopback spelling, with credentials, or on a
@@ -689,5 +664,4 @@ async fn web_push_endpoints_off_the_known_push_services_are_refused_at_registrat
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 201);
-    p.stop().await;
 }

@@ -20,13 +20,11 @@ async fn only_request(p: &Platform, provider: &str) -> Value {
 }
 
 async fn unread(p: &Platform, user: &str) -> i64 {
-    sqlx::query_scalar(
+    p.scalar(
         "SELECT count(*) FROM notifications WHERE user_id = $1 AND status = 'unread'",
+        user,
     )
-    .bind(user)
-    .fetch_one(&p.pool)
     .await
-    .unwrap()
 }
 
 /// The badge is the unread in-app count at send time, this event's own inbox row
@@ -34,22 +32,20 @@ async fn unread(p: &Platform, user: &str) -> i64 {
 /// this one = 3; a read row does not count).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rich_event_reaches_fcm_apns_and_web_push_with_every_field() {
-    let p = Platform::start_with_workers(&[Channel::Push, Channel::InApp]).await;
-    p.add_type("inbox_only", &["inapp"]).await;
+    let p =
+        Platform::start_with_type(&[Channel::Push, Channel::InApp], "inbox_only", &["inapp"]).await;
     p.add_type("order_paid", &["push", "inapp"]).await;
     let u = p.add_bare_recipient("rich-push").await;
     for n in 1..=3 {
         let ev = p.send(&format!("seed:{n}"), "inbox_only", &[&u]).await;
         support::assert_all_sent(&p.wait_final(&ev.event_id, 30).await);
     }
-    sqlx::query(
+    p.exec(
         "UPDATE notifications SET status = 'read', read_at = now()
           WHERE id = (SELECT id FROM notifications WHERE user_id = $1 ORDER BY created_at LIMIT 1)",
+        &u,
     )
-    .bind(&u)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     assert_eq!(unread(&p, &u).await, 2);
 
     let fcm_token = format!("fcm-rich-{u}");
@@ -154,18 +150,16 @@ async fn a_rich_event_reaches_fcm_apns_and_web_push_with_every_field() {
                      "actions": {"view": link}},
         })
     );
-    let recorded: Value = sqlx::query_scalar(
-        "SELECT content_json FROM delivery_attempts WHERE delivery_id = $1::uuid",
-    )
-    .bind(delivery(&web))
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let recorded: Value = p
+        .scalar(
+            "SELECT content_json FROM delivery_attempts WHERE delivery_id = $1::uuid",
+            delivery(&web),
+        )
+        .await;
     assert_eq!(
         recorded["payload"], w["body"]["payload"],
         "decrypted = recorded"
     );
-    p.stop().await;
 }
 
 /// This event's in-app row counts in the badge before the in-app worker wrote it (here
@@ -173,8 +167,7 @@ async fn a_rich_event_reaches_fcm_apns_and_web_push_with_every_field() {
 /// inbox shows once the row is there, not what it showed a moment earlier.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_badge_counts_this_events_inbox_row_before_it_is_written() {
-    let p = Platform::start_with_workers(&[Channel::Push]).await;
-    p.add_type("order_paid", &["push", "inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::Push], "order_paid", &["push", "inapp"]).await;
     let u = p.add_bare_recipient("badge-pending").await;
     p.add_endpoint(&u, "apns", &format!("apns-badge-{u}")).await;
     let mut req = p.rich_event("badge-pending:1", "order_paid", &[&u]);
@@ -197,13 +190,6 @@ async fn the_badge_counts_this_events_inbox_row_before_it_is_written() {
     assert_eq!(sent.len(), 1, "{sent:?}");
     assert_eq!(sent[0]["body"]["aps"]["badge"], 1, "{}", sent[0]);
     assert_eq!(unread(&p, &u).await, 0, "no inbox row was written");
-    let inapp: String = sqlx::query_scalar(
-        "SELECT status FROM notification_deliveries WHERE event_id = $1::uuid AND channel = 'inapp'",
-    )
-    .bind(&ev.event_id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let inapp: String = p.scalar("SELECT status FROM notification_deliveries WHERE event_id = $1::uuid AND channel = 'inapp'", &ev.event_id).await;
     assert_eq!(inapp, "pending");
-    p.stop().await;
 }

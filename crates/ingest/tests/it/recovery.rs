@@ -23,17 +23,16 @@ async fn wait_line_calls(p: &Platform, n: usize) -> Vec<serde_json::Value> {
 }
 
 async fn status_of(p: &Platform, delivery_id: &str) -> (String, i32) {
-    sqlx::query_as("SELECT status, attempts FROM notification_deliveries WHERE id = $1::uuid")
-        .bind(delivery_id)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap()
+    p.row(
+        "SELECT status, attempts FROM notification_deliveries WHERE id = $1::uuid",
+        delivery_id,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_died_after_claiming_is_recovered_by_the_sweeper_and_sent_once() {
-    let mut p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let mut p = Platform::start_with_type(&[], "order_paid", &["line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", &line_id()).await;
     let ev = p.send("died", "order_paid", &[&u]).await;
@@ -58,7 +57,6 @@ async fn a_worker_that_died_after_claiming_is_recovered_by_the_sweeper_and_sent_
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(status_attempts(&done.deliveries[0]), ("sent", 2));
     assert_eq!(p.sim_count("line").await, 1, "sent exactly once");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,15 +76,9 @@ async fn a_worker_whose_lease_was_taken_writes_nothing_and_the_retry_key_prevent
     wait_line_calls(&p, 1).await;
     // While it is frozen, its lease is taken over (as after expiry by the sweeper and a
     // second worker's claim).
-    let taken = sqlx::query(
-        "UPDATE notification_deliveries SET lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 second'
-         WHERE id = $1::uuid AND status = 'sending'",
-    )
-    .bind(&id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
-    assert_eq!(taken.rows_affected(), 1);
+    let taken = p.exec("UPDATE notification_deliveries SET lease_token = gen_random_uuid(), lease_expires_at = now() + interval '1 second'
+         WHERE id = $1::uuid AND status = 'sending'", &id).await;
+    assert_eq!(taken, 1);
     // The takeover "died" too: the sweeper recovers the delivery; the resend carries the
     // same retry key, LINE answers 409 and the delivery counts as sent.
     let done = p.wait_final(&ev.event_id, 30).await;
@@ -94,14 +86,13 @@ async fn a_worker_whose_lease_was_taken_writes_nothing_and_the_retry_key_prevent
     // A graceful stop returns once every delivery in hand is finished: the frozen call has
     // returned and its worker has done all it will do.
     p.stop_workers().await;
-    let recorded: Vec<(i32, String)> = sqlx::query_as(
-        "SELECT attempt, coalesce(error_code, outcome) FROM delivery_attempts
+    let recorded: Vec<(i32, String)> = p
+        .rows(
+            "SELECT attempt, coalesce(error_code, outcome) FROM delivery_attempts
          WHERE delivery_id = $1::uuid ORDER BY attempt",
-    )
-    .bind(&id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+            &id,
+        )
+        .await;
     assert_eq!(
         recorded,
         [(1, "worker_lost".to_string()), (2, "sent".to_string())],
@@ -120,7 +111,6 @@ async fn a_worker_whose_lease_was_taken_writes_nothing_and_the_retry_key_prevent
         line[1]["headers"]["x-line-retry-key"]
     );
     assert_eq!(line[1]["status"], 409, "LINE itself dropped the duplicate");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,13 +159,11 @@ async fn a_stopped_worker_finishes_the_delivery_in_hand_and_leaves_the_rest_queu
             .all(|d| d.status == "sent" && d.attempts == 1)
     );
     assert_eq!(p.sim_count("line").await, 3, "each sent exactly once");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_lost_after_the_confirm_is_republished_from_postgres() {
-    let mut p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let mut p = Platform::start_with_type(&[], "order_paid", &["line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", &line_id()).await;
     let ev = p.send("lost", "order_paid", &[&u]).await;
@@ -192,7 +180,6 @@ async fn a_message_lost_after_the_confirm_is_republished_from_postgres() {
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(status_attempts(&done.deliveries[0]), ("sent", 1));
     assert_eq!(p.sim_count("line").await, 1);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,26 +227,23 @@ async fn final_statuses(p: &Platform, events: &[uuid::Uuid]) -> Vec<(String, i64
         "every delivery of the events final",
         Duration::from_secs(30),
         async || {
-            let open: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM notification_deliveries
+            let open: i64 = p
+                .scalar(
+                    "SELECT count(*) FROM notification_deliveries
                  WHERE event_id = ANY($1) AND status IN ('pending', 'sending')",
-            )
-            .bind(events)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+                    events,
+                )
+                .await;
             if open == 0 { Ok(()) } else { Err(open) }
         },
     )
     .await;
-    sqlx::query_as(
+    p.rows(
         "SELECT status, count(*) FROM notification_deliveries WHERE event_id = ANY($1)
          GROUP BY status ORDER BY status",
+        events,
     )
-    .bind(events)
-    .fetch_all(&p.pool)
     .await
-    .unwrap()
 }
 
 /// Who held the outbox row and died before the broker's confirm.
@@ -315,8 +299,7 @@ async fn plan_event(
 
 /// A row hidden for a 2 s hold by a process that died is published once, after the hold.
 async fn held_rows_are_published_again_after_the_hold(died: DiedHolding) {
-    let p = Platform::start_with_workers(&[Channel::Line]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let p = Platform::start_with_type(&[Channel::Line], "order_paid", &["line"]).await;
     let (u, _) = p.add_line_recipient("u").await;
     // Write an event the way ingest does, but leave its outbox row as a relay leaves it
     // when it claimed the row and died before the confirm: hidden for the 2 s hold.
@@ -381,7 +364,6 @@ async fn held_rows_are_published_again_after_the_hold(died: DiedHolding) {
         1,
         "published again after the hold and sent once"
     );
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -494,7 +476,6 @@ async fn slow_provider_calls_hold_no_database_connection() {
             .all(|d| d.status == "sent" && d.attempts == 1)
     );
     assert_eq!(p.sim_count("line").await, 60);
-    p.stop().await;
 }
 
 /// F01: prefetch is bounded by concurrency, so a worker that starts later still gets its
@@ -538,7 +519,6 @@ async fn a_second_worker_shares_a_slow_queue_and_nothing_is_sent_twice() {
             .await
             .unwrap();
     assert!(by_w2 >= 8, "the later worker sent {by_w2} of 20");
-    p.stop().await;
 }
 
 /// F01, forced-timeout case: the broker gives a message to a second worker while the first
@@ -569,13 +549,12 @@ async fn a_message_redelivered_during_a_slow_call_is_not_sent_again() {
     wait_line_calls(&p, 1).await;
     // Past the first lease's end (3 s after the claim), the broker hands the same message
     // out again; meanwhile the heartbeat has kept the lease alive.
-    let first_lease_end: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
-        "SELECT lease_expires_at FROM notification_deliveries WHERE id = $1::uuid",
-    )
-    .bind(&id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let first_lease_end: chrono::DateTime<chrono::Utc> = p
+        .scalar(
+            "SELECT lease_expires_at FROM notification_deliveries WHERE id = $1::uuid",
+            &id,
+        )
+        .await;
     eventually(
         "the first lease's end passed, the delivery still sending under a live lease",
         Duration::from_secs(10),
@@ -614,15 +593,14 @@ async fn a_message_redelivered_during_a_slow_call_is_not_sent_again() {
         1,
         "the redelivered message did not cause a second push"
     );
-    let last_error: Option<String> =
-        sqlx::query_scalar("SELECT last_error FROM notification_deliveries WHERE id = $1::uuid")
-            .bind(&id)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let last_error: Option<String> = p
+        .scalar(
+            "SELECT last_error FROM notification_deliveries WHERE id = $1::uuid",
+            &id,
+        )
+        .await;
     assert_eq!(last_error, None, "the sweeper never took the live lease");
     assert_eq!(p.queue_depth(&p.topology.queue("line")).await, 0);
-    p.stop().await;
 }
 
 /// F06, sub-case: an unrelated `REPEATABLE READ` transaction (a backup, a long report)
@@ -710,7 +688,6 @@ async fn an_old_snapshot_held_open_does_not_stall_delivery() {
         400,
         "each delivery reached LINE once"
     );
-    p.stop().await;
 }
 
 async fn wait_status(p: &Platform, delivery_id: &str, want: &str, secs: u64) {
@@ -863,14 +840,13 @@ async fn a_worker_frozen_after_its_claim_and_resumed_after_its_lease_was_taken_m
         frozen.log()
     );
     assert_eq!(p.smtp_sim.messages().len(), 1, "one message accepted");
-    let attempts: Vec<(i32, String, String)> = sqlx::query_as(
-        "SELECT attempt, coalesce(error_code, outcome), worker_id FROM delivery_attempts
+    let attempts: Vec<(i32, String, String)> = p
+        .rows(
+            "SELECT attempt, coalesce(error_code, outcome), worker_id FROM delivery_attempts
          WHERE delivery_id = $1::uuid ORDER BY attempt",
-    )
-    .bind(&id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+            &id,
+        )
+        .await;
     // Attempt 1 is the frozen worker's lost lease, recorded by the sweeper as a call
     // without an answer; it never reached DATA.
     assert_eq!(
@@ -882,7 +858,6 @@ async fn a_worker_frozen_after_its_claim_and_resumed_after_its_lease_was_taken_m
     );
     assert_eq!(status_of(&p, &id).await, ("sent".to_string(), 2));
     frozen.terminate();
-    p.stop().await;
 }
 
 /// Issue 14, item 11: a call that the provider accepted after the worker's lease was taken
@@ -906,18 +881,17 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
     wait_line_calls(&p, 1).await;
     // Meanwhile the sweeper recovers it as if its heartbeats had stopped: pending, no
     // lease, a new outbox row (published, but the only worker is busy with the call).
-    let swept = sqlx::query(
-        "WITH d AS (
+    let swept = p
+        .exec(
+            "WITH d AS (
              UPDATE notification_deliveries SET status = 'pending', lease_token = NULL,
                  lease_expires_at = NULL, next_attempt_at = now(), last_error = 'lease_expired'
              WHERE id = $1::uuid AND status = 'sending' RETURNING id, channel)
          INSERT INTO outbox (delivery_id, channel) SELECT id, channel FROM d",
-    )
-    .bind(&id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
-    assert_eq!(swept.rows_affected(), 1);
+            &id,
+        )
+        .await;
+    assert_eq!(swept, 1);
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(
         status_attempts(&done.deliveries[0]),
@@ -943,15 +917,13 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
         "the recovered message was acked without a second push"
     );
     assert_eq!(p.queue_depth(&queue).await, 0, "and acked");
-    let recorded: Vec<(i32, String)> = sqlx::query_as(
-        "SELECT attempt, outcome FROM delivery_attempts WHERE delivery_id = $1::uuid",
-    )
-    .bind(&id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let recorded: Vec<(i32, String)> = p
+        .rows(
+            "SELECT attempt, outcome FROM delivery_attempts WHERE delivery_id = $1::uuid",
+            &id,
+        )
+        .await;
     assert_eq!(recorded, [(1, "sent".to_string())]);
-    p.stop().await;
 }
 
 /// Issue 14, item 11, the fence: a late success never overrides a newer claim, whether that
@@ -959,8 +931,7 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_success_loses_to_a_newer_claim() {
     use notify_store::deliveries::{self, AttemptRecord, ClaimOutcome, NextState};
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["line"]).await;
     let u = uniq("u");
     p.add_recipient(&u, "", "", &line_id()).await;
     let ev = p.send("late-fence", "order_paid", &[&u]).await;
@@ -1000,14 +971,12 @@ async fn a_late_success_loses_to_a_newer_claim() {
     // The first lease runs out: set by the test rather than waited for (the leases are
     // long), and requeued at once, so the platform's own sweeper (every 1 s) does not take
     // the row first.
-    sqlx::query(
+    p.exec(
         "UPDATE notification_deliveries SET lease_expires_at = now() - interval '1 millisecond'
          WHERE id = $1 AND status = 'sending'",
+        id,
     )
-    .bind(id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
         deliveries::requeue_expired_leases(&p.pool, 10)
             .await
@@ -1048,7 +1017,6 @@ async fn a_late_success_loses_to_a_newer_claim() {
         status_of(&p, &id.to_string()).await,
         ("pending".to_string(), 2)
     );
-    p.stop().await;
 }
 
 /// Issue 14, item 12: every provider call has a total deadline, not only its connect. An
@@ -1096,13 +1064,7 @@ async fn an_smtp_server_that_never_answers_after_data_ends_each_attempt_at_the_d
     let took = started.elapsed();
     let d = &done.deliveries[0];
     assert_eq!((d.status.as_str(), d.attempts), ("failed", 5), "{d:?}");
-    let codes: Vec<Option<String>> = sqlx::query_scalar(
-        "SELECT error_code FROM delivery_attempts WHERE delivery_id = $1::uuid ORDER BY attempt",
-    )
-    .bind(&d.delivery_id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let codes: Vec<Option<String>> = p.scalars("SELECT error_code FROM delivery_attempts WHERE delivery_id = $1::uuid ORDER BY attempt", &d.delivery_id).await;
     assert_eq!(codes, vec![Some("smtp_timeout".to_string()); 5]);
     assert_eq!(
         p.smtp_sim.data_started(),
@@ -1115,7 +1077,6 @@ async fn an_smtp_server_that_never_answers_after_data_ends_each_attempt_at_the_d
     );
     stop.cancel();
     worker.await.unwrap();
-    p.stop().await;
 }
 
 /// Held rows a writer cannot hand over (its relay stopped, or too far behind) are released
@@ -1151,11 +1112,9 @@ async fn held_rows_the_relay_cannot_take_are_released_and_published_before_their
         "the released rows published by the running relay",
         Duration::from_secs(10),
         async || {
-            let left: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox WHERE id = ANY($1)")
-                .bind(&ids)
-                .fetch_one(&p.pool)
-                .await
-                .unwrap();
+            let left: i64 = p
+                .scalar("SELECT count(*) FROM outbox WHERE id = ANY($1)", &ids)
+                .await;
             if left == 0 { Ok(()) } else { Err(left) }
         },
     )
@@ -1164,7 +1123,6 @@ async fn held_rows_the_relay_cannot_take_are_released_and_published_before_their
         asked.elapsed() < Duration::from_secs(30),
         "not after the hold"
     );
-    p.stop().await;
 }
 
 /// Held deliveries of one event and channel share outbox rows (at most 50 deliveries
@@ -1177,8 +1135,7 @@ async fn held_rows_the_relay_cannot_take_are_released_and_published_before_their
 async fn held_deliveries_share_rows_one_per_message_through_a_cancel_the_sweep_and_the_hold() {
     use notify_store::cancel::{CancelSelector, cancel};
     use notify_store::deliveries::republish_stale;
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("promo", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "promo", &["inapp"]).await;
     let users: Vec<String> = (0..120).map(|i| format!("{}-{i:03}", uniq("u"))).collect();
     let hold = Duration::from_secs(4);
     let mut tx = p.pool.begin().await.unwrap();
@@ -1232,14 +1189,12 @@ async fn held_deliveries_share_rows_one_per_message_through_a_cancel_the_sweep_a
     assert_eq!(p.count("outbox").await, 3);
 
     // Long overdue, but named by a waiting row: the sweep leaves them alone.
-    sqlx::query(
+    p.exec(
         "UPDATE notification_deliveries SET next_attempt_at = now() - interval '1 hour'
          WHERE event_id = $1",
+        event_id,
     )
-    .bind(event_id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
         republish_stale(&p.pool, Duration::from_secs(60), 1_000)
             .await
@@ -1248,13 +1203,7 @@ async fn held_deliveries_share_rows_one_per_message_through_a_cancel_the_sweep_a
     );
     // The smallest row lost unpublished: its pending deliveries go back to the sweep.
     let lost = held.iter().find(|r| r.deliveries() == 20).unwrap();
-    let lost_pending: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM notification_deliveries WHERE id = ANY($1) AND status = 'pending'",
-    )
-    .bind(lost.delivery_ids().collect::<Vec<_>>())
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let lost_pending: i64 = p.scalar("SELECT count(*) FROM notification_deliveries WHERE id = ANY($1) AND status = 'pending'", lost.delivery_ids().collect::<Vec<_>>()).await;
     notify_store::outbox::delete(&p.pool, &[lost.id])
         .await
         .unwrap();
@@ -1271,13 +1220,12 @@ async fn held_deliveries_share_rows_one_per_message_through_a_cancel_the_sweep_a
         final_statuses(&p, &[event_id]).await,
         vec![("canceled".to_string(), 1), ("sent".to_string(), 119)]
     );
-    let inbox: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT user_id, count(*) FROM notifications WHERE event_id = $1 GROUP BY user_id",
-    )
-    .bind(event_id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let inbox: Vec<(String, i64)> = p
+        .rows(
+            "SELECT user_id, count(*) FROM notifications WHERE event_id = $1 GROUP BY user_id",
+            event_id,
+        )
+        .await;
     assert_eq!(
         inbox.len(),
         119,
@@ -1285,7 +1233,6 @@ async fn held_deliveries_share_rows_one_per_message_through_a_cancel_the_sweep_a
     );
     assert!(inbox.iter().all(|(u, n)| *n == 1 && u != canceled_user));
     assert_eq!(p.count("outbox").await, 0);
-    p.stop().await;
 }
 
 /// A group commit's held deliveries share one outbox row a channel whichever of its
@@ -1410,11 +1357,11 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
     // One cancel that takes every delivery of the other row (its ten events share a
     // cancellation key): that row goes.
     let small_events: Vec<uuid::Uuid> = small.delivery_ids().map(|d| event_of[&d]).collect();
-    sqlx::query("UPDATE notification_events SET cancellation_key = 'group-ten' WHERE id = ANY($1)")
-        .bind(&small_events)
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.exec(
+        "UPDATE notification_events SET cancellation_key = 'group-ten' WHERE id = ANY($1)",
+        &small_events,
+    )
+    .await;
     assert_eq!(
         cancel(notify_store::cancel::CancelSelector::CancellationKey(
             "group-ten".into()
@@ -1433,14 +1380,12 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
         .await
         .unwrap();
     let lost_events: Vec<uuid::Uuid> = lost.iter().map(|(e, _)| *e).collect();
-    sqlx::query(
+    p.exec(
         "UPDATE notification_deliveries SET next_attempt_at = now() - interval '1 hour'
          WHERE event_id = ANY($1)",
+        &lost_events,
     )
-    .bind(&lost_events)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     // A backlog of 4 rows due an hour ago, against a sweep batch of 3: the relay is behind.
     let backlog: Vec<i64> = sqlx::query_scalar(
         "INSERT INTO outbox (delivery_id, channel, available_at)
@@ -1491,14 +1436,13 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
         final_statuses(&p, &events).await,
         vec![("canceled".to_string(), 11), ("sent".to_string(), 54)]
     );
-    let inbox: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
-        "SELECT event_id, count(*) FROM notifications WHERE event_id = ANY($1)
+    let inbox: Vec<(uuid::Uuid, i64)> = p
+        .rows(
+            "SELECT event_id, count(*) FROM notifications WHERE event_id = ANY($1)
          GROUP BY event_id",
-    )
-    .bind(&events)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+            &events,
+        )
+        .await;
     assert_eq!(
         inbox.len(),
         54,
@@ -1510,7 +1454,6 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
             .all(|(e, n)| *n == 1 && *e != canceled_event && !small_events.contains(e))
     );
     assert_eq!(p.count("outbox").await, 0);
-    p.stop().await;
 }
 
 /// Issue 44, item 8: a worker frozen (SIGSTOP) during the last attempt allowed, past its
@@ -1559,15 +1502,14 @@ async fn a_late_success_after_the_last_attempt_was_given_up(with_fallback: bool)
     wait_line_calls(&p, 1).await;
     signal(frozen.pid(), "-STOP");
     // This call is the last one allowed (as the third of three would be).
-    let last = sqlx::query(
-        "UPDATE notification_deliveries SET max_attempts = attempts
+    let last = p
+        .exec(
+            "UPDATE notification_deliveries SET max_attempts = attempts
          WHERE id = $1::uuid AND status = 'sending'",
-    )
-    .bind(&id)
-    .execute(&p.pool)
-    .await
-    .unwrap();
-    assert_eq!(last.rows_affected(), 1);
+            &id,
+        )
+        .await;
+    assert_eq!(last, 1);
     wait_status(&p, &id, "failed", 30).await;
     let pool = p.pool.clone();
     let fallback = || async {
@@ -1591,14 +1533,13 @@ async fn a_late_success_after_the_last_attempt_was_given_up(with_fallback: bool)
     wait_status(&p, &id, "sent", 30).await;
     let (state, attempts) = status_of(&p, &id).await;
     assert_eq!((state.as_str(), attempts), ("sent", 1));
-    let hooks: Vec<String> = sqlx::query_scalar(
-        "SELECT event_type FROM webhook_messages WHERE delivery_id = $1::uuid
+    let hooks: Vec<String> = p
+        .scalars(
+            "SELECT event_type FROM webhook_messages WHERE delivery_id = $1::uuid
          ORDER BY state_version",
-    )
-    .bind(&id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+            &id,
+        )
+        .await;
     assert_eq!(
         hooks[hooks.len().saturating_sub(2)..],
         ["delivery.failed".to_string(), "delivery.sent".to_string()],
@@ -1631,14 +1572,13 @@ async fn a_late_success_after_the_last_attempt_was_given_up(with_fallback: bool)
                 error.starts_with(&format!("canceled: delivery {id}")),
                 "{error}"
             );
-            let cancelled: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM webhook_messages
+            let cancelled: i64 = p
+                .scalar(
+                    "SELECT count(*) FROM webhook_messages
                  WHERE delivery_id = $1::uuid AND event_type = 'delivery.cancelled'",
-            )
-            .bind(&fid)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+                    &fid,
+                )
+                .await;
             assert_eq!(cancelled, 1, "its delivery.cancelled webhook");
             // An email worker now finds the fallback's message and sends nothing.
             p.start_worker(Channel::Email);
@@ -1657,7 +1597,6 @@ async fn a_late_success_after_the_last_attempt_was_given_up(with_fallback: bool)
         None => assert!(!with_fallback, "a fallback without the type's list"),
     }
     frozen.terminate();
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1748,14 +1687,13 @@ async fn a_frozen_worker_holds_a_recovered_delivery_no_longer_than_three_heartbe
     );
 
     resume_until_idle(&frozen, Duration::from_secs(30)).await;
-    let attempts: Vec<(i32, String, String)> = sqlx::query_as(
-        "SELECT attempt, coalesce(error_code, outcome), worker_id FROM delivery_attempts
+    let attempts: Vec<(i32, String, String)> = p
+        .rows(
+            "SELECT attempt, coalesce(error_code, outcome), worker_id FROM delivery_attempts
          WHERE delivery_id = $1::uuid ORDER BY attempt",
-    )
-    .bind(&id)
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+            &id,
+        )
+        .await;
     assert_eq!(
         attempts,
         [
@@ -1769,5 +1707,4 @@ async fn a_frozen_worker_holds_a_recovered_delivery_no_longer_than_three_heartbe
         "the refused call and the send"
     );
     frozen.terminate();
-    p.stop().await;
 }

@@ -199,12 +199,12 @@ async fn endpoint_with_receiver(p: &Platform, lang: Lang, types: &[&str]) -> (St
 
 /// The `webhook-id`s of the messages written for endpoint `id`.
 async fn message_ids(p: &Platform, id: &str) -> BTreeSet<String> {
-    let ids: Vec<Uuid> =
-        sqlx::query_scalar("SELECT id FROM webhook_messages WHERE endpoint_id = $1::uuid")
-            .bind(id)
-            .fetch_all(&p.pool)
-            .await
-            .unwrap();
+    let ids: Vec<Uuid> = p
+        .scalars(
+            "SELECT id FROM webhook_messages WHERE endpoint_id = $1::uuid",
+            id,
+        )
+        .await;
     ids.into_iter()
         .map(notify_core::webhook::message_id)
         .collect()

@@ -76,11 +76,12 @@ async fn old_final_deliveries_attempts_inbox_rows_and_events_go_and_pending_ones
     assert_all_sent(&ev);
     let archived = p.send(&uniq("archived"), &ty, &[&user]).await;
     assert_all_sent(&p.wait_final(&archived.event_id, 60).await);
-    let item: Uuid = sqlx::query_scalar("SELECT id FROM notifications WHERE event_id = $1")
-        .bind(Uuid::parse_str(&archived.event_id).unwrap())
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+    let item: Uuid = p
+        .scalar(
+            "SELECT id FROM notifications WHERE event_id = $1",
+            Uuid::parse_str(&archived.event_id).unwrap(),
+        )
+        .await;
     notify_store::inbox::set_status(&p.pool, &user, item, notify_core::InboxStatus::Archived)
         .await
         .unwrap()
@@ -99,16 +100,15 @@ async fn old_final_deliveries_attempts_inbox_rows_and_events_go_and_pending_ones
     assert_eq!(first.inbox, 1, "only the archived item: {first:?}");
     assert!(first.attempts_cleared >= 2, "{first:?}");
     assert!(first.batches > 2, "small batches: {first:?}");
-    let (kept, with_content): (i64, i64) = sqlx::query_as(
-        "SELECT count(*), count(*) FILTER (WHERE a.content_json IS NOT NULL
+    let (kept, with_content): (i64, i64) = p
+        .row(
+            "SELECT count(*), count(*) FILTER (WHERE a.content_json IS NOT NULL
                                           OR a.provider_response IS NOT NULL)
          FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
          WHERE d.event_id = $1 AND a.outcome = 'sent'",
-    )
-    .bind(Uuid::parse_str(&sent.event_id).unwrap())
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+            Uuid::parse_str(&sent.event_id).unwrap(),
+        )
+        .await;
     assert_eq!(
         (kept, with_content),
         (2, 0),
@@ -158,7 +158,6 @@ async fn old_final_deliveries_attempts_inbox_rows_and_events_go_and_pending_ones
     let (overview, _) = notify_store::console::overview(&p.pool).await.unwrap();
     let counted: i64 = overview.iter().flat_map(|o| o.last_day).sum();
     assert_eq!(counted, p.count("notification_deliveries").await);
-    p.stop().await;
 }
 
 #[tokio::test]
@@ -168,15 +167,13 @@ async fn a_types_own_retention_beats_the_global_one() {
     p.add_recipient(&user, "Nok", "", "").await;
     let (short, long, global) = (uniq("short"), uniq("long"), uniq("global"));
     for (key, deliveries) in [(&short, 60), (&long, 10 * 86_400), (&global, 0)] {
-        p.types()
-            .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-                key: key.clone(),
-                default_channels: vec!["inapp".into()],
-                delivery_retention_seconds: deliveries,
-                ..Default::default()
-            })
-            .await
-            .expect("upsert type");
+        p.upsert_type(pb::UpsertNotificationTypeRequest {
+            key: key.clone(),
+            default_channels: vec!["inapp".into()],
+            delivery_retention_seconds: deliveries,
+            ..Default::default()
+        })
+        .await;
     }
     let mut ids = Vec::new();
     for ty in [&short, &long, &global] {
@@ -244,7 +241,6 @@ async fn a_types_own_retention_beats_the_global_one() {
             archived_inbox_s: None,
         }
     );
-    p.stop().await;
 }
 
 #[tokio::test]
@@ -273,7 +269,6 @@ async fn a_replayed_event_key_is_a_duplicate_within_retention_and_a_new_event_af
     assert!(!after.duplicate);
     assert_ne!(after.event_id, first.event_id);
     assert_all_sent(&p.wait_final(&after.event_id, 60).await);
-    p.stop().await;
 }
 
 #[tokio::test]
@@ -340,5 +335,4 @@ async fn two_purgers_at_once_delete_each_row_once_and_one_waits_for_nothing() {
     assert_eq!(p.count("notification_deliveries").await, 0);
     assert_eq!(p.count("notification_events").await, 0);
     assert_eq!(p.count("delivery_skips").await, 0);
-    p.stop().await;
 }

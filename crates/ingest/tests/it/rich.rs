@@ -133,13 +133,11 @@ async fn bad_rich_content_names_the_field_and_writes_nothing() {
     for table in ["notification_events", "notification_deliveries", "outbox"] {
         assert_eq!(p.count(table).await, 0, "{table} must stay empty");
     }
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rich_content_is_kept_as_sent_and_shown_by_get_event() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["inapp"]).await;
     let mut r = p.rich_event("order:1001:paid", "order_paid", &["u1"]);
     let c = r.content.as_mut().unwrap();
     c.badge = pb::BadgePolicy::UnreadCount as i32;
@@ -174,14 +172,13 @@ async fn rich_content_is_kept_as_sent_and_shown_by_get_event() {
 
     let again = p.ingest().create_event(r).await.unwrap().into_inner();
     assert!(again.duplicate, "the same rich request is an honest retry");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_click_counts_once_per_callback_and_explain_delivery_shows_it() {
     use notify_store::clicks::{ClickSource, NewClick, record_click};
-    let p = Platform::start_with_workers(&[notify_core::Channel::InApp]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p =
+        Platform::start_with_type(&[notify_core::Channel::InApp], "order_paid", &["inapp"]).await;
     let ev = p
         .ingest()
         .create_event(p.rich_event("order:1001:paid", "order_paid", &["u1"]))
@@ -230,5 +227,4 @@ async fn a_click_counts_once_per_callback_and_explain_delivery_shows_it() {
         (clicks[0].action_id.as_str(), clicks[0].source.as_str()),
         ("view", "line")
     );
-    p.stop().await;
 }

@@ -44,23 +44,20 @@ fn token(user: &str) -> String {
 /// link `content.url`, which email and LINE text print.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deep_link_as_the_tap_link_is_refused() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["inapp"]).await;
     let mut r = p.rich_event("deep:1", "order_paid", &["u1"]);
     r.content.as_mut().unwrap().url = "myshop://orders/1001".into();
     let err = p.ingest().create_event(r).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert_eq!(fields(&err), ["content.url"]);
     assert_eq!(p.count("notification_events").await, 0);
-    p.stop().await;
 }
 
 /// The same event_key with different rich content is not an honest retry: ALREADY_EXISTS,
 /// and what was stored stays as first sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_with_different_actions_is_already_exists() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["inapp"]).await;
     let first = p.rich_event("replay:1", "order_paid", &["u1"]);
     let created = p
         .ingest()
@@ -124,7 +121,6 @@ async fn replay_with_different_actions_is_already_exists() {
         problems.push(format!("stored actions changed: {:?}", stored.actions));
     }
     assert!(problems.is_empty(), "{problems:#?}");
-    p.stop().await;
 }
 
 /// Ingest edge cases, each with the outcome a user would expect from the docs. Every
@@ -311,7 +307,6 @@ async fn ingest_edge_cases() {
         }
     }
     assert!(problems.is_empty(), "{problems:#?}");
-    p.stop().await;
 }
 
 /// A template renders an action URL (and image) from the payload. The payload value is
@@ -332,17 +327,15 @@ async fn template_rendering_javascript_action_fails_content_invalid() {
         }],
         ..Default::default()
     };
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "jump".into(),
-            default_channels: vec!["inapp".into(), "email".into(), "line".into()],
-            default_locale: "th".into(),
-            sample_payload: r#"{"order_id": 1, "target": "https://shop.example.test/o/1"}"#.into(),
-            templates: vec![tpl("inapp"), tpl("email"), tpl("line")],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "jump".into(),
+        default_channels: vec!["inapp".into(), "email".into(), "line".into()],
+        default_locale: "th".into(),
+        sample_payload: r#"{"order_id": 1, "target": "https://shop.example.test/o/1"}"#.into(),
+        templates: vec![tpl("inapp"), tpl("email"), tpl("line")],
+        ..Default::default()
+    })
+    .await;
     let u = support::uniq("u");
     let address = format!("{u}@example.test");
     let lid = support::line_id();
@@ -393,7 +386,6 @@ async fn template_rendering_javascript_action_fails_content_invalid() {
         problems.push(format!("{} mails sent", mails.len()));
     }
     assert!(problems.is_empty(), "{problems:#?}");
-    p.stop().await;
 }
 
 /// A signed postback from LINE user B naming user A's delivery, one naming an action the
@@ -401,8 +393,12 @@ async fn template_rendering_javascript_action_fails_content_invalid() {
 /// none of them is a click on A's delivery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn line_postback_forgeries_are_not_clicks() {
-    let p = Platform::start_with_workers(&[Channel::Line, Channel::InApp]).await;
-    p.add_type("order_paid", &["line", "inapp"]).await;
+    let p = Platform::start_with_type(
+        &[Channel::Line, Channel::InApp],
+        "order_paid",
+        &["line", "inapp"],
+    )
+    .await;
     let (a, lid_a) = p.add_line_recipient("a").await;
     let (_b, lid_b) = p.add_line_recipient("b").await;
     let ev = p
@@ -509,15 +505,13 @@ async fn line_postback_forgeries_are_not_clicks() {
         problems.push(format!("recorded click: {r:?}"));
     }
     assert!(problems.is_empty(), "{problems:#?}");
-    p.stop().await;
 }
 
 /// docs: a click "marks the item read (an archived one stays archived)" and is recorded
 /// once; unarchive afterwards shows it read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_click_on_archived_item() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "order_paid", &["inapp"]).await;
     let u = p.add_bare_recipient("u").await;
     let ev = p
         .ingest()
@@ -599,7 +593,6 @@ async fn inbox_click_on_archived_item() {
         problems.push(format!("delivery_clicks = {clicks}"));
     }
     assert!(problems.is_empty(), "{problems:#?}");
-    p.stop().await;
 }
 
 /// The default rich event's second action is an app deep link (`myshop://`): LINE turns it
@@ -607,8 +600,7 @@ async fn inbox_click_on_archived_item() {
 /// (webmail, desktop): expect the email not to carry a dead `myshop://` button.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn email_does_not_carry_app_deep_link_buttons() {
-    let p = Platform::start_with_workers(&[Channel::Email]).await;
-    p.add_type("order_paid", &["email"]).await;
+    let p = Platform::start_with_type(&[Channel::Email], "order_paid", &["email"]).await;
     let user = support::uniq("u");
     let address = format!("{user}@example.test");
     p.add_recipient(&user, "สมชาย", &address, "").await;
@@ -633,14 +625,12 @@ async fn email_does_not_carry_app_deep_link_buttons() {
         !html.contains("myshop://") && text_lines.is_empty(),
         "email carries the app deep link: hrefs={hrefs:?} text={text_lines:?}"
     );
-    p.stop().await;
 }
 
 /// HTML in labels, title and image URL must be escaped in the email layout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn email_layout_escapes_labels_and_image() {
-    let p = Platform::start_with_workers(&[Channel::Email]).await;
-    p.add_type("order_paid", &["email"]).await;
+    let p = Platform::start_with_type(&[Channel::Email], "order_paid", &["email"]).await;
     let user = support::uniq("u");
     let address = format!("{user}@example.test");
     p.add_recipient(&user, "สมชาย", &address, "").await;
@@ -676,7 +666,6 @@ async fn email_layout_escapes_labels_and_image() {
     for bad in ["<img src=x", "<script>", "\"onerror=", "\"><b>"] {
         assert!(!html.contains(bad), "unescaped {bad:?} in the email HTML");
     }
-    p.stop().await;
 }
 
 /// 3 actions with 20-character Thai labels, a long Thai body, an image, a thread and a
@@ -684,8 +673,7 @@ async fn email_layout_escapes_labels_and_image() {
 /// their limit (body shortened) or a clear payload_too_large; never a provider 400/413.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_max_labels_and_long_body_fit_or_fail_clearly() {
-    let p = Platform::start_with_workers(&[Channel::Push]).await;
-    p.add_type("order_paid", &["push"]).await;
+    let p = Platform::start_with_type(&[Channel::Push], "order_paid", &["push"]).await;
     let u = p.add_bare_recipient("maxpush").await;
     p.add_device(&u, &format!("fcm-max-{u}")).await;
     p.add_endpoint(&u, "apns", &format!("apns-max-{u}")).await;
@@ -728,7 +716,6 @@ async fn push_max_labels_and_long_body_fit_or_fail_clearly() {
         assert_eq!(r["body"]["aps"]["badge"], notify_core::content::MAX_BADGE);
     }
     assert!(problems.is_empty(), "{problems:#?}");
-    p.stop().await;
 }
 
 /// A Flex override with altText exactly 1,500 Thai characters reaches LINE and LINE (the
@@ -736,8 +723,7 @@ async fn push_max_labels_and_long_body_fit_or_fail_clearly() {
 /// an altText LINE accepts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn line_alt_text_at_the_limit_is_sent() {
-    let p = Platform::start_with_workers(&[Channel::Line]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let p = Platform::start_with_type(&[Channel::Line], "order_paid", &["line"]).await;
     let (u, _) = p.add_line_recipient("u").await;
     let mut a = p.event("alt:1", "order_paid", &[&u]);
     a.content.as_mut().unwrap().overrides = Some(pb::ChannelOverrides {
@@ -785,7 +771,6 @@ async fn line_alt_text_at_the_limit_is_sent() {
         }
     }
     assert!(problems.is_empty(), "{problems:#?}");
-    p.stop().await;
 }
 
 /// One LINE webhook delivery carries several events. A postback LINE sends with odd bytes
@@ -814,15 +799,13 @@ async fn line_webhook_batch_survives_an_odd_postback() {
         "HTTP {status}, line_followers rows = {followers}: the unfollow beside the postback was {}",
         if followers == 1 { "kept" } else { "lost" }
     );
-    p.stop().await;
 }
 
 /// 100 fcm_data keys with long values cannot fit 4,096 bytes: the delivery fails with
 /// payload_too_large before any FCM call, naming /message/data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fcm_data_too_big_fails_before_the_call() {
-    let p = Platform::start_with_workers(&[Channel::Push]).await;
-    p.add_type("order_paid", &["push"]).await;
+    let p = Platform::start_with_type(&[Channel::Push], "order_paid", &["push"]).await;
     let u = p.add_bare_recipient("fcmbig").await;
     p.add_device(&u, &format!("fcm-big-{u}")).await;
     let mut req = p.rich_event("fcmbig:1", "order_paid", &[&u]);
@@ -836,13 +819,12 @@ async fn fcm_data_too_big_fails_before_the_call() {
     let done = p.wait_final(&ev.event_id, 30).await;
     let d = &done.deliveries[0];
     let calls = p.sim_count("fcm").await;
-    let response: Option<String> = sqlx::query_scalar(
-        "SELECT provider_response FROM delivery_attempts WHERE delivery_id = $1::uuid",
-    )
-    .bind(&d.delivery_id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let response: Option<String> = p
+        .scalar(
+            "SELECT provider_response FROM delivery_attempts WHERE delivery_id = $1::uuid",
+            &d.delivery_id,
+        )
+        .await;
     let response = response.unwrap_or_default();
     eprintln!("attempt response: {response}");
     assert!(
@@ -854,7 +836,6 @@ async fn fcm_data_too_big_fails_before_the_call() {
         d.status,
         d.last_error
     );
-    p.stop().await;
 }
 
 /// A template whose action label or image is rendered from the payload: a 25-character
@@ -862,29 +843,26 @@ async fn fcm_data_too_big_fails_before_the_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn template_rendering_bad_label_or_image_fails_content_invalid() {
     let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "labelled".into(),
-            default_channels: vec!["inapp".into()],
-            default_locale: "th".into(),
-            sample_payload: r#"{"label": "ดู", "img": "https://cdn.shop.example.test/a.png"}"#
-                .into(),
-            templates: vec![pb::Template {
-                channel: "inapp".into(),
-                locale: "th".into(),
-                title: "สวัสดี".into(),
-                image_url: "{{ payload.img }}".into(),
-                actions: vec![pb::Action {
-                    id: "go".into(),
-                    label: "{{ payload.label }}".into(),
-                    url: "https://shop.example.test/x".into(),
-                }],
-                ..Default::default()
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "labelled".into(),
+        default_channels: vec!["inapp".into()],
+        default_locale: "th".into(),
+        sample_payload: r#"{"label": "ดู", "img": "https://cdn.shop.example.test/a.png"}"#.into(),
+        templates: vec![pb::Template {
+            channel: "inapp".into(),
+            locale: "th".into(),
+            title: "สวัสดี".into(),
+            image_url: "{{ payload.img }}".into(),
+            actions: vec![pb::Action {
+                id: "go".into(),
+                label: "{{ payload.label }}".into(),
+                url: "https://shop.example.test/x".into(),
             }],
             ..Default::default()
-        })
-        .await
-        .unwrap();
+        }],
+        ..Default::default()
+    })
+    .await;
     let u = p.add_bare_recipient("u").await;
     let mut problems = Vec::new();
     for (i, payload) in [
@@ -906,7 +884,6 @@ async fn template_rendering_bad_label_or_image_fails_content_invalid() {
         }
     }
     assert!(problems.is_empty(), "{problems:#?}");
-    p.stop().await;
 }
 
 /// A type's LINE Flex template renders each string from the payload: a payload string
@@ -921,25 +898,23 @@ async fn line_flex_template_payload_injection() {
             {"type": "text", "text": "{{ payload.note }}", "wrap": true}]},
         "footer": {"type": "box", "layout": "vertical", "contents": [
             {"type": "button", "action": {"type": "uri", "label": "เปิด", "uri": "{{ payload.go }}"}}]}}}]);
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "flexy".into(),
-            default_channels: vec!["line".into()],
-            default_locale: "th".into(),
-            sample_payload: r#"{"note": "สั้น", "go": "https://shop.example.test/o/1"}"#.into(),
-            templates: vec![pb::Template {
-                channel: "line".into(),
-                locale: "th".into(),
-                overrides: Some(pb::ChannelOverrides {
-                    line_messages_json: card.to_string(),
-                    ..Default::default()
-                }),
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "flexy".into(),
+        default_channels: vec!["line".into()],
+        default_locale: "th".into(),
+        sample_payload: r#"{"note": "สั้น", "go": "https://shop.example.test/o/1"}"#.into(),
+        templates: vec![pb::Template {
+            channel: "line".into(),
+            locale: "th".into(),
+            overrides: Some(pb::ChannelOverrides {
+                line_messages_json: card.to_string(),
                 ..Default::default()
-            }],
+            }),
             ..Default::default()
-        })
-        .await
-        .unwrap();
+        }],
+        ..Default::default()
+    })
+    .await;
     let (u, _) = p.add_line_recipient("u").await;
     let inject = r#"x"}],"quickReply":{"items":[]},"y":[{"a":"<b>"#;
     let mut problems = Vec::new();
@@ -989,7 +964,6 @@ async fn line_flex_template_payload_injection() {
         }
     }
     assert!(problems.is_empty(), "{problems:#?}");
-    p.stop().await;
 }
 
 /// A long Thai text (no spaces) to LINE splits into text objects at word boundaries: no
@@ -997,8 +971,7 @@ async fn line_flex_template_payload_injection() {
 /// within 5,000 UTF-16 units, and the objects join back into the text.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn line_thai_split_at_word_boundaries() {
-    let p = Platform::start_with_workers(&[Channel::Line]).await;
-    p.add_type("order_paid", &["line"]).await;
+    let p = Platform::start_with_type(&[Channel::Line], "order_paid", &["line"]).await;
     let (u, _) = p.add_line_recipient("u").await;
     let sentence =
         "ระบบได้แจ้งเตือนการชำระเงินของท่านเรียบร้อยแล้วโปรดตรวจสอบรายละเอียดในแอปพลิเคชันไม่ต้องตอบกลับข้อความนี้";
@@ -1056,7 +1029,6 @@ async fn line_thai_split_at_word_boundaries() {
         ));
     }
     assert!(problems.is_empty(), "{problems:#?}");
-    p.stop().await;
 }
 
 /// An action without an id gets `action<N>` by position. If another action already has
@@ -1064,8 +1036,7 @@ async fn line_thai_split_at_word_boundaries() {
 /// tell them apart): expect a refusal naming the id, or distinct ids.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn positional_action_id_collides_with_an_explicit_one() {
-    let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p = Platform::start_with_type(&[Channel::InApp], "order_paid", &["inapp"]).await;
     let u = p.add_bare_recipient("u").await;
     let mut req = p.rich_event("collide:1", "order_paid", &[&u]);
     let c = req.content.as_mut().unwrap();
@@ -1115,7 +1086,6 @@ async fn positional_action_id_collides_with_an_explicit_one() {
             );
         }
     }
-    p.stop().await;
 }
 
 /// A template's actions without ids: like the caller's, they should get `action<N>`, so
@@ -1123,34 +1093,32 @@ async fn positional_action_id_collides_with_an_explicit_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn template_actions_without_ids_get_positional_ids() {
     let p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "noids".into(),
-            default_channels: vec!["inapp".into()],
-            default_locale: "th".into(),
-            sample_payload: r#"{"order_id": 1}"#.into(),
-            templates: vec![pb::Template {
-                channel: "inapp".into(),
-                locale: "th".into(),
-                title: "คำสั่งซื้อ #{{ payload.order_id }}".into(),
-                actions: vec![
-                    pb::Action {
-                        id: String::new(),
-                        label: "ดู".into(),
-                        url: "https://shop.example.test/o/{{ payload.order_id }}".into(),
-                    },
-                    pb::Action {
-                        id: String::new(),
-                        label: "ยกเลิก".into(),
-                        url: "https://shop.example.test/c/{{ payload.order_id }}".into(),
-                    },
-                ],
-                ..Default::default()
-            }],
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "noids".into(),
+        default_channels: vec!["inapp".into()],
+        default_locale: "th".into(),
+        sample_payload: r#"{"order_id": 1}"#.into(),
+        templates: vec![pb::Template {
+            channel: "inapp".into(),
+            locale: "th".into(),
+            title: "คำสั่งซื้อ #{{ payload.order_id }}".into(),
+            actions: vec![
+                pb::Action {
+                    id: String::new(),
+                    label: "ดู".into(),
+                    url: "https://shop.example.test/o/{{ payload.order_id }}".into(),
+                },
+                pb::Action {
+                    id: String::new(),
+                    label: "ยกเลิก".into(),
+                    url: "https://shop.example.test/c/{{ payload.order_id }}".into(),
+                },
+            ],
             ..Default::default()
-        })
-        .await
-        .unwrap();
+        }],
+        ..Default::default()
+    })
+    .await;
     let u = p.add_bare_recipient("u").await;
     let ev = p.send("noids:1", "noids", &[&u]).await;
     let done = p.wait_final(&ev.event_id, 30).await;
@@ -1178,5 +1146,4 @@ async fn template_actions_without_ids_get_positional_ids() {
         .map(|a| a["id"].as_str().unwrap_or("?"))
         .collect();
     assert_eq!(ids, ["action1", "action2"], "{actions}");
-    p.stop().await;
 }

@@ -101,11 +101,11 @@ async fn an_event_five_seconds_ahead_reaches_every_channel_within_a_second_of_it
     // A second before it is due nothing has gone out anywhere.
     until(due - chrono::Duration::seconds(1)).await;
     let inbox_rows = async || -> Vec<DateTime<Utc>> {
-        sqlx::query_scalar("SELECT created_at FROM notifications WHERE user_id = $1")
-            .bind(&u)
-            .fetch_all(&p.pool)
-            .await
-            .unwrap()
+        p.scalars(
+            "SELECT created_at FROM notifications WHERE user_id = $1",
+            &u,
+        )
+        .await
     };
     assert!(
         inbox_rows().await.is_empty(),
@@ -168,7 +168,6 @@ async fn an_event_five_seconds_ahead_reaches_every_channel_within_a_second_of_it
         parse_time(fcm_calls[0]["received_at"].as_str().unwrap()),
         due,
     );
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,19 +211,19 @@ async fn a_send_at_in_the_past_sends_now_and_an_offset_is_stored_as_its_instant(
         .into_inner();
     let due = at.with_timezone(&Utc);
     assert_eq!(created.send_at.as_ref().map(instant), Some(due));
-    let stored: Option<DateTime<Utc>> =
-        sqlx::query_scalar("SELECT send_at FROM notification_events WHERE id = $1::uuid")
-            .bind(&created.event_id)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let stored: Option<DateTime<Utc>> = p
+        .scalar(
+            "SELECT send_at FROM notification_events WHERE id = $1::uuid",
+            &created.event_id,
+        )
+        .await;
     assert_eq!(stored, Some(due));
-    let outbox: Vec<DateTime<Utc>> =
-        sqlx::query_scalar("SELECT available_at FROM outbox WHERE delivery_id = $1::uuid")
-            .bind(&created.deliveries[0].delivery_id)
-            .fetch_all(&p.pool)
-            .await
-            .unwrap();
+    let outbox: Vec<DateTime<Utc>> = p
+        .scalars(
+            "SELECT available_at FROM outbox WHERE delivery_id = $1::uuid",
+            &created.deliveries[0].delivery_id,
+        )
+        .await;
     assert_eq!(outbox, [due], "the outbox row waits for the due time");
 
     // The same send_at (spelled in UTC) is a replay; another one is other content.
@@ -241,13 +240,11 @@ async fn a_send_at_in_the_past_sends_now_and_an_offset_is_stored_as_its_instant(
     req.send_at = (due + chrono::Duration::minutes(1)).to_rfc3339();
     let err = p.ingest().create_event(req).await.unwrap_err();
     assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_schedules_are_refused_by_field_and_nothing_is_written() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["inapp"]).await;
     let u = p.add_bare_recipient("wichai").await;
     let beyond =
         (Utc::now() + chrono::Duration::days(30) + chrono::Duration::minutes(5)).to_rfc3339();
@@ -290,7 +287,6 @@ async fn bad_schedules_are_refused_by_field_and_nothing_is_written() {
     assert_eq!(p.count("notification_events").await, 0);
     assert_eq!(p.count("notification_deliveries").await, 0);
     assert_eq!(p.count("outbox").await, 0);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,27 +347,17 @@ async fn a_scheduled_delivery_survives_a_restart_of_ingest_and_the_workers() {
         "sent at {at}, due at {due}"
     );
     drop(ingest);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_event_shows_the_due_time_of_each_scheduled_delivery_and_the_event() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["inapp", "email"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["inapp", "email"]).await;
     let (a, b) = (uniq("somchai"), uniq("somying"));
     p.add_recipient(&a, "", &format!("{a}@example.test"), "")
         .await;
     p.add_recipient(&b, "", &format!("{b}@example.test"), "")
         .await;
-    p.recipients()
-        .set_preference(pb::SetPreferenceRequest {
-            user_id: b.clone(),
-            r#type: "order_paid".into(),
-            channel: "email".into(),
-            enabled: false,
-        })
-        .await
-        .unwrap();
+    p.set_preference(&b, "order_paid", "email", false).await;
     p.topics()
         .create_topic(pb::CreateTopicRequest {
             key: "shop.reminders".into(),
@@ -441,7 +427,6 @@ async fn get_event_shows_the_due_time_of_each_scheduled_delivery_and_the_event()
             off.decision
         );
     }
-    p.stop().await;
 }
 
 /// Planned at the due time: quiet hours (22:00 to 07:00 Bangkok) that do not hold at the
@@ -503,5 +488,4 @@ async fn quiet_hours_are_those_of_the_due_time_not_of_the_call() {
         "{}",
         d.decision
     );
-    p.stop().await;
 }

@@ -97,11 +97,11 @@ async fn setup(p: &Platform, admin: &str, types: &[(&str, &str)]) -> String {
 
 /// The caller recorded on an event.
 async fn caller_of(p: &Platform, event_id: &str) -> Option<String> {
-    sqlx::query_scalar("SELECT caller FROM notification_events WHERE id = $1::uuid")
-        .bind(event_id)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap()
+    p.scalar(
+        "SELECT caller FROM notification_events WHERE id = $1::uuid",
+        event_id,
+    )
+    .await
 }
 
 fn secured() -> Options {
@@ -175,12 +175,12 @@ async fn keys_are_checked_scoped_and_recorded_on_the_event() {
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("security_login") && err.message().contains("order_*"));
     assert!(!err.message().contains(&orders), "the key is never echoed");
-    let stored: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM notification_events WHERE event_key = $1")
-            .bind(&key_login)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let stored: i64 = p
+        .scalar(
+            "SELECT count(*) FROM notification_events WHERE event_key = $1",
+            &key_login,
+        )
+        .await;
     assert_eq!(stored, 0);
 
     // Managing recipients needs the manage scope.
@@ -239,7 +239,6 @@ async fn keys_are_checked_scoped_and_recorded_on_the_event() {
         .unwrap()
         .into_inner();
     assert_eq!(health.status, 1);
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,7 +287,6 @@ async fn a_revoked_key_is_denied_within_a_second_on_every_replica() {
         denied_after.iter().all(|d| *d < Duration::from_secs(1)),
         "{denied_after:?}"
     );
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -374,7 +372,6 @@ async fn a_key_over_its_quota_is_refused_while_another_key_goes_through() {
     assert_eq!(err.code(), Code::ResourceExhausted);
     assert!(err.message().contains("at most 2"), "{}", err.message());
     assert!(err.get_error_details().retry_info().is_none());
-    p.stop().await;
 }
 
 /// A CA, a server certificate for 127.0.0.1 and client certificates, made with openssl.
@@ -579,7 +576,6 @@ async fn mutual_tls_names_the_caller_by_its_certificate() {
             "{err:?}"
         );
     }
-    p.stop().await;
 }
 
 fn violations(err: &tonic::Status) -> Vec<(String, String)> {
@@ -635,12 +631,12 @@ async fn sensitive_data_is_rejected_by_default_and_masked_when_the_type_says_so(
             "the value {leaked} was echoed"
         );
     }
-    let stored: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM notification_events WHERE event_key = $1")
-            .bind(&event_key)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let stored: i64 = p
+        .scalar(
+            "SELECT count(*) FROM notification_events WHERE event_key = $1",
+            &event_key,
+        )
+        .await;
     assert_eq!(stored, 0, "nothing is stored on reject");
 
     // Other spellings are found too, and identifiers may never carry an id.
@@ -693,13 +689,12 @@ async fn sensitive_data_is_rejected_by_default_and_masked_when_the_type_says_so(
         .await
         .unwrap()
         .into_inner();
-    let (stored_payload, stored_content): (serde_json::Value, serde_json::Value) = sqlx::query_as(
-        "SELECT payload_json, content_json FROM notification_events WHERE id = $1::uuid",
-    )
-    .bind(&ev.event_id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let (stored_payload, stored_content): (serde_json::Value, serde_json::Value) = p
+        .row(
+            "SELECT payload_json, content_json FROM notification_events WHERE id = $1::uuid",
+            &ev.event_id,
+        )
+        .await;
     assert_eq!(
         stored_payload["customer"]["documents"][0]["id_card"],
         "X-XXXX-XXXX3-45-8"
@@ -721,13 +716,11 @@ async fn sensitive_data_is_rejected_by_default_and_masked_when_the_type_says_so(
         text.contains("XXXX XXXX XXXX 1111") && !text.contains("4111 1111"),
         "{text}"
     );
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn links_must_be_https_and_oversized_or_deep_input_is_refused() {
-    let p = Platform::start_with_workers(&[]).await;
-    p.add_type("order_paid", &["inapp"]).await;
+    let p = Platform::start_with_type(&[], "order_paid", &["inapp"]).await;
     let user = p.add_bare_recipient("u").await;
     let send = |req: pb::CreateEventRequest| {
         let mut c = p.ingest();
@@ -792,7 +785,6 @@ async fn links_must_be_https_and_oversized_or_deep_input_is_refused() {
     let err = send(req).await.unwrap_err();
     assert!(err.code() == Code::OutOfRange, "{err:?}");
     assert!(err.message().contains("too large"), "{}", err.message());
-    p.stop().await;
 }
 
 /// GetEvent by key as `k`.
@@ -934,7 +926,6 @@ async fn two_callers_with_one_event_key_each_get_their_own_event_and_learn_nothi
         let got = get_by_key(&p, &admin, &event_key).await.unwrap();
         assert!([&first_a.event_id, &first_b.event_id].contains(&&got.event_id));
     }
-    p.stop().await;
 }
 
 /// The migration to caller-scoped keys keeps existing events: a replay by the caller that
@@ -1210,7 +1201,6 @@ async fn every_method_authenticates_and_manage_methods_refuse_a_sending_key() {
         assert_ne!(code, Code::Unauthenticated, "{method} with the admin key");
         assert_ne!(code, Code::PermissionDenied, "{method} with the admin key");
     }
-    p.stop().await;
 }
 
 /// `msg` with `key` as the bearer token, or with no credentials.

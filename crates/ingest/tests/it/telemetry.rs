@@ -452,7 +452,6 @@ async fn one_notification_is_one_trace_from_the_caller_to_the_provider_retry_inc
             .any(|m| m == "notify_deliveries_sent"),
         "no notify_deliveries_sent over OTLP"
     );
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -610,7 +609,6 @@ async fn metrics_count_exactly_the_deliveries_sent_and_logs_carry_ids_but_no_con
         );
         assert!(!text.contains(&p.db_url), "{name} logged the database URL");
     }
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -669,12 +667,12 @@ async fn on_sigterm_ingest_reports_not_serving_before_it_stops_accepting() {
     // ... while requests are still accepted and written.
     let ev = p.send(&uniq("during-drain"), "order_paid", &[&u]).await;
     assert!(!ev.event_id.is_empty());
-    let stored: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM notification_events WHERE id = $1::uuid")
-            .bind(&ev.event_id)
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let stored: i64 = p
+        .scalar(
+            "SELECT count(*) FROM notification_events WHERE id = $1::uuid",
+            &ev.event_id,
+        )
+        .await;
     assert_eq!(stored, 1);
     assert!(signalled.elapsed() < Duration::from_secs(3));
 
@@ -693,7 +691,6 @@ async fn on_sigterm_ingest_reports_not_serving_before_it_stops_accepting() {
         matches!(after, Ok(None) | Err(_)),
         "still answering after exit: {after:?}"
     );
-    p.stop().await;
 }
 
 /// `notify_escalations_total` in the worker of the escalated channel (worker-line as a
@@ -757,5 +754,4 @@ async fn the_escalation_metric_counts_each_escalation_sent_or_skipped_once() {
         1.0,
         "{after}"
     );
-    p.stop().await;
 }

@@ -130,13 +130,12 @@ async fn thai_templates_with_thai_money_and_dates_and_an_english_fallback() {
         .iter()
         .find(|d| d.user_id == th && d.channel == "email")
         .unwrap();
-    let content: Value = sqlx::query_scalar(
-        "SELECT content_json FROM delivery_attempts WHERE delivery_id = $1::uuid",
-    )
-    .bind(&th_email.delivery_id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let content: Value = p
+        .scalar(
+            "SELECT content_json FROM delivery_attempts WHERE delivery_id = $1::uuid",
+            &th_email.delivery_id,
+        )
+        .await;
     assert_eq!(content["subject"], "ชำระเงินสำเร็จ คำสั่งซื้อ #1001");
 
     // A payload without a field the template needs: that delivery fails at once, naming
@@ -154,7 +153,6 @@ async fn thai_templates_with_thai_money_and_dates_and_an_english_fallback() {
         "{}",
         d.last_error
     );
-    p.stop().await;
 }
 
 /// `ingest load-types`: the versioned type file is applied once, atomically, and refused
@@ -250,7 +248,6 @@ async fn the_type_file_loads_once_per_version_and_all_or_nothing() {
     assert!(
         matches!(load(&p.pool, &file).await, Err(LoadError::Version(m)) if m.contains("older"))
     );
-    p.stop().await;
 }
 
 /// Digest: five replies in one thread within the window become one email and one LINE
@@ -278,18 +275,16 @@ async fn five_replies_in_one_window_become_one_digest_per_channel() {
         body: "{% for i in digest.items %}- {{ i.payload.author }}: {{ i.content.body }}\n{% endfor %}".into(),
         ..tpl("*", "en")
     };
-    p.types()
-        .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "comment_reply".into(),
-            default_channels: vec!["inapp".into(), "email".into(), "line".into()],
-            default_locale: "en".into(),
-            sample_payload: r#"{"thread_id": 55, "author": "somying"}"#.into(),
-            digest_window_seconds: 4,
-            templates: vec![digest],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    p.upsert_type(pb::UpsertNotificationTypeRequest {
+        key: "comment_reply".into(),
+        default_channels: vec!["inapp".into(), "email".into(), "line".into()],
+        default_locale: "en".into(),
+        sample_payload: r#"{"thread_id": 55, "author": "somying"}"#.into(),
+        digest_window_seconds: 4,
+        templates: vec![digest],
+        ..Default::default()
+    })
+    .await;
     let u = uniq("u");
     let mail = format!("{u}@example.test");
     p.add_recipient(&u, "", &mail, &line_id()).await;
@@ -360,15 +355,14 @@ async fn five_replies_in_one_window_become_one_digest_per_channel() {
     for ev in &events {
         p.wait_final(&ev.event_id, 30).await;
     }
-    let rows: Vec<(i32, String)> =
-        sqlx::query_as("SELECT item_count, body FROM notifications WHERE user_id = $1")
-            .bind(&u)
-            .fetch_all(&p.pool)
-            .await
-            .unwrap();
+    let rows: Vec<(i32, String)> = p
+        .rows(
+            "SELECT item_count, body FROM notifications WHERE user_id = $1",
+            &u,
+        )
+        .await;
     assert_eq!(rows.len(), 1, "one in-app item");
     assert_eq!(rows[0].0, 5, "updated in place five times");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,5 +404,4 @@ async fn a_saved_template_applies_to_the_next_delivery_at_once() {
         })
         .collect();
     assert_eq!(titles, ["เดิม #1001", "ใหม่ #1001"]);
-    p.stop().await;
 }

@@ -39,14 +39,12 @@ async fn failing_receiver() -> (String, Arc<AtomicUsize>) {
 
 /// (enabled, disabled_reason, failing_since is set) of endpoint `id`.
 async fn endpoint_state(p: &support::Platform, id: uuid::Uuid) -> (bool, Option<String>, bool) {
-    sqlx::query_as(
+    p.row(
         "SELECT enabled, disabled_reason, failing_since IS NOT NULL FROM webhook_endpoints
           WHERE id = $1",
+        id,
     )
-    .bind(id)
-    .fetch_one(&p.pool)
     .await
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,11 +167,9 @@ async fn an_operator_sees_a_disabled_endpoint_with_its_attempts_and_enables_it_a
         (true, None, false),
         "enabled, its failure run cleared"
     );
-    let caller: String = sqlx::query_scalar("SELECT caller FROM webhook_endpoints WHERE id = $1")
-        .bind(id)
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+    let caller: String = p
+        .scalar("SELECT caller FROM webhook_endpoints WHERE id = $1", id)
+        .await;
     assert!(
         page.contains(&format!("<th>Caller</th><td>{caller}</td>")),
         "{page}"
@@ -271,7 +267,6 @@ async fn worker_webhook_is_ready_only_while_it_consumes_from_rabbitmq() {
         .find(|l| l.starts_with("notify_webhook_endpoints_disabled_total"))
         .unwrap_or_else(|| panic!("{metrics}"));
     assert!(line.ends_with(" 0"), "{line}");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -326,7 +321,6 @@ async fn the_backlog_counts_messages_pending_over_a_minute_and_the_page_counts_e
         );
     }
     assert!(page.contains("<th>Event types</th><td>all</td>"), "{page}");
-    p.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -384,7 +378,6 @@ async fn worker_webhook_exports_its_posts_by_outcome_with_their_duration() {
         !metrics.contains("notify_webhook_attempts_total{outcome=\"sent\""),
         "{metrics}"
     );
-    p.stop().await;
 }
 
 /// The stale-message sweep (a pending webhook message whose queue message was lost) waits
@@ -401,25 +394,21 @@ async fn the_stale_webhook_message_sweep_waits_while_the_relay_is_behind() {
     })
     .await;
     let endpoint = uuid::Uuid::new_v4();
-    sqlx::query(
+    p.exec(
         "INSERT INTO webhook_endpoints (id, caller, url, secret)
          VALUES ($1, 'anonymous', 'https://hooks.example.test/', 'whsec_x')",
+        endpoint,
     )
-    .bind(endpoint)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     // Pending for an hour, with no outbox row: its queue message was lost.
-    sqlx::query(
+    p.exec(
         "INSERT INTO webhook_messages (id, endpoint_id, event_type, payload, delivery_id,
                                        state_version, next_attempt_at)
          VALUES (gen_random_uuid(), $1, 'delivery.sent', '{}', gen_random_uuid(), 1,
                  now() - interval '1 hour')",
+        endpoint,
     )
-    .bind(endpoint)
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     // Four rows due an hour ago, not claimed: against a sweep batch of 3 the relay is
     // behind.
     let backlog: Vec<i64> = sqlx::query_scalar(
@@ -437,15 +426,11 @@ async fn the_stale_webhook_message_sweep_waits_while_the_relay_is_behind() {
             .unwrap()
     };
     assert_eq!(sweep().await, 0, "the relay is behind: the sweep waits");
-    sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
-        .bind(&backlog)
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.exec("DELETE FROM outbox WHERE id = ANY($1)", &backlog)
+        .await;
     assert_eq!(
         sweep().await,
         1,
         "caught up: the lost message is republished"
     );
-    p.stop().await;
 }

@@ -270,15 +270,7 @@ async fn every_state_change_of_a_run_of_deliveries_arrives_as_one_verified_webho
     let mut soon = p.event(&uniq("soon"), "order.paid", &[&skip]);
     soon.delay = "1s".into();
     p.ingest().create_event(soon).await.unwrap();
-    p.recipients()
-        .set_preference(pb::SetPreferenceRequest {
-            user_id: skip.clone(),
-            r#type: "order.paid".into(),
-            channel: "email".into(),
-            enabled: false,
-        })
-        .await
-        .unwrap();
+    p.set_preference(&skip, "order.paid", "email", false).await;
 
     // Every delivery reaches its end state.
     let final_states = eventually("every delivery ends", Duration::from_secs(30), async || {
@@ -291,13 +283,12 @@ async fn every_state_change_of_a_run_of_deliveries_arrives_as_one_verified_webho
     })
     .await;
     // notification.read: the ok user reads the in-app item of the first event.
-    let (item, inapp_delivery): (uuid::Uuid, uuid::Uuid) = sqlx::query_as(
-        "SELECT n.id, n.delivery_id FROM notifications n WHERE n.user_id = $1 LIMIT 1",
-    )
-    .bind(&ok)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let (item, inapp_delivery): (uuid::Uuid, uuid::Uuid) = p
+        .row(
+            "SELECT n.id, n.delivery_id FROM notifications n WHERE n.user_id = $1 LIMIT 1",
+            &ok,
+        )
+        .await;
     notify_store::inbox::set_status(&p.pool, &ok, item, notify_core::InboxStatus::Read)
         .await
         .unwrap()
@@ -864,17 +855,16 @@ async fn a_pending_message_whose_queue_message_was_lost_is_published_again() {
     let (id, secret) = create_endpoint(&p, &rx.url, &[]).await;
     // A message committed with its outbox row, published, then lost with the queue: what
     // is left is the pending row, due a minute ago, with no outbox row.
-    let msg: uuid::Uuid = sqlx::query_scalar(
-        "INSERT INTO webhook_messages (id, endpoint_id, event_type, payload, delivery_id,
+    let msg: uuid::Uuid = p
+        .scalar(
+            "INSERT INTO webhook_messages (id, endpoint_id, event_type, payload, delivery_id,
                                        state_version, next_attempt_at)
          VALUES (gen_random_uuid(), $1::uuid, 'delivery.sent', '{\"type\":\"delivery.sent\"}',
                  gen_random_uuid(), 1, now() - interval '1 minute')
          RETURNING id",
-    )
-    .bind(&id)
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+            &id,
+        )
+        .await;
     let (_stop, _task) = start_webhook_worker(webhook_config(&p), p.pool.clone());
     let got = eventually(
         "the lost message arrives",

@@ -352,6 +352,17 @@ impl Platform {
         .await
     }
 
+    /// [`Platform::start_with_workers`], then registers the type `key` on `channels`.
+    pub(crate) async fn start_with_type(
+        workers: &[Channel],
+        key: &str,
+        channels: &[&str],
+    ) -> Platform {
+        let p = Self::start_with_workers(workers).await;
+        p.add_type(key, channels).await;
+        p
+    }
+
     /// Starts a platform as `opts` says: a new migrated database, its own broker prefix,
     /// provider simulator and SMTP simulator, ingest in-process (unless
     /// `opts.ingest_in_process` is false) and http-api, then the workers of `opts.workers`.
@@ -651,31 +662,56 @@ impl Platform {
         self.worker_shutdown = CancellationToken::new();
     }
 
-    /// Stops everything and removes the database and broker objects.
-    pub(crate) async fn stop(self) {
+    /// Stops everything gracefully (each task gets its grace period) and removes the
+    /// database and broker objects. Dropping the platform does the same without the
+    /// grace period, so a test that ends (or fails) leaves nothing behind either way.
+    pub(crate) async fn stop(mut self) {
         self.worker_shutdown.cancel();
         self.shutdown.cancel();
-        for t in self.workers.into_iter().chain(self.tasks) {
+        for t in self.workers.drain(..).chain(self.tasks.drain(..)) {
             let _ = tokio::time::timeout(Duration::from_secs(15), t).await;
         }
         self.pool.close().await;
         self.session_pool.close().await;
-        if let Ok(conn) = notify_broker::connect(&self.stack.amqp_url, "tests-cleanup").await
-            && let Ok(ch) = conn.create_channel().await
-        {
-            let _ = self
-                .topology
-                .delete(&ch, &ingest::relay::QUEUE_CHANNELS)
+    }
+}
+
+impl Drop for Platform {
+    /// Cancels and aborts what is still running, then deletes this platform's broker
+    /// objects and drops its database, on a thread of its own (a drop cannot await, and a
+    /// single-threaded test runtime would not run the cleanup while it is blocked here).
+    fn drop(&mut self) {
+        self.worker_shutdown.cancel();
+        self.shutdown.cancel();
+        for t in self.workers.drain(..).chain(self.tasks.drain(..)) {
+            t.abort();
+        }
+        let (amqp_url, admin_db_url) =
+            (self.stack.amqp_url.clone(), self.stack.admin_db_url.clone());
+        let (topology, db_name) = (self.topology.clone(), self.db_name.clone());
+        let cleanup = async move {
+            if let Ok(conn) = notify_broker::connect(&amqp_url, "tests-cleanup").await
+                && let Ok(ch) = conn.create_channel().await
+            {
+                let _ = topology.delete(&ch, &ingest::relay::QUEUE_CHANNELS).await;
+            }
+            if let Ok(admin) = PgPool::connect(&admin_db_url).await {
+                let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS {db_name} WITH (FORCE)"
+                )))
+                .execute(&admin)
                 .await;
-        }
-        if let Ok(admin) = PgPool::connect(&self.stack.admin_db_url).await {
-            let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-                self.db_name
-            )))
-            .execute(&admin)
-            .await;
-        }
+            }
+        };
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime for the cleanup")
+                    .block_on(cleanup)
+            });
+        });
     }
 }
 

@@ -68,6 +68,75 @@ impl Platform {
             .collect()
     }
 
+    /// The one value `sql` returns with `arg` bound as `$1`; panics naming the statement
+    /// when it fails or returns no row.
+    pub(crate) async fn scalar<'q, O, A>(&self, sql: &'static str, arg: A) -> O
+    where
+        (O,): for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+        O: Send + Unpin,
+        A: 'q + sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+    {
+        sqlx::query_scalar(sql)
+            .bind(arg)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Every value `sql` returns with `arg` bound as `$1`.
+    pub(crate) async fn scalars<'q, O, A>(&self, sql: &'static str, arg: A) -> Vec<O>
+    where
+        (O,): for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+        O: Send + Unpin,
+        A: 'q + sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+    {
+        sqlx::query_scalar(sql)
+            .bind(arg)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// The one row `sql` returns with `arg` bound as `$1`, as `O` (a tuple or a
+    /// `FromRow` struct).
+    pub(crate) async fn row<'q, O, A>(&self, sql: &'static str, arg: A) -> O
+    where
+        O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+        A: 'q + sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+    {
+        sqlx::query_as(sql)
+            .bind(arg)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Every row `sql` returns with `arg` bound as `$1`, as `O`.
+    pub(crate) async fn rows<'q, O, A>(&self, sql: &'static str, arg: A) -> Vec<O>
+    where
+        O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+        A: 'q + sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+    {
+        sqlx::query_as(sql)
+            .bind(arg)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Runs `sql` with `arg` bound as `$1`; the number of rows it touched.
+    pub(crate) async fn exec<'q, A>(&self, sql: &'static str, arg: A) -> u64
+    where
+        A: 'q + sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
+    {
+        sqlx::query(sql)
+            .bind(arg)
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .rows_affected()
+    }
+
     /// Row count of `table`.
     pub(crate) async fn count(&self, table: &str) -> i64 {
         sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))

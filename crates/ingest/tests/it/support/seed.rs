@@ -34,6 +34,34 @@ impl Platform {
             .expect("upsert type");
     }
 
+    /// Registers (or updates) the type `req` describes.
+    pub(crate) async fn upsert_type(&self, req: pb::UpsertNotificationTypeRequest) {
+        self.types()
+            .upsert_notification_type(req)
+            .await
+            .expect("upsert type");
+    }
+
+    /// Sets `user_id`'s preference for `r#type` on `channel` (`"*"`: every type or
+    /// channel).
+    pub(crate) async fn set_preference(
+        &self,
+        user_id: &str,
+        r#type: &str,
+        channel: &str,
+        enabled: bool,
+    ) {
+        self.recipients()
+            .set_preference(pb::SetPreferenceRequest {
+                user_id: user_id.into(),
+                r#type: r#type.into(),
+                channel: channel.into(),
+                enabled,
+            })
+            .await
+            .expect("set preference");
+    }
+
     /// Registers a type with every channel (or `channels`).
     pub(crate) async fn add_type(&self, key: &str, channels: &[&str]) {
         self.types()
