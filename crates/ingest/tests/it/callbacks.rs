@@ -38,20 +38,6 @@ fn follow_event(kind: &str, user: &str, at_ms: i64) -> Value {
     })
 }
 
-/// Registers `promo_weekly`: a low-priority marketing type sent by email, so its mail
-/// carries the one-click unsubscribe link.
-async fn add_marketing_type(p: &Platform) {
-    p.upsert_type(pb::UpsertNotificationTypeRequest {
-        key: "promo_weekly".into(),
-        priority: "low".into(),
-        default_channels: vec!["email".into()],
-        critical: false,
-        category: "marketing".into(),
-        ..Default::default()
-    })
-    .await;
-}
-
 /// The raw headers MailDev received for email `id`, unfolded, by lowercase name.
 async fn raw_headers(p: &Platform, id: &str) -> std::collections::HashMap<String, String> {
     let raw = p
@@ -155,7 +141,7 @@ async fn a_bad_line_webhook_body_gets_a_json_400_naming_the_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marketing_email_unsubscribes_in_one_click() {
     let p = Platform::start_with_workers(&[Channel::Email]).await;
-    add_marketing_type(&p).await;
+    p.add_marketing_type().await;
     p.add_type("order_paid", &["email"]).await;
     let u = uniq("u");
     let address = format!("{u}@example.test");
@@ -343,7 +329,7 @@ async fn a_nonexistent_mailbox_is_marked_and_skipped_until_the_address_changes()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_unsubscribe_link_changes_nothing() {
     let p = Platform::start_with_workers(&[]).await;
-    add_marketing_type(&p).await;
+    p.add_marketing_type().await;
     let u = uniq("u");
     p.add_recipient(&u, "", &format!("{u}@example.test"), "")
         .await;

@@ -3,7 +3,6 @@
 
 use crate::support::{self, Options, Platform, eventually, uniq};
 use notify_core::Channel;
-use notify_proto::v1 as pb;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -431,14 +430,7 @@ async fn a_complaint_suppresses_marketing_email_only() {
     let mut p = Platform::start_with_workers(&[]).await;
     let http = trusting_http_api(&mut p).await;
     p.add_type("order_paid", &["email"]).await;
-    p.upsert_type(pb::UpsertNotificationTypeRequest {
-        key: "promo_weekly".into(),
-        priority: "low".into(),
-        default_channels: vec!["email".into()],
-        category: "marketing".into(),
-        ..Default::default()
-    })
-    .await;
+    p.add_marketing_type().await;
     let user = uniq("c");
     let address = format!("{user}@example.test");
     p.add_recipient(&user, "", &address, "").await;
@@ -458,14 +450,7 @@ async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
     use support::{SendExt, console_login, csrf_token, no_redirects, session_cookie};
     let mut p = Platform::start_with_workers(&[]).await;
     let http_api = trusting_http_api(&mut p).await;
-    p.upsert_type(pb::UpsertNotificationTypeRequest {
-        key: "promo_weekly".into(),
-        priority: "low".into(),
-        default_channels: vec!["email".into()],
-        category: "marketing".into(),
-        ..Default::default()
-    })
-    .await;
+    p.add_marketing_type().await;
     let user = uniq("k");
     let address = format!("{user}@example.test");
     p.add_recipient(&user, "", &address, "").await;
@@ -587,14 +572,7 @@ async fn a_complaint_before_the_due_time_skips_the_held_marketing_email() {
     })
     .await;
     let http_api = trusting_http_api(&mut p).await;
-    p.upsert_type(pb::UpsertNotificationTypeRequest {
-        key: "promo_weekly".into(),
-        priority: "low".into(),
-        default_channels: vec!["email".into()],
-        category: "marketing".into(),
-        ..Default::default()
-    })
-    .await;
+    p.add_marketing_type().await;
     let user = uniq("h");
     let address = format!("{user}@example.test");
     p.add_recipient(&user, "", &address, "").await;

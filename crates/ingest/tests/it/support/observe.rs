@@ -76,11 +76,7 @@ impl Platform {
         O: Send + Unpin,
         A: 'q + sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
     {
-        sqlx::query_scalar(sql)
-            .bind(arg)
-            .fetch_one(&self.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        self.row::<(O,), A>(sql, arg).await.0
     }
 
     /// Every value `sql` returns with `arg` bound as `$1`.
@@ -90,11 +86,8 @@ impl Platform {
         O: Send + Unpin,
         A: 'q + sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send,
     {
-        sqlx::query_scalar(sql)
-            .bind(arg)
-            .fetch_all(&self.pool)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        let rows: Vec<(O,)> = self.rows(sql, arg).await;
+        rows.into_iter().map(|(o,)| o).collect()
     }
 
     /// The one row `sql` returns with `arg` bound as `$1`, as `O` (a tuple or a

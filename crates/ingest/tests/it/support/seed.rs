@@ -42,6 +42,19 @@ impl Platform {
             .expect("upsert type");
     }
 
+    /// Registers `promo_weekly`: a low-priority marketing type sent by email (so its mail
+    /// carries the one-click unsubscribe link, and a complaint suppresses it).
+    pub(crate) async fn add_marketing_type(&self) {
+        self.upsert_type(pb::UpsertNotificationTypeRequest {
+            key: "promo_weekly".into(),
+            priority: "low".into(),
+            default_channels: vec!["email".into()],
+            category: "marketing".into(),
+            ..Default::default()
+        })
+        .await;
+    }
+
     /// Sets `user_id`'s preference for `r#type` on `channel` (`"*"`: every type or
     /// channel).
     pub(crate) async fn set_preference(
