@@ -77,7 +77,7 @@ async fn the_example_inbox_updates_live_and_marks_all_read_in_chromium() {
     );
     let mut req = p.event("live", "news", &[&u]);
     req.content.as_mut().unwrap().title = "ข้อความใหม่แบบสด".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     p.wait_final(&ev.event_id, 30).await;
     writeln!(child.stdin.as_mut().unwrap(), "go").unwrap();
     let result = tokio::task::spawn_blocking(move || {
@@ -208,7 +208,7 @@ async fn the_example_inbox_shows_thai_dates_rich_items_pages_and_misses_nothing_
         let c = req.content.as_mut().unwrap();
         c.title = title.into();
         c.body = "มีข่าวใหม่จากร้านค้า".into();
-        let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+        let ev = p.create_event(req).await;
         p.wait_final(&ev.event_id, 30).await;
     };
     for n in 1..=5 {
@@ -222,11 +222,8 @@ async fn the_example_inbox_shows_thai_dates_rich_items_pages_and_misses_nothing_
     )
     .await;
     let rich = p
-        .ingest()
         .create_event(p.rich_event("order:1001:paid", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     let rich = p.wait_final(&rich.event_id, 30).await;
 
     let (mut cmd, shots) = node(&p, "inbox_rich.mjs");

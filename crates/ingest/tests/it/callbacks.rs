@@ -330,9 +330,7 @@ async fn a_nonexistent_mailbox_is_marked_and_skipped_until_the_address_changes()
 async fn an_expired_unsubscribe_link_changes_nothing() {
     let p = Platform::start_with_workers(&[]).await;
     p.add_marketing_type().await;
-    let u = uniq("u");
-    p.add_recipient(&u, "", &format!("{u}@example.test"), "")
-        .await;
+    let (u, _) = p.add_email_recipient("u").await;
     let now = chrono::Utc::now().timestamp();
     let token = |issued_at: i64| {
         notify_core::signed::UnsubscribeToken {

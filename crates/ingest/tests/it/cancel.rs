@@ -12,8 +12,8 @@ use notify_proto::v1::cancel_event_request::Target;
 use serde_json::json;
 use std::time::Duration;
 use support::{
-    Options, Platform, SendExt, api_key, cancel, cancel_req, console_login, csrf_token, db_now,
-    eventually, no_redirects, session_cookie, settle, uniq, with_key,
+    Options, Platform, api_key, cancel, cancel_req, console_login, db_now, eventually,
+    no_redirects, session_cookie, settle, uniq, with_key,
 };
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -29,24 +29,6 @@ async fn statuses(p: &Platform, event_id: &str) -> Vec<(String, i64)> {
     .await
 }
 
-/// Subscribes `n` users `<prefix>-000000` ... to a new topic `topic`, by SQL.
-async fn seed_topic(p: &Platform, topic: &str, prefix: &str, n: i32) {
-    p.topics()
-        .create_topic(pb::CreateTopicRequest { key: topic.into() })
-        .await
-        .unwrap();
-    sqlx::query(
-        "INSERT INTO topic_subscriptions (topic, user_id)
-         SELECT $1, $2 || '-' || lpad(i::text, 6, '0') FROM generate_series(0, $3 - 1) i",
-    )
-    .bind(topic)
-    .bind(prefix)
-    .bind(n)
-    .execute(&p.pool)
-    .await
-    .unwrap();
-}
-
 fn total(r: &pb::CancelEventResponse) -> u32 {
     r.sent + r.canceled + r.not_created + r.in_flight + r.failed + r.skipped
 }
@@ -54,10 +36,10 @@ fn total(r: &pb::CancelEventResponse) -> u32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broadcast_canceled_half_way_through_its_fan_out_sends_nothing_after_the_cancel() {
     let p = Platform::start_with_type(&[Channel::InApp], "promo", &["inapp"]).await;
-    seed_topic(&p, "shop.sale", "s", 20_000).await;
+    p.add_topic_audience("shop.sale", "s", 20_000).await;
     let mut req = p.event("sale:2026-12", "promo", &[]);
     req.topic = "shop.sale".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
 
     // About half written: then cancel.
     let planned = eventually(
@@ -125,16 +107,11 @@ async fn a_broadcast_canceled_half_way_through_its_fan_out_sends_nothing_after_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_concurrent_cancels_and_replays_of_one_key_are_harmless() {
     let p = Platform::start_with_type(&[Channel::InApp], "promo", &["inapp"]).await;
-    seed_topic(&p, "shop.flash", "f", 5_000).await;
+    p.add_topic_audience("shop.flash", "f", 5_000).await;
     let mut req = p.event("flash:1", "promo", &[]);
     req.topic = "shop.flash".into();
     req.cancellation_key = "flash:1:all".into();
-    let first = p
-        .ingest()
-        .create_event(req.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let first = p.create_event(req.clone()).await;
 
     let mut tasks = Vec::new();
     for i in 0..50 {
@@ -212,18 +189,11 @@ async fn cancels_by_event_key_by_cancellation_key_and_for_some_recipients() {
     for i in 0..3 {
         let mut req = p.event(&format!("cart:123:r{i}"), "reminder", &[&a]);
         req.cancellation_key = "cart:123:reminders".into();
-        carts.push(
-            p.ingest()
-                .create_event(req)
-                .await
-                .unwrap()
-                .into_inner()
-                .event_id,
-        );
+        carts.push(p.create_event(req).await.event_id);
     }
     let mut other = p.event("cart:124:r0", "reminder", &[&a]);
     other.cancellation_key = "cart:124:reminders".into();
-    let other = p.ingest().create_event(other).await.unwrap().into_inner();
+    let other = p.create_event(other).await;
     assert_eq!(
         p.get_event(&carts[0]).await.cancellation_key,
         "cart:123:reminders",
@@ -354,12 +324,7 @@ async fn another_callers_cancel_is_not_found_and_changes_nothing() {
     support::wait_keys_work(&p, &[&shop, &forum]).await;
     let mut req = p.event("order:9", "order_paid", &["u-9"]);
     req.cancellation_key = "order:9:all".into();
-    let ev = p
-        .ingest()
-        .create_event(with_key(req, &shop))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.create_event(with_key(req, &shop)).await;
 
     let as_forum = |t: Target| {
         let (mut c, k) = (p.ingest(), forum.clone());
@@ -481,27 +446,21 @@ async fn the_console_cancels_through_the_same_path() {
     let p = Platform::start_with_type(&[], "reminder", &["inapp"]).await;
     let ev = p.send("console:1", "reminder", &["u-1", "u-2"]).await;
     let http = no_redirects();
-    let url = |path: &str| format!("{}{path}", p.http_url);
     let r = console_login(&http, &p.http_url).send().await.unwrap();
     let cookie = session_cookie(&r);
     let id = &ev.event_id;
-    let confirm = http
-        .get(url(&format!("/console/confirm?action=cancel&target={id}")))
-        .header("cookie", &cookie)
-        .text_body()
+    let confirm = p
+        .console_page(
+            &cookie,
+            &format!("/console/confirm?action=cancel&target={id}"),
+        )
         .await;
-    let r = http
-        .post(url(&format!("/console/actions/cancel/{id}")))
-        .header("cookie", &cookie)
-        .form(&[("csrf", csrf_token(&confirm).as_str())])
-        .send()
-        .await
-        .unwrap();
+    let r = p
+        .console_post(&cookie, &format!("/console/actions/cancel/{id}"), &confirm)
+        .await;
     assert_eq!(r.status(), 303);
-    let page = http
-        .get(url(&format!("/console/events/{id}")))
-        .header("cookie", &cookie)
-        .text_body()
+    let page = p
+        .console_page(&cookie, &format!("/console/events/{id}"))
         .await;
     assert!(
         page.contains(&format!("by {}", support::CONSOLE_USER))
@@ -538,10 +497,10 @@ async fn the_console_cancels_through_the_same_path() {
 async fn recipients_canceled_during_a_fan_out_get_no_delivery_and_the_rest_do() {
     // No worker: every delivery the fan-out writes stays pending, so what it wrote shows.
     let p = Platform::start_with_type(&[], "promo", &["inapp"]).await;
-    seed_topic(&p, "shop.news", "n", 5_000).await;
+    p.add_topic_audience("shop.news", "n", 5_000).await;
     let mut req = p.event("news:1", "promo", &[]);
     req.topic = "shop.news".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     // The first and the last subscriber: one the fan-out has likely written, one it has
     // likely not; either way neither may end with a delivery that can be sent.
     let named = ["n-000000", "n-004999"];

@@ -72,7 +72,7 @@ async fn an_operator_finds_a_failed_line_delivery_and_retries_it() {
     let key = format!("order:<b>{u}</b>");
     let mut req = p.event(&key, "order_paid", &[&u]);
     req.content.as_mut().unwrap().title = "<script>alert(1)</script>".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(done.deliveries[0].status, "failed");
 
@@ -182,21 +182,16 @@ async fn dead_letters_are_moved_back_to_their_queue() {
     let url = |path: &str| format!("{}{path}", p.http_url);
     let r = console_login(&http, &p.http_url).send().await.unwrap();
     let cookie = session_cookie(&r);
-    let overview = http
-        .get(url("/console"))
-        .header("cookie", &cookie)
-        .text_body()
-        .await;
+    let overview = p.console_page(&cookie, "/console").await;
     assert!(
         overview.contains("Dead-letter queue: <b class=\"failed\">3</b>"),
         "{overview}"
     );
-    let confirm = http
-        .get(url(
+    let confirm = p
+        .console_page(
+            &cookie,
             "/console/confirm?action=requeue-dead&target=00000000-0000-0000-0000-000000000000",
-        ))
-        .header("cookie", &cookie)
-        .text_body()
+        )
         .await;
     let csrf = csrf_token(&confirm);
     let done = http

@@ -150,17 +150,7 @@ async fn full_recipient(p: &Platform, prefix: &str) -> (String, String, String, 
     p.add_recipient(&user, &name, &email, &line).await;
     p.add_device(&user, &token).await;
     p.set_preference(&user, "*", "email", true).await;
-    p.recipients()
-        .set_quiet_hours(pb::SetQuietHoursRequest {
-            user_id: user.clone(),
-            windows: vec![pb::QuietWindow {
-                start: "03:00".into(),
-                end: "03:01".into(),
-                channels: vec![],
-            }],
-        })
-        .await
-        .unwrap();
+    p.set_quiet_window(&user, "03:00", "03:01").await.unwrap();
     (user, name, email, line, token)
 }
 
@@ -211,11 +201,8 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
 
     // Sent on every channel, and one to both users (their shared event keeps the other's).
     let sent = p
-        .ingest()
         .create_event(naming_event(&p, &uniq("sent"), &user, &name, &email))
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     // The shared event names the user in other spellings: NFD, upper case, JSON-escaped
     // inside a string, and so does the title the other recipient's inbox row shows.
     let mut both = p.event(&uniq("both"), "account_notice", &[&user, &other]);
@@ -230,7 +217,7 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
     let c = both.content.as_mut().unwrap();
     c.title = format!("{} และ {other_name}", nfd(&name).to_uppercase());
     c.body = format!("ส่งถึง {} และ {other_email}", email.to_uppercase());
-    let both = p.ingest().create_event(both).await.unwrap().into_inner();
+    let both = p.create_event(both).await;
     let done = p.wait_final(&sent.event_id, 60).await;
     let channels: BTreeSet<&str> = done
         .deliveries
@@ -248,7 +235,7 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
     // Not sent yet: due in an hour.
     let mut later = naming_event(&p, &uniq("later"), &user, &name, &email);
     later.delay = "1h".into();
-    let later = p.ingest().create_event(later).await.unwrap().into_inner();
+    let later = p.create_event(later).await;
     for needle in [&email, &line, &token, &name] {
         assert!(
             !tables_holding(&p, needle).await.is_empty(),
@@ -367,11 +354,8 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
 
     // A later event naming the user plans nothing, in-app included.
     let again = p
-        .ingest()
         .create_event(naming_event(&p, &uniq("again"), &user, "x", "x"))
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     assert!(
         deliveries_of_event(&p, &again.event_id).await.is_empty(),
         "nothing planned for an erased user"
@@ -380,11 +364,8 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
     // Registered again: planned as anyone.
     p.add_recipient(&user, "", "", "").await;
     let back = p
-        .ingest()
         .create_event(naming_event(&p, &uniq("back"), &user, "x", "x"))
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     let rows = deliveries_of_event(&p, &back.event_id).await;
     assert_eq!(rows.len(), 1, "in-app only (no addresses now): {rows:?}");
 
@@ -520,11 +501,8 @@ async fn a_call_in_progress_at_the_erasure_is_recorded_as_it_ended_and_an_event_
     let mut events = Vec::new();
     for i in 0..6 {
         let ev = p
-            .ingest()
             .create_event(p.event(&format!("call-{i}-{user}"), "line_notice", &[&user]))
-            .await
-            .unwrap()
-            .into_inner();
+            .await;
         events.push(ev.event_id);
     }
     eventually(
@@ -560,7 +538,7 @@ async fn a_call_in_progress_at_the_erasure_is_recorded_as_it_ended_and_an_event_
             &email.to_uppercase(),
         );
         req.r#type = "line_notice".into();
-        p.ingest().create_event(req).await.unwrap().into_inner()
+        p.create_event(req).await
     };
     let (out, late) = tokio::join!(erasure, meanwhile);
     assert!(
@@ -660,21 +638,15 @@ async fn an_export_holds_exactly_the_users_rows_streamed_in_pages() {
     let (a, a_name, a_email, _, a_token) = full_recipient(&p, "export-a").await;
     let (b, b_name, b_email, b_line, b_token) = full_recipient(&p, "export-b").await;
     let own = p
-        .ingest()
         .create_event(naming_event(&p, &uniq("a"), &a, &a_name, &a_email))
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     p.ingest()
         .create_event(naming_event(&p, &uniq("b"), &b, &b_name, &b_email))
         .await
         .unwrap();
     let shared = p
-        .ingest()
         .create_event(p.event(&uniq("ab"), "account_notice", &[&a, &b]))
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     eventually(
         "both inboxes written",
         Duration::from_secs(30),
@@ -1098,11 +1070,8 @@ async fn a_call_that_fails_while_the_erasure_waits_for_it_ends_canceled_and_is_n
     let mut events = Vec::new();
     for i in 0..3 {
         let ev = p
-            .ingest()
             .create_event(p.event(&format!("retry-{i}-{user}"), "line_notice", &[&user]))
-            .await
-            .unwrap()
-            .into_inner();
+            .await;
         events.push(ev.event_id);
     }
     eventually(

@@ -5,26 +5,8 @@ use crate::support;
 
 use notify_proto::v1 as pb;
 use std::time::Duration;
-use support::{Platform, assert_all_sent, eventually, line_id, uniq};
+use support::{Platform, assert_all_sent, eventually, field_violations, line_id, uniq};
 use tonic::Code;
-use tonic_types::StatusExt;
-
-async fn explain(
-    p: &Platform,
-    event_id: &str,
-    user: &str,
-    channel: &str,
-) -> pb::ExplainDeliveryResponse {
-    p.ingest()
-        .explain_delivery(pb::ExplainDeliveryRequest {
-            event_id: event_id.into(),
-            user_id: user.into(),
-            channel: channel.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-}
 
 fn hhmm(t: chrono::DateTime<chrono_tz::Tz>) -> String {
     t.format("%H:%M").to_string()
@@ -53,26 +35,9 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
         now + chrono::Duration::hours(1),
     );
     // Bad windows are refused, naming the window.
-    let err = p
-        .recipients()
-        .set_quiet_hours(pb::SetQuietHoursRequest {
-            user_id: u.clone(),
-            windows: vec![pb::QuietWindow {
-                start: "22:00".into(),
-                end: "22:00".into(),
-                channels: vec![],
-            }],
-        })
-        .await
-        .unwrap_err();
+    let err = p.set_quiet_window(&u, "22:00", "22:00").await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    let fields: Vec<String> = err
-        .get_details_bad_request()
-        .unwrap()
-        .field_violations
-        .into_iter()
-        .map(|f| f.field)
-        .collect();
+    let fields = field_violations(&err);
     assert_eq!(fields, ["windows[0]"]);
     p.set_quiet_hours(&u, start, end).await;
     let prefs = p
@@ -155,7 +120,7 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
         "it waits in Postgres"
     );
 
-    let why = explain(&p, &ev.event_id, &u, "line").await;
+    let why = p.explain(&ev.event_id, &u, "line").await;
     assert_eq!(why.deliveries.len(), 1);
     let trail = why.trail.join("\n");
     assert!(
@@ -205,7 +170,7 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
     .await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_all_sent(&done);
-    let why = explain(&p, &ev.event_id, &u, "line").await;
+    let why = p.explain(&ev.event_id, &u, "line").await;
     assert_eq!(why.deliveries[0].attempts.len(), 1);
     assert!(
         why.trail
@@ -245,7 +210,7 @@ async fn the_deciding_preference_level_is_explained() {
             .decision
             .contains("on by the user's switch for this type on every channel")
     );
-    let why = explain(&p, &ev.event_id, &u, "line").await;
+    let why = p.explain(&ev.event_id, &u, "line").await;
     assert_eq!(why.skipped.as_ref().unwrap().reason, "opted_out");
     assert!(
         why.trail

@@ -65,19 +65,6 @@ async fn set_pref(p: &Platform, user: &str, type_key: &str, channel: &str, on: b
     p.set_preference(user, type_key, channel, on).await;
 }
 
-async fn explain(p: &Platform, event_id: &str, user: &str, channel: &str) -> Vec<String> {
-    p.ingest()
-        .explain_delivery(pb::ExplainDeliveryRequest {
-            event_id: event_id.into(),
-            user_id: user.into(),
-            channel: channel.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .trail
-}
-
 fn delivery<'a>(ev: &'a pb::GetEventResponse, user: &str, channel: &str) -> &'a pb::Delivery {
     ev.deliveries
         .iter()
@@ -170,7 +157,7 @@ async fn a_preference_changed_before_the_due_time_decides() {
     );
 
     // ExplainDelivery answers "why was this not sent".
-    let trail = explain(&p, &ev.event_id, &off, "email").await;
+    let trail = p.explain(&ev.event_id, &off, "email").await.trail;
     assert_eq!(
         trail.last().unwrap(),
         "status: skipped when due, not sent (no provider call)"
@@ -289,7 +276,7 @@ async fn a_channel_unreachable_by_the_due_time_is_skipped() {
     let attempts: i64 = p.scalar("SELECT count(*) FROM delivery_attempts a JOIN notification_deliveries d ON d.id = a.delivery_id
          WHERE d.event_id = $1::uuid AND d.status = 'skipped'", &ev.event_id).await;
     assert_eq!(attempts, 0, "a skip writes no attempt");
-    let trail = explain(&p, &ev.event_id, &u, "line").await;
+    let trail = p.explain(&ev.event_id, &u, "line").await.trail;
     assert!(
         trail.iter().any(|l| l.starts_with("LINE: unfollowed at ")),
         "{trail:#?}"
@@ -303,9 +290,7 @@ async fn a_channel_unreachable_by_the_due_time_is_skipped() {
 async fn a_skip_is_fenced_by_the_lease_and_gives_the_attempt_back() {
     use notify_store::deliveries::{self, ClaimOutcome};
     let p = Platform::start_with_type(&[], "order_paid", &["email"]).await;
-    let u = uniq("u");
-    p.add_recipient(&u, "", &format!("{u}@example.test"), "")
-        .await;
+    let (u, _) = p.add_email_recipient("u").await;
     let ev = p.send("due:fence", "order_paid", &[&u]).await;
     let id: uuid::Uuid = ev.deliveries[0].delivery_id.parse().unwrap();
     p.wait_outbox_empty("outbox drained", Duration::from_secs(20))

@@ -87,12 +87,7 @@ async fn a_relay_answering_421_to_every_call_fails_over_and_email_returns_to_it_
     )
     .await;
     let http = support::no_redirects();
-    let cookie = support::session_cookie(
-        &support::console_login(&http, &p.http_url)
-            .send()
-            .await
-            .unwrap(),
-    );
+    let cookie = p.console_cookie().await;
     let page = support::SendExt::text_body(
         http.get(format!("{}/console/email", p.http_url))
             .header("cookie", &cookie),
@@ -324,9 +319,7 @@ async fn a_signed_bounce_marks_the_address_and_a_forged_one_is_refused_and_write
     let mut p = Platform::start_with_workers(&[]).await;
     let http = trusting_http_api(&mut p).await;
     p.add_type("order_paid", &["email"]).await;
-    let user = uniq("b");
-    let address = format!("{user}@example.test");
-    p.add_recipient(&user, "", &address, "").await;
+    let (user, address) = p.add_email_recipient("b").await;
 
     let forged = notify(
         &p,
@@ -365,9 +358,7 @@ async fn a_signed_bounce_marks_the_address_and_a_forged_one_is_refused_and_write
     assert_eq!(ev.skipped[0].reason, "email_undeliverable");
 
     // Soft bounces: the third within 30 days suppresses the address.
-    let soft = uniq("s");
-    let soft_address = format!("{soft}@example.test");
-    p.add_recipient(&soft, "", &soft_address, "").await;
+    let (soft, soft_address) = p.add_email_recipient("s").await;
     for i in 1..=3 {
         let r = notify(
             &p,
@@ -431,9 +422,7 @@ async fn a_complaint_suppresses_marketing_email_only() {
     let http = trusting_http_api(&mut p).await;
     p.add_type("order_paid", &["email"]).await;
     p.add_marketing_type().await;
-    let user = uniq("c");
-    let address = format!("{user}@example.test");
-    p.add_recipient(&user, "", &address, "").await;
+    let (user, address) = p.add_email_recipient("c").await;
     let r = notify(&p, &http, json!({"event": "Complaint", "address": address})).await;
     assert_eq!(r["status"], 200, "{r}");
 
@@ -447,13 +436,11 @@ async fn a_complaint_suppresses_marketing_email_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
-    use support::{SendExt, console_login, csrf_token, no_redirects, session_cookie};
+    use support::{csrf_token, no_redirects};
     let mut p = Platform::start_with_workers(&[]).await;
     let http_api = trusting_http_api(&mut p).await;
     p.add_marketing_type().await;
-    let user = uniq("k");
-    let address = format!("{user}@example.test");
-    p.add_recipient(&user, "", &address, "").await;
+    let (user, address) = p.add_email_recipient("k").await;
     let r = notify(
         &p,
         &http_api,
@@ -464,12 +451,8 @@ async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
 
     let http = no_redirects();
     let url = |path: &str| format!("{}{path}", p.http_url);
-    let cookie = session_cookie(&console_login(&http, &p.http_url).send().await.unwrap());
-    let list = http
-        .get(url("/console/email"))
-        .header("cookie", &cookie)
-        .text_body()
-        .await;
+    let cookie = p.console_cookie().await;
+    let list = p.console_page(&cookie, "/console/email").await;
     assert!(
         list.contains(&format!(
             "<td>{user}</td><td>{address}</td><td>marketing</td><td>complaint</td><td>ses</td>"
@@ -482,10 +465,8 @@ async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
             &user,
         )
         .await;
-    let confirm = http
-        .get(url(&format!("/console/email/confirm-remove/{id}")))
-        .header("cookie", &cookie)
-        .text_body()
+    let confirm = p
+        .console_page(&cookie, &format!("/console/email/confirm-remove/{id}"))
         .await;
     assert!(
         confirm.contains("Remove the marketing suppression"),
@@ -501,13 +482,13 @@ async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
         .unwrap();
     assert_eq!(refused.status(), 403);
     assert_eq!(count(&p, "email_suppressions").await, 1);
-    let done = http
-        .post(url(&format!("/console/actions/suppressions/{id}/remove")))
-        .header("cookie", &cookie)
-        .form(&[("csrf", csrf_token(&confirm).as_str())])
-        .send()
-        .await
-        .unwrap();
+    let done = p
+        .console_post(
+            &cookie,
+            &format!("/console/actions/suppressions/{id}/remove"),
+            &confirm,
+        )
+        .await;
     assert_eq!(done.status(), 303);
     assert_eq!(count(&p, "email_suppressions").await, 0);
     let ev = p.send("k:1", "promo_weekly", &[&user]).await;
@@ -518,12 +499,11 @@ async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
     );
 
     // Added back by hand, for the address.
-    let confirm = http
-        .get(url(&format!(
-            "/console/email/confirm-add?user_id=&address={address}&category=all"
-        )))
-        .header("cookie", &cookie)
-        .text_body()
+    let confirm = p
+        .console_page(
+            &cookie,
+            &format!("/console/email/confirm-add?user_id=&address={address}&category=all"),
+        )
         .await;
     let done = http
         .post(url("/console/actions/suppressions/add"))
@@ -573,9 +553,7 @@ async fn a_complaint_before_the_due_time_skips_the_held_marketing_email() {
     .await;
     let http_api = trusting_http_api(&mut p).await;
     p.add_marketing_type().await;
-    let user = uniq("h");
-    let address = format!("{user}@example.test");
-    p.add_recipient(&user, "", &address, "").await;
+    let (user, address) = p.add_email_recipient("h").await;
     // Held by a quiet window around now, so it is decided again when due.
     let now = chrono::Utc::now().with_timezone(&chrono_tz::Asia::Bangkok);
     p.set_quiet_hours(

@@ -96,9 +96,7 @@ fn decode_header(value: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thai_subject_sender_and_long_body_survive_email_intact() {
     let p = Platform::start_with_type(&[Channel::Email], "order_shipped", &["email"]).await;
-    let user = uniq("u1001");
-    let address = format!("{user}@example.test");
-    p.add_recipient(&user, "", &address, "").await;
+    let (user, address) = p.add_email_recipient("u1001").await;
     let subject = "แจ้งเตือน: คำสั่งซื้อ #1001 ของคุณจัดส่งแล้ว 📦 กรุณาตรวจสอบสถานะภายใน 7 วัน";
     assert_eq!(subject.chars().count(), 75);
     let text = "ขอบคุณที่ใช้บริการ".repeat(67);
@@ -106,7 +104,7 @@ async fn thai_subject_sender_and_long_body_survive_email_intact() {
     let c = req.content.as_mut().unwrap();
     c.email_subject = subject.into();
     c.email_text = text.clone();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(done.deliveries[0].status, "sent");
 
@@ -225,7 +223,7 @@ async fn a_rich_email_shows_the_image_and_buttons_and_its_text_part_says_the_sam
         label: "เปิดในแอป".into(),
         url: "myshop://orders/1001".into(),
     });
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(done.deliveries[0].status, "sent");
 

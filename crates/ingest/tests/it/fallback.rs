@@ -8,20 +8,7 @@ use crate::support;
 
 use notify_proto::v1 as pb;
 use std::time::Duration;
-use support::{InboxClient, Platform, eventually, line_id, settle, uniq};
-
-async fn explain(p: &Platform, event_id: &str, user: &str, channel: &str) -> Vec<String> {
-    p.ingest()
-        .explain_delivery(pb::ExplainDeliveryRequest {
-            event_id: event_id.into(),
-            user_id: user.into(),
-            channel: channel.into(),
-        })
-        .await
-        .expect("explain")
-        .into_inner()
-        .trail
-}
+use support::{InboxClient, Platform, eventually, field_violations, line_id, settle, uniq};
 
 fn on<'a>(ev: &'a pb::GetEventResponse, channel: &str) -> Vec<&'a pb::Delivery> {
     ev.deliveries
@@ -49,9 +36,7 @@ async fn a_user_without_a_line_id_gets_the_email_instead_once() {
     let p = Platform::start().await;
     p.add_derived_type("order_paid", &["inapp", "line"], &["line", "email"], None)
         .await;
-    let u = uniq("u");
-    let address = format!("{u}@example.test");
-    p.add_recipient(&u, "", &address, "").await;
+    let (u, address) = p.add_email_recipient("u").await;
     let key = format!("order:{u}:paid");
     let created = p.send(&key, "order_paid", &[&u]).await;
     let ev = p.wait_final(&created.event_id, 20).await;
@@ -76,7 +61,7 @@ async fn a_user_without_a_line_id_gets_the_email_instead_once() {
     assert_eq!(line[0].reason, "no_line_user_id");
     one_mail(&p, &address).await;
 
-    let trail = explain(&p, &created.event_id, &u, "email").await;
+    let trail = p.explain(&created.event_id, &u, "email").await.trail;
     assert_eq!(
         trail[0], "fallback: LINE unreachable: no LINE user id; fallback to email",
         "{trail:#?}"
@@ -139,17 +124,12 @@ async fn a_line_delivery_that_fails_for_good_falls_back_to_email_once() {
         "{}",
         email[0].decision
     );
-    let trail = explain(&p, &created.event_id, &u, "email").await;
+    let trail = p.explain(&created.event_id, &u, "email").await.trail;
     assert!(trail[0].starts_with(&head), "{trail:#?}");
     one_mail(&p, &address).await;
     // The console's event page shows the cause column.
     let http = support::no_redirects();
-    let cookie = support::session_cookie(
-        &support::console_login(&http, &p.http_url)
-            .send()
-            .await
-            .unwrap(),
-    );
+    let cookie = p.console_cookie().await;
     let page = http
         .get(format!(
             "{}/console/events/{}",
@@ -195,9 +175,7 @@ async fn an_unread_in_app_notification_escalates_to_email_when_due() {
     let p = Platform::start().await;
     p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 2)))
         .await;
-    let u = uniq("u");
-    let address = format!("{u}@example.test");
-    p.add_recipient(&u, "", &address, "").await;
+    let (u, address) = p.add_email_recipient("u").await;
     let created = p.send(&format!("invoice:{u}"), "invoice_due", &[&u]).await;
     let ev = p.get_event(&created.event_id).await;
     let (inapp, email) = (on(&ev, "inapp")[0], on(&ev, "email")[0]);
@@ -221,7 +199,7 @@ async fn an_unread_in_app_notification_escalates_to_email_when_due() {
     let sent_at = on(&ev, "email")[0].sent_at.expect("sent");
     assert!(sent_at.seconds >= due.seconds, "not before it was due");
     one_mail(&p, &address).await;
-    let trail = explain(&p, &created.event_id, &u, "email").await;
+    let trail = p.explain(&created.event_id, &u, "email").await.trail;
     assert!(trail[0].starts_with("escalation: if the in-app notification is still unread at "));
 }
 
@@ -233,9 +211,7 @@ async fn no_email_when_the_user_reads_the_notification_first() {
     // 4 s leaves room to read it on a loaded machine.
     p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 4)))
         .await;
-    let u = uniq("u");
-    let address = format!("{u}@example.test");
-    p.add_recipient(&u, "", &address, "").await;
+    let (u, address) = p.add_email_recipient("u").await;
     let created = p.send(&format!("invoice:{u}"), "invoice_due", &[&u]).await;
     InboxClient::of(&p, &u)
         .read_newest(Duration::from_secs(10))
@@ -319,7 +295,6 @@ async fn the_fallback_email_respects_an_email_opt_out() {
 /// Bad fallback and escalation settings are refused by field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_fallback_and_escalation_settings_are_refused_by_field() {
-    use tonic_types::StatusExt;
     let p = Platform::start_with_workers(&[]).await;
     let err = p
         .types()
@@ -349,13 +324,7 @@ async fn bad_fallback_and_escalation_settings_are_refused_by_field() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
-    let fields: Vec<String> = err
-        .get_details_bad_request()
-        .expect("bad request details")
-        .field_violations
-        .into_iter()
-        .map(|v| v.field)
-        .collect();
+    let fields = field_violations(&err);
     assert_eq!(
         fields,
         [
@@ -388,7 +357,7 @@ async fn explain_names_the_unfollow_and_its_time() {
     let r = support::line_webhook(&p, &p.http_url, &body).await;
     assert_eq!(r.status(), 200);
     let created = p.send(&format!("order:{u}"), "order_paid", &[&u]).await;
-    let trail = explain(&p, &created.event_id, &u, "email").await;
+    let trail = p.explain(&created.event_id, &u, "email").await.trail;
     assert_eq!(
         trail[0],
         format!(
@@ -408,27 +377,16 @@ async fn the_topic_fan_out_plans_the_fallback_too() {
     let p = Platform::start_with_workers(&[]).await;
     p.add_derived_type("promo", &["line"], &["line", "email"], None)
         .await;
-    p.topics()
-        .create_topic(pb::CreateTopicRequest {
-            key: "shop.news".into(),
-        })
-        .await
-        .unwrap();
+    p.create_topic("shop.news").await;
     let (a, b) = (uniq("a"), uniq("b"));
     p.add_recipient(&a, "", &format!("{a}@example.test"), "")
         .await;
     p.add_recipient(&b, "", &format!("{b}@example.test"), &line_id())
         .await;
-    p.topics()
-        .subscribe(pb::SubscribeRequest {
-            topic: "shop.news".into(),
-            user_ids: vec![a.clone(), b.clone()],
-        })
-        .await
-        .unwrap();
+    p.subscribe("shop.news", &[&a, &b]).await;
     let mut req = p.event("news:1", "promo", &[]);
     req.topic = "shop.news".into();
-    let created = p.ingest().create_event(req).await.unwrap().into_inner();
+    let created = p.create_event(req).await;
     let ev = eventually("fan-out planned", Duration::from_secs(20), async || {
         let ev = p.get_event(&created.event_id).await;
         if ev.deliveries.len() >= 2 {

@@ -69,12 +69,7 @@ async fn a_topic_event_reaches_every_subscriber_once_in_checkpointed_batches() {
     let mut req = p.event("promo:2026-12", "promo", &[]);
     req.topic = "shop.promotions".into();
     let started = Instant::now();
-    let reply = p
-        .ingest()
-        .create_event(req.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let reply = p.create_event(req.clone()).await;
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "the reply does not wait for the fan-out"
@@ -98,7 +93,7 @@ async fn a_topic_event_reaches_every_subscriber_once_in_checkpointed_batches() {
     );
 
     // A replay adds nothing.
-    let again = p.ingest().create_event(req).await.unwrap().into_inner();
+    let again = p.create_event(req).await;
     assert!(again.duplicate);
     assert_eq!(again.event_id, reply.event_id);
     assert_eq!(p.count("notification_deliveries").await, 2_501);
@@ -175,12 +170,7 @@ async fn topic_calls_validate_their_input() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn line_multicast_sends_topic_broadcasts_in_batches_of_at_most_500() {
     let p = Platform::start_with_type(&[notify_core::Channel::Line], "promo", &["line"]).await;
-    p.topics()
-        .create_topic(pb::CreateTopicRequest {
-            key: "shop.promotions".into(),
-        })
-        .await
-        .unwrap();
+    p.create_topic("shop.promotions").await;
     let users: Vec<String> = (0..1_200).map(|i| format!("user-{i:06}")).collect();
     subscribe_many(&p, "shop.promotions", &users).await;
     // Everyone but every 40th user has a LINE id; user-000001 blocked the account.
@@ -206,7 +196,7 @@ async fn line_multicast_sends_topic_broadcasts_in_batches_of_at_most_500() {
     let mut req = p.event("promo:multicast", "promo", &[]);
     req.topic = "shop.promotions".into();
     req.line_multicast = true;
-    let reply = p.ingest().create_event(req).await.unwrap().into_inner();
+    let reply = p.create_event(req).await;
     wait_fanout_done(&p, &reply.event_id).await;
     let done = p.wait_final(&reply.event_id, 60).await;
     // Page 1 (1,000 users): 974 reachable -> 500 + 474; page 2 (200): 195 -> 195.

@@ -25,7 +25,7 @@ async fn inapp_platform() -> Platform {
 async fn notify(p: &Platform, key: &str, user: &str, title: &str) {
     let mut req = p.event(key, "news", &[user]);
     req.content.as_mut().unwrap().title = title.into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     p.wait_final(&ev.event_id, 30).await;
 }
 

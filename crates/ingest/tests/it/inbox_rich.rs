@@ -16,7 +16,7 @@ use support::{InboxClient, Platform};
 
 /// Sends `req` and waits until its deliveries are final; returns the event.
 async fn deliver(p: &Platform, req: pb::CreateEventRequest) -> pb::GetEventResponse {
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     p.wait_final(&ev.event_id, 30).await
 }
 

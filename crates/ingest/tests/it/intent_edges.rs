@@ -12,8 +12,8 @@ use notify_proto::v1::cancel_event_request::Target;
 use serde_json::json;
 use std::time::Duration;
 use support::{
-    Options, Platform, SendExt, api_key, cancel, cancel_req, console_login, db_now, eventually,
-    no_redirects, session_cookie, settle, uniq, with_key,
+    Options, Platform, SendExt, api_key, cancel, cancel_req, db_now, delivery_of, eventually,
+    no_redirects, settle, uniq, with_key,
 };
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -62,12 +62,7 @@ async fn wait_fanout_done(p: &Platform, event_id: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recipient_canceled_after_their_multicast_batch_was_written_is_not_in_the_call() {
     let mut p = Platform::start_with_type(&[], "promo", &["line"]).await;
-    p.topics()
-        .create_topic(pb::CreateTopicRequest {
-            key: "shop.mc".into(),
-        })
-        .await
-        .unwrap();
+    p.create_topic("shop.mc").await;
     let mut users = Vec::new();
     for n in ["a", "b", "c"] {
         users.push(p.add_line_recipient(n).await);
@@ -82,7 +77,7 @@ async fn a_recipient_canceled_after_their_multicast_batch_was_written_is_not_in_
     let mut req = p.event("mc:1", "promo", &[]);
     req.topic = "shop.mc".into();
     req.line_multicast = true;
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     wait_fanout_done(&p, &ev.event_id).await;
     let (b, b_line) = users[1].clone();
     let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[&b]).await;
@@ -153,22 +148,12 @@ async fn odd_delays_send_now_or_are_refused_naming_delay() {
     assert_eq!(p.count("notification_events").await, 0);
     let mut req = p.event("order:now", "order_paid", &["u1"]);
     req.delay = "0s".into();
-    let r = p
-        .ingest()
-        .create_event(req.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let r = p.create_event(req.clone()).await;
     assert!(r.send_at.is_none(), "0s is now: {r:?}");
     let done = p.wait_final(&r.event_id, 20).await;
     support::assert_all_sent(&done);
     req.delay = "0ms".into();
-    let again = p
-        .ingest()
-        .create_event(req.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let again = p.create_event(req.clone()).await;
     assert!(again.duplicate, "0ms and 0s are one delay");
     req.delay = String::new();
     let err = p.ingest().create_event(req).await.unwrap_err();
@@ -190,12 +175,7 @@ async fn send_at_at_the_horizon_and_in_odd_spellings() {
 
     let mut at = p.event("order:edge", "order_paid", &["u1"]);
     at.send_at = horizon.to_rfc3339();
-    let r = p
-        .ingest()
-        .create_event(at)
-        .await
-        .expect("at the horizon")
-        .into_inner();
+    let r = p.create_event(at).await;
     assert_eq!(instant(r.send_at.as_ref().unwrap()), horizon);
 
     let mut over = p.event("order:over", "order_paid", &["u1"]);
@@ -214,35 +194,20 @@ async fn send_at_at_the_horizon_and_in_odd_spellings() {
 
     let mut past = p.event("order:year1", "order_paid", &["u1"]);
     past.send_at = "0001-01-01T00:00:00+00:00".into();
-    let r = p
-        .ingest()
-        .create_event(past)
-        .await
-        .expect("year 1")
-        .into_inner();
+    let r = p.create_event(past).await;
     support::assert_all_sent(&p.wait_final(&r.event_id, 20).await);
 
     let due = (db_now(&p).await + chrono::Duration::hours(2))
         .with_timezone(&chrono::FixedOffset::east_opt(5 * 3600 + 45 * 60).unwrap());
     let mut kathmandu = p.event("order:np", "order_paid", &["u1"]);
     kathmandu.send_at = due.format("%Y-%m-%dT%H:%M:%S%.6f+05:45").to_string();
-    let first = p
-        .ingest()
-        .create_event(kathmandu.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let first = p.create_event(kathmandu.clone()).await;
     let mut unknown_local = kathmandu.clone();
     unknown_local.send_at = due
         .with_timezone(&Utc)
         .format("%Y-%m-%dT%H:%M:%S%.6f-00:00")
         .to_string();
-    let second = p
-        .ingest()
-        .create_event(unknown_local)
-        .await
-        .unwrap()
-        .into_inner();
+    let second = p.create_event(unknown_local).await;
     assert!(second.duplicate, "one instant, two spellings");
     assert_eq!(second.event_id, first.event_id);
     assert_eq!(instant(first.send_at.as_ref().unwrap()), due);
@@ -252,7 +217,7 @@ async fn send_at_at_the_horizon_and_in_odd_spellings() {
     leap.send_at = format!("{leap_day}T23:59:60Z");
     match p.ingest().create_event(leap.clone()).await {
         Ok(r) => {
-            let again = p.ingest().create_event(leap).await.unwrap().into_inner();
+            let again = p.create_event(leap).await;
             assert!(again.duplicate && again.event_id == r.into_inner().event_id);
         }
         Err(e) => assert_eq!(violations(&e)[0].0, "send_at", "{e:?}"),
@@ -267,20 +232,10 @@ async fn a_canceled_scheduled_event_replayed_stays_canceled() {
     let p = Platform::start_with_type(&[Channel::InApp], "reminder", &["inapp"]).await;
     let mut req = p.event("remind:later", "reminder", &["u1", "u2"]);
     req.delay = "2s".into();
-    let ev = p
-        .ingest()
-        .create_event(req.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.create_event(req.clone()).await;
     let out = cancel(&p, Target::EventKey("remind:later".into()), &[]).await;
     assert_eq!((out.events, out.canceled), (1, 2), "{out:?}");
-    let replay = p
-        .ingest()
-        .create_event(req.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let replay = p.create_event(req.clone()).await;
     assert!(
         replay.duplicate && replay.event_id == ev.event_id,
         "{replay:?}"
@@ -314,24 +269,12 @@ async fn a_canceled_scheduled_event_replayed_stays_canceled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduled_broadcast_canceled_before_it_is_due_sends_nothing() {
     let p = Platform::start_with_type(&[Channel::InApp], "promo", &["inapp"]).await;
-    p.topics()
-        .create_topic(pb::CreateTopicRequest {
-            key: "shop.sale".into(),
-        })
-        .await
-        .unwrap();
-    sqlx::query(
-        "INSERT INTO topic_subscriptions (topic, user_id)
-         SELECT 'shop.sale', 's-' || lpad(i::text, 5, '0') FROM generate_series(0, 2499) i",
-    )
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    p.add_topic_audience("shop.sale", "s", 2500).await;
     let mut req = p.event("sale:1", "promo", &[]);
     req.topic = "shop.sale".into();
     req.delay = "3s".into();
     req.cancellation_key = "sale:all".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let out = cancel(&p, Target::CancellationKey("sale:all".into()), &[]).await;
     assert_eq!(out.events, 1, "{out:?}");
     assert_eq!(
@@ -374,7 +317,7 @@ async fn a_subscriber_who_leaves_the_topic_before_the_due_time_gets_nothing() {
     let mut req = p.event(&uniq("flash"), "promo", &[]);
     req.topic = topic.clone();
     req.delay = "3s".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     // Both deliveries are planned (and wait) before the unsubscribe.
     eventually(
         "the fan-out planned both",
@@ -398,13 +341,7 @@ async fn a_subscriber_who_leaves_the_topic_before_the_due_time_gets_nothing() {
         .await
         .unwrap();
     let got = p.wait_final(&ev.event_id, 20).await;
-    let of = |u: &str| {
-        got.deliveries
-            .iter()
-            .find(|d| d.user_id == u)
-            .unwrap()
-            .clone()
-    };
+    let of = |u: &str| delivery_of(&got, u);
     assert_eq!(of(&stays).status, "sent", "{got:#?}");
     let left = of(&leaves);
     assert_eq!(
@@ -489,9 +426,7 @@ async fn the_escalation_of_a_canceled_event_is_canceled_and_never_sent() {
     let p = Platform::start_with_workers(&[Channel::InApp, Channel::Email]).await;
     p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 2)))
         .await;
-    let u = uniq("esc");
-    let mail = format!("{u}@shop.example.test");
-    p.add_recipient(&u, "", &mail, "").await;
+    let (u, mail) = p.add_email_recipient("esc").await;
     let ev = p.send("inv:1", "invoice_due", &[&u]).await;
     eventually("in-app sent", Duration::from_secs(10), async || {
         let s = statuses(&p, &ev.event_id).await;
@@ -592,12 +527,7 @@ async fn another_caller_learns_nothing_of_derived_deliveries() {
         .unwrap();
     let mut req = p.event("secret:1", "order_paid", &[&u]);
     req.cancellation_key = "secret:group".into();
-    let ev = p
-        .ingest()
-        .create_event(with_key(req, &alice))
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.create_event(with_key(req, &alice)).await;
     let explain = |key: &str, channel: &str| {
         let mut c = p.ingest();
         let r = with_key(
@@ -679,14 +609,7 @@ async fn fifty_concurrent_cancels_of_overlapping_targets_all_succeed() {
     for i in 0..6 {
         let mut req = p.event(&format!("ov:{i}"), "reminder", &refs);
         req.cancellation_key = format!("ov:group:{}", i % 2);
-        ids.push(
-            p.ingest()
-                .create_event(req)
-                .await
-                .unwrap()
-                .into_inner()
-                .event_id,
-        );
+        ids.push(p.create_event(req).await.event_id);
     }
     let mut tasks = Vec::new();
     for n in 0..50usize {
@@ -773,7 +696,7 @@ async fn a_line_user_who_follows_again_before_the_due_time_gets_the_message() {
     let (u, lid) = p.add_line_recipient("refollow").await;
     let mut req = p.event("refollow:1", "order_paid", &[&u]);
     req.delay = "2s".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let t0 = chrono::Utc::now().timestamp_millis();
     for (i, kind) in ["unfollow", "follow"].iter().enumerate() {
         let body = json!({"destination": "Ubot", "events": [{
@@ -812,7 +735,7 @@ async fn the_console_renders_scheduled_canceled_and_derived_rows_escaped() {
     .await;
     let mut req = p.event("con:1", "order_paid", &[&u]);
     req.content.as_mut().unwrap().title = "<img src=x onerror=alert(1)>".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     eventually("the email fallback", Duration::from_secs(20), async || {
         let s = statuses(&p, &ev.event_id).await;
         if s.iter().any(|(c, _, _)| c == "email") {
@@ -824,12 +747,12 @@ async fn the_console_renders_scheduled_canceled_and_derived_rows_escaped() {
     .await;
     let mut later = p.event("con:2", "order_paid", &[&u]);
     later.delay = "1h".into();
-    let later = p.ingest().create_event(later).await.unwrap().into_inner();
+    let later = p.create_event(later).await;
     cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
     cancel(&p, Target::EventId(later.event_id.clone()), &[]).await;
 
     let http = no_redirects();
-    let cookie = session_cookie(&console_login(&http, &p.http_url).send().await.unwrap());
+    let cookie = p.console_cookie().await;
     for id in [&ev.event_id, &later.event_id] {
         let page = http
             .get(format!("{}/console/events/{id}", p.http_url))
@@ -865,7 +788,7 @@ async fn a_scheduled_push_does_not_reach_a_device_now_registered_to_another_user
     p.add_device(&a, &token).await;
     let mut req = p.event("moved:1", "order_paid", &[&a]);
     req.delay = "2s".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     // The phone now belongs to b's account.
     p.add_device(&b, &token).await;
     let owner: String = p
@@ -902,7 +825,7 @@ async fn a_scheduled_email_goes_to_the_address_the_user_has_when_it_is_due() {
     p.add_recipient(&u, "", &old, "").await;
     let mut req = p.event("mail:moved", "order_paid", &[&u]);
     req.delay = "2s".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     p.add_recipient(&u, "", &new, "").await;
     p.wait_final(&ev.event_id, 20).await;
     eventually("one mail somewhere", Duration::from_secs(10), async || {
@@ -960,7 +883,7 @@ async fn an_unfollow_before_the_due_time_falls_back_to_email_when_due() {
     p.add_recipient(&u, "", &mail, &lid).await;
     let mut req = p.event("unf:1", "order_paid", &[&u]);
     req.delay = "2s".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     assert!(ev.deliveries.iter().all(|d| d.channel == "line"), "{ev:?}");
     let body = json!({"destination": "Ubot", "events": [{
         "type": "unfollow", "mode": "active", "timestamp": chrono::Utc::now().timestamp_millis(),
@@ -1057,9 +980,7 @@ async fn a_cancel_at_the_moment_an_escalation_is_due_leaves_nothing_sent_after_i
     let p = Platform::start_with_workers(&[Channel::InApp, Channel::Email]).await;
     p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 1)))
         .await;
-    let u = uniq("esc-race");
-    let mail = format!("{u}@shop.example.test");
-    p.add_recipient(&u, "", &mail, "").await;
+    let (u, mail) = p.add_email_recipient("esc-race").await;
     let ev = p.send("inv:race", "invoice_due", &[&u]).await;
     let due: DateTime<Utc> = p
         .scalar(
@@ -1178,13 +1099,11 @@ async fn derived_deliveries_of_a_scheduled_event_wait_for_its_due_time() {
         Some(("inapp", "push", 60)),
     )
     .await;
-    let u = uniq("later");
-    let mail = format!("{u}@shop.example.test");
-    p.add_recipient(&u, "", &mail, "").await;
+    let (u, mail) = p.add_email_recipient("later").await;
     p.add_device(&u, &format!("fcm-later-{u}")).await;
     let mut req = p.event("later:1", "order_paid", &[&u]);
     req.delay = "1h".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let send_at = instant(ev.send_at.as_ref().expect("scheduled"));
     let due: Vec<(String, String, DateTime<Utc>)> = p
         .rows(
@@ -1237,7 +1156,7 @@ async fn a_device_registered_again_before_the_due_time_gets_the_push() {
     let endpoint = p.add_device(&u, &token).await;
     let mut req = p.event("again:1", "order_paid", &[&u]);
     req.delay = "2s".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     p.recipients()
         .revoke_endpoint(pb::RevokeEndpointRequest {
             endpoint_id: endpoint.clone(),
@@ -1292,7 +1211,7 @@ async fn cancel_keys_match_in_any_normalisation_and_recipient_lists_are_bounded(
     // decomposed at cancel, one key.
     let mut req = p.event("cart:nfc", "reminder", &["u3"]);
     req.cancellation_key = "cart:caf\u{e9}:reminders".into();
-    let held = p.ingest().create_event(req).await.unwrap().into_inner();
+    let held = p.create_event(req).await;
     let out = cancel(
         &p,
         Target::CancellationKey("cart:cafe\u{301}:reminders".into()),
@@ -1341,7 +1260,7 @@ async fn a_failed_line_multicast_batch_falls_back_to_email_for_each_user() {
     let mut req = p.event("mcfail:1", "promo", &[]);
     req.topic = "shop.mcfail".into();
     req.line_multicast = true;
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     wait_fanout_done(&p, &ev.event_id).await;
     eventually("the batch failed", Duration::from_secs(20), async || {
         let s = statuses(&p, &ev.event_id).await;
@@ -1385,7 +1304,7 @@ async fn a_multicast_broadcast_with_a_line_escalation_completes_and_escalates_ea
     let mut req = p.event("mcesc:1", "promo", &[]);
     req.topic = "shop.mcesc".into();
     req.line_multicast = true;
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     wait_fanout_done(&p, &ev.event_id).await;
     for (_, _, mail) in &users {
         eventually(
@@ -1423,33 +1342,16 @@ async fn quiet_hours_at_a_due_time_across_a_dst_change_end_at_the_local_morning(
     })
     .await;
     p.add_type("order_paid", &["email"]).await;
-    let u = uniq("nyc");
-    p.add_recipient(&u, "", &format!("{u}@example.test"), "")
-        .await;
+    let (u, _) = p.add_email_recipient("nyc").await;
     p.exec(
         "UPDATE recipients SET timezone = 'America/New_York' WHERE user_id = $1",
         &u,
     )
     .await;
-    p.recipients()
-        .set_quiet_hours(pb::SetQuietHoursRequest {
-            user_id: u.clone(),
-            windows: vec![pb::QuietWindow {
-                start: "22:00".into(),
-                end: "07:00".into(),
-                channels: vec![],
-            }],
-        })
-        .await
-        .unwrap();
+    p.set_quiet_window(&u, "22:00", "07:00").await.unwrap();
     let mut req = p.event("dst:1", "order_paid", &[&u]);
     req.send_at = "2027-03-14T01:30:00-05:00".into();
-    let created = p
-        .ingest()
-        .create_event(req.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let created = p.create_event(req.clone()).await;
     let d = &created.deliveries[0];
     assert_eq!(
         d.deferred_until.as_ref().map(instant),
@@ -1463,7 +1365,7 @@ async fn quiet_hours_at_a_due_time_across_a_dst_change_end_at_the_local_morning(
         d.decision
     );
     req.send_at = "2027-03-14T06:30:00Z".into();
-    let again = p.ingest().create_event(req).await.unwrap().into_inner();
+    let again = p.create_event(req).await;
     assert!(again.duplicate, "one instant");
 }
 
@@ -1474,9 +1376,7 @@ async fn a_notification_read_exactly_at_the_escalation_due_time_cancels_it() {
     let mut p = Platform::start_with_workers(&[Channel::InApp]).await;
     p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 1)))
         .await;
-    let u = uniq("exact");
-    let mail = format!("{u}@shop.example.test");
-    p.add_recipient(&u, "", &mail, "").await;
+    let (u, mail) = p.add_email_recipient("exact").await;
     let ev = p.send("inv:exact", "invoice_due", &[&u]).await;
     let due: DateTime<Utc> = p
         .scalar(
@@ -1554,7 +1454,7 @@ async fn a_console_retry_of_a_failed_delivery_of_a_canceled_event_sends_nothing(
     );
 
     let http = no_redirects();
-    let cookie = session_cookie(&console_login(&http, &p.http_url).send().await.unwrap());
+    let cookie = p.console_cookie().await;
     let confirm = http
         .get(format!(
             "{}/console/confirm?action=retry&target={line}",
@@ -1602,7 +1502,7 @@ async fn a_line_message_scheduled_two_days_ahead_is_retried_after_a_500() {
     .await;
     let mut req = p.event("line:later", "order_paid", &[&u]);
     req.delay = "1s".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     p.exec(
         "UPDATE notification_deliveries SET created_at = created_at - interval '2 days'
          WHERE event_id = $1::uuid",

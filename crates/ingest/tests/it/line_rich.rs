@@ -29,11 +29,8 @@ async fn a_rich_event_is_a_flex_card_and_a_postback_tap_is_one_click() {
     let p = Platform::start_with_type(&[Channel::Line], "order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
     let ev = p
-        .ingest()
         .create_event(p.rich_event("order:1001:paid", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     let done = p.wait_final(&ev.event_id, 30).await;
     support::assert_all_sent(&done);
     let delivery = done.deliveries[0].delivery_id.clone();
@@ -147,7 +144,7 @@ async fn a_card_over_line_limits_fails_at_render_naming_the_rule_and_line_is_not
         ),
     ];
     for (req, want) in cases {
-        let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+        let ev = p.create_event(req).await;
         let done = p.wait_final(&ev.event_id, 30).await;
         let d = &done.deliveries[0];
         assert_eq!((d.status.as_str(), d.attempts), ("failed", 1), "permanent");
@@ -181,7 +178,7 @@ async fn the_shipped_thai_order_paid_card_renders_from_the_sample_payload() {
     let mut req = p.event("order:1001:paid", "order_paid", &[&u]);
     req.payload = sample.to_string();
     req.channels = vec!["line".into()];
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     support::assert_all_sent(&p.wait_final(&ev.event_id, 30).await);
 
     let reqs = p.sim_requests("line").await;

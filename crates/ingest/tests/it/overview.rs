@@ -335,10 +335,10 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
     let (gone, _) = p.add_line_recipient("gone").await;
     let mut req = p.event(&uniq("ov:later"), "ov_paid", &[&later]);
     req.delay = "1h".into();
-    let scheduled = p.ingest().create_event(req).await.unwrap().into_inner();
+    let scheduled = p.create_event(req).await;
     let mut req = p.event(&uniq("ov:gone"), "ov_paid", &[&gone]);
     req.delay = "1h".into();
-    let skipping = p.ingest().create_event(req).await.unwrap().into_inner();
+    let skipping = p.create_event(req).await;
     assert_exact_live(db, "scheduled").await;
     let out = cancel(&p, Target::EventId(scheduled.event_id.clone()), &[]).await;
     assert_eq!(out.canceled, 2, "{out:?}");

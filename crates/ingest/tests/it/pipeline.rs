@@ -7,7 +7,10 @@ use notify_proto::v1 as pb;
 use serde_json::json;
 use std::collections::HashSet;
 use std::time::Duration;
-use support::{Platform, assert_all_sent, assert_sent, eventually, line_id, status_attempts, uniq};
+use support::{
+    Platform, assert_all_sent, assert_sent, delivery_of, eventually, field_violations, line_id,
+    status_attempts, uniq,
+};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -32,12 +35,7 @@ async fn one_event_reaches_every_channel_once_and_a_replay_is_a_duplicate() {
     p.set_preference(&c, "order_paid", "email", false).await;
 
     let req = p.event(&uniq("order:123:paid"), "order_paid", &[&a, &b, &c]);
-    let first = p
-        .ingest()
-        .create_event(req.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let first = p.create_event(req.clone()).await;
     assert!(!first.duplicate);
     let planned: Vec<(String, u32)> = first
         .planned
@@ -67,7 +65,7 @@ async fn one_event_reaches_every_channel_once_and_a_replay_is_a_duplicate() {
         ])
     );
 
-    let second = p.ingest().create_event(req).await.unwrap().into_inner();
+    let second = p.create_event(req).await;
     assert!(second.duplicate);
     assert_eq!(second.event_id, first.event_id);
     assert_eq!(
@@ -349,7 +347,7 @@ async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries
     let mut long = p.event("news:long", "news", &[&u1]);
     long.content.as_mut().unwrap().body = "ขอบคุณที่ใช้บริการ".repeat(700);
     long.content.as_mut().unwrap().url = String::new();
-    let ev = p.ingest().create_event(long).await.unwrap().into_inner();
+    let ev = p.create_event(long).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(done.deliveries[0].status, "sent");
     let reqs = p.sim_requests("line").await;
@@ -383,7 +381,7 @@ async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries
     let mut exact = p.event("news:5000", "news", &[&u3]);
     exact.content.as_mut().unwrap().body = body.clone();
     exact.content.as_mut().unwrap().url = String::new();
-    let ev = p.ingest().create_event(exact).await.unwrap().into_inner();
+    let ev = p.create_event(exact).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(done.deliveries[0].status, "sent");
     let reqs = p.sim_requests("line").await;
@@ -413,12 +411,7 @@ async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries
     // 26,000 units of emoji (each a surrogate pair): more than five objects.
     let mut too_long = p.event("news:too-long", "news", &[&u2]);
     too_long.content.as_mut().unwrap().body = "😀".repeat(13_000);
-    let ev = p
-        .ingest()
-        .create_event(too_long)
-        .await
-        .unwrap()
-        .into_inner();
+    let ev = p.create_event(too_long).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(done.deliveries[0].status, "failed");
     assert!(
@@ -533,14 +526,9 @@ async fn same_key_with_other_content_is_already_exists_and_nfc_keys_match() {
 
     // Listing the same recipients in another order is the same request.
     let mut two = p.event("two:1", "comment_reply", &["u1", "u2"]);
-    let first_two = p
-        .ingest()
-        .create_event(two.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let first_two = p.create_event(two.clone()).await;
     two.recipients.reverse();
-    let again_two = p.ingest().create_event(two).await.unwrap().into_inner();
+    let again_two = p.create_event(two).await;
     assert!(again_two.duplicate);
     assert_eq!(again_two.event_id, first_two.event_id);
 
@@ -657,13 +645,7 @@ async fn bad_input_names_the_field_and_writes_nothing() {
         })
         .await
         .unwrap_err();
-    let fields: Vec<String> = err
-        .get_details_bad_request()
-        .unwrap()
-        .field_violations
-        .into_iter()
-        .map(|v| v.field)
-        .collect();
+    let fields = field_violations(&err);
     assert_eq!(fields, ["email", "line_user_id", "timezone"]);
     let err = p
         .recipients()
@@ -889,13 +871,7 @@ async fn transient_errors_retry_and_permanent_errors_fail_at_once() {
     p.sim_fault(json!({"provider": "line", "target_contains": l2, "status": 403, "body": {"message": "forbidden"}})).await;
     let ev = p.send("retry", "order_paid", &[&u1, &u2]).await;
     let done = p.wait_final(&ev.event_id, 30).await;
-    let by_user = |u: &str| {
-        done.deliveries
-            .iter()
-            .find(|d| d.user_id == u)
-            .unwrap()
-            .clone()
-    };
+    let by_user = |u: &str| delivery_of(&done, u);
     let (d1, d2) = (by_user(&u1), by_user(&u2));
     assert_eq!((d1.status.as_str(), d1.attempts), ("sent", 2));
     assert_eq!((d2.status.as_str(), d2.attempts), ("failed", 1));
@@ -918,7 +894,7 @@ async fn a_push_body_too_big_for_fcm_is_shortened_at_a_grapheme_boundary() {
     let body = "ขอบคุณที่ใช้บริการ".repeat(1000); // 18,000 characters, 54,000 bytes
     let mut req = p.event("push:long", "order_paid", &[&u]);
     req.content.as_mut().unwrap().body = body.clone();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_sent(&done.deliveries[0]);
     let sent = p.sim_requests("fcm").await;
@@ -1346,24 +1322,12 @@ async fn an_undecodable_request_is_invalid_argument_naming_the_field() {
     // recipients (field 4) with bytes that are not UTF-8.
     let err = send(vec![0x22, 0x02, 0xff, 0xfe]).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    let fields: Vec<String> = err
-        .get_details_bad_request()
-        .expect("field violations")
-        .field_violations
-        .into_iter()
-        .map(|f| f.field)
-        .collect();
+    let fields = field_violations(&err);
     assert_eq!(fields, ["recipients"]);
     // Not protobuf at all.
     let err = send(vec![0xff; 16]).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    let fields: Vec<String> = err
-        .get_details_bad_request()
-        .expect("field violations")
-        .field_violations
-        .into_iter()
-        .map(|f| f.field)
-        .collect();
+    let fields = field_violations(&err);
     assert_eq!(fields, ["request"]);
     assert_eq!(p.count("notification_events").await, 0);
 }
@@ -1636,9 +1600,7 @@ async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
     })
     .await;
     p.add_type("order_paid", &["email"]).await;
-    let u = uniq("u");
-    p.add_recipient(&u, "", &format!("{u}@example.test"), "")
-        .await;
+    let (u, _) = p.add_email_recipient("u").await;
     p.recipients()
         .upsert_recipient(pb::UpsertRecipientRequest {
             user_id: u.clone(),
@@ -1690,22 +1652,11 @@ async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
     assert_eq!(due.timestamp(), expected_end.timestamp());
 
     // The topic fan-out plans on the same clock.
-    p.topics()
-        .create_topic(pb::CreateTopicRequest {
-            key: "shop.promotions".into(),
-        })
-        .await
-        .unwrap();
-    p.topics()
-        .subscribe(pb::SubscribeRequest {
-            topic: "shop.promotions".into(),
-            user_ids: vec![u.clone()],
-        })
-        .await
-        .unwrap();
+    p.create_topic("shop.promotions").await;
+    p.subscribe("shop.promotions", &[&u]).await;
     let mut req = p.event(&uniq("clock-topic"), "order_paid", &[]);
     req.topic = "shop.promotions".into();
-    let topic_event = p.ingest().create_event(req).await.unwrap().into_inner();
+    let topic_event = p.create_event(req).await;
     let fanned = eventually("fan-out done", Duration::from_secs(30), async || {
         let ev = p.get_event(&topic_event.event_id).await;
         if ev.fanout_status == "done" {

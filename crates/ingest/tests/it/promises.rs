@@ -540,7 +540,7 @@ async fn a_digest_that_closes_in_quiet_hours_waits_for_their_end() {
     let (u, _) = p.add_line_recipient("u").await;
     let mut req = p.event(&uniq("reply"), "comment_reply", &[&u]);
     req.aggregate_key = "thread:55".into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let id = ev.deliveries[0].delivery_id.clone();
     assert!(
         ev.deliveries[0].deferred_until.is_some(),

@@ -409,7 +409,7 @@ async fn thai_push_bodies_are_cut_to_each_providers_limit_byte_for_byte() {
     assert_eq!(body.chars().count(), 1500);
     let mut req = p.event("thai:push", "order_paid", &[&u]);
     req.content.as_mut().unwrap().body = body.clone();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_all_sent(&done);
 

@@ -65,12 +65,7 @@ async fn a_rich_event_reaches_fcm_apns_and_web_push_with_every_field() {
         webpush_icon: "https://cdn.shop.example.test/icon-192.png".into(),
         ..Default::default()
     });
-    let ev = p
-        .ingest()
-        .create_event(req)
-        .await
-        .expect("CreateEvent")
-        .into_inner();
+    let ev = p.create_event(req).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     support::assert_all_sent(&done);
     assert_eq!(unread(&p, &u).await, 3, "the badge the devices got");
@@ -172,12 +167,7 @@ async fn the_badge_counts_this_events_inbox_row_before_it_is_written() {
     p.add_endpoint(&u, "apns", &format!("apns-badge-{u}")).await;
     let mut req = p.rich_event("badge-pending:1", "order_paid", &[&u]);
     req.content.as_mut().unwrap().badge = pb::BadgePolicy::UnreadCount as i32;
-    let ev = p
-        .ingest()
-        .create_event(req)
-        .await
-        .expect("CreateEvent")
-        .into_inner();
+    let ev = p.create_event(req).await;
     let sent = support::eventually(
         "the APNs send",
         std::time::Duration::from_secs(30),

@@ -221,19 +221,7 @@ async fn both_reference_libraries_verify_every_webhook_of_a_run_and_see_every_fi
     // (550 5.1.1: failed).
     p.add_type("promo", &["inapp"]).await;
     p.add_type("order.paid", &["email"]).await;
-    p.topics()
-        .create_topic(pb::CreateTopicRequest {
-            key: "shop.sale".into(),
-        })
-        .await
-        .unwrap();
-    sqlx::query(
-        "INSERT INTO topic_subscriptions (topic, user_id)
-         SELECT 'shop.sale', 's-' || lpad(i::text, 4, '0') FROM generate_series(0, 199) i",
-    )
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    p.add_topic_audience("shop.sale", "s", 200).await;
     let bad = uniq("bad");
     p.add_recipient(&bad, "Bad", &format!("nouser-{bad}@example.test"), "")
         .await;

@@ -89,7 +89,7 @@ async fn old_final_deliveries_attempts_inbox_rows_and_events_go_and_pending_ones
     // Scheduled a day ahead: its deliveries stay pending through every purge below.
     let mut later = p.event(&uniq("later"), &ty, &[&user]);
     later.delay = "1d".into();
-    let later = p.ingest().create_event(later).await.unwrap().into_inner();
+    let later = p.create_event(later).await;
 
     let t0 = db_now(&p).await;
     let r = lengths(60, 3600, 60);

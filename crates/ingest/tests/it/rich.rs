@@ -149,12 +149,7 @@ async fn rich_content_is_kept_as_sent_and_shown_by_get_event() {
         line_messages_json: r#"[{"type":"text","text":"ชำระเงินแล้ว"}]"#.into(),
         ..Default::default()
     });
-    let created = p
-        .ingest()
-        .create_event(r.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let created = p.create_event(r.clone()).await;
     let got = p.get_event(&created.event_id).await;
     let mut content = got.content.unwrap();
     let mut want = r.content.clone().unwrap();
@@ -170,7 +165,7 @@ async fn rich_content_is_kept_as_sent_and_shown_by_get_event() {
     );
     assert_eq!(content, want, "an action without an id gets its position");
 
-    let again = p.ingest().create_event(r).await.unwrap().into_inner();
+    let again = p.create_event(r).await;
     assert!(again.duplicate, "the same rich request is an honest retry");
 }
 
@@ -180,11 +175,8 @@ async fn a_click_counts_once_per_callback_and_explain_delivery_shows_it() {
     let p =
         Platform::start_with_type(&[notify_core::Channel::InApp], "order_paid", &["inapp"]).await;
     let ev = p
-        .ingest()
         .create_event(p.rich_event("order:1001:paid", "order_paid", &["u1"]))
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     let done = p.wait_final(&ev.event_id, 30).await;
     let delivery: uuid::Uuid = done.deliveries[0].delivery_id.parse().unwrap();
     let click = |delivery_id, key| NewClick {

@@ -59,12 +59,7 @@ async fn a_deep_link_as_the_tap_link_is_refused() {
 async fn replay_with_different_actions_is_already_exists() {
     let p = Platform::start_with_type(&[], "order_paid", &["inapp"]).await;
     let first = p.rich_event("replay:1", "order_paid", &["u1"]);
-    let created = p
-        .ingest()
-        .create_event(first.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let created = p.create_event(first.clone()).await;
     let mut problems = Vec::new();
     type Change = Box<dyn Fn(&mut pb::Content)>;
     let variants: Vec<(&str, Change)> = vec![
@@ -402,11 +397,8 @@ async fn line_postback_forgeries_are_not_clicks() {
     let (a, lid_a) = p.add_line_recipient("a").await;
     let (_b, lid_b) = p.add_line_recipient("b").await;
     let ev = p
-        .ingest()
         .create_event(p.rich_event("order:1:paid", "order_paid", &[&a]))
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     let done = p.wait_final(&ev.event_id, 30).await;
     support::assert_all_sent(&done);
     let line_d = done
@@ -514,11 +506,8 @@ async fn inbox_click_on_archived_item() {
     let p = Platform::start_with_type(&[Channel::InApp], "order_paid", &["inapp"]).await;
     let u = p.add_bare_recipient("u").await;
     let ev = p
-        .ingest()
         .create_event(p.rich_event("order:1:paid", "order_paid", &[&u]))
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     p.wait_final(&ev.event_id, 30).await;
     let t = token(&u);
     let call = |method: &str, path: &str, body: &str| {
@@ -605,7 +594,7 @@ async fn email_does_not_carry_app_deep_link_buttons() {
     let address = format!("{user}@example.test");
     p.add_recipient(&user, "สมชาย", &address, "").await;
     let req = p.rich_event("order:1001:paid", "order_paid", &[&user]);
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(
         done.deliveries[0].status, "sent",
@@ -693,7 +682,7 @@ async fn push_max_labels_and_long_body_fit_or_fail_clearly() {
             url: format!("https://shop.example.test/orders/1001/{}", "x".repeat(200)),
         })
         .collect();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let done = p.wait_final(&ev.event_id, 60).await;
     let mut problems = Vec::new();
     for d in &done.deliveries {
@@ -738,7 +727,7 @@ async fn line_alt_text_at_the_limit_is_sent() {
     let mut problems = Vec::new();
     for req in [a, b] {
         let key = req.event_key.clone();
-        let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+        let ev = p.create_event(req).await;
         let done = p.wait_final(&ev.event_id, 30).await;
         let d = &done.deliveries[0];
         if d.status != "sent" {
@@ -815,7 +804,7 @@ async fn fcm_data_too_big_fails_before_the_call() {
             .collect(),
         ..Default::default()
     });
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     let d = &done.deliveries[0];
     let calls = p.sim_count("fcm").await;
@@ -876,7 +865,7 @@ async fn template_rendering_bad_label_or_image_fails_content_invalid() {
     {
         let mut req = p.event(&format!("lab:{i}"), "labelled", &[&u]);
         req.payload = payload.to_string();
-        let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+        let ev = p.create_event(req).await;
         let done = p.wait_final(&ev.event_id, 30).await;
         let d = &done.deliveries[0];
         if d.status != "failed" || !d.last_error.starts_with("content_invalid") {
@@ -979,7 +968,7 @@ async fn line_thai_split_at_word_boundaries() {
     let mut req = p.event("split:1", "order_paid", &[&u]);
     req.content.as_mut().unwrap().body = body.clone();
     req.content.as_mut().unwrap().url = String::new();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     let d = &done.deliveries[0];
     assert_eq!(d.status, "sent", "{}", d.last_error);

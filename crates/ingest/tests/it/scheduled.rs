@@ -5,7 +5,6 @@
 use crate::support;
 
 use chrono::{DateTime, Utc};
-use notify_proto::v1 as pb;
 use std::time::Duration;
 use support::{Platform, eventually, uniq};
 use tonic::Code;
@@ -71,12 +70,7 @@ async fn an_event_five_seconds_ahead_reaches_every_channel_within_a_second_of_it
 
     let mut req = p.event(&uniq("order:5s"), "order_paid", &[&u]);
     req.delay = "5s".into();
-    let created = p
-        .ingest()
-        .create_event(req)
-        .await
-        .expect("CreateEvent")
-        .into_inner();
+    let created = p.create_event(req).await;
     let due = instant(created.send_at.as_ref().expect("a due time in the reply"));
     let ahead = due - Utc::now();
     assert!(
@@ -178,7 +172,7 @@ async fn a_send_at_in_the_past_sends_now_and_an_offset_is_stored_as_its_instant(
 
     let mut past = p.event(&uniq("order:past"), "order_paid", &[&u]);
     past.send_at = (Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
-    let created = p.ingest().create_event(past).await.unwrap().into_inner();
+    let created = p.create_event(past).await;
     assert_eq!(created.send_at, None, "sent now");
     assert!(
         !created.deliveries[0].decision.contains("scheduled"),
@@ -203,12 +197,7 @@ async fn a_send_at_in_the_past_sends_now_and_an_offset_is_stored_as_its_instant(
     let key = uniq("order:bangkok");
     let mut req = p.event(&key, "order_paid", &[&u]);
     req.send_at = text.clone();
-    let created = p
-        .ingest()
-        .create_event(req.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let created = p.create_event(req.clone()).await;
     let due = at.with_timezone(&Utc);
     assert_eq!(created.send_at.as_ref().map(instant), Some(due));
     let stored: Option<DateTime<Utc>> = p
@@ -228,12 +217,7 @@ async fn a_send_at_in_the_past_sends_now_and_an_offset_is_stored_as_its_instant(
 
     // The same send_at (spelled in UTC) is a replay; another one is other content.
     req.send_at = due.to_rfc3339();
-    let again = p
-        .ingest()
-        .create_event(req.clone())
-        .await
-        .unwrap()
-        .into_inner();
+    let again = p.create_event(req.clone()).await;
     assert!(again.duplicate);
     assert_eq!(again.event_id, created.event_id);
     assert_eq!(again.send_at.as_ref().map(instant), Some(due));
@@ -323,7 +307,7 @@ async fn a_scheduled_delivery_survives_a_restart_of_ingest_and_the_workers() {
     assert_eq!(found[0].0, "delay", "{found:?}");
     assert!(found[0].1.contains("at most 2m ahead"), "{found:?}");
     req.delay = "4s".into();
-    let created = p.ingest().create_event(req).await.unwrap().into_inner();
+    let created = p.create_event(req).await;
     let due = instant(created.send_at.as_ref().unwrap());
 
     // Ingest dies (SIGKILL: no drain, no goodbye) and the workers stop, before it is due.
@@ -358,19 +342,8 @@ async fn get_event_shows_the_due_time_of_each_scheduled_delivery_and_the_event()
     p.add_recipient(&b, "", &format!("{b}@example.test"), "")
         .await;
     p.set_preference(&b, "order_paid", "email", false).await;
-    p.topics()
-        .create_topic(pb::CreateTopicRequest {
-            key: "shop.reminders".into(),
-        })
-        .await
-        .unwrap();
-    p.topics()
-        .subscribe(pb::SubscribeRequest {
-            topic: "shop.reminders".into(),
-            user_ids: vec![a.clone(), b.clone()],
-        })
-        .await
-        .unwrap();
+    p.create_topic("shop.reminders").await;
+    p.subscribe("shop.reminders", &[&a, &b]).await;
 
     // Whole seconds: Postgres keeps microseconds.
     let due = DateTime::from_timestamp(Utc::now().timestamp() + 7200, 0)
@@ -384,7 +357,7 @@ async fn get_event_shows_the_due_time_of_each_scheduled_delivery_and_the_event()
         let mut req = p.event(&uniq("reminder"), "order_paid", &listed);
         req.topic = topic.into();
         req.send_at = due.to_rfc3339();
-        let created = p.ingest().create_event(req).await.unwrap().into_inner();
+        let created = p.create_event(req).await;
         assert_eq!(created.send_at.as_ref().map(instant), Some(due_utc));
         let ev = eventually(
             "every delivery planned",
@@ -452,9 +425,7 @@ async fn quiet_hours_are_those_of_the_due_time_not_of_the_call() {
     })
     .await;
     p.add_type("order_paid", &["email"]).await;
-    let u = uniq("somchai");
-    p.add_recipient(&u, "", &format!("{u}@example.test"), "")
-        .await;
+    let (u, _) = p.add_email_recipient("somchai").await;
     p.set_quiet_hours(&u, local(day, 22, 0), local(day, 7, 0))
         .await;
 
@@ -466,7 +437,7 @@ async fn quiet_hours_are_those_of_the_due_time_not_of_the_call() {
 
     let mut req = p.event(&uniq("order:night"), "order_paid", &[&u]);
     req.send_at = local(day, 22, 30).to_rfc3339();
-    let created = p.ingest().create_event(req).await.unwrap().into_inner();
+    let created = p.create_event(req).await;
     let morning = local(day.succ_opt().unwrap(), 7, 0).with_timezone(&Utc);
     let d = &created.deliveries[0];
     assert_eq!(

@@ -244,7 +244,7 @@ async fn one_notification_is_one_trace_from_the_caller_to_the_provider_retry_inc
     let mut req = tonic::Request::new(p.event(&uniq("order"), "order_paid", &[&user]));
     req.metadata_mut()
         .insert("traceparent", traceparent.parse().unwrap());
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let nanos = |t: std::time::SystemTime| {
         t.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
     };
@@ -508,14 +508,7 @@ async fn metrics_count_exactly_the_deliveries_sent_and_logs_carry_ids_but_no_con
             req.recipients.push(bad.clone());
         }
         req.content.as_mut().unwrap().body = secret_body.clone();
-        ids.push(
-            p.ingest()
-                .create_event(req)
-                .await
-                .unwrap()
-                .into_inner()
-                .event_id,
-        );
+        ids.push(p.create_event(req).await.event_id);
     }
     for id in &ids {
         p.wait_final(id, 30).await;

@@ -86,7 +86,7 @@ async fn thai_templates_with_thai_money_and_dates_and_an_english_fallback() {
     let mut req = p.event("tpl:1", "order_paid", &[&th, &ja]);
     req.payload =
         r#"{"order_id": 1001, "total": "1250", "paid_at": "2026-11-30T18:30:00Z"}"#.into();
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_all_sent(&done);
 
@@ -143,7 +143,7 @@ async fn thai_templates_with_thai_money_and_dates_and_an_english_fallback() {
     let mut req = p.event("tpl:2", "order_paid", &[&th]);
     req.payload = r#"{"order_id": 1002}"#.into();
     req.channels = vec!["line".into()];
-    let ev = p.ingest().create_event(req).await.unwrap().into_inner();
+    let ev = p.create_event(req).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     let d = &done.deliveries[0];
     assert_eq!((d.status.as_str(), d.attempts), ("failed", 1));
@@ -297,7 +297,7 @@ async fn five_replies_in_one_window_become_one_digest_per_channel() {
         req.aggregate_key = "thread:55".into();
         req.payload = format!(r#"{{"thread_id": 55, "author": "{author}"}}"#);
         req.content.as_mut().unwrap().body = format!("ตอบกลับที่ {n}");
-        events.push(p.ingest().create_event(req).await.unwrap().into_inner());
+        events.push(p.create_event(req).await);
     }
     let first = &events[0];
     let held: Vec<&pb::Delivery> = first

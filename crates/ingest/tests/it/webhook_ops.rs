@@ -12,7 +12,7 @@ use notify_core::Channel;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use support::{SendExt, console_login, csrf_token, eventually, no_redirects, session_cookie, uniq};
+use support::{SendExt, eventually, no_redirects, uniq};
 
 /// A receiver that answers every POST with 500; returns its URL and the request count.
 async fn failing_receiver() -> (String, Arc<AtomicUsize>) {
@@ -78,21 +78,13 @@ async fn an_operator_sees_a_disabled_endpoint_with_its_attempts_and_enables_it_a
 
     let http = no_redirects();
     let url = |path: &str| format!("{}{path}", p.http_url);
-    let cookie = session_cookie(&console_login(&http, &p.http_url).send().await.unwrap());
-    let overview = http
-        .get(url("/console"))
-        .header("cookie", &cookie)
-        .text_body()
-        .await;
+    let cookie = p.console_cookie().await;
+    let overview = p.console_page(&cookie, "/console").await;
     assert!(
         overview.contains("<a href=\"/console/webhooks\">Webhooks</a>"),
         "the nav links the page: {overview}"
     );
-    let page = http
-        .get(url("/console/webhooks"))
-        .header("cookie", &cookie)
-        .text_body()
-        .await;
+    let page = p.console_page(&cookie, "/console/webhooks").await;
     assert!(
         page.contains(&format!("<h2 id=\"endpoint-{id}\">{hook_url}</h2>")),
         "{page}"
@@ -117,11 +109,7 @@ async fn an_operator_sees_a_disabled_endpoint_with_its_attempts_and_enables_it_a
     let link = format!("/console/webhooks/confirm-enable/{id}");
     assert!(page.contains(&link), "{page}");
 
-    let confirm = http
-        .get(url(&link))
-        .header("cookie", &cookie)
-        .text_body()
-        .await;
+    let confirm = p.console_page(&cookie, &link).await;
     let action = format!("/console/actions/webhooks/{id}/enable");
     assert!(
         confirm.contains(&format!("action=\"{action}\"")),
@@ -150,13 +138,7 @@ async fn an_operator_sees_a_disabled_endpoint_with_its_attempts_and_enables_it_a
     );
     assert_eq!(p.count("console_audit").await, 0);
 
-    let done = http
-        .post(url(&action))
-        .header("cookie", &cookie)
-        .form(&[("csrf", csrf_token(&confirm).as_str())])
-        .send()
-        .await
-        .unwrap();
+    let done = p.console_post(&cookie, &action, &confirm).await;
     assert_eq!(done.status(), 303);
     assert_eq!(
         done.headers()["location"],
@@ -188,11 +170,7 @@ async fn an_operator_sees_a_disabled_endpoint_with_its_attempts_and_enables_it_a
             format!("{hook_url} ({caller}; was: {reason})"),
         )]
     );
-    let page = http
-        .get(url("/console/webhooks"))
-        .header("cookie", &cookie)
-        .text_body()
-        .await;
+    let page = p.console_page(&cookie, "/console/webhooks").await;
     assert!(
         page.contains("<span class=\"sent\">enabled</span>"),
         "{page}"
@@ -303,7 +281,7 @@ async fn the_backlog_counts_messages_pending_over_a_minute_and_the_page_counts_e
         "a's two-minute-old and b's five-minute-old message"
     );
     let http = no_redirects();
-    let cookie = session_cookie(&console_login(&http, &p.http_url).send().await.unwrap());
+    let cookie = p.console_cookie().await;
     let page = http
         .get(format!("{}/console/webhooks", p.http_url))
         .header("cookie", &cookie)

@@ -23,7 +23,7 @@ use sha2::Sha256;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{Options, Platform, api_key, eventually, uniq, with_key};
+use support::{Options, Platform, api_key, eventually, field_violations, uniq, with_key};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -256,7 +256,7 @@ async fn every_state_change_of_a_run_of_deliveries_arrives_as_one_verified_webho
     // canceled: scheduled a minute ahead, then canceled.
     let mut later = p.event(&uniq("later"), "order.paid", &[&ok]);
     later.delay = "60s".into();
-    let later = p.ingest().create_event(later).await.unwrap().into_inner();
+    let later = p.create_event(later).await;
     p.ingest()
         .cancel_event(pb::CancelEventRequest {
             target: Some(pb::cancel_event_request::Target::EventId(
@@ -698,13 +698,7 @@ async fn create_webhook_endpoint_names_every_bad_field() {
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::InvalidArgument, "{url}");
-        let got: Vec<String> = e
-            .get_details_bad_request()
-            .expect("field violations")
-            .field_violations
-            .into_iter()
-            .map(|v| v.field)
-            .collect();
+        let got = field_violations(&e);
         assert_eq!(got, fields, "{url} {types:?}");
     }
     // Over 2048 bytes, and a managing key naming a caller no key could have: each field
@@ -1053,19 +1047,7 @@ async fn a_thousand_deliveries_arrive_as_a_thousand_verified_webhooks_across_a_w
     let (_, secret) = create_endpoint(&p, &rx.url, &["delivery.sent"]).await;
     let (_stop, first) = start_webhook_worker(webhook_config(&p), p.pool.clone());
     p.add_type("promo", &["inapp"]).await;
-    p.topics()
-        .create_topic(pb::CreateTopicRequest {
-            key: "shop.sale".into(),
-        })
-        .await
-        .unwrap();
-    sqlx::query(
-        "INSERT INTO topic_subscriptions (topic, user_id)
-         SELECT 'shop.sale', 's-' || lpad(i::text, 6, '0') FROM generate_series(0, 999) i",
-    )
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    p.add_topic_audience("shop.sale", "s", 1000).await;
     let mut req = p.event(&uniq("sale"), "promo", &[]);
     req.topic = "shop.sale".into();
     p.ingest().create_event(req).await.unwrap();

@@ -43,6 +43,45 @@ pub(crate) fn csrf_token(page: &str) -> String {
         .to_string()
 }
 
+impl Platform {
+    /// Signs in to the console with the test staff account; returns the session cookie
+    /// (`name=value`). Panics if the sign-in sets none.
+    pub(crate) async fn console_cookie(&self) -> String {
+        let r = console_login(&no_redirects(), &self.http_url)
+            .send()
+            .await
+            .unwrap();
+        session_cookie(&r)
+    }
+
+    /// The console page at `path` (`/console/...`) as the session `cookie` sees it.
+    pub(crate) async fn console_page(&self, cookie: &str, path: &str) -> String {
+        no_redirects()
+            .get(format!("{}{path}", self.http_url))
+            .header("cookie", cookie)
+            .text_body()
+            .await
+    }
+
+    /// Posts the console form at `path` with the session `cookie` and the CSRF token of
+    /// the `confirm` page that offered it; redirects are not followed (an action answers
+    /// 303).
+    pub(crate) async fn console_post(
+        &self,
+        cookie: &str,
+        path: &str,
+        confirm: &str,
+    ) -> reqwest::Response {
+        no_redirects()
+            .post(format!("{}{path}", self.http_url))
+            .header("cookie", cookie)
+            .form(&[("csrf", csrf_token(confirm).as_str())])
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
 /// An HS256 JWT of `claims` signed with `secret` (the inbox API's tokens use
 /// [`super::INBOX_SECRET`]).
 pub(crate) fn hs256(claims: &Value, secret: &str) -> String {

@@ -28,6 +28,29 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+/// The fields a refusal names (its `BadRequest` field violations, in order); panics if
+/// it carries none.
+pub(crate) fn field_violations(err: &tonic::Status) -> Vec<String> {
+    use tonic_types::StatusExt;
+    err.get_details_bad_request()
+        .expect("field violations")
+        .field_violations
+        .into_iter()
+        .map(|f| f.field)
+        .collect()
+}
+
+/// `user`'s delivery in `event` (the first, where the user has several); panics if there
+/// is none.
+pub(crate) fn delivery_of(event: &pb::GetEventResponse, user: &str) -> pb::Delivery {
+    event
+        .deliveries
+        .iter()
+        .find(|d| d.user_id == user)
+        .unwrap_or_else(|| panic!("no delivery for {user}: {event:?}"))
+        .clone()
+}
+
 /// Asserts that `delivery` was sent, showing it whole otherwise.
 pub(crate) fn assert_sent(delivery: &pb::Delivery) {
     assert_eq!(delivery.status, "sent", "{delivery:?}");
@@ -549,6 +572,19 @@ impl Platform {
         pb::type_service_client::TypeServiceClient::new(self.grpc.clone())
     }
 
+    /// `CreateEvent` for `req` (a request or one wrapped with [`with_key`]); panics with
+    /// the status on an error.
+    pub(crate) async fn create_event(
+        &self,
+        req: impl tonic::IntoRequest<pb::CreateEventRequest>,
+    ) -> pb::CreateEventResponse {
+        self.ingest()
+            .create_event(req)
+            .await
+            .expect("CreateEvent")
+            .into_inner()
+    }
+
     /// `CreateEvent` for the standard request [`Platform::event`]; panics on an error.
     pub(crate) async fn send(
         &self,
@@ -556,11 +592,8 @@ impl Platform {
         type_key: &str,
         recipients: &[&str],
     ) -> pb::CreateEventResponse {
-        self.ingest()
-            .create_event(self.event(key, type_key, recipients))
+        self.create_event(self.event(key, type_key, recipients))
             .await
-            .expect("CreateEvent")
-            .into_inner()
     }
 
     /// The standard `CreateEvent` request: key `key`, type `type_key`, `recipients`, actor

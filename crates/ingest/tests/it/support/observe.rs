@@ -2,6 +2,7 @@
 //! mail, table row counts and queue depths.
 
 use super::{Platform, SendExt};
+use notify_proto::v1 as pb;
 use serde_json::Value;
 
 impl Platform {
@@ -22,6 +23,25 @@ impl Platform {
             if waiting > 0 { Ok(()) } else { Err(waiting) }
         })
         .await;
+    }
+
+    /// `ExplainDelivery` for `user`'s delivery of `event_id` on `channel`; panics on an
+    /// error.
+    pub(crate) async fn explain(
+        &self,
+        event_id: &str,
+        user: &str,
+        channel: &str,
+    ) -> pb::ExplainDeliveryResponse {
+        self.ingest()
+            .explain_delivery(pb::ExplainDeliveryRequest {
+                event_id: event_id.into(),
+                user_id: user.into(),
+                channel: channel.into(),
+            })
+            .await
+            .expect("ExplainDelivery")
+            .into_inner()
     }
 
     /// Requests the simulator recorded for `provider`.

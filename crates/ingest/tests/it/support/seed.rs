@@ -111,6 +111,34 @@ impl Platform {
         (user_id, line)
     }
 
+    /// Registers a recipient `uniq(prefix)` whose only address is `{user id}@example.test`;
+    /// returns (user id, email address).
+    pub(crate) async fn add_email_recipient(&self, prefix: &str) -> (String, String) {
+        let user_id = uniq(prefix);
+        let email = format!("{user_id}@example.test");
+        self.add_recipient(&user_id, "", &email, "").await;
+        (user_id, email)
+    }
+
+    /// Creates topic `key`; panics on an error.
+    pub(crate) async fn create_topic(&self, key: &str) {
+        self.topics()
+            .create_topic(pb::CreateTopicRequest { key: key.into() })
+            .await
+            .expect("create topic");
+    }
+
+    /// Subscribes `user_ids` to `topic`; panics on an error.
+    pub(crate) async fn subscribe(&self, topic: &str, user_ids: &[&str]) {
+        self.topics()
+            .subscribe(pb::SubscribeRequest {
+                topic: topic.into(),
+                user_ids: user_ids.iter().map(|u| u.to_string()).collect(),
+            })
+            .await
+            .expect("subscribe");
+    }
+
     /// Registers a recipient `uniq(prefix)` with no email and no LINE id (reached in-app,
     /// or by push once an endpoint is added); returns the user id.
     pub(crate) async fn add_bare_recipient(&self, prefix: &str) -> String {
@@ -186,16 +214,45 @@ impl Platform {
         end: chrono::DateTime<chrono_tz::Tz>,
     ) {
         let hhmm = |t: chrono::DateTime<chrono_tz::Tz>| t.format("%H:%M").to_string();
+        self.set_quiet_window(user_id, &hhmm(start), &hhmm(end))
+            .await
+            .expect("set quiet hours");
+    }
+
+    /// `SetQuietHours` with one window on every channel from `start` to `end` (`HH:MM`):
+    /// ingest's answer.
+    pub(crate) async fn set_quiet_window(
+        &self,
+        user_id: &str,
+        start: &str,
+        end: &str,
+    ) -> Result<(), tonic::Status> {
         self.recipients()
             .set_quiet_hours(pb::SetQuietHoursRequest {
                 user_id: user_id.into(),
                 windows: vec![pb::QuietWindow {
-                    start: hhmm(start),
-                    end: hhmm(end),
+                    start: start.into(),
+                    end: end.into(),
                     channels: vec![],
                 }],
             })
             .await
-            .unwrap();
+            .map(drop)
+    }
+
+    /// Subscribes `n` users `<prefix>-000000`, `<prefix>-000001`, ... to a new topic
+    /// `topic`, by SQL (as a large audience is seeded).
+    pub(crate) async fn add_topic_audience(&self, topic: &str, prefix: &str, n: i32) {
+        self.create_topic(topic).await;
+        sqlx::query(
+            "INSERT INTO topic_subscriptions (topic, user_id)
+             SELECT $1, $2 || '-' || lpad(i::text, 6, '0') FROM generate_series(0, $3 - 1) i",
+        )
+        .bind(topic)
+        .bind(prefix)
+        .bind(n)
+        .execute(&self.pool)
+        .await
+        .unwrap();
     }
 }
