@@ -91,27 +91,8 @@ LINE_SECRET=${NOTIFY_LINE_CHANNEL_SECRET:-local-line-channel-secret}
 log() { printf '[stack] %s\n' "$*" >&2; }
 die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
 
-pg_bin() {
-  local d
-  for d in /usr/lib/postgresql/*/bin; do [ -x "$d/pg_ctl" ] && echo "$d"; done | sort -V | tail -n 1
-}
-
-apt_updated=0
-apt_install() {
-  [ "$(id -u)" = 0 ] || die "need $* but not root: install them with your package manager"
-  command -v apt-get >/dev/null || die "need $* and apt-get is missing"
-  if [ "$apt_updated" = 0 ]; then
-    log "apt-get update"
-    apt-get update -qq >"$STACK/logs/apt.log" 2>&1 || die "apt-get update failed: $STACK/logs/apt.log"
-    apt_updated=1
-  fi
-  log "apt-get install $*"
-  # policy-rc.d keeps Debian's postinst scripts from starting system-wide services.
-  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
-    >>"$STACK/logs/apt.log" 2>&1 || { rm -f /usr/sbin/policy-rc.d; die "apt-get install $* failed: $STACK/logs/apt.log"; }
-  rm -f /usr/sbin/policy-rc.d
-}
+# shellcheck source=deploy/host.sh
+source "$here/host.sh"
 
 install_missing() {
   local pkgs=()

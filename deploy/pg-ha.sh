@@ -58,29 +58,11 @@ case "$FRONT" in '' | *[!0-9]*) die "NOTIFY_PG_HA_PORT=$FRONT: not a port" ;; es
 { [ "$FRONT" -ge 1 ] && [ "$FRONT" -le 65533 ]; } || die "NOTIFY_PG_HA_PORT=$FRONT: not a port (node B needs front + 2)"
 case "${NOTIFY_PG_HA_SYNC:-}" in '' | 0 | 1) ;; *) die "NOTIFY_PG_HA_SYNC=${NOTIFY_PG_HA_SYNC}: use 0 or 1" ;; esac
 
-# --- helpers shared with local-stack.sh (copied: that script runs its verbs when sourced) ---
+# --- helpers shared with local-stack.sh (copied: that script runs its verbs when sourced;
+# pg_bin and apt_install come from host.sh) ---
 
-pg_bin() {
-  local d
-  for d in /usr/lib/postgresql/*/bin; do [ -x "$d/pg_ctl" ] && echo "$d"; done | sort -V | tail -n 1
-}
-
-apt_updated=0
-apt_install() {
-  [ "$(id -u)" = 0 ] || die "need $* but not root: install them with your package manager"
-  command -v apt-get >/dev/null || die "need $* and apt-get is missing"
-  if [ "$apt_updated" = 0 ]; then
-    log "apt-get update"
-    apt-get update -qq >"$STACK/logs/apt.log" 2>&1 || die "apt-get update failed: $STACK/logs/apt.log"
-    apt_updated=1
-  fi
-  log "apt-get install $*"
-  # policy-rc.d keeps Debian's postinst scripts from starting system-wide services.
-  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
-    >>"$STACK/logs/apt.log" 2>&1 || { rm -f /usr/sbin/policy-rc.d; die "apt-get install $* failed: $STACK/logs/apt.log"; }
-  rm -f /usr/sbin/policy-rc.d
-}
+# shellcheck source=deploy/host.sh
+source "$here/host.sh"
 
 # A live process: not gone, and not a zombie nobody reaped yet (a killed postmaster's
 # parent is init, which may take a while).

@@ -66,10 +66,6 @@ proptest! {
             recipients,
             payload,
             content: Content { title, body: "x".into(), url, ..Default::default() },
-            channels: vec![],
-            topic: String::new(),
-            line_multicast: false,
-            aggregate_key: String::new(),
             ..Default::default()
         };
         if let Ok(e) = NewEvent::parse(input.clone()) {

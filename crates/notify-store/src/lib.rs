@@ -17,6 +17,7 @@ pub mod inbox;
 pub mod outbox;
 pub mod retention;
 mod row;
+pub mod testing;
 pub mod topics;
 pub mod webhooks;
 

@@ -5,7 +5,6 @@
 //! (`NOTIFY_TEST_DATABASE_URL`, `source .stack/env`), in a database of its own.
 
 use notify_core::{AttemptLabel, Channel, DeliveryStatus, EndpointStatus, MessageStatus};
-use sqlx::{AssertSqlSafe, PgPool};
 
 /// A state column: its table, its CHECK constraint, the names its enum writes, and a row
 /// insert binding the state as `$1` (foreign keys are off in the test's transaction, so
@@ -64,37 +63,20 @@ fn columns() -> Vec<StateColumn> {
     ]
 }
 
-/// A fresh, migrated database on the test cluster; dropped by [`TestDb::drop_db`].
-struct TestDb {
-    admin: PgPool,
-    name: String,
-    pool: PgPool,
-}
+/// A fresh, migrated database on the test cluster.
+struct TestDb(notify_store::testing::TestDb);
 
 impl TestDb {
     async fn new() -> Self {
-        let base = std::env::var("NOTIFY_TEST_DATABASE_URL")
-            .expect("NOTIFY_TEST_DATABASE_URL (source .stack/env)");
-        let admin = PgPool::connect(&base).await.unwrap();
-        let name = format!("notify_states_{}", uuid::Uuid::new_v4().simple());
-        sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&admin)
-            .await
-            .unwrap();
-        let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(2)
-            .connect(&url)
-            .await
-            .unwrap();
-        notify_store::migrate(&pool).await.unwrap();
-        Self { admin, name, pool }
+        let db = notify_store::testing::TestDb::new("notify_states", 2).await;
+        notify_store::migrate(&db.pool).await.unwrap();
+        Self(db)
     }
 
     /// Writes `state` with `column`'s insert in a transaction that is rolled back;
     /// the database's error, if it refused.
     async fn write(&self, column: &StateColumn, state: &str) -> Result<(), sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.0.pool.begin().await?;
         sqlx::query("SET LOCAL session_replication_role = replica")
             .execute(&mut *tx)
             .await?;
@@ -107,14 +89,7 @@ impl TestDb {
     }
 
     async fn drop_db(self) {
-        self.pool.close().await;
-        sqlx::query(AssertSqlSafe(format!(
-            "DROP DATABASE {} WITH (FORCE)",
-            self.name
-        )))
-        .execute(&self.admin)
-        .await
-        .unwrap();
+        self.0.drop_db().await;
     }
 }
 
@@ -138,7 +113,7 @@ async fn every_state_column_accepts_exactly_its_enum_and_refuses_a_misspelling()
         )
         .bind(column.table)
         .bind(column.constraint)
-        .fetch_one(&db.pool)
+        .fetch_one(&db.0.pool)
         .await
         .unwrap_or_else(|e| panic!("{} has no {}: {e}", column.table, column.constraint));
         let mut listed = listed_names(&definition);

@@ -46,38 +46,48 @@ where
     };
     let shutdown = notify_telemetry::shutdown_on_signal();
     let consuming = Readiness::new();
-    let readiness = {
-        let pool = pool.clone();
-        let consuming = consuming.clone();
-        notify_telemetry::admin::Readiness::new()
-            .with_check("postgres", move || {
-                let pool = pool.clone();
-                async move { notify_store::ping(&pool).await.map_err(|e| e.to_string()) }
-            })
-            .with_check("rabbitmq", move || {
-                let consuming = consuming.is_consuming();
-                async move {
-                if consuming {
-                    Ok(())
-                } else {
-                    Err("not consuming from its queue (starting, draining, or RabbitMQ unreachable; see the log)".to_string())
-                }
-                }
-            })
-    };
-    // The admin endpoint outlives the drain: `/readyz` answers 503 while in-flight
-    // deliveries finish, `/healthz` stays 200.
-    let admin_stop = CancellationToken::new();
-    notify_telemetry::admin::spawn_from_env(service, readiness.clone(), admin_stop.clone()).await;
-    {
-        let (readiness, shutdown) = (readiness.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            shutdown.cancelled().await;
-            readiness.start_draining();
-        });
-    }
+    let admin_stop = serve_admin(service, &pool, &consuming, "its queue", &shutdown).await;
     let result = run(cfg, pool, Arc::new(sender), consuming, shutdown).await;
     admin_stop.cancel();
     notify_telemetry::shutdown();
     result
+}
+
+/// Serves a worker's admin endpoint (`/healthz`, `/readyz`, `/metrics` on
+/// `NOTIFY_ADMIN_ADDR` when set): ready while Postgres answers and `consuming` says the
+/// consumer of `queue` (named in the 503's reason) is open; 503 from `shutdown` on, while
+/// in-flight deliveries drain, with `/healthz` still 200. The endpoint outlives the drain:
+/// cancel the returned token to stop it.
+pub async fn serve_admin(
+    service: &str,
+    pool: &PgPool,
+    consuming: &Readiness,
+    queue: &str,
+    shutdown: &CancellationToken,
+) -> CancellationToken {
+    let not_consuming = format!(
+        "not consuming from {queue} (starting, draining, or RabbitMQ unreachable; see the log)"
+    );
+    let (pool, consuming) = (pool.clone(), consuming.clone());
+    let readiness = notify_telemetry::admin::Readiness::new()
+        .with_check("postgres", move || {
+            let pool = pool.clone();
+            async move { notify_store::ping(&pool).await.map_err(|e| e.to_string()) }
+        })
+        .with_check("rabbitmq", move || {
+            let ready = if consuming.is_consuming() {
+                Ok(())
+            } else {
+                Err(not_consuming.clone())
+            };
+            async move { ready }
+        });
+    let admin_stop = CancellationToken::new();
+    notify_telemetry::admin::spawn_from_env(service, readiness.clone(), admin_stop.clone()).await;
+    let shutdown = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        readiness.start_draining();
+    });
+    admin_stop
 }

@@ -31,7 +31,7 @@ pub mod templates;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
-pub use bin_main::main_with;
+pub use bin_main::{main_with, serve_admin};
 pub use config::{DEFAULT_RATE_LIMITS, WorkerConfig, parse_rate_limits};
 pub use consume::{Handler, WorkerError, run, serve};
 pub use decide::decide;

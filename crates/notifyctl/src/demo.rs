@@ -190,10 +190,6 @@ pub async fn run(cfg: &DemoConfig) -> anyhow::Result<bool> {
             url: "https://shop.example.test/orders/123".into(),
             ..Default::default()
         }),
-        channels: vec![],
-        topic: String::new(),
-        line_multicast: false,
-        aggregate_key: String::new(),
         ..Default::default()
     };
     println!("== 3. CreateEvent {EVENT_KEY}");

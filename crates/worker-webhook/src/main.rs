@@ -31,34 +31,9 @@ async fn main() -> anyhow::Result<()> {
     // Ready while Postgres answers and the consumer of deliveries.webhook is open, as for
     // the channel workers (notify-worker's bin_main); 503 while draining.
     let consuming = notify_worker::Readiness::new();
-    let readiness = {
-        let pool = pool.clone();
-        let consuming = consuming.clone();
-        notify_telemetry::admin::Readiness::new()
-            .with_check("postgres", move || {
-                let pool = pool.clone();
-                async move { notify_store::ping(&pool).await.map_err(|e| e.to_string()) }
-            })
-            .with_check("rabbitmq", move || {
-                let consuming = consuming.is_consuming();
-                async move {
-                    if consuming {
-                        Ok(())
-                    } else {
-                        Err("not consuming from deliveries.webhook (starting, draining, or RabbitMQ unreachable; see the log)".to_string())
-                    }
-                }
-            })
-    };
-    let admin_stop = tokio_util::sync::CancellationToken::new();
-    notify_telemetry::admin::spawn_from_env(SERVICE, readiness.clone(), admin_stop.clone()).await;
-    {
-        let (readiness, shutdown) = (readiness.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            shutdown.cancelled().await;
-            readiness.start_draining();
-        });
-    }
+    let admin_stop =
+        notify_worker::serve_admin(SERVICE, &pool, &consuming, "deliveries.webhook", &shutdown)
+            .await;
     let result = worker_webhook::run_with_readiness(cfg, pool, consuming, shutdown).await;
     admin_stop.cancel();
     notify_telemetry::shutdown();

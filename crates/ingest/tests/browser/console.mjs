@@ -1,15 +1,10 @@
 // Browser test of the operations console (driven by tests/browser.rs): an operator signs
 // in, finds an event by key, sees the failed LINE delivery with the provider's error text,
 // presses retry, confirms, and sees it become sent. Screenshots go to $SHOTS.
-import { chromium } from "playwright-core";
+import { run } from "./harness.mjs";
 
-const { BASE, USER, PASSWORD, EVENT_KEY, PROVIDER_ERROR, SHOTS, CHROMIUM } = process.env;
-const browser = await chromium.launch({
-  executablePath: CHROMIUM,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
-try {
+const { BASE, USER, PASSWORD, EVENT_KEY, PROVIDER_ERROR, SHOTS } = process.env;
+await run(async (browser) => {
   const page = await browser.newPage();
   await page.goto(`${BASE}/console`);
   await page.fill("input[name=user]", USER);
@@ -34,12 +29,4 @@ try {
   }
   if (!(await page.isVisible("td.sent"))) throw new Error("the retried delivery did not become sent");
   await page.screenshot({ path: `${SHOTS}/console-3-sent.png`, fullPage: true });
-  console.log("OK");
-} catch (e) {
-  console.error(e);
-  process.exitCode = 1;
-} finally {
-  await browser.close();
-}
-// stdin (the test's signal) would keep the process alive.
-process.exit(process.exitCode ?? 0);
+});

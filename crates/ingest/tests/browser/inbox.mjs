@@ -2,16 +2,11 @@
 // a notification live, shows the right group label, marks all read and the badge drops to
 // zero. Prints READY when the page shows the first notification, then waits for a line on
 // stdin (the test sends a new notification meanwhile). Screenshots go to $SHOTS.
-import { chromium } from "playwright-core";
+import { run } from "./harness.mjs";
 import { createInterface } from "node:readline";
 
-const { BASE, TOKEN, SHOTS, CHROMIUM } = process.env;
-const browser = await chromium.launch({
-  executablePath: CHROMIUM,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
-try {
+const { BASE, TOKEN, SHOTS } = process.env;
+await run(async (browser) => {
   const page = await browser.newPage();
   await page.goto(`${BASE}/inbox-example/#token=${TOKEN}`);
   await page.waitForSelector("li.unread", { timeout: 10000 });
@@ -32,12 +27,4 @@ try {
   await page.waitForFunction(() => document.getElementById("badge").dataset.count === "0");
   if (await page.isVisible("#badge")) throw new Error("the badge is still visible");
   await page.screenshot({ path: `${SHOTS}/inbox-3-all-read.png`, fullPage: true });
-  console.log("OK");
-} catch (e) {
-  console.error(e);
-  process.exitCode = 1;
-} finally {
-  await browser.close();
-}
-// stdin (the test's signal) would keep the process alive.
-process.exit(process.exitCode ?? 0);
+});

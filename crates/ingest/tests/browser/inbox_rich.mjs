@@ -5,10 +5,10 @@
 // loads the second page; archive and unarchive; an action pressed with the keyboard marks
 // the item read and navigates. Talks to the test by lines: prints a step name and waits for
 // a line on stdin before going on. Screenshots go to $SHOTS.
-import { chromium } from "playwright-core";
+import { run } from "./harness.mjs";
 import { createInterface } from "node:readline";
 
-const { BASE, TOKEN, SHOTS, CHROMIUM } = process.env;
+const { BASE, TOKEN, SHOTS } = process.env;
 const input = createInterface({ input: process.stdin })[Symbol.asyncIterator]();
 /** Tells the test `name` was reached and waits for its go-ahead. */
 async function step(name) { console.log(name); await input.next(); }
@@ -31,12 +31,7 @@ const ORDER_IMAGE = `<svg xmlns="http://www.w3.org/2000/svg" width="800" height=
   <path d="M310 160h180M400 110v50" stroke="#fff" stroke-width="10"/>
   <text x="400" y="330" font-size="40" text-anchor="middle" fill="#7a4a14" font-family="sans-serif">#1001</text></svg>`;
 
-const browser = await chromium.launch({
-  executablePath: CHROMIUM,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"],
-});
-try {
+await run(async (browser) => {
   const context = await browser.newContext({ viewport: { width: 412, height: 640 }, locale: "th-TH", timezoneId: "UTC" });
   // The shop's hosts do not exist here: the image and the order page are served by the test.
   await context.route("https://cdn.shop.example.test/**", r => r.fulfill({ contentType: "image/svg+xml", body: ORDER_IMAGE }));
@@ -124,12 +119,4 @@ try {
   check(cls.includes("read") && !cls.includes("unread"), `after the click: ${cls}`);
   await page.waitForFunction(() => document.getElementById("badge").dataset.count === "5");
   await shot(page, "5-after-click");
-  console.log("OK");
-} catch (e) {
-  console.error(e);
-  process.exitCode = 1;
-} finally {
-  await browser.close();
-}
-// stdin (the test's signal) would keep the process alive.
-process.exit(process.exitCode ?? 0);
+});

@@ -28,7 +28,12 @@ fn node(p: &Platform, script: &str) -> (Command, PathBuf) {
         .join("tests/browser")
         .join(script);
     let copy = dir.join(format!("{}-{script}", uniq("run")));
-    std::fs::copy(src, &copy).unwrap();
+    std::fs::copy(&src, &copy).unwrap();
+    // The scripts import ./harness.mjs: put it beside them whole (a rename, so a script of
+    // a test running at the same time never reads half a file).
+    let harness = dir.join(format!("{}-harness.mjs", uniq("run")));
+    std::fs::copy(src.with_file_name("harness.mjs"), &harness).unwrap();
+    std::fs::rename(&harness, dir.join("harness.mjs")).unwrap();
     let mut cmd = Command::new("node");
     cmd.arg(&copy)
         .env("BASE", &p.http_url)

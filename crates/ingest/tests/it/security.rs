@@ -975,10 +975,6 @@ async fn events_from_before_keys_were_scoped_stay_duplicates_for_their_caller() 
                 title: "paid".into(),
                 ..Default::default()
             },
-            channels: vec![],
-            topic: String::new(),
-            line_multicast: false,
-            aggregate_key: String::new(),
             ..Default::default()
         })
         .unwrap();

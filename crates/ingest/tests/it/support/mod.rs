@@ -617,10 +617,6 @@ impl Platform {
                 url: "https://shop.example.test/orders/1001".into(),
                 ..Default::default()
             }),
-            channels: vec![],
-            topic: String::new(),
-            line_multicast: false,
-            aggregate_key: String::new(),
             ..Default::default()
         }
     }

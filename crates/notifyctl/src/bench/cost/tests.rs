@@ -4,58 +4,16 @@
 use super::*;
 use sqlx::Connection as _;
 
-/// A fresh database on the test cluster, dropped by [`TestDb::drop_db`].
-struct TestDb {
-    admin: PgPool,
-    name: String,
-    url: String,
-    pool: PgPool,
-}
+use notify_store::testing::TestDb;
 
-impl TestDb {
-    async fn new() -> Self {
-        let base = std::env::var("NOTIFY_TEST_DATABASE_URL")
-            .expect("NOTIFY_TEST_DATABASE_URL (source .stack/env)");
-        let admin = PgPool::connect(&base).await.unwrap();
-        let name = format!("notify_cost_{}", uuid::Uuid::new_v4().simple());
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&admin)
-            .await
-            .unwrap();
-        let url = format!("{}/{name}", base.rsplit_once('/').unwrap().0);
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(&url)
-            .await
-            .unwrap();
-        Self {
-            admin,
-            name,
-            url,
-            pool,
-        }
+/// Runs `sql` on a connection of its own, which then closes (a closing backend publishes
+/// its counters).
+async fn run(db: &TestDb, sql: &[&'static str]) {
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    for s in sql {
+        sqlx::raw_sql(*s).execute(&mut conn).await.unwrap();
     }
-
-    /// Runs `sql` on a connection of its own, which then closes (a closing backend
-    /// publishes its counters).
-    async fn run(&self, sql: &[&'static str]) {
-        let mut conn = sqlx::PgConnection::connect(&self.url).await.unwrap();
-        for s in sql {
-            sqlx::raw_sql(*s).execute(&mut conn).await.unwrap();
-        }
-        conn.close().await.unwrap();
-    }
-
-    async fn drop_db(self) {
-        self.pool.close().await;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE {} WITH (FORCE)",
-            self.name
-        )))
-        .execute(&self.admin)
-        .await
-        .unwrap();
-    }
+    conn.close().await.unwrap();
 }
 
 /// A broker counter source that cannot run, and no stack processes: those parts say n/a.
@@ -70,10 +28,13 @@ fn no_broker() -> BrokerCounters {
 /// Ten rows before the window; in it, three transactions: 10 updates of an unindexed
 /// column (HOT), 10 inserts, 5 deletes. Returns the table for 10 deliveries.
 async fn measure_writes(db: &TestDb) -> String {
-    db.run(&[
-        "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)",
-        "INSERT INTO t SELECT g, 0 FROM generate_series(1, 10) g",
-    ])
+    run(
+        &db,
+        &[
+            "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)",
+            "INSERT INTO t SELECT g, 0 FROM generate_series(1, 10) g",
+        ],
+    )
     .await;
     let procs = Procs::new(Path::new("/nonexistent"), Path::new("/nonexistent"), "t");
     let stack = Path::new("/nonexistent");
@@ -89,11 +50,14 @@ async fn measure_writes(db: &TestDb) -> String {
     )
     .await
     .unwrap();
-    db.run(&[
-        "UPDATE t SET v = v + 1",
-        "INSERT INTO t SELECT g, 0 FROM generate_series(11, 20) g",
-        "DELETE FROM t WHERE id > 15",
-    ])
+    run(
+        &db,
+        &[
+            "UPDATE t SET v = v + 1",
+            "INSERT INTO t SELECT g, 0 FROM generate_series(11, 20) g",
+            "DELETE FROM t WHERE id > 15",
+        ],
+    )
     .await;
     let ended = window.end(&db.pool, &procs, stack, &broker).await.unwrap();
     ended.measure(&db.pool, 10).await.unwrap()
@@ -101,7 +65,7 @@ async fn measure_writes(db: &TestDb) -> String {
 
 #[tokio::test]
 async fn without_pg_stat_statements_the_table_says_so_and_counts_the_rest() {
-    let db = TestDb::new().await; // the extension is not created in it
+    let db = TestDb::new("notify_cost", 1).await; // the extension is not created in it
     let out = measure_writes(&db).await;
     db.drop_db().await;
     let line = out.lines().next().unwrap();
@@ -133,7 +97,7 @@ async fn without_pg_stat_statements_the_table_says_so_and_counts_the_rest() {
 
 #[tokio::test]
 async fn counts_the_statements_of_the_window_but_not_the_bench_s_own() {
-    let db = TestDb::new().await;
+    let db = TestDb::new("notify_cost", 1).await;
     // The local stack preloads pg_stat_statements; the bench creates it per database.
     prepare(&db.pool).await.unwrap();
     let out = measure_writes(&db).await;
