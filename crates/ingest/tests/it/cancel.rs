@@ -873,20 +873,14 @@ async fn a_cancel_of_six_thousand_pending_deliveries_reaches_the_outbox_by_its_i
         }
         p.ingest().create_event(req).await.expect("CreateEvent");
     }
-    let (pending, outbox): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM notification_deliveries WHERE status = 'pending'),
+    let (pending, outbox): (i64, i64) = p
+        .query_row(
+            "SELECT (SELECT count(*) FROM notification_deliveries WHERE status = 'pending'),
                 (SELECT count(*) FROM outbox)",
-    )
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+        )
+        .await;
     assert_eq!((pending, outbox), (12_000, 12_000));
-    let ids: Vec<uuid::Uuid> = sqlx::query_scalar(
-        "SELECT id FROM notification_events WHERE cancellation_key = 'bulk:canceled' ORDER BY id",
-    )
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let ids: Vec<uuid::Uuid> = p.query_scalars("SELECT id FROM notification_events WHERE cancellation_key = 'bulk:canceled' ORDER BY id").await;
     assert_eq!(ids.len(), 3);
 
     // The plan, as the planner sees the tables before any statistics, and after.
@@ -894,10 +888,7 @@ async fn a_cancel_of_six_thousand_pending_deliveries_reaches_the_outbox_by_its_i
         .await
         .unwrap();
     assert_outbox_by_index(&plan, "before ANALYZE");
-    sqlx::query("ANALYZE outbox, notification_deliveries")
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.execute("ANALYZE outbox, notification_deliveries").await;
     let plan = notify_store::cancel::explain_cancel(&p.pool, &ids, &[])
         .await
         .unwrap();
@@ -912,13 +903,12 @@ async fn a_cancel_of_six_thousand_pending_deliveries_reaches_the_outbox_by_its_i
         (3, 6_000, 0),
         "{out:?}"
     );
-    let (pending, outbox): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM notification_deliveries WHERE status = 'pending'),
+    let (pending, outbox): (i64, i64) = p
+        .query_row(
+            "SELECT (SELECT count(*) FROM notification_deliveries WHERE status = 'pending'),
                 (SELECT count(*) FROM outbox)",
-    )
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+        )
+        .await;
     assert_eq!(
         (pending, outbox),
         (6_000, 6_000),

@@ -209,12 +209,9 @@ async fn dead_letters_are_moved_back_to_their_queue() {
     p.wait_queue_depth(&queue, 0, "both pointers consumed", Duration::from_secs(10))
         .await;
     assert_eq!(p.sim_count("line").await, 1, "two pointers, one send");
-    let audit: String = sqlx::query_scalar(
-        "SELECT detail FROM console_audit WHERE action = 'requeue_dead_letters'",
-    )
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let audit: String = p
+        .query_scalar("SELECT detail FROM console_audit WHERE action = 'requeue_dead_letters'")
+        .await;
     assert_eq!(audit, "2 moved back, 1 left (not delivery pointers)");
 }
 
@@ -298,21 +295,14 @@ async fn the_sixth_wrong_password_is_throttled() {
     let (status, _, _) = sign_in(base, from, "someone-else", "wrong").await;
     assert_eq!(status, 401);
     // Fifteen minutes later (the windows moved back in time), the right password works.
-    sqlx::query("UPDATE console_sign_in_counts SET ends_at = ends_at - interval '16 minutes'")
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.execute("UPDATE console_sign_in_counts SET ends_at = ends_at - interval '16 minutes'")
+        .await;
     let (status, _, cookie) =
         sign_in(base, from, support::CONSOLE_USER, support::CONSOLE_PASSWORD).await;
     assert_eq!(status, 303);
     assert!(cookie.is_some());
     // The typed names are kept only as hashes.
-    let kept: Vec<String> = sqlx::query_scalar(
-        "SELECT key FROM console_sign_in_counts UNION ALL SELECT key FROM console_sign_in_addresses",
-    )
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let kept: Vec<String> = p.query_scalars("SELECT key FROM console_sign_in_counts UNION ALL SELECT key FROM console_sign_in_addresses").await;
     assert!(kept.len() >= 4, "{kept:?}");
     assert!(
         kept.iter()
@@ -422,11 +412,9 @@ async fn a_burst_of_wrong_passwords_gets_no_more_checks_than_the_limit() {
         assert_eq!((status, cookie), (429, None));
         assert!(retry_after.is_some());
     }
-    let count: i32 =
-        sqlx::query_scalar("SELECT count FROM console_sign_in_counts WHERE key LIKE 'pair:%'")
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let count: i32 = p
+        .query_scalar("SELECT count FROM console_sign_in_counts WHERE key LIKE 'pair:%'")
+        .await;
     assert_eq!(
         count, 5,
         "the window holds the five wrong passwords checked"
@@ -499,10 +487,8 @@ async fn an_attacker_at_one_address_does_not_lock_the_staff_member_out_elsewhere
         "a known address is not held back by the name's bound"
     );
 
-    sqlx::query("UPDATE console_sign_in_counts SET ends_at = ends_at - interval '25 hours'")
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.execute("UPDATE console_sign_in_counts SET ends_at = ends_at - interval '25 hours'")
+        .await;
     let (status, _, _) = sign_in(base, new, support::CONSOLE_USER, support::CONSOLE_PASSWORD).await;
     assert_eq!(status, 303, "a day later the new address signs in");
 }
@@ -572,17 +558,13 @@ async fn an_expired_session_is_refused() {
     .await;
     let cookie = cookie.unwrap();
     assert_eq!(get_with(base, "/console", &cookie).await.0, 200);
-    let expires: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT expires_at FROM console_sessions")
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let expires: chrono::DateTime<chrono::Utc> = p
+        .query_scalar("SELECT expires_at FROM console_sessions")
+        .await;
     let hours = (expires - chrono::Utc::now()).num_minutes() as f64 / 60.0;
     assert!((7.9..=8.0).contains(&hours), "8 hours: {hours}");
-    sqlx::query("UPDATE console_sessions SET expires_at = now() - interval '1 second'")
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.execute("UPDATE console_sessions SET expires_at = now() - interval '1 second'")
+        .await;
     assert_eq!(get_with(base, "/console", &cookie).await.0, 303);
 }
 
@@ -614,10 +596,7 @@ async fn a_csrf_token_from_another_session_is_refused() {
     };
     assert_eq!(cancel(&a, &csrf_b).await.unwrap().status(), 403);
     assert_eq!(cancel(&b, &csrf_a).await.unwrap().status(), 403);
-    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM console_audit")
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+    let audited: i64 = p.query_scalar("SELECT count(*) FROM console_audit").await;
     assert_eq!(audited, 0, "nothing was done");
     assert_eq!(cancel(&a, &csrf_a).await.unwrap().status(), 303);
 }
@@ -667,10 +646,7 @@ async fn a_console_action_from_a_foreign_origin_is_refused() {
     };
     let r = cancel("https://evil.example".into()).await.unwrap();
     assert_eq!(r.status(), 403);
-    let audited: i64 = sqlx::query_scalar("SELECT count(*) FROM console_audit")
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+    let audited: i64 = p.query_scalar("SELECT count(*) FROM console_audit").await;
     assert_eq!(audited, 0, "nothing was done");
     assert_eq!(cancel(base.to_string()).await.unwrap().status(), 303);
 }

@@ -20,7 +20,7 @@ use tonic_types::StatusExt;
 /// Every (table, column) of the public schema whose values can hold text: text, varchar,
 /// json, jsonb, arrays and bytea.
 async fn text_columns(p: &Platform) -> Vec<(String, String, String)> {
-    sqlx::query_as(
+    p.query_rows(
         "SELECT c.table_name::text, c.column_name::text, c.data_type::text
          FROM information_schema.columns c
          JOIN information_schema.tables t
@@ -30,9 +30,7 @@ async fn text_columns(p: &Platform) -> Vec<(String, String, String)> {
                                'ARRAY', 'bytea', 'USER-DEFINED')
          ORDER BY 1, 2",
     )
-    .fetch_all(&p.pool)
     .await
-    .unwrap()
 }
 
 /// Every `table.column` holding `needle` anywhere in its text (bytea compared as bytes).
@@ -327,12 +325,11 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
     crate::overview::assert_exact(&p.pool, "after the erasure").await;
 
     // The audit row: who, when, the hash; nothing else.
-    let audit: Vec<(Vec<u8>, String, bool)> = sqlx::query_as(
-        "SELECT user_sha256, erased_by, completed_at IS NOT NULL FROM recipient_erasures",
-    )
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let audit: Vec<(Vec<u8>, String, bool)> = p
+        .query_rows(
+            "SELECT user_sha256, erased_by, completed_at IS NOT NULL FROM recipient_erasures",
+        )
+        .await;
     assert_eq!(audit, [(hash.to_vec(), "anonymous".to_string(), true)]);
 
     // The other user keeps everything.
@@ -1045,10 +1042,9 @@ async fn list_events_filters_pages_and_shows_a_caller_only_its_own_events() {
         .unwrap()
         .into_inner();
     assert!(!erased.recipient_found);
-    let who: String = sqlx::query_scalar("SELECT erased_by FROM recipient_erasures")
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+    let who: String = p
+        .query_scalar("SELECT erased_by FROM recipient_erasures")
+        .await;
     assert_eq!(who, "ops-admin", "the audit names the caller's key");
 }
 

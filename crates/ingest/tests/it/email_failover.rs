@@ -216,12 +216,11 @@ async fn with_every_provider_open_waiting_emails_get_no_attempt_row_webhook_or_c
         )
         .await;
     assert_eq!(rows.len(), users.len());
-    let open_rows: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM delivery_attempts WHERE error_code = 'email_providers_open'",
-    )
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let open_rows: i64 = p
+        .query_scalar(
+            "SELECT count(*) FROM delivery_attempts WHERE error_code = 'email_providers_open'",
+        )
+        .await;
     assert_eq!(open_rows, 0, "a pass that called no provider is no attempt");
     for (user, attempts, max_attempts, rows, called, retries, deferred, sent) in &rows {
         assert_eq!(
@@ -520,12 +519,7 @@ async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
     assert_eq!(done.status(), 303);
     let ev = p.send("k:2", "promo_weekly", &[&user]).await;
     assert_eq!(ev.skipped[0].reason, "suppressed");
-    let audit: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT staff, action, target FROM console_audit WHERE action LIKE 'suppression_%' ORDER BY id",
-    )
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let audit: Vec<(String, String, String)> = p.query_rows("SELECT staff, action, target FROM console_audit WHERE action LIKE 'suppression_%' ORDER BY id").await;
     assert_eq!(
         audit,
         [

@@ -99,10 +99,7 @@ async fn a_topic_event_reaches_every_subscriber_once_in_checkpointed_batches() {
     assert_eq!(p.count("notification_deliveries").await, 2_501);
 
     // A fan-out that runs again from any checkpoint (as after a crash) duplicates nothing.
-    sqlx::query("UPDATE notification_events SET fanout_status = 'pending', fanout_cursor = 'user-000999', fanout_locked_until = NULL")
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.execute("UPDATE notification_events SET fanout_status = 'pending', fanout_cursor = 'user-000999', fanout_locked_until = NULL").await;
     wait_fanout_done(&p, &reply.event_id).await;
     assert_eq!(p.count("notification_deliveries").await, 2_501);
 

@@ -64,10 +64,7 @@ async fn look_alike_user_ids_are_refused_at_every_door() {
             .unwrap();
         assert_eq!(r.status().as_u16(), 401, "U+{:04X}", u32::from(c));
     }
-    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM recipients")
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+    let stored: i64 = p.query_scalar("SELECT count(*) FROM recipients").await;
     assert_eq!(stored, 1, "only the real alice is stored");
 }
 
@@ -79,10 +76,7 @@ async fn a_user_id_typed_in_nfd_is_the_same_user_at_every_door() {
     let nfc = format!("jos\u{e9}{tail}");
     // Registered in NFD, stored (and found) as NFC.
     p.add_recipient(&nfd, "José", "jose@example.test", "").await;
-    let stored: Vec<String> = sqlx::query_scalar("SELECT user_id FROM recipients")
-        .fetch_all(&p.pool)
-        .await
-        .unwrap();
+    let stored: Vec<String> = p.query_scalars("SELECT user_id FROM recipients").await;
     assert_eq!(stored, std::slice::from_ref(&nfc));
     for (i, spelt) in [&nfc, &nfd].into_iter().enumerate() {
         let ev = p

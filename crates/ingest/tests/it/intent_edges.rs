@@ -588,12 +588,7 @@ async fn another_caller_learns_nothing_of_derived_deliveries() {
         .unwrap()
         .into_inner();
     assert_eq!(none, pb::CancelEventResponse::default());
-    let pending: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM notification_deliveries WHERE status = 'pending' AND cause <> 'planned'",
-    )
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let pending: i64 = p.query_scalar("SELECT count(*) FROM notification_deliveries WHERE status = 'pending' AND cause <> 'planned'").await;
     assert!(pending >= 1, "alice's derived deliveries untouched");
 }
 
@@ -642,12 +637,9 @@ async fn fifty_concurrent_cancels_of_overlapping_targets_all_succeed() {
         t.await.unwrap().expect("every cancel succeeds");
     }
     // The groups cover every event: nothing may be left pending.
-    let left: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM notification_deliveries WHERE status <> 'canceled'",
-    )
-    .fetch_one(&p.pool)
-    .await
-    .unwrap();
+    let left: i64 = p
+        .query_scalar("SELECT count(*) FROM notification_deliveries WHERE status <> 'canceled'")
+        .await;
     assert_eq!(left, 0);
     assert_eq!(p.count("outbox").await, 0);
     for id in &ids {
@@ -1130,12 +1122,11 @@ async fn derived_deliveries_of_a_scheduled_event_wait_for_its_due_time() {
         Duration::from_secs(2),
         async || {
             let early = p.mails_to(&mail).await.len() + p.sim_count("fcm").await;
-            let sent: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM notification_deliveries WHERE status <> 'pending'",
-            )
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+            let sent: i64 = p
+                .query_scalar(
+                    "SELECT count(*) FROM notification_deliveries WHERE status <> 'pending'",
+                )
+                .await;
             if early == 0 && sent == 0 {
                 Ok(())
             } else {

@@ -1078,10 +1078,7 @@ async fn a_passed_deadline_cancels_the_request_and_writes_nothing() {
     blocker.rollback().await.unwrap();
     // Every transaction that began while the lock was held (the cancelled request's) has
     // ended, committed or not: what it wrote is now visible or never will be.
-    let released: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+    let released: chrono::DateTime<chrono::Utc> = p.query_scalar("SELECT now()").await;
     eventually(
         "the cancelled request's transaction ended",
         Duration::from_secs(10),
@@ -1403,19 +1400,14 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
         "the unroutable publish is counted on the outbox row",
         Duration::from_secs(20),
         async || {
-            let failures: i32 =
-                sqlx::query_scalar("SELECT coalesce(max(publish_failures), 0) FROM outbox")
-                    .fetch_one(&p.pool)
-                    .await
-                    .unwrap();
+            let failures: i32 = p
+                .query_scalar("SELECT coalesce(max(publish_failures), 0) FROM outbox")
+                .await;
             if failures > 0 { Ok(()) } else { Err(failures) }
         },
     )
     .await;
-    let last_error: Option<String> = sqlx::query_scalar("SELECT last_error FROM outbox")
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+    let last_error: Option<String> = p.query_scalar("SELECT last_error FROM outbox").await;
     assert_eq!(last_error.as_deref(), Some("unroutable"));
     let got = p
         .ingest()
@@ -1567,17 +1559,12 @@ async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
     .await;
     // The clock ingest's sessions read: `now()` resolves to this function first, ten
     // hours ahead of the host (and of pg_catalog.now()).
-    sqlx::query("CREATE SCHEMA skewed_clock")
-        .execute(&p.pool)
-        .await
-        .unwrap();
-    sqlx::query(
+    p.execute("CREATE SCHEMA skewed_clock").await;
+    p.execute(
         "CREATE FUNCTION skewed_clock.now() RETURNS timestamptz LANGUAGE sql STABLE
          AS $$ SELECT pg_catalog.now() + interval '10 hours' $$",
     )
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     let url = format!(
         "{}?options[search_path]=skewed_clock%2Cpg_catalog%2Cpublic",
         p.db_url
@@ -1611,11 +1598,9 @@ async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
         .await
         .unwrap();
 
-    let db_now: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT pg_catalog.now() + interval '10 hours'")
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let db_now: chrono::DateTime<chrono::Utc> = p
+        .query_scalar("SELECT pg_catalog.now() + interval '10 hours'")
+        .await;
     let host_now = chrono::Utc::now();
     let local = db_now.with_timezone(&chrono_tz::Asia::Bangkok);
     let (start, end) = (

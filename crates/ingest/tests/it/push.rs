@@ -649,10 +649,9 @@ async fn web_push_endpoints_off_the_known_push_services_are_refused_at_registrat
         assert_eq!(status, 400, "{endpoint}: {e}");
         assert_eq!(e["error"]["field"], "web_push.endpoint", "{endpoint}: {e}");
     }
-    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM notification_endpoints")
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+    let stored: i64 = p
+        .query_scalar("SELECT count(*) FROM notification_endpoints")
+        .await;
     assert_eq!(stored, 0);
     // A known push service's endpoint is accepted.
     let r = p

@@ -344,11 +344,9 @@ async fn held_rows_are_published_again_after_the_hold(died: DiedHolding) {
         Duration::from_secs(10),
         async || {
             let calls = p.sim_requests("line").await;
-            let held: bool =
-                sqlx::query_scalar("SELECT count(*) > 0 FROM outbox WHERE available_at > now()")
-                    .fetch_one(&p.pool)
-                    .await
-                    .unwrap();
+            let held: bool = p
+                .query_scalar("SELECT count(*) > 0 FROM outbox WHERE available_at > now()")
+                .await;
             assert!(
                 !held || calls.is_empty(),
                 "nothing is published while the dead relay's hold lasts: {calls:?}"
@@ -513,11 +511,9 @@ async fn a_second_worker_shares_a_slow_queue_and_nothing_is_sent_twice() {
         20,
         "exactly one push per recipient"
     );
-    let by_w2: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM delivery_attempts WHERE worker_id = 'w2'")
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let by_w2: i64 = p
+        .query_scalar("SELECT count(*) FROM delivery_attempts WHERE worker_id = 'w2'")
+        .await;
     assert!(by_w2 >= 8, "the later worker sent {by_w2} of 20");
 }
 
@@ -1084,15 +1080,14 @@ async fn an_smtp_server_that_never_answers_after_data_ends_each_attempt_at_the_d
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_rows_the_relay_cannot_take_are_released_and_published_before_their_hold_ends() {
     let p = Platform::start_with_workers(&[]).await;
-    let ids: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO outbox (delivery_id, channel, available_at)
+    let ids: Vec<i64> = p
+        .query_scalars(
+            "INSERT INTO outbox (delivery_id, channel, available_at)
          SELECT gen_random_uuid(), 'inapp', now() + interval '30 seconds'
          FROM generate_series(1, 3)
          RETURNING id",
-    )
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+        )
+        .await;
     let rows: Vec<notify_store::outbox::OutboxRow> = ids
         .iter()
         .map(|&id| notify_store::outbox::OutboxRow {
@@ -1251,12 +1246,8 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
     })
     .await;
     // No ingest yet (its relay would claim the rows): the type goes in directly.
-    sqlx::query(
-        "INSERT INTO notification_types (key, default_channels) VALUES ('promo', '{inapp}')",
-    )
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    p.execute("INSERT INTO notification_types (key, default_channels) VALUES ('promo', '{inapp}')")
+        .await;
     let (planned, held) = write_group(&p, "group", 60).await;
     let event_of: std::collections::HashMap<uuid::Uuid, uuid::Uuid> =
         planned.iter().map(|(e, d)| (d.id, *e)).collect();
@@ -1305,10 +1296,7 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
         .execute(&p.pool)
         .await
         .unwrap();
-    sqlx::query("UPDATE outbox SET available_at = now()")
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.execute("UPDATE outbox SET available_at = now()").await;
     // A batch of 10 deliveries: the first row only (whole, though it may name 50).
     let mut claimed = notify_store::outbox::claim_due(&p.pool, 10, Duration::from_millis(500))
         .await
@@ -1387,14 +1375,13 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
     )
     .await;
     // A backlog of 4 rows due an hour ago, against a sweep batch of 3: the relay is behind.
-    let backlog: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO outbox (delivery_id, channel, available_at)
+    let backlog: Vec<i64> = p
+        .query_scalars(
+            "INSERT INTO outbox (delivery_id, channel, available_at)
          SELECT gen_random_uuid(), 'inapp', now() - interval '1 hour' FROM generate_series(1, 4)
          RETURNING id",
-    )
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+        )
+        .await;
     let wait = Duration::from_secs(60);
     let behind = async |batch| {
         notify_store::deliveries::relay_behind(&p.pool, wait, batch)
@@ -1657,10 +1644,7 @@ async fn a_frozen_worker_holds_a_recovered_delivery_no_longer_than_three_heartbe
         Duration::from_secs(30),
         async || {
             let (status, _) = status_of(&p, &id).await;
-            let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
-                .fetch_one(&p.pool)
-                .await
-                .unwrap();
+            let rows: i64 = p.query_scalar("SELECT count(*) FROM outbox").await;
             if status == "pending" && rows == 0 {
                 Ok(())
             } else {

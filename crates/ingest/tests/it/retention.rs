@@ -147,11 +147,9 @@ async fn old_final_deliveries_attempts_inbox_rows_and_events_go_and_pending_ones
         (1, 2),
         "pending deliveries are never purged"
     );
-    let pending: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM notification_deliveries WHERE status = 'pending'")
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let pending: i64 = p
+        .query_scalar("SELECT count(*) FROM notification_deliveries WHERE status = 'pending'")
+        .await;
     assert_eq!(pending, 2);
 
     // Purged deliveries leave the console's counts: the overview equals the rows held.

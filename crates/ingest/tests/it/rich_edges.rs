@@ -366,10 +366,7 @@ async fn template_rendering_javascript_action_fails_content_invalid() {
     }
     let rows = p.count("notifications").await;
     if rows != 0 {
-        let urls: Vec<Value> = sqlx::query_scalar("SELECT actions FROM notifications")
-            .fetch_all(&p.pool)
-            .await
-            .unwrap();
+        let urls: Vec<Value> = p.query_scalars("SELECT actions FROM notifications").await;
         problems.push(format!("{rows} inbox rows written: {urls:?}"));
     }
     let line = p.sim_requests("line").await;
@@ -487,12 +484,7 @@ async fn line_postback_forgeries_are_not_clicks() {
             problems.push(format!("signature {sig:?}: HTTP {st}"));
         }
     }
-    let rows: Vec<(String, String, String, String)> = sqlx::query_as(
-        "SELECT delivery_id::text, user_id, left(action_id, 40), source FROM delivery_clicks ORDER BY id",
-    )
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+    let rows: Vec<(String, String, String, String)> = p.query_rows("SELECT delivery_id::text, user_id, left(action_id, 40), source FROM delivery_clicks ORDER BY id").await;
     for r in &rows {
         problems.push(format!("recorded click: {r:?}"));
     }

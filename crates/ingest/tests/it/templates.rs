@@ -200,10 +200,9 @@ async fn the_type_file_loads_once_per_version_and_all_or_nothing() {
         ),
         other => panic!("{other:?}"),
     }
-    let templates: i64 = sqlx::query_scalar("SELECT count(*) FROM notification_templates")
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+    let templates: i64 = p
+        .query_scalar("SELECT count(*) FROM notification_templates")
+        .await;
     assert_eq!(templates, 6);
 
     let changed = file.replace("\"stock_low\",", "\"stock_low\", \"priority\": \"low\",");
@@ -263,10 +262,7 @@ async fn five_replies_in_one_window_become_one_digest_per_channel() {
         ..Default::default()
     })
     .await;
-    let db_now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
-        .fetch_one(&p.pool)
-        .await
-        .unwrap();
+    let db_now: chrono::DateTime<chrono::Utc> = p.query_scalar("SELECT now()").await;
     let closes_after = db_now.timestamp_millis() + 2_000;
     let opens = closes_after - closes_after.rem_euclid(4_000);
     clock.set(chrono::DateTime::from_timestamp_millis(opens).unwrap());

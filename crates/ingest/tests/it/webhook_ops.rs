@@ -156,11 +156,9 @@ async fn an_operator_sees_a_disabled_endpoint_with_its_attempts_and_enables_it_a
         page.contains(&format!("<th>Caller</th><td>{caller}</td>")),
         "{page}"
     );
-    let audit: Vec<(String, String, String, String)> =
-        sqlx::query_as("SELECT staff, action, target, detail FROM console_audit ORDER BY id")
-            .fetch_all(&p.pool)
-            .await
-            .unwrap();
+    let audit: Vec<(String, String, String, String)> = p
+        .query_rows("SELECT staff, action, target, detail FROM console_audit ORDER BY id")
+        .await;
     assert_eq!(
         audit,
         [(
@@ -389,14 +387,13 @@ async fn the_stale_webhook_message_sweep_waits_while_the_relay_is_behind() {
     .await;
     // Four rows due an hour ago, not claimed: against a sweep batch of 3 the relay is
     // behind.
-    let backlog: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO outbox (delivery_id, channel, available_at)
+    let backlog: Vec<i64> = p
+        .query_scalars(
+            "INSERT INTO outbox (delivery_id, channel, available_at)
          SELECT gen_random_uuid(), 'inapp', now() - interval '1 hour' FROM generate_series(1, 4)
          RETURNING id",
-    )
-    .fetch_all(&p.pool)
-    .await
-    .unwrap();
+        )
+        .await;
     let wait = Duration::from_secs(60);
     let sweep = async || {
         notify_store::webhooks::republish_stale_messages(&p.pool, wait, 3)

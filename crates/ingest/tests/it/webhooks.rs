@@ -221,10 +221,8 @@ pub(crate) async fn create_endpoint(p: &Platform, url: &str, types: &[&str]) -> 
 
 /// Deliveries: (id, status, state_version).
 pub(crate) async fn deliveries(p: &Platform) -> Vec<(uuid::Uuid, String, i32)> {
-    sqlx::query_as("SELECT id, status, state_version FROM notification_deliveries ORDER BY id")
-        .fetch_all(&p.pool)
+    p.query_rows("SELECT id, status, state_version FROM notification_deliveries ORDER BY id")
         .await
-        .unwrap()
 }
 
 /// The received webhooks by `webhook-id` (duplicates folded; each verified first).
@@ -441,18 +439,14 @@ async fn during_a_rotation_both_secrets_verify_and_after_the_overlap_only_the_ne
         violations[0].description.contains("must be 0 while"),
         "{violations:?}"
     );
-    let secrets: (String, Option<String>) =
-        sqlx::query_as("SELECT secret, previous_secret FROM webhook_endpoints")
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+    let secrets: (String, Option<String>) = p
+        .query_row("SELECT secret, previous_secret FROM webhook_endpoints")
+        .await;
     assert_eq!(secrets, (new.clone(), Some(old.clone())), "unchanged");
 
     // The overlap ends (moved to now instead of waiting an hour).
-    sqlx::query("UPDATE webhook_endpoints SET previous_expires_at = now()")
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.execute("UPDATE webhook_endpoints SET previous_expires_at = now()")
+        .await;
     p.send(&uniq("e2"), "order.paid", &[&user]).await;
     let second = eventually("a second webhook", Duration::from_secs(20), async || {
         rx.got().into_iter().find(|g| g.id != first.id).ok_or(())
@@ -513,10 +507,7 @@ async fn an_endpoint_answering_500_is_retried_with_growing_delays_then_disabled(
         "{endpoint:?}"
     );
     let (msg_id, status): (uuid::Uuid, String) =
-        sqlx::query_as("SELECT id, status FROM webhook_messages")
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+        p.query_row("SELECT id, status FROM webhook_messages").await;
     assert_eq!(status, "failed");
     let attempts = notify_store::webhooks::attempts_of(&p.pool, msg_id)
         .await
@@ -627,10 +618,8 @@ async fn a_worker_killed_during_the_post_loses_no_webhook() {
     rx.set_mode(Mode::Ok);
     // The lease runs out (moved to now instead of waiting), a second worker's sweeper
     // brings the message back, and it arrives again with the same webhook-id.
-    sqlx::query("UPDATE webhook_messages SET lease_expires_at = now() WHERE status = 'sending'")
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.execute("UPDATE webhook_messages SET lease_expires_at = now() WHERE status = 'sending'")
+        .await;
     let (_stop2, _second) = start_webhook_worker(webhook_config(&p), p.pool.clone());
     let again = eventually("the webhook again", Duration::from_secs(20), async || {
         let all = rx.got();
@@ -645,10 +634,7 @@ async fn a_worker_killed_during_the_post_loses_no_webhook() {
     assert_eq!(again.body, got.body);
     assert_eq!(verify(&secret, &again, now()), Ok(()));
     eventually("the message sent", Duration::from_secs(5), async || {
-        let s: String = sqlx::query_scalar("SELECT status FROM webhook_messages")
-            .fetch_one(&p.pool)
-            .await
-            .unwrap();
+        let s: String = p.query_scalar("SELECT status FROM webhook_messages").await;
         if s == "sent" { Ok(()) } else { Err(s) }
     })
     .await;
@@ -1028,11 +1014,9 @@ async fn a_caller_manages_and_receives_only_its_own_endpoints_and_a_managing_key
         "the sent webhook written",
         Duration::from_secs(20),
         async || {
-            let rows: Vec<String> =
-                sqlx::query_scalar("SELECT endpoint_id::text FROM webhook_messages")
-                    .fetch_all(&p.pool)
-                    .await
-                    .unwrap();
+            let rows: Vec<String> = p
+                .query_scalars("SELECT endpoint_id::text FROM webhook_messages")
+                .await;
             if rows.is_empty() { Err(()) } else { Ok(rows) }
         },
     )
@@ -1064,10 +1048,8 @@ async fn a_thousand_deliveries_arrive_as_a_thousand_verified_webhooks_across_a_w
     .await;
     first.abort();
     let _ = first.await;
-    sqlx::query("UPDATE webhook_messages SET lease_expires_at = now() WHERE status = 'sending'")
-        .execute(&p.pool)
-        .await
-        .unwrap();
+    p.execute("UPDATE webhook_messages SET lease_expires_at = now() WHERE status = 'sending'")
+        .await;
     let (_stop2, _second) = start_webhook_worker(webhook_config(&p), p.pool.clone());
 
     let got = eventually(
@@ -1091,11 +1073,9 @@ async fn a_thousand_deliveries_arrive_as_a_thousand_verified_webhooks_across_a_w
         received - 1000
     );
     eventually("every message sent", Duration::from_secs(30), async || {
-        let left: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM webhook_messages WHERE status <> 'sent'")
-                .fetch_one(&p.pool)
-                .await
-                .unwrap();
+        let left: i64 = p
+            .query_scalar("SELECT count(*) FROM webhook_messages WHERE status <> 'sent'")
+            .await;
         if left == 0 { Ok(()) } else { Err(left) }
     })
     .await;

@@ -88,6 +88,57 @@ impl Platform {
             .collect()
     }
 
+    /// The one value `sql` (no parameters) returns; panics naming the statement when it
+    /// fails or returns no row.
+    pub(crate) async fn query_scalar<O>(&self, sql: &'static str) -> O
+    where
+        (O,): for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+        O: Send + Unpin,
+    {
+        self.query_row::<(O,)>(sql).await.0
+    }
+
+    /// Every value `sql` (no parameters) returns.
+    pub(crate) async fn query_scalars<O>(&self, sql: &'static str) -> Vec<O>
+    where
+        (O,): for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow>,
+        O: Send + Unpin,
+    {
+        let rows: Vec<(O,)> = self.query_rows(sql).await;
+        rows.into_iter().map(|(o,)| o).collect()
+    }
+
+    /// The one row `sql` (no parameters) returns, as `O` (a tuple or a `FromRow` struct).
+    pub(crate) async fn query_row<O>(&self, sql: &'static str) -> O
+    where
+        O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+    {
+        sqlx::query_as(sql)
+            .fetch_one(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Every row `sql` (no parameters) returns, as `O`.
+    pub(crate) async fn query_rows<O>(&self, sql: &'static str) -> Vec<O>
+    where
+        O: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+    {
+        sqlx::query_as(sql)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    /// Runs `sql` (no parameters; several statements are fine); panics naming it when it
+    /// fails.
+    pub(crate) async fn execute(&self, sql: &'static str) {
+        sqlx::raw_sql(sql)
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
     /// The one value `sql` returns with `arg` bound as `$1`; panics naming the statement
     /// when it fails or returns no row.
     pub(crate) async fn scalar<'q, O, A>(&self, sql: &'static str, arg: A) -> O
