@@ -223,12 +223,7 @@ async fn marketing_email_unsubscribes_in_one_click() {
 /// retried; 554 5.7.1 fails without marking the address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nonexistent_mailbox_is_marked_and_skipped_until_the_address_changes() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Email],
-        smtp_sim: true,
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(Options::workers(&[Channel::Email]).smtp_sim(true)).await;
     p.add_type("order_paid", &["email"]).await;
     let (gone, full, blocked) = (uniq("g"), uniq("f"), uniq("b"));
     p.add_recipient(&gone, "", &format!("nouser-{gone}@example.test"), "")

@@ -296,12 +296,7 @@ async fn bad_cancels_are_refused_by_field_and_the_key_is_checked_at_create() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_callers_cancel_is_not_found_and_changes_nothing() {
-    let p = Platform::start_with(Options {
-        auth: ingest::auth::AuthMode::ApiKey,
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(Options::workers(&[]).auth(ingest::auth::AuthMode::ApiKey)).await;
     let admin = api_key(&p, "ops-admin", true).await;
     let shop = api_key(&p, "shop-orders", false).await;
     let forum = api_key(&p, "forum-replies", false).await;

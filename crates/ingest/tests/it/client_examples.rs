@@ -106,12 +106,8 @@ async fn grpc_call(args: &[&str], addr: &str, key: &str) -> Run {
 
 /// A platform whose ingest checks API keys, with the in-app worker only.
 async fn platform() -> Platform {
-    Platform::start_with(Options {
-        auth: ingest::auth::AuthMode::ApiKey,
-        workers: vec![Channel::InApp],
-        ..Default::default()
-    })
-    .await
+    Platform::start_with(Options::workers(&[Channel::InApp]).auth(ingest::auth::AuthMode::ApiKey))
+        .await
 }
 
 /// Registers the type `order_paid` (in-app) and the recipient `user` through the

@@ -374,11 +374,7 @@ async fn an_erased_recipient_leaves_no_email_line_id_token_or_name_in_any_table(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_racing_an_erasure_is_planned_wholly_before_it_or_finds_nothing_after_it() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(Options::workers(&[])).await;
     p.add_type("account_notice", &["inapp", "email", "push", "line"])
         .await;
     let (mut before, mut during, mut after) = (0, 0, 0);
@@ -479,11 +475,7 @@ async fn line_calls_to(p: &Platform, line: &str) -> BTreeSet<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_in_progress_at_the_erasure_is_recorded_as_it_ended_and_an_event_planned_meanwhile_is_erased()
  {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(Options::workers(&[Channel::Line])).await;
     p.add_type("line_notice", &["line"]).await;
     let (user, name, email, line, _) = full_recipient(&p, "in-flight").await;
     // Every LINE call takes 2 s: the erasure finds them in progress.
@@ -761,11 +753,7 @@ fn violated_fields(err: &tonic::Status) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_recipient_shows_contact_data_with_masked_tokens() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(Options::workers(&[])).await;
     let (user, name, email, line, token) = full_recipient(&p, "get").await;
     let r = p
         .recipients()
@@ -820,12 +808,7 @@ async fn get_recipient_shows_contact_data_with_masked_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_events_filters_pages_and_shows_a_caller_only_its_own_events() {
-    let p = Platform::start_with(Options {
-        auth: ingest::auth::AuthMode::ApiKey,
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(Options::workers(&[]).auth(ingest::auth::AuthMode::ApiKey)).await;
     let admin = api_key(&p, "ops-admin", true).await;
     let shop = api_key(&p, "shop-orders", false).await;
     let forum = api_key(&p, "forum-replies", false).await;
@@ -1050,11 +1033,7 @@ async fn list_events_filters_pages_and_shows_a_caller_only_its_own_events() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_fails_while_the_erasure_waits_for_it_ends_canceled_and_is_not_retried() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(Options::workers(&[Channel::Line])).await;
     p.add_type("line_notice", &["line"]).await;
     let (user, _, _, line, _) = full_recipient(&p, "in-flight-retry").await;
     // Every LINE call to the user takes 2 s and fails in a way worth a retry.

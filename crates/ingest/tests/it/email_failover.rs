@@ -255,12 +255,11 @@ async fn with_every_provider_open_waiting_emails_get_no_attempt_row_webhook_or_c
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_550_5_1_1_on_the_primary_does_not_fail_over_and_marks_the_address() {
     let (backup, backup_url) = backup_smtp().await;
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Email],
-        smtp_sim: true,
-        email_backups: vec![backup_url],
-        ..Default::default()
-    })
+    let p = Platform::start_with(
+        Options::workers(&[Channel::Email])
+            .smtp_sim(true)
+            .email_backups(vec![backup_url]),
+    )
     .await;
     p.add_type("order_paid", &["email"]).await;
     let gone = uniq("g");
@@ -539,12 +538,7 @@ async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_complaint_before_the_due_time_skips_the_held_marketing_email() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![Channel::Email],
-        smtp_sim: true,
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with(Options::workers(&[Channel::Email]).smtp_sim(true)).await;
     let http_api = trusting_http_api(&mut p).await;
     p.add_marketing_type().await;
     let (user, address) = p.add_email_recipient("h").await;

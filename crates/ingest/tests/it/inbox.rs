@@ -725,12 +725,7 @@ async fn items_for(
 /// every 300 ms with `Last-Event-ID` sees every one of them, each once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_reconnecting_every_300_ms_sees_each_of_400_concurrent_notifications_once() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![Channel::InApp],
-        concurrency: 16,
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with(Options::workers(&[Channel::InApp]).concurrency(16)).await;
     p.start_worker_named(Channel::InApp, "second-inapp-worker");
     p.add_type("news", &["inapp"]).await;
     let a = p.add_bare_recipient("a").await;
@@ -1151,12 +1146,7 @@ async fn a_wrong_typed_missing_or_unknown_json_field_is_reported_by_its_name() {
 /// grow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_changes_made_during_a_burst_reach_a_resuming_client_in_order() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![Channel::InApp],
-        concurrency: 16,
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with(Options::workers(&[Channel::InApp]).concurrency(16)).await;
     p.start_worker_named(Channel::InApp, "second-inapp-worker");
     p.add_type("news", &["inapp"]).await;
     let a = p.add_bare_recipient("a").await;

@@ -465,12 +465,7 @@ async fn the_escalation_of_a_canceled_event_is_canceled_and_never_sent() {
 /// key all answer as for an event that does not exist; the owner sees them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_caller_learns_nothing_of_derived_deliveries() {
-    let p = Platform::start_with(Options {
-        auth: ingest::auth::AuthMode::ApiKey,
-        workers: vec![],
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(Options::workers(&[]).auth(ingest::auth::AuthMode::ApiKey)).await;
     let admin = api_key(&p, "admin", true).await;
     let (alice, bob) = (
         api_key(&p, "alice", false).await,
@@ -1326,12 +1321,8 @@ async fn a_multicast_broadcast_with_a_line_escalation_completes_and_escalates_ea
 async fn quiet_hours_at_a_due_time_across_a_dst_change_end_at_the_local_morning() {
     let at = |s: &str| s.parse::<DateTime<Utc>>().unwrap();
     let clock = ingest::clock::ManualClock::new(at("2027-03-13T20:00:00Z"));
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        clock: ingest::clock::Clock::Manual(clock),
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(Options::workers(&[]).clock(ingest::clock::Clock::Manual(clock)))
+        .await;
     p.add_type("order_paid", &["email"]).await;
     let (u, _) = p.add_email_recipient("nyc").await;
     p.exec(

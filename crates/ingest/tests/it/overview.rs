@@ -131,11 +131,9 @@ async fn deltas(db: &PgPool) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_status_change_between_any_two_statuses_is_counted_exactly() {
     // No rollup task: this test decides when one runs.
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        counts_rollup_interval: Duration::from_secs(3600),
-        ..Default::default()
-    })
+    let p = Platform::start_with(
+        Options::workers(&[]).counts_rollup_interval(Duration::from_secs(3600)),
+    )
     .await;
     let db = &p.pool;
     p.add_type("ov_seeded", &["inapp", "line"]).await;
@@ -389,11 +387,9 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
 /// joined the old and new rows by a plan cached for small statements.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_update_after_small_ones_on_one_connection_is_counted_without_a_quadratic_join() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        counts_rollup_interval: Duration::from_secs(3600),
-        ..Default::default()
-    })
+    let p = Platform::start_with(
+        Options::workers(&[]).counts_rollup_interval(Duration::from_secs(3600)),
+    )
     .await;
     let db = &p.pool;
     p.add_type("ov_large", &["inapp"]).await;
@@ -444,11 +440,9 @@ async fn a_large_update_after_small_ones_on_one_connection_is_counted_without_a_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_oldest_due_pending_delivery_of_each_channel_is_shown_and_scheduled_ones_are_not() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        counts_rollup_interval: Duration::from_secs(3600),
-        ..Default::default()
-    })
+    let p = Platform::start_with(
+        Options::workers(&[]).counts_rollup_interval(Duration::from_secs(3600)),
+    )
     .await;
     let db = &p.pool;
     p.add_type("ov_oldest", &["inapp", "line", "email"]).await;

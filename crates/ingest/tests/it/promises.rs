@@ -34,12 +34,7 @@ async fn attempt_codes(p: &Platform, id: &str) -> Vec<(i32, String, Option<Strin
 /// ingest's log; every call carried the same retry key; a fourth worker makes no call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_delivery_fails() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        ingest_in_process: false,
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(Options::workers(&[]).ingest_in_process(false)).await;
     let ingest = p.spawn(
         "ingest",
         &["serve"],
@@ -252,12 +247,8 @@ async fn a_lost_workers_attempt_says_the_provider_may_not_have_been_called() {
 /// expiry sends it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_again() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        lease: Duration::from_secs(3),
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(Options::workers(&[Channel::Line]).lease(Duration::from_secs(3)))
+        .await;
     sqlx::raw_sql(
         "CREATE FUNCTION refuse_attempts() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
@@ -365,11 +356,10 @@ async fn a_duration_the_system_cannot_store_or_act_on_is_refused_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_gaps_grow_within_the_jitter_band() {
     let bases = [300u64, 600, 1200, 2400];
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        retry_delays: bases.iter().map(|&ms| Duration::from_millis(ms)).collect(),
-        ..Default::default()
-    })
+    let p = Platform::start_with(
+        Options::workers(&[Channel::Line])
+            .retry_delays(bases.iter().map(|&ms| Duration::from_millis(ms)).collect()),
+    )
     .await;
     p.add_type("order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
@@ -454,11 +444,9 @@ async fn wait_deferred(
 /// the attempt given back, the trail says why, and an outbox row waits for the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_that_falls_in_quiet_hours_waits_for_their_end() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        retry_delays: vec![Duration::from_secs(2)],
-        ..Default::default()
-    })
+    let p = Platform::start_with(
+        Options::workers(&[Channel::Line]).retry_delays(vec![Duration::from_secs(2)]),
+    )
     .await;
     p.add_type("order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
@@ -496,11 +484,9 @@ async fn a_retry_that_falls_in_quiet_hours_waits_for_their_end() {
 /// away, so the test moves the delivery's due time to now instead of waiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fatigue_slot_that_arrives_in_quiet_hours_waits_for_their_end() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        fatigue_caps: [(Channel::Line, 1)].into(),
-        ..Default::default()
-    })
+    let p = Platform::start_with(
+        Options::workers(&[Channel::Line]).fatigue_caps([(Channel::Line, 1)].into()),
+    )
     .await;
     p.add_type("news", &["line"]).await;
     let (u, _) = p.add_line_recipient("u").await;
@@ -562,12 +548,8 @@ async fn a_digest_that_closes_in_quiet_hours_waits_for_their_end() {
 /// 2 of the scheduled times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fatigue_caps_are_exact_with_concurrent_writers_and_replicas() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        fatigue_caps: [(Channel::Line, 2)].into(),
-        ..Default::default()
-    })
-    .await;
+    let mut p =
+        Platform::start_with(Options::workers(&[]).fatigue_caps([(Channel::Line, 2)].into())).await;
     let replica = p.start_ingest_replica().await;
     p.add_type("news", &["line"]).await;
     let (u, _) = p.add_line_recipient("u").await;

@@ -61,12 +61,9 @@ async fn a_worker_that_died_after_claiming_is_recovered_by_the_sweeper_and_sent_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_lease_was_taken_writes_nothing_and_the_retry_key_prevents_a_double_push() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        lease: Duration::from_secs(3),
-        ..Default::default()
-    })
-    .await;
+    let mut p =
+        Platform::start_with(Options::workers(&[Channel::Line]).lease(Duration::from_secs(3)))
+            .await;
     p.add_type("order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
     // LINE answers after 2 s: the worker is "frozen" in the call meanwhile.
@@ -115,12 +112,7 @@ async fn a_worker_whose_lease_was_taken_writes_nothing_and_the_retry_key_prevent
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_worker_finishes_the_delivery_in_hand_and_leaves_the_rest_queued() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        concurrency: 1,
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with(Options::workers(&[Channel::Line]).concurrency(1)).await;
     p.add_type("order_paid", &["line"]).await;
     let users: Vec<String> = (0..3).map(|i| uniq(&format!("u{i}"))).collect();
     for u in &users {
@@ -411,12 +403,11 @@ async fn a_publish_to_a_missing_exchange_fails_fast_and_the_next_channel_works()
 /// transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_provider_calls_hold_no_database_connection() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        concurrency: 30,
-        worker_pool_size: Some(5),
-        ..Default::default()
-    })
+    let p = Platform::start_with(
+        Options::workers(&[Channel::Line])
+            .concurrency(30)
+            .worker_pool_size(Some(5)),
+    )
     .await;
     p.add_type("order_paid", &["line"]).await;
     p.add_type("comment_reply", &["inapp"]).await;
@@ -480,12 +471,7 @@ async fn slow_provider_calls_hold_no_database_connection() {
 /// share instead of waiting while the first one hoards the queue; nothing is sent twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_worker_shares_a_slow_queue_and_nothing_is_sent_twice() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        concurrency: 2,
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with(Options::workers(&[]).concurrency(2)).await;
     p.add_type("order_paid", &["line"]).await;
     let users: Vec<String> = (1..=20).map(|i| uniq(&format!("u10{i:02}"))).collect();
     for u in &users {
@@ -523,12 +509,7 @@ async fn a_second_worker_shares_a_slow_queue_and_nothing_is_sent_twice() {
 /// `sending` under a live lease and acks the message without calling LINE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_redelivered_during_a_slow_call_is_not_sent_again() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        lease: Duration::from_secs(3),
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with(Options::workers(&[]).lease(Duration::from_secs(3))).await;
     p.start_worker_named(Channel::Line, "w1");
     p.start_worker_named(Channel::Line, "w2");
     p.add_type("order_paid", &["line"]).await;
@@ -605,12 +586,11 @@ async fn a_message_redelivered_during_a_slow_call_is_not_sent_again() {
 /// waits on a lock and every delivery is sent once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_snapshot_held_open_does_not_stall_delivery() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        concurrency: 50,
-        worker_pool_size: Some(10),
-        ..Default::default()
-    })
+    let p = Platform::start_with(
+        Options::workers(&[Channel::Line])
+            .concurrency(50)
+            .worker_pool_size(Some(10)),
+    )
     .await;
     p.add_type("order_paid", &["line"]).await;
     let users: Vec<String> = (0..200).map(|i| uniq(&format!("u{i}"))).collect();
@@ -761,12 +741,11 @@ fn signal(pid: u32, sig: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_frozen_after_its_claim_and_resumed_after_its_lease_was_taken_makes_no_provider_call()
  {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        smtp_sim: true,
-        lease: Duration::from_secs(3),
-        ..Default::default()
-    })
+    let mut p = Platform::start_with(
+        Options::workers(&[])
+            .smtp_sim(true)
+            .lease(Duration::from_secs(3)),
+    )
     .await;
     p.add_type("order_paid", &["email"]).await;
     let u = uniq("u");
@@ -861,12 +840,11 @@ async fn a_worker_frozen_after_its_claim_and_resumed_after_its_lease_was_taken_m
 /// nobody claimed the delivery again, instead of being sent a second time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again() {
-    let mut p = Platform::start_with(Options {
-        workers: vec![Channel::Line],
-        concurrency: 1,
-        lease: Duration::from_secs(3),
-        ..Default::default()
-    })
+    let mut p = Platform::start_with(
+        Options::workers(&[Channel::Line])
+            .concurrency(1)
+            .lease(Duration::from_secs(3)),
+    )
     .await;
     p.add_type("order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
@@ -1021,12 +999,7 @@ async fn a_late_success_loses_to_a_newer_claim() {
 /// `sending`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_smtp_server_that_never_answers_after_data_ends_each_attempt_at_the_deadline() {
-    let p = Platform::start_with(Options {
-        workers: vec![],
-        smtp_sim: true,
-        ..Default::default()
-    })
-    .await;
+    let p = Platform::start_with(Options::workers(&[]).smtp_sim(true)).await;
     let sender = std::sync::Arc::new(
         worker_email::EmailSender::new(worker_email::EmailConfig {
             breaker: Default::default(),
@@ -1239,12 +1212,8 @@ async fn held_deliveries_share_rows_one_per_message_through_a_cancel_the_sweep_a
 /// relay publishes what is left: every pending delivery is sent once, the canceled never.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_its_own_event() {
-    let p = Platform::start_with(Options {
-        workers: vec![Channel::InApp],
-        ingest_in_process: false,
-        ..Default::default()
-    })
-    .await;
+    let p =
+        Platform::start_with(Options::workers(&[Channel::InApp]).ingest_in_process(false)).await;
     // No ingest yet (its relay would claim the rows): the type goes in directly.
     p.execute("INSERT INTO notification_types (key, default_channels) VALUES ('promo', '{inapp}')")
         .await;
@@ -1451,12 +1420,7 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
 /// sent; a `delivery.sent` webhook follows the `delivery.failed` one; the worker logs
 /// `alert_resolved = "delivery_failed"` and counts the failure withdrawn.
 async fn a_late_success_after_the_last_attempt_was_given_up(with_fallback: bool) {
-    let mut p = Platform::start_with(Options {
-        workers: vec![],
-        lease: Duration::from_secs(3),
-        ..Default::default()
-    })
-    .await;
+    let mut p = Platform::start_with(Options::workers(&[]).lease(Duration::from_secs(3))).await;
     if with_fallback {
         p.add_derived_type("order_paid", &["line"], &["line", "email"], None)
             .await;

@@ -691,11 +691,9 @@ async fn on_sigterm_ingest_reports_not_serving_before_it_stops_accepting() {
 /// `skipped_read` once for one read before its escalation was due.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_escalation_metric_counts_each_escalation_sent_or_skipped_once() {
-    let p = Platform::start_with(Options {
-        workers: vec![notify_core::Channel::InApp],
-        ingest_in_process: false,
-        ..Default::default()
-    })
+    let p = Platform::start_with(
+        Options::workers(&[notify_core::Channel::InApp]).ingest_in_process(false),
+    )
     .await;
     let (ingest_admin, worker_admin) = (free_addr(), free_addr());
     let _ingest = p.spawn(

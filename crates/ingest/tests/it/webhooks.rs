@@ -858,11 +858,9 @@ async fn a_pending_message_whose_queue_message_was_lost_is_published_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_manages_and_receives_only_its_own_endpoints_and_a_managing_key_any() {
-    let p = Platform::start_with(Options {
-        auth: ingest::auth::AuthMode::ApiKey,
-        workers: vec![Channel::InApp],
-        ..Default::default()
-    })
+    let p = Platform::start_with(
+        Options::workers(&[Channel::InApp]).auth(ingest::auth::AuthMode::ApiKey),
+    )
     .await;
     let admin = api_key(&p, "ops-admin", true).await;
     let shop = api_key(&p, "shop-orders", false).await;

@@ -240,6 +240,47 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// The default options with only `workers` running (none: the test runs its own, or
+    /// none at all); the setters below change one field each, as a struct update would.
+    pub(crate) fn workers(workers: &[Channel]) -> Self {
+        Self {
+            workers: workers.to_vec(),
+            ..Default::default()
+        }
+    }
+}
+
+/// `Options::field(value)` setters for the fields tests set most, so a test's start reads
+/// as one line: `Options::workers(&[Channel::Line]).lease(Duration::from_secs(2))`.
+macro_rules! option_setters {
+    ($($field:ident: $ty:ty),* $(,)?) => {
+        impl Options {
+            $(
+                #[doc = concat!("These options with `", stringify!($field), "` set.")]
+                pub(crate) fn $field(mut self, value: $ty) -> Self {
+                    self.$field = value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+option_setters! {
+    auth: ingest::auth::AuthMode,
+    clock: ingest::clock::Clock,
+    concurrency: u16,
+    counts_rollup_interval: Duration,
+    email_backups: Vec<String>,
+    fatigue_caps: std::collections::BTreeMap<Channel, u32>,
+    ingest_in_process: bool,
+    lease: Duration,
+    retry_delays: Vec<Duration>,
+    smtp_sim: bool,
+    worker_pool_size: Option<u32>,
+}
+
 /// The in-process ingest's settings for a platform.
 fn ingest_config(stack: &Stack, topology: &Topology, opts: &Options) -> ingest::IngestConfig {
     ingest::IngestConfig {
