@@ -176,6 +176,7 @@ mod address_tests {
                 {
                     break m;
                 }
+                // Polling basic.get (no consumer here), bounded by the 10 s timeout.
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })

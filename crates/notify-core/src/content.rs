@@ -437,7 +437,6 @@ impl Content {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{CreateEventInput, NewEvent};
 
     #[test]
     fn chat_text_puts_title_body_and_url_on_their_own_lines() {
@@ -458,15 +457,12 @@ mod tests {
         );
     }
 
-    fn parse(content: Content) -> Result<NewEvent, Vec<String>> {
-        NewEvent::parse(CreateEventInput {
-            event_key: "order:1001:paid".into(),
-            type_key: "order_paid".into(),
-            recipients: vec!["u1".into()],
-            content,
-            ..Default::default()
-        })
-        .map_err(|errs| errs.into_iter().map(|f| f.field).collect())
+    /// `content` checked and normalised as `CreateEvent` does, or the violations' fields.
+    fn parse(content: Content) -> Result<Content, Vec<String>> {
+        let mut v = Violations::default();
+        content.check(&mut v);
+        v.into_result(content.normalized())
+            .map_err(|errs| errs.into_iter().map(|f| f.field).collect())
     }
 
     fn action(label: &str, url: &str) -> Action {
@@ -492,9 +488,9 @@ mod tests {
     #[test]
     fn actions_get_positional_ids_and_rich_fields_survive_parsing() {
         let e = parse(rich()).unwrap();
-        let ids: Vec<&str> = e.content.actions.iter().map(|a| a.id.as_str()).collect();
+        let ids: Vec<&str> = e.actions.iter().map(|a| a.id.as_str()).collect();
         assert_eq!(ids, ["action1", "action2"]);
-        assert_eq!(e.content.image_url, "https://cdn.shop.example/o/1001.png");
+        assert_eq!(e.image_url, "https://cdn.shop.example/o/1001.png");
     }
 
     #[test]

@@ -126,19 +126,12 @@ pub(crate) fn parse_schedule(send_at: &str, delay: &str, v: &mut Violations) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{CreateEventInput, NewEvent};
 
-    fn input() -> CreateEventInput {
-        CreateEventInput {
-            event_key: "order:123:paid".into(),
-            type_key: "order_paid".into(),
-            recipients: vec!["u1".into()],
-            content: crate::Content {
-                title: "ชำระเงินแล้ว".into(),
-                ..Default::default()
-            },
-            ..Default::default()
-        }
+    /// The schedule of `send_at` and `delay`, or the violations' fields and descriptions.
+    fn parse(send_at: &str, delay: &str) -> Result<Option<Schedule>, Vec<FieldViolation>> {
+        let mut v = Violations::default();
+        let schedule = parse_schedule(send_at, delay, &mut v);
+        v.into_result(schedule)
     }
 
     fn fields(errs: &[FieldViolation]) -> Vec<&str> {
@@ -148,39 +141,23 @@ mod tests {
     #[test]
     fn send_at_and_delay_are_checked_by_field() {
         let at = |s: &str| s.parse::<chrono::DateTime<chrono::Utc>>().unwrap();
-        let mut i = input();
-        i.send_at = "2026-12-02T09:00:00+07:00".into();
-        let e = NewEvent::parse(i).unwrap();
-        assert_eq!(e.schedule, Some(Schedule::At(at("2026-12-02T02:00:00Z"))));
-        let mut i = input();
-        i.delay = "90s".into();
-        let e = NewEvent::parse(i).unwrap();
-        assert_eq!(
-            e.schedule,
-            Some(Schedule::After(std::time::Duration::from_secs(90)))
-        );
+        let e = parse("2026-12-02T09:00:00+07:00", "").unwrap();
+        assert_eq!(e, Some(Schedule::At(at("2026-12-02T02:00:00Z"))));
+        let e = parse("", "90s").unwrap();
+        assert_eq!(e, Some(Schedule::After(std::time::Duration::from_secs(90))));
 
-        let mut i = input();
-        i.send_at = "2026-12-02 09:00".into();
-        let errs = NewEvent::parse(i).unwrap_err();
+        let errs = parse("2026-12-02 09:00", "").unwrap_err();
         assert_eq!(fields(&errs), ["send_at"]);
         assert!(errs[0].description.contains("RFC 3339"), "{errs:?}");
-        let mut i = input();
-        i.send_at = "2026-12-02T09:00:00".into();
         assert_eq!(
-            fields(&NewEvent::parse(i).unwrap_err()),
+            fields(&parse("2026-12-02T09:00:00", "").unwrap_err()),
             ["send_at"],
             "an offset is required"
         );
-        let mut i = input();
-        i.delay = "5 minutes".into();
-        let errs = NewEvent::parse(i).unwrap_err();
+        let errs = parse("", "5 minutes").unwrap_err();
         assert_eq!(fields(&errs), ["delay"]);
         assert!(errs[0].description.contains("15m"), "{errs:?}");
-        let mut i = input();
-        i.send_at = "2026-12-02T09:00:00Z".into();
-        i.delay = "5s".into();
-        let errs = NewEvent::parse(i).unwrap_err();
+        let errs = parse("2026-12-02T09:00:00Z", "5s").unwrap_err();
         assert_eq!(fields(&errs), ["delay"]);
         assert_eq!(
             errs[0].description,

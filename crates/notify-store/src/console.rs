@@ -176,13 +176,14 @@ pub async fn roll_up_counts(db: &PgPool, batch: i64) -> Result<u64> {
 }
 
 /// An event in search results.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct EventSummary {
     /// Id.
     pub id: Uuid,
     /// Key as stored.
     pub event_key: String,
     /// Type.
+    #[sqlx(rename = "type")]
     pub type_key: String,
     /// When.
     pub created_at: DateTime<Utc>,
@@ -192,7 +193,7 @@ pub struct EventSummary {
 /// a user id (their latest events) or a type (its latest events); at most 50, newest first.
 pub async fn search(db: &PgPool, q: &str) -> Result<Vec<EventSummary>> {
     let id = Uuid::parse_str(q).ok();
-    let rows = sqlx::query(
+    let rows = sqlx::query_as(
         "SELECT id, event_key, type, created_at FROM notification_events
          WHERE id = $1 OR event_key = $2 OR caller_key = $2
             OR id IN (SELECT event_id FROM notification_deliveries WHERE user_id = $2
@@ -204,15 +205,7 @@ pub async fn search(db: &PgPool, q: &str) -> Result<Vec<EventSummary>> {
     .bind(q)
     .fetch_all(db)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| EventSummary {
-            id: r.get("id"),
-            event_key: r.get("event_key"),
-            type_key: r.get("type"),
-            created_at: r.get("created_at"),
-        })
-        .collect())
+    Ok(rows)
 }
 
 /// Writes one audit row.

@@ -1,16 +1,31 @@
 //! `notifyctl`: operator command line.
 //!
-//! `notifyctl chaos` runs the crash and outage test (see the library docs).
+//! `notifyctl chaos` runs the crash and outage test (see [`chaos`]); `notifyctl bench`
+//! the benchmarks (see [`bench`]).
 //! `notifyctl keys create|list|revoke` manages the API keys of calling services (see
-//! [`notifyctl::keys`]); every gRPC call this tool makes sends `NOTIFY_API_KEY`.
+//! [`crate::keys`]); every gRPC call this tool makes sends `NOTIFY_API_KEY`.
 //! `notifyctl erase-recipient USER_ID` and `notifyctl export-recipient USER_ID [--out FILE]`
-//! call `EraseRecipient` and `ExportRecipientData` (see [`notifyctl::data`]).
+//! call `EraseRecipient` and `ExportRecipientData` (see [`crate::data`]).
 //! `notifyctl retention-soak` runs the retention soak by hand (see
-//! [`notifyctl::retention_soak`] and bench/retention/README.md).
+//! [`crate::retention_soak`] and bench/retention/README.md).
 //! `notifyctl demo` runs the demo scenario against a running ingest and workers and exits
 //! 0 only when every recipient x channel ended as expected. Environment:
 //! `NOTIFY_GRPC_URL` (http://127.0.0.1:50051), `NOTIFY_DATABASE_URL`, `NOTIFY_MAILDEV_URL`,
 //! `NOTIFY_SIM_URL` (required for the checks).
+
+// A binary: its modules' `pub` items are this crate's own (no library to export them from).
+#![allow(unreachable_pub)]
+
+mod bench;
+mod chaos;
+mod console_bench;
+mod data;
+mod demo;
+mod keys;
+mod observe;
+mod procs;
+mod receivers;
+mod retention_soak;
 
 use std::process::ExitCode;
 
@@ -29,14 +44,14 @@ async fn main() -> ExitCode {
             let examples_dir = env.required("NOTIFY_EXAMPLES_DIR");
             let log_dir = env.required("NOTIFY_LOG_DIR");
             let cfg = (|| {
-                Ok(notifyctl::demo::DemoConfig {
+                Ok(crate::demo::DemoConfig {
                     grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
                     database_url: database_url?,
                     maildev_url: maildev_url?,
                     sim_url: sim_url?,
                     http_url: http_url?,
                     inbox_jwt_secret: inbox_jwt_secret?,
-                    examples: notifyctl::receivers::Examples {
+                    examples: crate::receivers::Examples {
                         python: examples_python?.into(),
                         dir: examples_dir?.into(),
                     },
@@ -44,7 +59,7 @@ async fn main() -> ExitCode {
                 })
             })();
             let cfg = notify_telemetry::config_or_exit("notifyctl", env, cfg);
-            exit_code("demo", notifyctl::demo::run(&cfg).await)
+            exit_code("demo", crate::demo::run(&cfg).await)
         }
         Some("chaos") => {
             let mut env = notify_telemetry::env();
@@ -59,11 +74,11 @@ async fn main() -> ExitCode {
             let examples_dir = env.required("NOTIFY_EXAMPLES_DIR");
             let ha = env
                 .parse("NOTIFY_CHAOS_HA", false)
-                .then(|| notifyctl::chaos::ha::HaConfig {
+                .then(|| crate::chaos::ha::HaConfig {
                     pg_ha_script: env.string("NOTIFY_PG_HA_SCRIPT", "deploy/pg-ha.sh").into(),
                 });
             let cfg = (|| {
-                Ok(notifyctl::chaos::ChaosConfig {
+                Ok(crate::chaos::ChaosConfig {
                     examples_python: examples_python?.into(),
                     examples_dir: examples_dir?.into(),
                     grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
@@ -84,7 +99,7 @@ async fn main() -> ExitCode {
                 })
             })();
             let cfg = notify_telemetry::config_or_exit("notifyctl", env, cfg);
-            let outcome = notifyctl::chaos::run(&cfg).await;
+            let outcome = crate::chaos::run(&cfg).await;
             if let Ok(false) = outcome {
                 eprintln!("chaos: a promise was broken (see the lines above)");
             }
@@ -98,7 +113,7 @@ async fn main() -> ExitCode {
             let amqp_url = env.required("NOTIFY_AMQP_URL");
             let sim_url = env.required("NOTIFY_SIM_URL");
             let cfg = (|| {
-                Ok(notifyctl::bench::BenchConfig {
+                Ok(crate::bench::BenchConfig {
                     grpc_url: env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051"),
                     stack_dir: env.string("NOTIFY_STACK_DIR", ".stack").into(),
                     phase: env.parse_with(
@@ -128,13 +143,13 @@ async fn main() -> ExitCode {
                 })
             })();
             let cfg = notify_telemetry::config_or_exit("notifyctl", env, cfg);
-            exit_code("bench", notifyctl::bench::run(&cfg).await.map(|()| true))
+            exit_code("bench", crate::bench::run(&cfg).await.map(|()| true))
         }
         Some("retention-soak") => {
             let mut env = notify_telemetry::env();
-            let cfg = notifyctl::retention_soak::SoakConfig::from_env(&mut env);
+            let cfg = crate::retention_soak::SoakConfig::from_env(&mut env);
             let cfg = notify_telemetry::config_or_exit("notifyctl", env, cfg);
-            exit_code("retention-soak", notifyctl::retention_soak::run(&cfg).await)
+            exit_code("retention-soak", crate::retention_soak::run(&cfg).await)
         }
         Some("keys") => {
             if std::env::args()
@@ -151,7 +166,7 @@ async fn main() -> ExitCode {
             let database_url = env.required("NOTIFY_DATABASE_URL");
             let database_url = notify_telemetry::config_or_exit("notifyctl", env, database_url);
             let args: Vec<String> = std::env::args().skip(2).collect();
-            match notifyctl::keys::run(&database_url, &args).await {
+            match crate::keys::run(&database_url, &args).await {
                 Ok(code) => ExitCode::from(code),
                 Err(e) => {
                     eprintln!("notifyctl keys: {e:#}");
@@ -165,13 +180,13 @@ async fn main() -> ExitCode {
                 .iter()
                 .any(|a| matches!(a.as_str(), "-h" | "--help" | "help"))
             {
-                println!("{}", notifyctl::data::USAGE);
+                println!("{}", crate::data::USAGE);
                 return ExitCode::SUCCESS;
             }
             let mut env = notify_telemetry::env();
             let grpc_url = env.string("NOTIFY_GRPC_URL", "http://127.0.0.1:50051");
             let grpc_url = notify_telemetry::config_or_exit("notifyctl", env, Ok(grpc_url));
-            match notifyctl::data::run(&grpc_url, command, &args).await {
+            match crate::data::run(&grpc_url, command, &args).await {
                 Ok(code) => ExitCode::from(code),
                 Err(e) => {
                     eprintln!("notifyctl {command}: {e:#}");

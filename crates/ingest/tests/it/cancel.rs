@@ -13,7 +13,7 @@ use serde_json::json;
 use std::time::Duration;
 use support::{
     Options, Platform, api_key, cancel, cancel_req, console_login, db_now, eventually,
-    no_redirects, session_cookie, settle, uniq, with_key,
+    no_redirects, session_cookie, settle, type_request, uniq, with_key,
 };
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -303,15 +303,7 @@ async fn another_callers_cancel_is_not_found_and_changes_nothing() {
     let mut types = pb::type_service_client::TypeServiceClient::new(p.grpc.clone());
     eventually("the admin key works", Duration::from_secs(5), async || {
         types
-            .upsert_notification_type(with_key(
-                pb::UpsertNotificationTypeRequest {
-                    key: "order_paid".into(),
-                    priority: "normal".into(),
-                    default_channels: vec!["inapp".into()],
-                    ..Default::default()
-                },
-                &admin,
-            ))
+            .upsert_notification_type(with_key(type_request("order_paid", &["inapp"]), &admin))
             .await
             .map(|_| ())
     })

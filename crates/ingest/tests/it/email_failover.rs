@@ -27,12 +27,23 @@ async fn attempts(p: &Platform, event_id: &str) -> Vec<(String, String)> {
     .await
 }
 
-async fn provider_state(p: &Platform, provider: &str) -> Option<String> {
-    sqlx::query_scalar("SELECT state FROM email_provider_states WHERE provider = $1")
-        .bind(provider)
-        .fetch_optional(&p.pool)
-        .await
-        .unwrap()
+/// Waits (10 s at most) until the console's table shows `provider`'s breaker `state`.
+async fn wait_provider_state(p: &Platform, provider: &str, state: &str) {
+    let what = format!("the console's table says {state}");
+    eventually(&what, Duration::from_secs(10), async || {
+        let now: Option<String> =
+            sqlx::query_scalar("SELECT state FROM email_provider_states WHERE provider = $1")
+                .bind(provider)
+                .fetch_optional(&p.pool)
+                .await
+                .unwrap();
+        if now.as_deref() == Some(state) {
+            Ok(())
+        } else {
+            Err(now)
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,15 +88,7 @@ async fn a_relay_answering_421_to_every_call_fails_over_and_email_returns_to_it_
     );
     assert!(p.smtp_sim.messages().is_empty());
     assert_eq!(backup.messages().len(), 4);
-    eventually(
-        "the console's table says open",
-        Duration::from_secs(10),
-        async || match provider_state(&p, &primary).await.as_deref() {
-            Some("open") => Ok(()),
-            other => Err(other.map(str::to_string)),
-        },
-    )
-    .await;
+    wait_provider_state(&p, &primary, "open").await;
     let http = support::no_redirects();
     let cookie = p.console_cookie().await;
     let page = support::SendExt::text_body(
@@ -116,15 +119,7 @@ async fn a_relay_answering_421_to_every_call_fails_over_and_email_returns_to_it_
     )
     .await;
     assert_eq!(p.smtp_sim.messages().len(), 1);
-    eventually(
-        "the console's table says closed",
-        Duration::from_secs(10),
-        async || match provider_state(&p, &primary).await.as_deref() {
-            Some("closed") => Ok(()),
-            other => Err(other.map(str::to_string)),
-        },
-    )
-    .await;
+    wait_provider_state(&p, &primary, "closed").await;
 }
 
 /// Issue 44, item 7: while every provider's breaker is open, the waiting emails are not
@@ -185,8 +180,19 @@ async fn with_every_provider_open_waiting_emails_get_no_attempt_row_webhook_or_c
         "paused until the first breaker admits again: {paused:?}"
     );
     // Several pause cycles with both still down: each ends with one probe (a real call,
-    // refused) and the others woken and given back.
-    tokio::time::sleep(cooldown * 4).await;
+    // refused) and the others woken and given back. Three more refused probes show three
+    // cycles passed.
+    let probes = || p.smtp_sim.mail_commands() + backup.mail_commands();
+    let before = probes();
+    eventually(
+        "three more pause cycles, each ending in a refused probe",
+        Duration::from_secs(30),
+        async || match probes() - before {
+            n if n >= 3 => Ok(()),
+            n => Err(n),
+        },
+    )
+    .await;
 
     // Both recover; once the pause ends the probe goes out and the emails with it.
     p.smtp_sim.set_fault(None);

@@ -1197,6 +1197,7 @@ async fn read_changes_made_during_a_burst_reach_a_resuming_client_in_order() {
                     .await
                     .unwrap();
                 assert_eq!(r.status(), 200);
+                // Pacing: a reader who reads every 100 ms during the burst.
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })

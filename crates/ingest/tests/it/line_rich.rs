@@ -8,21 +8,7 @@ use crate::support;
 use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
-use support::{Platform, line_webhook};
-
-fn postback(user: &str, data: &str, event_id: &str) -> String {
-    json!({"destination": "U00000000000000000000000000000000", "events": [{
-        "type": "postback",
-        "mode": "active",
-        "timestamp": chrono::Utc::now().timestamp_millis(),
-        "source": {"type": "user", "userId": user},
-        "webhookEventId": event_id,
-        "deliveryContext": {"isRedelivery": false},
-        "replyToken": "b60d432864f44d079f6d8efe86cf404b",
-        "postback": {"data": data},
-    }]})
-    .to_string()
-}
+use support::{Platform, line_webhook, postback};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rich_event_is_a_flex_card_and_a_postback_tap_is_one_click() {

@@ -89,6 +89,7 @@ async fn assert_exact_live(db: &PgPool, when: &str) {
             std::time::Instant::now() < deadline,
             "{when}: the rows never held still for one read"
         );
+        // The rows moved during the read: read again shortly (bounded by the deadline).
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

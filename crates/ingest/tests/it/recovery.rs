@@ -432,6 +432,7 @@ async fn slow_provider_calls_hold_no_database_connection() {
                 .await
                 .unwrap();
                 worst = worst.max(stuck);
+                // A sampler: one look every 200 ms while the outage lasts.
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             worst
@@ -445,6 +446,7 @@ async fn slow_provider_calls_hold_no_database_connection() {
             .await
             .expect("CreateEvent succeeds");
         latencies.push(started.elapsed());
+        // Pacing: a caller sending every 100 ms through the outage.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     latencies.sort();
@@ -643,6 +645,7 @@ async fn an_old_snapshot_held_open_does_not_stall_delivery() {
                 .await
                 .unwrap();
                 worst = worst.max(n);
+                // A sampler: one look every 100 ms while the writers run.
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             worst

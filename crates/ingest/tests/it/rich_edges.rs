@@ -9,7 +9,7 @@ use crate::support;
 use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
-use support::{Platform, hs256, line_webhook};
+use support::{Platform, hs256, line_webhook, postback};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -17,20 +17,6 @@ fn fields(err: &tonic::Status) -> Vec<String> {
     err.get_details_bad_request()
         .map(|b| b.field_violations.into_iter().map(|v| v.field).collect())
         .unwrap_or_default()
-}
-
-fn postback(user: &str, data: &str, event_id: &str) -> String {
-    json!({"destination": "U00000000000000000000000000000000", "events": [{
-        "type": "postback",
-        "mode": "active",
-        "timestamp": chrono::Utc::now().timestamp_millis(),
-        "source": {"type": "user", "userId": user},
-        "webhookEventId": event_id,
-        "deliveryContext": {"isRedelivery": false},
-        "replyToken": "b60d432864f44d079f6d8efe86cf404b",
-        "postback": {"data": data},
-    }]})
-    .to_string()
 }
 
 fn token(user: &str) -> String {

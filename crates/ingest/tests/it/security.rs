@@ -7,7 +7,7 @@ use notify_proto::v1 as pb;
 use notify_store::api_keys::{self, NewApiKey};
 use serde_json::json;
 use std::time::{Duration, Instant};
-use support::{Options, Platform, eventually, line_id, uniq, with_key};
+use support::{Options, Platform, eventually, line_id, type_request, uniq, with_key};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -34,6 +34,19 @@ async fn key(
     key
 }
 
+/// `CreateEvent` of an `order_paid` event (key `uniq(prefix)`) for `user`, sent with
+/// API key `key`: ingest's answer.
+async fn send_as(
+    p: &Platform,
+    key: &str,
+    prefix: &str,
+    user: &str,
+) -> Result<tonic::Response<pb::CreateEventResponse>, tonic::Status> {
+    ingest(&p.grpc)
+        .create_event(with_key(p.event(&uniq(prefix), "order_paid", &[user]), key))
+        .await
+}
+
 fn ingest(
     ch: &tonic::transport::Channel,
 ) -> pb::ingest_service_client::IngestServiceClient<tonic::transport::Channel> {
@@ -45,15 +58,7 @@ async fn wait_key_works(ch: &tonic::transport::Channel, admin: &str) {
     let mut types = pb::type_service_client::TypeServiceClient::new(ch.clone());
     eventually("the admin key works", Duration::from_secs(5), async || {
         types
-            .upsert_notification_type(with_key(
-                pb::UpsertNotificationTypeRequest {
-                    key: "order_paid".into(),
-                    priority: "normal".into(),
-                    default_channels: vec!["inapp".into()],
-                    ..Default::default()
-                },
-                admin,
-            ))
+            .upsert_notification_type(with_key(type_request("order_paid", &["inapp"]), admin))
             .await
             .map(|_| ())
     })
@@ -119,14 +124,7 @@ async fn keys_are_checked_scoped_and_recorded_on_the_event() {
     let user = setup(&p, &admin, &[("order_paid", ""), ("security_login", "")]).await;
 
     // In scope: accepted, and the caller is recorded.
-    let ok = ingest(&p.grpc)
-        .create_event(with_key(
-            p.event(&uniq("o"), "order_paid", &[&user]),
-            &orders,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let ok = send_as(&p, &orders, "o", &user).await.unwrap().into_inner();
     assert_eq!(
         caller_of(&p, &ok.event_id).await.as_deref(),
         Some("shop-orders")
@@ -291,7 +289,10 @@ async fn a_revoked_key_is_denied_within_a_second_on_every_replica() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_over_its_quota_is_refused_while_another_key_goes_through() {
-    let p = Platform::start_with(secured()).await;
+    // The buckets refill by the platform's clock: the test moves it instead of waiting.
+    let clock = ingest::clock::ManualClock::new(chrono::Utc::now());
+    let p =
+        Platform::start_with(secured().clock(ingest::clock::Clock::Manual(clock.clone()))).await;
     let admin = key(&p, "ops-admin", &["*"], true, 1000, 1000).await;
     let runaway = key(&p, "runaway-batch", &["order_*"], false, 5, 2).await;
     let checkout = key(&p, "shop-checkout", &["order_*"], false, 50, 1000).await;
@@ -299,7 +300,6 @@ async fn a_key_over_its_quota_is_refused_while_another_key_goes_through() {
 
     // The runaway key spends its burst of 5, then is refused with a retry delay ...
     let mut refused = None;
-    let started = std::time::Instant::now();
     for i in 0..20 {
         match ingest(&p.grpc)
             .create_event(with_key(
@@ -316,14 +316,8 @@ async fn a_key_over_its_quota_is_refused_while_another_key_goes_through() {
         }
     }
     let (accepted, err) = refused.expect("the runaway key was never refused");
-    // A burst of 5, plus what refilled (one per 200 ms) while they were sent: bounded by
-    // the time the calls took, however slow the machine is.
-    let refilled = (started.elapsed().as_secs_f64() * 5.0).ceil() as usize;
-    assert!(
-        (5..=5 + refilled).contains(&accepted),
-        "refused after {accepted} events in {:?}",
-        started.elapsed()
-    );
+    // The clock stands still: the burst of 5 and nothing refilled.
+    assert_eq!(accepted, 5, "refused after {accepted} events");
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
     let details = err.get_error_details();
     let retry = details.retry_info().expect("RetryInfo detail");
@@ -336,32 +330,25 @@ async fn a_key_over_its_quota_is_refused_while_another_key_goes_through() {
     assert_eq!(quota.violations[0].subject, "api_key:runaway-batch");
 
     // ... while the other key, at the same moment, is served.
-    ingest(&p.grpc)
-        .create_event(with_key(
-            p.event(&uniq("c"), "order_paid", &[&user]),
-            &checkout,
-        ))
+    send_as(&p, &checkout, "c", &user)
         .await
         .expect("another key is not starved");
 
-    // After the delay the runaway key may send again. (The limiter refills on the wall
-    // clock and the delay it announced is the promise under test: this wait stays a sleep
-    // until the limiter takes a clock.)
-    tokio::time::sleep(delay + Duration::from_millis(20)).await;
-    ingest(&p.grpc)
-        .create_event(with_key(
-            p.event(&uniq("r"), "order_paid", &[&user]),
-            &runaway,
-        ))
+    // Just before the announced delay the runaway key is still refused; after it, it may
+    // send again.
+    clock.advance(chrono::Duration::from_std(delay).unwrap() - chrono::Duration::milliseconds(5));
+    let early = send_as(&p, &runaway, "early", &user).await.unwrap_err();
+    assert_eq!(early.code(), Code::ResourceExhausted, "{early:?}");
+    clock.advance(chrono::Duration::milliseconds(10));
+    send_as(&p, &runaway, "r", &user)
         .await
         .expect("allowed again after the retry delay");
 
     // Recipients per event: over the key's limit of 2.
     let others: Vec<String> = (0..3).map(|_| uniq("u")).collect();
     let refs: Vec<&str> = others.iter().map(String::as_str).collect();
-    // The limiter refills on the wall clock, so that the refusal below is for the
-    // recipients, not the rate: a sleep until the limiter takes a clock.
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    // A refilled token, so that the refusal below is for the recipients, not the rate.
+    clock.advance(chrono::Duration::milliseconds(250));
     let err = ingest(&p.grpc)
         .create_event(with_key(
             p.event(&uniq("many"), "order_paid", &refs),
@@ -527,12 +514,7 @@ async fn mutual_tls_names_the_caller_by_its_certificate() {
         Duration::from_secs(5),
         async || {
             types
-                .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-                    key: "order_paid".into(),
-                    priority: "normal".into(),
-                    default_channels: vec!["inapp".into()],
-                    ..Default::default()
-                })
+                .upsert_notification_type(type_request("order_paid", &["inapp"]))
                 .await
                 .map(|_| ())
         },

@@ -23,7 +23,9 @@ use sha2::Sha256;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{Options, Platform, api_key, eventually, field_violations, uniq, with_key};
+use support::{
+    Options, Platform, api_key, eventually, field_violations, type_request, uniq, with_key,
+};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -981,15 +983,7 @@ async fn a_caller_manages_and_receives_only_its_own_endpoints_and_a_managing_key
 
     // The shop's deliveries write messages for the shop's endpoint only.
     p.types()
-        .upsert_notification_type(with_key(
-            pb::UpsertNotificationTypeRequest {
-                key: "order.paid".into(),
-                priority: "normal".into(),
-                default_channels: vec!["inapp".into()],
-                ..Default::default()
-            },
-            &admin,
-        ))
+        .upsert_notification_type(with_key(type_request("order.paid", &["inapp"]), &admin))
         .await
         .unwrap();
     let user = uniq("u");

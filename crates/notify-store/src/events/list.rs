@@ -3,7 +3,6 @@
 
 use crate::Result;
 use chrono::{DateTime, Utc};
-use sqlx::Row;
 use uuid::Uuid;
 
 /// What `ListEvents` filters by; every `None` is "any".
@@ -23,13 +22,14 @@ pub struct EventFilter {
 }
 
 /// One listed event.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub struct EventSummary {
     /// Event id.
     pub id: Uuid,
     /// The caller's key (the dedup bucket suffix left out).
     pub event_key: String,
     /// Type key.
+    #[sqlx(rename = "type")]
     pub type_key: String,
     /// The caller that sent it.
     pub caller: String,
@@ -53,7 +53,7 @@ pub async fn list_events(
     before: Option<Uuid>,
     limit: i64,
 ) -> Result<Vec<EventSummary>> {
-    let rows = sqlx::query(
+    let rows = sqlx::query_as(
         "SELECT id, coalesce(caller_key, event_key) AS event_key, type,
                 coalesce(caller, $7) AS caller, recipients, topic, created_at, send_at, canceled_at
          FROM notification_events e
@@ -76,18 +76,5 @@ pub async fn list_events(
     .bind(limit)
     .fetch_all(db)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| EventSummary {
-            id: r.get("id"),
-            event_key: r.get("event_key"),
-            type_key: r.get("type"),
-            caller: r.get("caller"),
-            recipients: r.get("recipients"),
-            topic: r.get("topic"),
-            created_at: r.get("created_at"),
-            send_at: r.get("send_at"),
-            canceled_at: r.get("canceled_at"),
-        })
-        .collect())
+    Ok(rows)
 }

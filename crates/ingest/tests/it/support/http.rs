@@ -93,6 +93,23 @@ pub(crate) fn hs256(claims: &Value, secret: &str) -> String {
     .unwrap()
 }
 
+/// A LINE webhook body with one `postback` event from `user` carrying `data` (what a
+/// button of a Flex message with a postback action sends), with webhook event id
+/// `event_id`, as the Messaging API reference describes it.
+pub(crate) fn postback(user: &str, data: &str, event_id: &str) -> String {
+    serde_json::json!({"destination": "U00000000000000000000000000000000", "events": [{
+        "type": "postback",
+        "mode": "active",
+        "timestamp": chrono::Utc::now().timestamp_millis(),
+        "source": {"type": "user", "userId": user},
+        "webhookEventId": event_id,
+        "deliveryContext": {"isRedelivery": false},
+        "replyToken": "b60d432864f44d079f6d8efe86cf404b",
+        "postback": {"data": data},
+    }]})
+    .to_string()
+}
+
 /// `POST {base}/webhooks/line` with `body` and the `x-line-signature` LINE computes over
 /// it with [`LINE_SECRET`]; returns the response.
 pub(crate) async fn line_webhook(p: &Platform, base: &str, body: &str) -> reqwest::Response {

@@ -11,10 +11,11 @@ mod wait;
 mod workers;
 
 pub(crate) use http::{
-    InboxClient, SendExt, console_login, csrf_token, hs256, line_webhook, no_redirects,
+    InboxClient, SendExt, console_login, csrf_token, hs256, line_webhook, no_redirects, postback,
     session_cookie,
 };
 pub(crate) use process::{Proc, free_addr};
+pub(crate) use seed::type_request;
 pub(crate) use wait::{eventually, settle};
 
 use notify_broker::Topology;

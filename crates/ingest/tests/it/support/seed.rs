@@ -78,13 +78,7 @@ impl Platform {
     /// Registers a type with every channel (or `channels`).
     pub(crate) async fn add_type(&self, key: &str, channels: &[&str]) {
         self.types()
-            .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-                key: key.into(),
-                priority: "normal".into(),
-                default_channels: channels.iter().map(|c| c.to_string()).collect(),
-                critical: false,
-                ..Default::default()
-            })
+            .upsert_notification_type(type_request(key, channels))
             .await
             .expect("upsert type");
     }
@@ -254,5 +248,16 @@ impl Platform {
         .execute(&self.pool)
         .await
         .unwrap();
+    }
+}
+
+/// The `UpsertNotificationType` request of a normal-priority, non-critical type `key`
+/// whose default channels are `channels`, the rest default.
+pub(crate) fn type_request(key: &str, channels: &[&str]) -> pb::UpsertNotificationTypeRequest {
+    pb::UpsertNotificationTypeRequest {
+        key: key.into(),
+        priority: "normal".into(),
+        default_channels: channels.iter().map(|c| c.to_string()).collect(),
+        ..Default::default()
     }
 }

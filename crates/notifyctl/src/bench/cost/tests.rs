@@ -29,7 +29,7 @@ fn no_broker() -> BrokerCounters {
 /// column (HOT), 10 inserts, 5 deletes. Returns the table for 10 deliveries.
 async fn measure_writes(db: &TestDb) -> String {
     run(
-        &db,
+        db,
         &[
             "CREATE TABLE t (id int PRIMARY KEY, v int NOT NULL)",
             "INSERT INTO t SELECT g, 0 FROM generate_series(1, 10) g",
@@ -51,7 +51,7 @@ async fn measure_writes(db: &TestDb) -> String {
     .await
     .unwrap();
     run(
-        &db,
+        db,
         &[
             "UPDATE t SET v = v + 1",
             "INSERT INTO t SELECT g, 0 FROM generate_series(11, 20) g",
