@@ -65,11 +65,13 @@ status:
 migrate: up
 	source $(STACK_DIR)/env && $(TARGET_DIR)/debug/ingest migrate
 
-## lint: formatting, clippy (warnings are errors) and cargo deny (licences, bans incl.
-## duplicate versions, sources; deny.toml)
+## lint: formatting, clippy (warnings are errors), no import cycles between a crate's
+## top-level modules, test code included (.ci/import-cycles.py), and cargo deny (licences,
+## bans incl. duplicate versions, sources; deny.toml)
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	python3 .ci/import-cycles.py
 	$$(deploy/tools.sh cargo-deny) check licenses bans sources
 
 ## deny-advisories: the RustSec advisory check (needs github.com, unreachable on the build machine)
