@@ -39,6 +39,8 @@ PROMTOOL_MAJOR_MINOR=2.42
 
 log() { printf 'check-deploy: %s\n' "$*" >&2; }
 die() { printf 'check-deploy: ERROR %s\n' "$*" >&2; exit 1; }
+# shellcheck source=deploy/host.sh
+source "$here/host.sh"
 
 sha256_of() { sha256sum "$1" | cut -d' ' -f1; }
 
@@ -56,19 +58,7 @@ req="$k8s/requirements-check.txt"
 want_stamp=$(sha256_of "$req")
 if [[ ! -x "$venv/bin/python" || "$(cat "$venv/.stamp" 2>/dev/null)" != "$want_stamp" ]]; then
   log "installing Python tools into $venv (pinned: $(basename "$req"))"
-  rm -rf "$venv"
-  if ! python3 -m venv "$venv" 2>"$work/venv.err"; then
-    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-      log "python3 -m venv failed; installing Debian's python3-venv"
-      apt-get install -y -qq --no-install-recommends python3-venv >/dev/null ||
-        { apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-venv >/dev/null; }
-      rm -rf "$venv"
-      python3 -m venv "$venv"
-    else
-      cat "$work/venv.err" >&2
-      die "python3 -m venv failed: install python3-venv (Debian) and run again"
-    fi
-  fi
+  make_venv "$venv"
   "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$req" ||
     die "pip install -r $req failed"
   echo "$want_stamp" >"$venv/.stamp"

@@ -1,5 +1,6 @@
-# Host helpers shared by local-stack.sh and pg-ha.sh (sourced, not run). The caller defines
-# log, die and STACK (the folder whose logs/apt.log records what apt-get did).
+# Host helpers shared by local-stack.sh, pg-ha.sh, check-deploy.sh and bench/celery/run.sh
+# (sourced, not run). The caller defines log and die, and STACK (the folder whose
+# logs/apt.log records what apt-get did) where it calls apt_install.
 
 # The newest installed PostgreSQL's bin folder (Debian's /usr/lib/postgresql/N/bin), or
 # nothing when there is none.
@@ -25,4 +26,29 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" \
     >>"$STACK/logs/apt.log" 2>&1 || { rm -f /usr/sbin/policy-rc.d; die "apt-get install $* failed: $STACK/logs/apt.log"; }
   rm -f /usr/sbin/policy-rc.d
+}
+
+# make_venv DIR: a fresh Python virtual environment in DIR. When python3 cannot make one
+# (Debian without python3-venv) and this runs as root with apt-get, installs python3-venv
+# and tries again; otherwise dies with python3's error.
+make_venv() {
+  local venv=$1 err
+  err=$(mktemp)
+  rm -rf "$venv"
+  if python3 -m venv "$venv" 2>"$err"; then
+    rm -f "$err"
+    return 0
+  fi
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    rm -f "$err"
+    log "python3 -m venv failed; installing Debian's python3-venv"
+    apt-get install -y -qq --no-install-recommends python3-venv >/dev/null ||
+      { apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-venv >/dev/null; }
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+  else
+    cat "$err" >&2
+    rm -f "$err"
+    die "python3 -m venv failed: install python3-venv (Debian) and run again"
+  fi
 }

@@ -17,25 +17,16 @@ req=$here/requirements.txt
 want=$(sha256sum "$req" | cut -d' ' -f1)
 
 log() { printf 'peer: %s\n' "$*" >&2; }
+die() { printf 'peer: %s\n' "$*" >&2; exit 1; }
+# shellcheck source=deploy/host.sh
+source "$repo/deploy/host.sh"
 
 mkdir -p "$(dirname "$venv")"
 exec 9>"$venv.lock"
 flock 9
 if [[ ! -x "$venv/bin/python" || "$(cat "$venv/.stamp" 2>/dev/null)" != "$want" ]]; then
   log "installing celery, psycopg and requests (pinned: bench/celery/requirements.txt) into $venv"
-  rm -rf "$venv"
-  if ! python3 -m venv "$venv" 2>/dev/null; then
-    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-      log "python3 -m venv failed; installing Debian's python3-venv"
-      apt-get install -y -qq --no-install-recommends python3-venv >/dev/null ||
-        { apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-venv >/dev/null; }
-      rm -rf "$venv"
-      python3 -m venv "$venv"
-    else
-      log "python3 -m venv failed: install python3-venv and run again"
-      exit 1
-    fi
-  fi
+  make_venv "$venv"
   "$venv/bin/python" -m pip install --disable-pip-version-check -q -r "$req"
   echo "$want" >"$venv/.stamp"
 fi

@@ -87,37 +87,6 @@ impl EmailEventsConfig {
     }
 }
 
-/// The SNS string to sign of `n`, or `None` for an unknown `Type`.
-pub fn sns_string_to_sign(n: &Value) -> Option<String> {
-    let keys: &[&str] = match n["Type"].as_str()? {
-        "Notification" => &[
-            "Message",
-            "MessageId",
-            "Subject",
-            "Timestamp",
-            "TopicArn",
-            "Type",
-        ],
-        "SubscriptionConfirmation" | "UnsubscribeConfirmation" => &[
-            "Message",
-            "MessageId",
-            "SubscribeURL",
-            "Timestamp",
-            "Token",
-            "TopicArn",
-            "Type",
-        ],
-        _ => return None,
-    };
-    let mut s = String::new();
-    for k in keys {
-        if let Some(v) = n[*k].as_str() {
-            s.push_str(&format!("{k}\n{v}\n"));
-        }
-    }
-    Some(s)
-}
-
 /// Whether `url` may serve an SNS signing certificate.
 fn trusted_cert_url(cfg: &EmailEventsConfig, url: &str) -> bool {
     let Ok(u) = url::Url::parse(url) else {
@@ -194,7 +163,7 @@ async fn cert_key(url: &str) -> Result<Vec<u8>, String> {
 
 /// Verifies an SNS message (see the module); `Err` says why not (logged, never answered).
 pub async fn verify_sns(cfg: &EmailEventsConfig, n: &Value) -> Result<(), String> {
-    let to_sign = sns_string_to_sign(n).ok_or("unknown Type")?;
+    let to_sign = notify_core::signed::sns_string_to_sign(n).ok_or("unknown Type")?;
     let alg: &'static dyn ring::signature::VerificationAlgorithm =
         match n["SignatureVersion"].as_str() {
             Some("2") => &ring::signature::RSA_PKCS1_2048_8192_SHA256,
@@ -419,10 +388,10 @@ mod tests {
         let n = json!({"Type": "Notification", "MessageId": "m", "TopicArn": "t",
             "Message": "{\"a\":1}", "Timestamp": "2026-12-01T00:00:00.000Z", "Signature": "x"});
         assert_eq!(
-            sns_string_to_sign(&n).unwrap(),
+            notify_core::signed::sns_string_to_sign(&n).unwrap(),
             "Message\n{\"a\":1}\nMessageId\nm\nTimestamp\n2026-12-01T00:00:00.000Z\nTopicArn\nt\nType\nNotification\n"
         );
-        assert!(sns_string_to_sign(&json!({"Type": "Other"})).is_none());
+        assert!(notify_core::signed::sns_string_to_sign(&json!({"Type": "Other"})).is_none());
     }
 
     #[test]

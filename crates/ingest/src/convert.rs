@@ -9,6 +9,12 @@ use notify_core::{
 use notify_proto::v1 as pb;
 use notify_store::events::{self, DeliveryRecord, NewDelivery};
 
+/// A count as a proto `uint32`, saturating at `u32::MAX` (the API's counts fit; a count
+/// beyond that is shown as the most it can say, never wrapped).
+pub(crate) fn count32(x: u64) -> u32 {
+    u32::try_from(x).unwrap_or(u32::MAX)
+}
+
 /// A protobuf timestamp of `t`.
 pub(crate) fn ts(t: DateTime<Utc>) -> prost_types::Timestamp {
     prost_types::Timestamp {

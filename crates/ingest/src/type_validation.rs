@@ -132,14 +132,7 @@ pub fn validate_type(
                 ),
             );
         }
-        let rich = t.rich_json().to_string();
-        for (field, text) in [
-            ("title", &t.title),
-            ("body", &t.body),
-            ("email_subject", &t.email_subject),
-            ("email_html", &t.email_html),
-            ("overrides", &rich),
-        ] {
+        for (field, text) in template_texts(t) {
             if text.len() > notify_core::template::MAX_TEMPLATE_BYTES {
                 v.add(
                     format!("templates[{i}].{field}"),
@@ -159,15 +152,8 @@ pub fn validate_type(
         );
     }
     for (i, t) in templates.iter().enumerate() {
-        let rich = t.rich_json().to_string();
-        for (field, text) in [
-            ("title", &t.title),
-            ("body", &t.body),
-            ("email_subject", &t.email_subject),
-            ("email_html", &t.email_html),
-            ("overrides", &rich),
-        ] {
-            for kind in notify_core::guard::scan_text(text) {
+        for (field, text) in template_texts(t) {
+            for kind in notify_core::guard::scan_text(&text) {
                 v.add(
                     format!("templates[{i}].{field}"),
                     format!("{}; types may not carry it", kind.describe()),
@@ -298,4 +284,18 @@ fn named_or_default<T: std::str::FromStr + Default>(
         v.add(field, rule);
         T::default()
     })
+}
+
+/// A template's texts by field name (its rich content as JSON under `overrides`), as the
+/// size rule and the sensitive-data scan read them.
+fn template_texts(
+    t: &notify_core::template::Template,
+) -> [(&'static str, std::borrow::Cow<'_, str>); 5] {
+    [
+        ("title", t.title.as_str().into()),
+        ("body", t.body.as_str().into()),
+        ("email_subject", t.email_subject.as_str().into()),
+        ("email_html", t.email_html.as_str().into()),
+        ("overrides", t.rich_json().to_string().into()),
+    ]
 }

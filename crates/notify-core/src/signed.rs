@@ -1,5 +1,6 @@
 //! HMAC-SHA256 signatures (RFC 2104) used at the HTTP edges: the LINE webhook's
-//! `X-Line-Signature` and the signed one-click unsubscribe links of marketing email.
+//! `X-Line-Signature` and the signed one-click unsubscribe links of marketing email; and
+//! the string Amazon SNS signs, which the SES event webhook verifies.
 
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
@@ -128,6 +129,43 @@ impl UnsubscribeToken {
         }
         Ok(t)
     }
+}
+
+/// The Amazon SNS string to sign (SignatureVersion 1 and 2) of the message `n`: each
+/// present field's name and value on lines of their own, in the order SNS signs them —
+/// `Message`, `MessageId`, `Subject` (if present), `Timestamp`, `TopicArn`, `Type` for a
+/// `Notification`; `Message`, `MessageId`, `SubscribeURL`, `Timestamp`, `Token`,
+/// `TopicArn`, `Type` for a `SubscriptionConfirmation` or `UnsubscribeConfirmation`.
+/// `None` for another `Type`. Source: docs.aws.amazon.com/sns/latest/dg/
+/// sns-verify-signature-of-message.html.
+pub fn sns_string_to_sign(n: &serde_json::Value) -> Option<String> {
+    let keys: &[&str] = match n["Type"].as_str()? {
+        "Notification" => &[
+            "Message",
+            "MessageId",
+            "Subject",
+            "Timestamp",
+            "TopicArn",
+            "Type",
+        ],
+        "SubscriptionConfirmation" | "UnsubscribeConfirmation" => &[
+            "Message",
+            "MessageId",
+            "SubscribeURL",
+            "Timestamp",
+            "Token",
+            "TopicArn",
+            "Type",
+        ],
+        _ => return None,
+    };
+    let mut s = String::new();
+    for k in keys {
+        if let Some(v) = n[*k].as_str() {
+            s.push_str(&format!("{k}\n{v}\n"));
+        }
+    }
+    Some(s)
 }
 
 #[cfg(test)]

@@ -57,7 +57,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Router, body::Bytes};
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use uuid::Uuid;
@@ -230,6 +230,19 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
         .to_str()
         .ok()?
         .strip_prefix("Bearer ")
+}
+
+/// The simulator's answer to a `_sim` call that sent a webhook on: 200 with the
+/// receiver's status and body text, or 502 with the error when it could not be reached.
+async fn relayed(sent: reqwest::Result<reqwest::Response>) -> Response {
+    match sent {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap_or_default();
+            answer(200, json!({"status": status, "body": text}), &[])
+        }
+        Err(e) => answer(502, json!({"error": e.to_string()}), &[]),
+    }
 }
 
 fn answer(status: u16, body: Value, extra: &[(&'static str, String)]) -> Response {

@@ -217,14 +217,7 @@ pub(crate) async fn send_webhook(
         .body(body)
         .send()
         .await;
-    match sent {
-        Ok(resp) => {
-            let status = resp.status().as_u16();
-            let text = resp.text().await.unwrap_or_default();
-            answer(200, json!({"status": status, "body": text}), &[])
-        }
-        Err(e) => answer(502, json!({"error": e.to_string()}), &[]),
-    }
+    crate::relayed(sent).await
 }
 
 #[cfg(test)]

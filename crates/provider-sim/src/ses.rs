@@ -195,40 +195,6 @@ pub(crate) struct NotifyRequest {
     cert_url: Option<String>,
 }
 
-/// The SNS string to sign (SignatureVersion 2) of a `Notification` (`Message`,
-/// `MessageId`, `Subject` if present, `Timestamp`, `TopicArn`, `Type`) or of a
-/// `SubscriptionConfirmation` / `UnsubscribeConfirmation` (`Message`, `MessageId`,
-/// `SubscribeURL`, `Timestamp`, `Token`, `TopicArn`, `Type`).
-pub fn sns_string_to_sign(n: &Value) -> String {
-    let keys: &[&str] = if n["Type"] == "Notification" {
-        &[
-            "Message",
-            "MessageId",
-            "Subject",
-            "Timestamp",
-            "TopicArn",
-            "Type",
-        ]
-    } else {
-        &[
-            "Message",
-            "MessageId",
-            "SubscribeURL",
-            "Timestamp",
-            "Token",
-            "TopicArn",
-            "Type",
-        ]
-    };
-    let mut s = String::new();
-    for &k in keys {
-        if let Some(v) = n[k].as_str() {
-            s.push_str(&format!("{k}\n{v}\n"));
-        }
-    }
-    s
-}
-
 /// `POST /_sim/ses/notify`: sends a signed SES event notification (see the module).
 pub(crate) async fn notify(
     State(_sim): State<Sim>,
@@ -293,7 +259,9 @@ pub(crate) async fn notify(
     let kind = n["Type"].as_str().unwrap_or_default().to_string();
     let key = jsonwebtoken::EncodingKey::from_rsa_pem(SNS_KEY_PEM.as_bytes()).expect("fixture key");
     let sig = jsonwebtoken::crypto::sign(
-        sns_string_to_sign(&n).as_bytes(),
+        notify_core::signed::sns_string_to_sign(&n)
+            .expect("a Type SNS signs")
+            .as_bytes(),
         &key,
         jsonwebtoken::Algorithm::RS256,
     )
@@ -315,12 +283,5 @@ pub(crate) async fn notify(
         .body(n.to_string())
         .send()
         .await;
-    match sent {
-        Ok(resp) => {
-            let status = resp.status().as_u16();
-            let text = resp.text().await.unwrap_or_default();
-            answer(200, json!({"status": status, "body": text}), &[])
-        }
-        Err(e) => answer(502, json!({"error": e.to_string()}), &[]),
-    }
+    crate::relayed(sent).await
 }

@@ -139,6 +139,7 @@ impl SesClient {
         let amz_date = now.format("%Y%m%dT%H%M%SZ").to_string();
         let auth = authorization(
             &self.cfg,
+            "ses",
             "POST",
             path,
             "",
@@ -229,22 +230,12 @@ fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
     m.finalize().into_bytes().to_vec()
 }
 
-/// The SigV4 `Authorization` header for SES (service `ses`). `headers` are the signed
-/// ones, lowercase names, sorted by name; `query` is the canonical query string.
-pub fn authorization(
-    cfg: &SesConfig,
-    method: &str,
-    path: &str,
-    query: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-    amz_date: &str,
-) -> String {
-    sign(cfg, "ses", method, path, query, headers, body, amz_date)
-}
-
+/// The AWS Signature Version 4 `Authorization` header of a request to `service` (`ses`
+/// for SES). `headers` are the signed ones, lowercase names, sorted by name; `query` is
+/// the canonical query string; `amz_date` the `X-Amz-Date` value (`YYYYMMDDTHHMMSSZ`).
+/// Source: docs.aws.amazon.com/IAM/latest/UserGuide/reference_sigv.html.
 #[allow(clippy::too_many_arguments)]
-fn sign(
+pub fn authorization(
     cfg: &SesConfig,
     service: &str,
     method: &str,
@@ -298,7 +289,7 @@ mod tests {
             access_key: "AKIDEXAMPLE".into(),
             secret_key: "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY".into(),
         };
-        let auth = sign(
+        let auth = authorization(
             &cfg,
             "iam",
             "GET",

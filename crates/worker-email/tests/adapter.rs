@@ -2,35 +2,24 @@
 //! SMTP server on port 0, through a table of answers (the recipient's local part chooses
 //! the server's answer, see `provider_sim::smtp`): each maps to one typed outcome.
 
+use common::mail_to;
 use notify_core::ErrorClass::*;
 use notify_worker::ChannelSender;
-use notify_worker::testing::{Expect, Sim, job, lease, sent_id};
+use notify_worker::testing::{Expect, Sim, lease, sent_id};
 use std::time::Duration;
 use worker_email::{EmailConfig, EmailSender};
+
+mod common;
 
 /// The exchange's deadline here; the stalling server answers later than it.
 const TIMEOUT: Duration = Duration::from_millis(500);
 
 fn sender(sim: &Sim) -> EmailSender {
     EmailSender::new(EmailConfig {
-        breaker: Default::default(),
-        ses_credentials: None,
-        smtp_url: sim.smtp_url.clone(),
-        from: "Notify <noreply@example.test>".parse().unwrap(),
-        message_id_domain: "example.test".into(),
         timeout: TIMEOUT,
-        unsubscribe_url: "https://notify.example.test/unsubscribe".into(),
-        unsubscribe_secret: "adapter-test-unsubscribe-secret".into(),
-        layout: Default::default(),
+        ..common::config(sim.smtp_url.clone())
     })
     .unwrap()
-}
-
-fn mail_to(address: &str) -> notify_worker::Job {
-    let mut j = job("email", "smtp");
-    j.endpoint_id = None;
-    j.address = Some(address.into());
-    j
 }
 
 #[tokio::test]

@@ -1,33 +1,23 @@
 //! Provider failover called directly (no broker, no database): two simulators' SMTP
 //! servers, or an SMTP server and the simulator's SES, in `NOTIFY_SMTP_URL` order.
 
+use common::mail_to;
 use notify_core::ErrorClass::*;
 use notify_worker::ChannelSender;
-use notify_worker::testing::{Expect, Sim, job, lease, sent_id};
+use notify_worker::testing::{Expect, Sim, lease, sent_id};
 use std::time::Duration;
 use worker_email::breaker::{BreakerConfig, State};
 use worker_email::{EmailConfig, EmailSender};
 
+mod common;
+
 fn sender(urls: String, breaker: BreakerConfig) -> EmailSender {
     EmailSender::new(EmailConfig {
-        smtp_url: urls,
         breaker,
         ses_credentials: Some(("AKIDEXAMPLE".into(), "ses-test-secret".into())),
-        from: "Notify <noreply@example.test>".parse().unwrap(),
-        message_id_domain: "example.test".into(),
-        timeout: Duration::from_secs(2),
-        unsubscribe_url: "https://notify.example.test/unsubscribe".into(),
-        unsubscribe_secret: "adapter-test-unsubscribe-secret".into(),
-        layout: Default::default(),
+        ..common::config(urls)
     })
     .unwrap()
-}
-
-fn mail_to(address: &str) -> notify_worker::Job {
-    let mut j = job("email", "smtp");
-    j.endpoint_id = None;
-    j.address = Some(address.into());
-    j
 }
 
 /// Moves Tokio's clock, which the breakers read, `by` forward at once; it runs on from

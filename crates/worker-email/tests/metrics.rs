@@ -2,7 +2,8 @@
 //! each provider call by outcome, the breaker's transition and its state. Its own test
 //! binary, so that the process-wide meter provider holds only these counts.
 
-use notify_worker::testing::{Sim, job, lease, sent_id};
+mod common;
+use notify_worker::testing::{Sim, lease, sent_id};
 use std::time::Duration;
 use worker_email::breaker::BreakerConfig;
 use worker_email::{EmailConfig, EmailSender};
@@ -25,19 +26,13 @@ async fn a_failover_is_counted_per_provider_and_the_open_breaker_is_exported() {
     notify_telemetry::init("worker-email-metrics-test");
     let (primary, secondary) = (Sim::start().await, Sim::start().await);
     let email = EmailSender::new(EmailConfig {
-        smtp_url: format!("{},{}", primary.smtp_url, secondary.smtp_url),
         breaker: BreakerConfig {
             failures: 1,
             cooldown: Duration::from_secs(600),
             ..Default::default()
         },
-        ses_credentials: None,
-        from: "Notify <noreply@example.test>".parse().unwrap(),
-        message_id_domain: "example.test".into(),
-        timeout: Duration::from_secs(2),
-        unsubscribe_url: "https://notify.example.test/unsubscribe".into(),
         unsubscribe_secret: "metrics-test-unsubscribe-secret".into(),
-        layout: Default::default(),
+        ..common::config(format!("{},{}", primary.smtp_url, secondary.smtp_url))
     })
     .unwrap();
     let p = primary.smtp_url.trim_start_matches("smtp://").to_string();
@@ -45,9 +40,7 @@ async fn a_failover_is_counted_per_provider_and_the_open_breaker_is_exported() {
     primary
         .smtp
         .set_fault(Some("421 4.3.2 service not available"));
-    let mut mail = job("email", "smtp");
-    mail.endpoint_id = None;
-    mail.address = Some("somchai@example.test".into());
+    let mail = common::mail_to("somchai@example.test");
     use notify_worker::ChannelSender;
     for _ in 0..2 {
         let out = email.send(&mail, &lease()).await;

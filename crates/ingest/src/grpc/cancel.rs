@@ -4,6 +4,7 @@
 
 use super::Services;
 use crate::auth::Caller;
+use crate::convert::count32;
 use crate::error::ApiError;
 use notify_core::event::{MAX_CANCELLATION_KEY_BYTES, MAX_EVENT_KEY_BYTES, normalize_event_key};
 use notify_core::validate::Violations;
@@ -110,15 +111,14 @@ impl Services {
             not_created = out.not_created,
             "events canceled"
         );
-        let n = |x: u64| u32::try_from(x).unwrap_or(u32::MAX);
         Ok(pb::CancelEventResponse {
-            events: n(out.event_ids.len() as u64),
-            canceled: n(out.canceled),
-            sent: n(out.sent),
-            in_flight: n(out.in_flight),
-            failed: n(out.failed),
-            skipped: n(out.skipped),
-            not_created: n(out.not_created),
+            events: count32(out.event_ids.len() as u64),
+            canceled: count32(out.canceled),
+            sent: count32(out.sent),
+            in_flight: count32(out.in_flight),
+            failed: count32(out.failed),
+            skipped: count32(out.skipped),
+            not_created: count32(out.not_created),
             event_ids: out.event_ids.iter().map(Uuid::to_string).collect(),
         })
     }

@@ -4,6 +4,7 @@
 
 use super::Services;
 use crate::auth::Caller;
+use crate::convert::count32;
 use crate::convert::ts;
 use crate::error::ApiError;
 use notify_core::validate::Violations;
@@ -85,14 +86,13 @@ impl Services {
             deliveries_redacted = out.deliveries_redacted,
             "recipient erased"
         );
-        let n = |x: u64| u32::try_from(x).unwrap_or(u32::MAX);
         Ok(pb::EraseRecipientResponse {
             recipient_found: out.recipient_found,
-            deliveries_canceled: n(out.deliveries_canceled),
-            deliveries_redacted: n(out.deliveries_redacted),
-            attempts_redacted: n(out.attempts_redacted),
-            inbox_deleted: n(out.inbox_deleted),
-            endpoints_deleted: n(out.endpoints_deleted),
+            deliveries_canceled: count32(out.deliveries_canceled),
+            deliveries_redacted: count32(out.deliveries_redacted),
+            attempts_redacted: count32(out.attempts_redacted),
+            inbox_deleted: count32(out.inbox_deleted),
+            endpoints_deleted: count32(out.endpoints_deleted),
             user_id_sha256: out.user_sha256.iter().map(|b| format!("{b:02x}")).collect(),
         })
     }

@@ -18,7 +18,6 @@ use notify_core::{Channel, DeliveryStatus, FanoutStatus, NewEvent};
 use notify_proto::v1 as pb;
 use notify_store::catalog;
 use notify_store::events::{self, EventRecord, EventSelector};
-use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
 /// Most deliveries (and skipped pairs) in one reply.
@@ -393,55 +392,11 @@ impl Services {
     }
 }
 
-#[tonic::async_trait]
-impl pb::ingest_service_server::IngestService for Services {
-    async fn create_event(
-        &self,
-        req: Request<pb::CreateEventRequest>,
-    ) -> Result<Response<pb::CreateEventResponse>, Status> {
-        self.call(req, Need::Read, |caller, r| {
-            Services::create_event(self, caller, r)
-        })
-        .await
-    }
-
-    async fn get_event(
-        &self,
-        req: Request<pb::GetEventRequest>,
-    ) -> Result<Response<pb::GetEventResponse>, Status> {
-        self.call(req, Need::Read, |caller, r| {
-            Services::get_event(self, caller, r)
-        })
-        .await
-    }
-
-    async fn cancel_event(
-        &self,
-        req: Request<pb::CancelEventRequest>,
-    ) -> Result<Response<pb::CancelEventResponse>, Status> {
-        self.call(req, Need::Read, |caller, r| {
-            Services::cancel_event(self, caller, r)
-        })
-        .await
-    }
-
-    async fn list_events(
-        &self,
-        req: Request<pb::ListEventsRequest>,
-    ) -> Result<Response<pb::ListEventsResponse>, Status> {
-        self.call(req, Need::Read, |caller, r| {
-            Services::list_events(self, caller, r)
-        })
-        .await
-    }
-
-    async fn explain_delivery(
-        &self,
-        req: Request<pb::ExplainDeliveryRequest>,
-    ) -> Result<Response<pb::ExplainDeliveryResponse>, Status> {
-        self.call(req, Need::Read, |caller, r| {
-            Services::explain_delivery(self, caller, r)
-        })
-        .await
-    }
+delegate_service! {
+    impl pb::ingest_service_server::IngestService, Need::Read;
+    caller fn create_event(pb::CreateEventRequest) -> pb::CreateEventResponse;
+    caller fn get_event(pb::GetEventRequest) -> pb::GetEventResponse;
+    caller fn cancel_event(pb::CancelEventRequest) -> pb::CancelEventResponse;
+    caller fn list_events(pb::ListEventsRequest) -> pb::ListEventsResponse;
+    caller fn explain_delivery(pb::ExplainDeliveryRequest) -> pb::ExplainDeliveryResponse;
 }

@@ -7,6 +7,41 @@
 //! Dependencies point one way: `grpc` -> `writer` -> `planning`; nothing outside this
 //! module imports from it.
 
+/// Implements a tonic service trait for [`Services`] by delegation: every method goes
+/// through [`Services::call`] with the service's `need`, then calls the inherent method of
+/// the same name with the request message (`fn`), or with the caller and the message
+/// (`caller fn`). Associated stream types are declared first (`type X = Y;`).
+macro_rules! delegate_service {
+    (
+        impl $service:path, $need:expr;
+        $(type $assoc:ident = $assoc_ty:ty;)*
+        $(fn $method:ident($req:ty) -> $resp:ty;)*
+        $(caller fn $cmethod:ident($creq:ty) -> $cresp:ty;)*
+    ) => {
+        #[tonic::async_trait]
+        impl $service for Services {
+            $(type $assoc = $assoc_ty;)*
+            $(
+                async fn $method(
+                    &self,
+                    req: tonic::Request<$req>,
+                ) -> Result<tonic::Response<$resp>, tonic::Status> {
+                    self.call(req, $need, |_, r| Services::$method(self, r)).await
+                }
+            )*
+            $(
+                async fn $cmethod(
+                    &self,
+                    req: tonic::Request<$creq>,
+                ) -> Result<tonic::Response<$cresp>, tonic::Status> {
+                    self.call(req, $need, |caller, r| Services::$cmethod(self, caller, r))
+                        .await
+                }
+            )*
+        }
+    };
+}
+
 mod cancel;
 mod data;
 mod ingest;

@@ -10,7 +10,6 @@ use notify_core::push_endpoint;
 use notify_core::validate::{self, Violations};
 use notify_proto::v1 as pb;
 use notify_store::catalog::{self, Recipient};
-use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
 impl Services {
@@ -225,87 +224,16 @@ impl Services {
     }
 }
 
-#[tonic::async_trait]
-impl pb::recipient_service_server::RecipientService for Services {
+delegate_service! {
+    impl pb::recipient_service_server::RecipientService, Need::Manage;
     type ExportRecipientDataStream = super::data::ExportStream;
-
-    async fn get_recipient(
-        &self,
-        req: Request<pb::GetRecipientRequest>,
-    ) -> Result<Response<pb::GetRecipientResponse>, Status> {
-        self.call(req, Need::Manage, |_, r| Services::get_recipient(self, r))
-            .await
-    }
-
-    async fn erase_recipient(
-        &self,
-        req: Request<pb::EraseRecipientRequest>,
-    ) -> Result<Response<pb::EraseRecipientResponse>, Status> {
-        self.call(req, Need::Manage, |caller, r| {
-            Services::erase_recipient(self, caller, r)
-        })
-        .await
-    }
-
-    async fn export_recipient_data(
-        &self,
-        req: Request<pb::ExportRecipientDataRequest>,
-    ) -> Result<Response<Self::ExportRecipientDataStream>, Status> {
-        self.call(req, Need::Manage, |_, r| {
-            Services::export_recipient_data(self, r)
-        })
-        .await
-    }
-
-    async fn upsert_recipient(
-        &self,
-        req: Request<pb::UpsertRecipientRequest>,
-    ) -> Result<Response<pb::UpsertRecipientResponse>, Status> {
-        self.call(req, Need::Manage, |_, r| {
-            Services::upsert_recipient(self, r)
-        })
-        .await
-    }
-
-    async fn register_endpoint(
-        &self,
-        req: Request<pb::RegisterEndpointRequest>,
-    ) -> Result<Response<pb::RegisterEndpointResponse>, Status> {
-        self.call(req, Need::Manage, |_, r| {
-            Services::register_endpoint(self, r)
-        })
-        .await
-    }
-
-    async fn revoke_endpoint(
-        &self,
-        req: Request<pb::RevokeEndpointRequest>,
-    ) -> Result<Response<pb::RevokeEndpointResponse>, Status> {
-        self.call(req, Need::Manage, |_, r| Services::revoke_endpoint(self, r))
-            .await
-    }
-
-    async fn set_preference(
-        &self,
-        req: Request<pb::SetPreferenceRequest>,
-    ) -> Result<Response<pb::SetPreferenceResponse>, Status> {
-        self.call(req, Need::Manage, |_, r| Services::set_preference(self, r))
-            .await
-    }
-
-    async fn get_preferences(
-        &self,
-        req: Request<pb::GetPreferencesRequest>,
-    ) -> Result<Response<pb::GetPreferencesResponse>, Status> {
-        self.call(req, Need::Manage, |_, r| Services::get_preferences(self, r))
-            .await
-    }
-
-    async fn set_quiet_hours(
-        &self,
-        req: Request<pb::SetQuietHoursRequest>,
-    ) -> Result<Response<pb::SetQuietHoursResponse>, Status> {
-        self.call(req, Need::Manage, |_, r| Services::set_quiet_hours(self, r))
-            .await
-    }
+    fn get_recipient(pb::GetRecipientRequest) -> pb::GetRecipientResponse;
+    fn export_recipient_data(pb::ExportRecipientDataRequest) -> Self::ExportRecipientDataStream;
+    fn upsert_recipient(pb::UpsertRecipientRequest) -> pb::UpsertRecipientResponse;
+    fn register_endpoint(pb::RegisterEndpointRequest) -> pb::RegisterEndpointResponse;
+    fn revoke_endpoint(pb::RevokeEndpointRequest) -> pb::RevokeEndpointResponse;
+    fn set_preference(pb::SetPreferenceRequest) -> pb::SetPreferenceResponse;
+    fn get_preferences(pb::GetPreferencesRequest) -> pb::GetPreferencesResponse;
+    fn set_quiet_hours(pb::SetQuietHoursRequest) -> pb::SetQuietHoursResponse;
+    caller fn erase_recipient(pb::EraseRecipientRequest) -> pb::EraseRecipientResponse;
 }

@@ -6,7 +6,6 @@ use crate::error::ApiError;
 use notify_core::validate::{self, Violations};
 use notify_proto::v1 as pb;
 use notify_store::topics;
-use tonic::{Request, Response, Status};
 
 impl Services {
     /// Checks the topic key and the user ids, which are normalised in place by the one
@@ -85,29 +84,9 @@ impl Services {
     }
 }
 
-#[tonic::async_trait]
-impl pb::topic_service_server::TopicService for Services {
-    async fn create_topic(
-        &self,
-        req: Request<pb::CreateTopicRequest>,
-    ) -> Result<Response<pb::CreateTopicResponse>, Status> {
-        self.call(req, Need::Manage, |_, r| Services::create_topic(self, r))
-            .await
-    }
-
-    async fn subscribe(
-        &self,
-        req: Request<pb::SubscribeRequest>,
-    ) -> Result<Response<pb::SubscribeResponse>, Status> {
-        self.call(req, Need::Manage, |_, r| Services::subscribe(self, r))
-            .await
-    }
-
-    async fn unsubscribe(
-        &self,
-        req: Request<pb::UnsubscribeRequest>,
-    ) -> Result<Response<pb::UnsubscribeResponse>, Status> {
-        self.call(req, Need::Manage, |_, r| Services::unsubscribe(self, r))
-            .await
-    }
+delegate_service! {
+    impl pb::topic_service_server::TopicService, Need::Manage;
+    fn create_topic(pb::CreateTopicRequest) -> pb::CreateTopicResponse;
+    fn subscribe(pb::SubscribeRequest) -> pb::SubscribeResponse;
+    fn unsubscribe(pb::UnsubscribeRequest) -> pb::UnsubscribeResponse;
 }

@@ -6,10 +6,9 @@ use crate::error::ApiError;
 use crate::type_validation::validate_type;
 use notify_proto::v1 as pb;
 use notify_store::catalog;
-use tonic::{Request, Response, Status};
 
 impl Services {
-    async fn upsert_type(
+    async fn upsert_notification_type(
         &self,
         r: pb::UpsertNotificationTypeRequest,
     ) -> Result<pb::UpsertNotificationTypeResponse, ApiError> {
@@ -28,13 +27,7 @@ impl Services {
     }
 }
 
-#[tonic::async_trait]
-impl pb::type_service_server::TypeService for Services {
-    async fn upsert_notification_type(
-        &self,
-        req: Request<pb::UpsertNotificationTypeRequest>,
-    ) -> Result<Response<pb::UpsertNotificationTypeResponse>, Status> {
-        self.call(req, Need::Manage, |_, r| self.upsert_type(r))
-            .await
-    }
+delegate_service! {
+    impl pb::type_service_server::TypeService, Need::Manage;
+    fn upsert_notification_type(pb::UpsertNotificationTypeRequest) -> pb::UpsertNotificationTypeResponse;
 }

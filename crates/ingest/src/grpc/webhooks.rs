@@ -11,7 +11,6 @@ use notify_proto::v1 as pb;
 use notify_store::StoreError;
 use notify_store::webhooks::{self as store, Endpoint, EndpointChange};
 use std::time::Duration;
-use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
 /// Longest rotation overlap (7 days).
@@ -206,55 +205,11 @@ fn not_found(id: &str) -> impl FnOnce(StoreError) -> ApiError + '_ {
     }
 }
 
-#[tonic::async_trait]
-impl pb::webhook_service_server::WebhookService for Services {
-    async fn create_webhook_endpoint(
-        &self,
-        req: Request<pb::CreateWebhookEndpointRequest>,
-    ) -> Result<Response<pb::CreateWebhookEndpointResponse>, Status> {
-        self.call(req, Need::Read, |c, r| {
-            Services::create_webhook_endpoint(self, c, r)
-        })
-        .await
-    }
-
-    async fn list_webhook_endpoints(
-        &self,
-        req: Request<pb::ListWebhookEndpointsRequest>,
-    ) -> Result<Response<pb::ListWebhookEndpointsResponse>, Status> {
-        self.call(req, Need::Read, |c, r| {
-            Services::list_webhook_endpoints(self, c, r)
-        })
-        .await
-    }
-
-    async fn update_webhook_endpoint(
-        &self,
-        req: Request<pb::UpdateWebhookEndpointRequest>,
-    ) -> Result<Response<pb::UpdateWebhookEndpointResponse>, Status> {
-        self.call(req, Need::Read, |c, r| {
-            Services::update_webhook_endpoint(self, c, r)
-        })
-        .await
-    }
-
-    async fn rotate_webhook_secret(
-        &self,
-        req: Request<pb::RotateWebhookSecretRequest>,
-    ) -> Result<Response<pb::RotateWebhookSecretResponse>, Status> {
-        self.call(req, Need::Read, |c, r| {
-            Services::rotate_webhook_secret(self, c, r)
-        })
-        .await
-    }
-
-    async fn delete_webhook_endpoint(
-        &self,
-        req: Request<pb::DeleteWebhookEndpointRequest>,
-    ) -> Result<Response<pb::DeleteWebhookEndpointResponse>, Status> {
-        self.call(req, Need::Read, |c, r| {
-            Services::delete_webhook_endpoint(self, c, r)
-        })
-        .await
-    }
+delegate_service! {
+    impl pb::webhook_service_server::WebhookService, Need::Read;
+    caller fn create_webhook_endpoint(pb::CreateWebhookEndpointRequest) -> pb::CreateWebhookEndpointResponse;
+    caller fn list_webhook_endpoints(pb::ListWebhookEndpointsRequest) -> pb::ListWebhookEndpointsResponse;
+    caller fn update_webhook_endpoint(pb::UpdateWebhookEndpointRequest) -> pb::UpdateWebhookEndpointResponse;
+    caller fn rotate_webhook_secret(pb::RotateWebhookSecretRequest) -> pb::RotateWebhookSecretResponse;
+    caller fn delete_webhook_endpoint(pb::DeleteWebhookEndpointRequest) -> pb::DeleteWebhookEndpointResponse;
 }

@@ -40,12 +40,7 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
     let fields = field_violations(&err);
     assert_eq!(fields, ["windows[0]"]);
     p.set_quiet_hours(&u, start, end).await;
-    let prefs = p
-        .recipients()
-        .get_preferences(pb::GetPreferencesRequest { user_id: u.clone() })
-        .await
-        .unwrap()
-        .into_inner();
+    let prefs = p.preferences(&u).await;
     assert_eq!(prefs.timezone, "Asia/Bangkok");
     assert_eq!(prefs.quiet_hours[0].end, hhmm(end));
 
@@ -230,12 +225,7 @@ async fn the_deciding_preference_level_is_explained() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    let prefs = p
-        .recipients()
-        .get_preferences(pb::GetPreferencesRequest { user_id: u.clone() })
-        .await
-        .unwrap()
-        .into_inner();
+    let prefs = p.preferences(&u).await;
     assert_eq!(prefs.preferences.len(), 3);
 }
 

@@ -39,17 +39,7 @@ async fn make_due(p: &Platform, event_id: &str, users: &[&str]) {
         )
         .await;
     }
-    p.exec(
-        "UPDATE notification_deliveries SET next_attempt_at = now() WHERE event_id = $1::uuid",
-        event_id,
-    )
-    .await;
-    p.exec(
-        "UPDATE outbox SET available_at = now() WHERE delivery_id IN
-           (SELECT id FROM notification_deliveries WHERE event_id = $1::uuid)",
-        event_id,
-    )
-    .await;
+    p.make_due_now(event_id).await;
 }
 
 /// Every delivery is pending and held at the call: nothing was decided yet.

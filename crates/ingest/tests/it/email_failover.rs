@@ -288,6 +288,13 @@ async fn trusting_http_api(p: &mut Platform) -> String {
     p.start_http_api(cfg).await
 }
 
+/// SES reports a complaint about `address` to the http-api at `http`; asserts the
+/// webhook was taken (200).
+async fn complain(p: &Platform, http: &str, address: &str) {
+    let r = notify(p, http, json!({"event": "Complaint", "address": address})).await;
+    assert_eq!(r["status"], 200, "{r}");
+}
+
 /// Has the simulator post an SNS notification of `event` about `address` to `http`.
 async fn notify(p: &Platform, http: &str, body: Value) -> Value {
     let mut body = body;
@@ -427,8 +434,7 @@ async fn a_complaint_suppresses_marketing_email_only() {
     p.add_type("order_paid", &["email"]).await;
     p.add_marketing_type().await;
     let (user, address) = p.add_email_recipient("c").await;
-    let r = notify(&p, &http, json!({"event": "Complaint", "address": address})).await;
-    assert_eq!(r["status"], 200, "{r}");
+    complain(&p, &http, &address).await;
 
     let ev = p.send("c:1", "promo_weekly", &[&user]).await;
     assert!(ev.deliveries.is_empty());
@@ -445,13 +451,7 @@ async fn the_console_lists_removes_and_adds_suppressions_with_audit() {
     let http_api = trusting_http_api(&mut p).await;
     p.add_marketing_type().await;
     let (user, address) = p.add_email_recipient("k").await;
-    let r = notify(
-        &p,
-        &http_api,
-        json!({"event": "Complaint", "address": address}),
-    )
-    .await;
-    assert_eq!(r["status"], 200, "{r}");
+    complain(&p, &http_api, &address).await;
 
     let http = no_redirects();
     let url = |path: &str| format!("{}{path}", p.http_url);
@@ -559,30 +559,14 @@ async fn a_complaint_before_the_due_time_skips_the_held_marketing_email() {
     let ev = p.send("h:1", "promo_weekly", &[&user]).await;
     assert_eq!(ev.deliveries[0].status, "pending", "{ev:?}");
 
-    let r = notify(
-        &p,
-        &http_api,
-        json!({"event": "Complaint", "address": address}),
-    )
-    .await;
-    assert_eq!(r["status"], 200, "{r}");
+    complain(&p, &http_api, &address).await;
     p.set_quiet_hours(
         &user,
         now - chrono::Duration::hours(3),
         now - chrono::Duration::hours(2),
     )
     .await;
-    for sql in [
-        "UPDATE notification_deliveries SET next_attempt_at = now() WHERE event_id = $1::uuid",
-        "UPDATE outbox SET available_at = now() WHERE delivery_id IN
-           (SELECT id FROM notification_deliveries WHERE event_id = $1::uuid)",
-    ] {
-        sqlx::query(sql)
-            .bind(&ev.event_id)
-            .execute(&p.pool)
-            .await
-            .unwrap();
-    }
+    p.make_due_now(&ev.event_id).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     let d = &done.deliveries[0];
     assert_eq!(

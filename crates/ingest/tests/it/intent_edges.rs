@@ -13,25 +13,13 @@ use serde_json::json;
 use std::time::Duration;
 use support::{
     Options, Platform, SendExt, api_key, cancel, cancel_req, db_now, delivery_of, eventually,
-    no_redirects, settle, uniq, with_key,
+    no_redirects, settle, uniq, violations, with_key,
 };
 use tonic::Code;
-use tonic_types::StatusExt;
 
 /// The database clock now.
 fn instant(t: &prost_types::Timestamp) -> DateTime<Utc> {
     DateTime::from_timestamp(t.seconds, t.nanos as u32).expect("timestamp in range")
-}
-
-/// The violations of an `INVALID_ARGUMENT`, with their descriptions.
-fn violations(err: &tonic::Status) -> Vec<(String, String)> {
-    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    err.get_details_bad_request()
-        .expect("a BadRequest detail")
-        .field_violations
-        .into_iter()
-        .map(|v| (v.field, v.description))
-        .collect()
 }
 
 /// Deliveries of `event_id` by (channel, status).

@@ -343,17 +343,7 @@ async fn the_overview_equals_the_rows_through_sends_retries_failures_cancellatio
     assert_eq!(out.canceled, 2, "{out:?}");
     assert_exact_live(db, "canceled").await;
     p.set_preference(&gone, "ov_paid", "line", false).await;
-    for sql in [
-        "UPDATE notification_deliveries SET next_attempt_at = now() WHERE event_id = $1::uuid",
-        "UPDATE outbox SET available_at = now() WHERE delivery_id IN
-           (SELECT id FROM notification_deliveries WHERE event_id = $1::uuid)",
-    ] {
-        sqlx::query(sql)
-            .bind(&skipping.event_id)
-            .execute(db)
-            .await
-            .unwrap();
-    }
+    p.make_due_now(&skipping.event_id).await;
     let done = p.wait_final(&skipping.event_id, 60).await;
     let mut states: Vec<_> = done
         .deliveries

@@ -43,17 +43,7 @@ async fn a_worker_killed_during_every_call_spends_the_attempt_cap_then_the_deliv
             ("NOTIFY_SWEEP_INTERVAL", "1s".into()),
         ],
     );
-    eventually("ingest serving", Duration::from_secs(30), async || {
-        let status = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone())
-            .check(tonic_health::pb::HealthCheckRequest::default())
-            .await
-            .map(|r| r.into_inner().status);
-        match status {
-            Ok(1) => Ok(()),
-            other => Err(other),
-        }
-    })
-    .await;
+    p.wait_serving().await;
     p.add_type("order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
     // Every LINE call to this user hangs (the worker is killed while it waits), and LINE

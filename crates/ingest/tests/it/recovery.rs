@@ -1347,13 +1347,7 @@ async fn a_group_commits_held_deliveries_share_rows_across_its_events_each_with_
     )
     .await;
     // A backlog of 4 rows due an hour ago, against a sweep batch of 3: the relay is behind.
-    let backlog: Vec<i64> = p
-        .query_scalars(
-            "INSERT INTO outbox (delivery_id, channel, available_at)
-         SELECT gen_random_uuid(), 'inapp', now() - interval '1 hour' FROM generate_series(1, 4)
-         RETURNING id",
-        )
-        .await;
+    let backlog = p.add_stale_outbox_rows(4).await;
     let wait = Duration::from_secs(60);
     let behind = async |batch| {
         notify_store::deliveries::relay_behind(&p.pool, wait, batch)

@@ -6,9 +6,8 @@ use crate::support;
 
 use chrono::{DateTime, Utc};
 use std::time::Duration;
-use support::{Platform, eventually, uniq};
+use support::{Platform, eventually, uniq, violations};
 use tonic::Code;
-use tonic_types::StatusExt;
 
 /// The instant of a protobuf timestamp.
 fn instant(t: &prost_types::Timestamp) -> DateTime<Utc> {
@@ -44,17 +43,6 @@ async fn until(t: DateTime<Utc>) {
         },
     )
     .await;
-}
-
-/// The fields of the violations of an `INVALID_ARGUMENT`, with their descriptions.
-fn violations(err: &tonic::Status) -> Vec<(String, String)> {
-    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    err.get_details_bad_request()
-        .expect("a BadRequest detail")
-        .field_violations
-        .into_iter()
-        .map(|v| (v.field, v.description))
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,23 +269,10 @@ async fn a_scheduled_delivery_survives_a_restart_of_ingest_and_the_workers() {
         ..Default::default()
     })
     .await;
-    let serving = async |p: &Platform| {
-        eventually("ingest serving", Duration::from_secs(30), async || {
-            let status = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone())
-                .check(tonic_health::pb::HealthCheckRequest::default())
-                .await
-                .map(|r| r.into_inner().status);
-            match status {
-                Ok(1) => Ok(()),
-                other => Err(other),
-            }
-        })
-        .await
-    };
     // A horizon of 2 minutes, as set.
     let horizon = [("NOTIFY_SCHEDULE_HORIZON", "2m".to_string())];
     let mut ingest = p.spawn("ingest", &["serve"], &horizon);
-    serving(&p).await;
+    p.wait_serving().await;
     p.add_type("order_paid", &["line"]).await;
     let (u, line) = p.add_line_recipient("u").await;
     let mut req = p.event(&uniq("order:restart"), "order_paid", &[&u]);
@@ -318,7 +293,7 @@ async fn a_scheduled_delivery_survives_a_restart_of_ingest_and_the_workers() {
 
     ingest = p.spawn("ingest", &["serve"], &horizon);
     p.start_worker(notify_core::Channel::Line);
-    serving(&p).await;
+    p.wait_serving().await;
     let done = p.wait_final(&created.event_id, 20).await;
     support::assert_sent(&done.deliveries[0]);
     assert_eq!(done.deliveries[0].attempts, 1);

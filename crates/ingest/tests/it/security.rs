@@ -7,7 +7,7 @@ use notify_proto::v1 as pb;
 use notify_store::api_keys::{self, NewApiKey};
 use serde_json::json;
 use std::time::{Duration, Instant};
-use support::{Options, Platform, eventually, line_id, type_request, uniq, with_key};
+use support::{Options, Platform, eventually, line_id, type_request, uniq, violations, with_key};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -560,16 +560,15 @@ async fn mutual_tls_names_the_caller_by_its_certificate() {
     }
 }
 
-fn violations(err: &tonic::Status) -> Vec<(String, String)> {
-    err.get_error_details()
-        .bad_request()
-        .map(|b| {
-            b.field_violations
-                .iter()
-                .map(|v| (v.field.clone(), v.description.clone()))
-                .collect()
-        })
-        .unwrap_or_default()
+/// The violations (field, description) of `CreateEvent` for `req` sent with `key`,
+/// which must refuse it as `INVALID_ARGUMENT`.
+async fn refusal(p: &Platform, req: pb::CreateEventRequest, key: &str) -> Vec<(String, String)> {
+    violations(
+        &ingest(&p.grpc)
+            .create_event(with_key(req, key))
+            .await
+            .unwrap_err(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -624,33 +623,18 @@ async fn sensitive_data_is_rejected_by_default_and_masked_when_the_type_says_so(
     // Other spellings are found too, and identifiers may never carry an id.
     let mut req = p.event(&uniq("kyc"), "kyc_check", &[&user]);
     req.payload = json!({"doc": "1.1037.00123.45.8", "pass": ["x"]}).to_string();
-    let v = violations(
-        &ingest(&p.grpc)
-            .create_event(with_key(req, &admin))
-            .await
-            .unwrap_err(),
-    );
+    let v = refusal(&p, req, &admin).await;
     let fields: Vec<&str> = v.iter().map(|(f, _)| f.as_str()).collect();
     assert_eq!(fields, ["payload.doc", "payload.pass"]);
     let mut req = p.event("citizen:1103700123458", "order_paid", &[&user]);
     req.payload = "{}".into();
-    let v = violations(
-        &ingest(&p.grpc)
-            .create_event(with_key(req, &admin))
-            .await
-            .unwrap_err(),
-    );
+    let v = refusal(&p, req, &admin).await;
     assert_eq!(v[0].0, "event_key", "{v:?}");
     assert!(!v[0].1.contains("1103700123458"));
     // Encoded in HTML, on a type that masks: masking cannot reach it, so it is refused.
     let mut req = p.event(&uniq("paid"), "order_paid", &[&user]);
     req.content.as_mut().unwrap().email_html = "<p>&#49;103700<b>123458</b></p>".into();
-    let v = violations(
-        &ingest(&p.grpc)
-            .create_event(with_key(req, &admin))
-            .await
-            .unwrap_err(),
-    );
+    let v = refusal(&p, req, &admin).await;
     assert_eq!(v[0].0, "content.email_html", "{v:?}");
 
     // Lookalikes pass: a wrong check digit, a card number failing Luhn, an order number.

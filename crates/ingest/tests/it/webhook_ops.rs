@@ -387,13 +387,7 @@ async fn the_stale_webhook_message_sweep_waits_while_the_relay_is_behind() {
     .await;
     // Four rows due an hour ago, not claimed: against a sweep batch of 3 the relay is
     // behind.
-    let backlog: Vec<i64> = p
-        .query_scalars(
-            "INSERT INTO outbox (delivery_id, channel, available_at)
-         SELECT gen_random_uuid(), 'inapp', now() - interval '1 hour' FROM generate_series(1, 4)
-         RETURNING id",
-        )
-        .await;
+    let backlog = p.add_stale_outbox_rows(4).await;
     let wait = Duration::from_secs(60);
     let sweep = async || {
         notify_store::webhooks::republish_stale_messages(&p.pool, wait, 3)

@@ -212,3 +212,20 @@ impl PartialEq for DeliveryJob {
     }
 }
 impl Eq for DeliveryJob {}
+
+/// After the state change `done` of delivery `id` in `tx`: false when it changed no row
+/// (the delivery was not in the state the change requires, so nothing is written and the
+/// caller rolls back by dropping `tx`); otherwise queues the status webhook `event` for
+/// it and returns true.
+async fn announce_change(
+    tx: &mut sqlx::PgConnection,
+    done: sqlx::postgres::PgQueryResult,
+    id: Uuid,
+    event: crate::webhooks::EventType,
+) -> crate::Result<bool> {
+    if done.rows_affected() != 1 {
+        return Ok(false);
+    }
+    crate::webhooks::enqueue_for_deliveries(tx, &[(id, event)]).await?;
+    Ok(true)
+}

@@ -42,14 +42,16 @@ pub async fn defer_claimed(
     .bind(DeliveryStatus::Sending.as_str())
     .execute(&mut *tx)
     .await?;
-    if done.rows_affected() != 1 {
+    if !super::announce_change(
+        &mut tx,
+        done,
+        job.id,
+        crate::webhooks::EventType::DeliveryDeferred,
+    )
+    .await?
+    {
         return Ok(false);
     }
-    crate::webhooks::enqueue_for_deliveries(
-        &mut tx,
-        &[(job.id, crate::webhooks::EventType::DeliveryDeferred)],
-    )
-    .await?;
     tx.commit().await?;
     Ok(true)
 }
@@ -565,14 +567,16 @@ pub async fn fail_unclaimed(db: &PgPool, id: Uuid, reason: FailReason) -> Result
     .bind(DeliveryStatus::Pending.as_str())
     .execute(&mut *tx)
     .await?;
-    if done.rows_affected() != 1 {
+    if !super::announce_change(
+        &mut tx,
+        done,
+        id,
+        crate::webhooks::EventType::DeliveryFailed,
+    )
+    .await?
+    {
         return Ok(false);
     }
-    crate::webhooks::enqueue_for_deliveries(
-        &mut tx,
-        &[(id, crate::webhooks::EventType::DeliveryFailed)],
-    )
-    .await?;
     tx.commit().await?;
     Ok(true)
 }

@@ -46,14 +46,16 @@ pub async fn skip_claimed(
     .bind(why)
     .execute(&mut *tx)
     .await?;
-    if done.rows_affected() != 1 {
+    if !super::announce_change(
+        &mut tx,
+        done,
+        job.id,
+        crate::webhooks::EventType::DeliverySkipped,
+    )
+    .await?
+    {
         return Ok(false);
     }
-    crate::webhooks::enqueue_for_deliveries(
-        &mut tx,
-        &[(job.id, crate::webhooks::EventType::DeliverySkipped)],
-    )
-    .await?;
     if UNREACHABLE.contains(&reason) {
         crate::derived::fallback_after(&mut tx, job.id, reason.as_str()).await?;
     }

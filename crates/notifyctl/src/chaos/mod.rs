@@ -173,6 +173,20 @@ struct KillSnapshot {
     webhooks: bool,
 }
 
+impl KillSnapshot {
+    /// The snapshot, taken now, of `(id, lease token)` rows.
+    fn of(rows: Vec<(Uuid, Uuid)>, webhooks: bool) -> Self {
+        let (ids, tokens) = rows.into_iter().unzip();
+        Self {
+            at: Instant::now(),
+            ids,
+            tokens,
+            recovered_after: None,
+            webhooks,
+        }
+    }
+}
+
 async fn snapshot(pool: &PgPool, event_id: Uuid, channel: &str) -> anyhow::Result<KillSnapshot> {
     let rows: Vec<(Uuid, Uuid)> = sqlx::query_as(
         "SELECT id, lease_token FROM notification_deliveries
@@ -182,13 +196,7 @@ async fn snapshot(pool: &PgPool, event_id: Uuid, channel: &str) -> anyhow::Resul
     .bind(channel)
     .fetch_all(pool)
     .await?;
-    Ok(KillSnapshot {
-        at: Instant::now(),
-        ids: rows.iter().map(|r| r.0).collect(),
-        tokens: rows.iter().map(|r| r.1).collect(),
-        recovered_after: None,
-        webhooks: false,
-    })
+    Ok(KillSnapshot::of(rows, false))
 }
 
 /// [`snapshot`] of the webhook messages `sending` (worker-webhook's leases).
@@ -197,13 +205,7 @@ async fn snapshot_webhooks(pool: &PgPool) -> anyhow::Result<KillSnapshot> {
         sqlx::query_as("SELECT id, lease_token FROM webhook_messages WHERE status = 'sending'")
             .fetch_all(pool)
             .await?;
-    Ok(KillSnapshot {
-        at: Instant::now(),
-        ids: rows.iter().map(|r| r.0).collect(),
-        tokens: rows.iter().map(|r| r.1).collect(),
-        recovered_after: None,
-        webhooks: true,
-    })
+    Ok(KillSnapshot::of(rows, true))
 }
 
 /// Whether this run's webhook messages (of `endpoints`) are flowing: at least 50 sent

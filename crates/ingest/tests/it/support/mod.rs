@@ -41,6 +41,19 @@ pub(crate) fn field_violations(err: &tonic::Status) -> Vec<String> {
         .collect()
 }
 
+/// The violations of an `INVALID_ARGUMENT` refusal as (field, description), in order;
+/// panics on another code or when it carries none.
+pub(crate) fn violations(err: &tonic::Status) -> Vec<(String, String)> {
+    use tonic_types::StatusExt;
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    err.get_details_bad_request()
+        .expect("a BadRequest detail")
+        .field_violations
+        .into_iter()
+        .map(|v| (v.field, v.description))
+        .collect()
+}
+
 /// `user`'s delivery in `event` (the first, where the user has several); panics if there
 /// is none.
 pub(crate) fn delivery_of(event: &pb::GetEventResponse, user: &str) -> pb::Delivery {

@@ -249,6 +249,45 @@ impl Platform {
         .await
         .unwrap();
     }
+
+    /// `user_id`'s preferences as `GetPreferences` answers them; panics on an error.
+    pub(crate) async fn preferences(&self, user_id: &str) -> pb::GetPreferencesResponse {
+        self.recipients()
+            .get_preferences(pb::GetPreferencesRequest {
+                user_id: user_id.into(),
+            })
+            .await
+            .expect("GetPreferences")
+            .into_inner()
+    }
+
+    /// Makes every delivery of `event_id` due now, and its outbox rows available now (as
+    /// if the time they wait for had come).
+    pub(crate) async fn make_due_now(&self, event_id: &str) {
+        self.exec(
+            "UPDATE notification_deliveries SET next_attempt_at = now() WHERE event_id = $1::uuid",
+            event_id,
+        )
+        .await;
+        self.exec(
+            "UPDATE outbox SET available_at = now() WHERE delivery_id IN
+               (SELECT id FROM notification_deliveries WHERE event_id = $1::uuid)",
+            event_id,
+        )
+        .await;
+    }
+
+    /// Inserts `n` in-app outbox rows for deliveries that do not exist, due an hour ago and
+    /// not claimed (a relay that is behind); returns their ids.
+    pub(crate) async fn add_stale_outbox_rows(&self, n: i32) -> Vec<i64> {
+        self.scalars(
+            "INSERT INTO outbox (delivery_id, channel, available_at)
+             SELECT gen_random_uuid(), 'inapp', now() - interval '1 hour'
+             FROM generate_series(1, $1) RETURNING id",
+            n,
+        )
+        .await
+    }
 }
 
 /// The `UpsertNotificationType` request of a normal-priority, non-critical type `key`

@@ -73,4 +73,20 @@ impl super::Platform {
         })
         .await;
     }
+
+    /// Waits (30 s at most, else panics) until ingest's gRPC health service answers
+    /// `SERVING` on [`super::Platform::grpc`] (a restarted or spawned ingest is up).
+    pub(crate) async fn wait_serving(&self) {
+        eventually("ingest serving", Duration::from_secs(30), async || {
+            let status = tonic_health::pb::health_client::HealthClient::new(self.grpc.clone())
+                .check(tonic_health::pb::HealthCheckRequest::default())
+                .await
+                .map(|r| r.into_inner().status);
+            match status {
+                Ok(1) => Ok(()),
+                other => Err(other),
+            }
+        })
+        .await;
+    }
 }
