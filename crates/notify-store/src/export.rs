@@ -24,41 +24,45 @@ pub async fn head(db: &sqlx::PgPool, user_id: &str) -> Result<Vec<(&'static str,
     .bind(user_id)
     .fetch_optional(db)
     .await?;
-    let endpoints: Value = sqlx::query_scalar(
+    let endpoints = user_json(
+        db,
         "SELECT coalesce(jsonb_agg(jsonb_build_object(
              'endpoint_id', id, 'platform', platform, 'token_masked', mask_token(token),
              'status', status, 'revoked_reason', revoked_reason, 'registered_at', registered_at,
              'last_seen_at', last_seen_at, 'revoked_at', revoked_at) ORDER BY registered_at, id),
              '[]')
          FROM notification_endpoints WHERE user_id = $1",
-    )
-    .bind(user_id)
-    .fetch_one(db)
-    .await?;
-    let preferences: Value = sqlx::query_scalar(
+        user_id,
+    );
+    let preferences = user_json(
+        db,
         "SELECT coalesce(jsonb_agg(jsonb_build_object(
              'type', type, 'channel', channel, 'enabled', enabled,
              'quiet_hours', quiet_hours_json, 'updated_at', updated_at) ORDER BY type, channel),
              '[]')
          FROM notification_preferences WHERE user_id = $1",
-    )
-    .bind(user_id)
-    .fetch_one(db)
-    .await?;
-    let subscriptions: Value = sqlx::query_scalar(
+        user_id,
+    );
+    let subscriptions = user_json(
+        db,
         "SELECT coalesce(jsonb_agg(jsonb_build_object('topic', topic, 'created_at', created_at)
              ORDER BY topic), '[]')
          FROM topic_subscriptions WHERE user_id = $1",
-    )
-    .bind(user_id)
-    .fetch_one(db)
-    .await?;
+        user_id,
+    );
+    let (endpoints, preferences, subscriptions) =
+        (endpoints.await?, preferences.await?, subscriptions.await?);
     Ok(vec![
         ("recipient", recipient.unwrap_or(Value::Null)),
         ("endpoints", endpoints),
         ("preferences", preferences),
         ("topic_subscriptions", subscriptions),
     ])
+}
+
+/// The one JSON value `sql` returns with `user_id` bound as `$1`.
+async fn user_json(db: &sqlx::PgPool, sql: &'static str, user_id: &str) -> Result<Value> {
+    Ok(sqlx::query_scalar(sql).bind(user_id).fetch_one(db).await?)
 }
 
 /// Up to `limit` of the user's inbox items after feed position `after_seq` (0 = from the

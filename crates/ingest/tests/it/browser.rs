@@ -99,12 +99,7 @@ async fn the_example_inbox_updates_live_and_marks_all_read_in_chromium() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(shots.join("inbox-3-all-read.png").exists());
-    let unread: i64 = p
-        .scalar(
-            "SELECT count(*) FROM notifications WHERE user_id = $1 AND status = 'unread'",
-            &u,
-        )
-        .await;
+    let unread = p.unread_count(&u).await;
     assert_eq!(unread, 0, "mark all read reached the database");
 }
 

@@ -380,15 +380,7 @@ async fn a_delivery_in_flight_finishes_and_is_reported_sent() {
     )
     .await;
     let ev = p.send("line-slow-cancel", "order_paid", &[&u]).await;
-    eventually(
-        "the provider call started",
-        Duration::from_secs(10),
-        async || match p.sim_count("line").await {
-            0 => Err(0),
-            n => Ok(n),
-        },
-    )
-    .await;
+    p.wait_provider_called("line").await;
     let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
     assert_eq!(
         (out.sent, out.canceled, out.in_flight),
@@ -494,15 +486,9 @@ async fn recipients_canceled_during_a_fan_out_get_no_delivery_and_the_rest_do() 
     let out = cancel(&p, Target::EventId(ev.event_id.clone()), &named).await;
     assert_eq!(out.events, 1);
     assert_eq!(out.canceled + out.not_created, 2, "{out:?}");
-    let done = eventually("fan-out done", Duration::from_secs(60), async || {
-        let e = p.get_event(&ev.event_id).await;
-        if e.fanout_status == "done" {
-            Ok(e)
-        } else {
-            Err(e.fanout_status)
-        }
-    })
-    .await;
+    let done = p
+        .wait_fanout_done(&ev.event_id, Duration::from_secs(60))
+        .await;
     assert!(done.canceled_at.is_none(), "not the whole event");
     let rows: Vec<(String, String)> = p.rows("SELECT user_id, status FROM notification_deliveries WHERE event_id = $1::uuid AND status <> 'pending'", &ev.event_id).await;
     for (user, status) in &rows {

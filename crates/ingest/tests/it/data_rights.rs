@@ -511,13 +511,11 @@ async fn a_call_in_progress_at_the_erasure_is_recorded_as_it_ended_and_an_event_
     // An event naming the user, planned once the erasure's cancel committed and before
     // it answered.
     let meanwhile = async {
-        eventually(
+        p.wait_count(
+            "recipient_erasures",
+            1,
             "the erasure's cancel committed",
             Duration::from_secs(10),
-            async || match p.count("recipient_erasures").await {
-                1 => Ok(()),
-                n => Err(n),
-            },
         )
         .await;
         let mut req = naming_event(
@@ -637,13 +635,11 @@ async fn an_export_holds_exactly_the_users_rows_streamed_in_pages() {
     let shared = p
         .create_event(p.event(&uniq("ab"), "account_notice", &[&a, &b]))
         .await;
-    eventually(
+    p.wait_count(
+        "notifications",
+        4,
         "both inboxes written",
         Duration::from_secs(30),
-        async || match p.count("notifications").await {
-            4 => Ok(()),
-            n => Err(n),
-        },
     )
     .await;
     // A few thousand more deliveries of A's, each with an attempt holding its content.

@@ -5,7 +5,9 @@ use crate::support;
 
 use notify_proto::v1 as pb;
 use std::time::Duration;
-use support::{Platform, assert_all_sent, eventually, field_violations, line_id, uniq};
+use support::{
+    Platform, assert_all_sent, eventually, field_violations, line_id, type_request, uniq,
+};
 use tonic::Code;
 
 fn hhmm(t: chrono::DateTime<chrono_tz::Tz>) -> String {
@@ -20,10 +22,8 @@ async fn quiet_hours_hold_noisy_channels_until_the_window_ends() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["inapp", "email", "line"]).await;
     p.upsert_type(pb::UpsertNotificationTypeRequest {
-        key: "security_login".into(),
-        default_channels: vec!["line".into()],
         critical: true,
-        ..Default::default()
+        ..type_request("security_login", &["line"])
     })
     .await;
     let u = uniq("u");
@@ -245,10 +245,8 @@ async fn a_dedup_window_merges_repeats_within_a_bucket_only() {
     })
     .await;
     p.upsert_type(pb::UpsertNotificationTypeRequest {
-        key: "stock_low".into(),
-        default_channels: vec!["inapp".into()],
         dedup_window_seconds: 2,
-        ..Default::default()
+        ..type_request("stock_low", &["inapp"])
     })
     .await;
     let u = uniq("u");

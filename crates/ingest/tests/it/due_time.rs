@@ -12,7 +12,7 @@ use crate::support;
 use notify_proto::v1 as pb;
 use serde_json::json;
 use std::time::Duration;
-use support::{Platform, eventually, line_id, line_webhook, uniq};
+use support::{Platform, line_id, line_webhook, type_request, uniq};
 
 /// Holds `users`' noisy deliveries: a quiet window around now on every channel.
 async fn hold(p: &Platform, users: &[&str]) {
@@ -87,10 +87,8 @@ async fn a_preference_changed_before_the_due_time_decides() {
     let p = Platform::start().await;
     p.add_type("order_paid", &["email"]).await;
     p.upsert_type(pb::UpsertNotificationTypeRequest {
-        key: "security_login".into(),
-        default_channels: vec!["email".into()],
         critical: true,
-        ..Default::default()
+        ..type_request("security_login", &["email"])
     })
     .await;
     let (off, back) = (uniq("off"), uniq("back"));
@@ -132,13 +130,11 @@ async fn a_preference_changed_before_the_due_time_decides() {
         .collect();
     counts.sort_unstable();
     assert_eq!(counts, [("email", "sent", 1), ("email", "skipped", 1)]);
-    eventually(
+    p.wait_mails(
+        &back_mail,
+        1,
         "the user who turned email back on gets it",
         Duration::from_secs(10),
-        async || {
-            let m = p.mails_to(&back_mail).await;
-            if m.len() == 1 { Ok(()) } else { Err(m) }
-        },
     )
     .await;
     assert!(
@@ -167,13 +163,11 @@ async fn a_preference_changed_before_the_due_time_decides() {
     let critical = p.send("due:critical", "security_login", &[&off]).await;
     let done = p.wait_final(&critical.event_id, 30).await;
     assert_eq!(done.deliveries[0].status, "sent", "{:#?}", done.deliveries);
-    eventually(
+    p.wait_mails(
+        &off_mail,
+        1,
         "the critical email arrives",
         Duration::from_secs(10),
-        async || {
-            let m = p.mails_to(&off_mail).await;
-            if m.len() == 1 { Ok(()) } else { Err(m) }
-        },
     )
     .await;
 }

@@ -8,14 +8,10 @@ use crate::support;
 
 use notify_proto::v1 as pb;
 use std::time::Duration;
-use support::{InboxClient, Platform, eventually, field_violations, line_id, settle, uniq};
-
-fn on<'a>(ev: &'a pb::GetEventResponse, channel: &str) -> Vec<&'a pb::Delivery> {
-    ev.deliveries
-        .iter()
-        .filter(|d| d.channel == channel)
-        .collect()
-}
+use support::{
+    InboxClient, Platform, eventually, field_violations, line_id, on_channel, settle, type_request,
+    uniq,
+};
 
 /// Waits until MailDev holds exactly one mail to `address` and returns its subject.
 async fn one_mail(p: &Platform, address: &str) -> String {
@@ -40,7 +36,7 @@ async fn a_user_without_a_line_id_gets_the_email_instead_once() {
     let key = format!("order:{u}:paid");
     let created = p.send(&key, "order_paid", &[&u]).await;
     let ev = p.wait_final(&created.event_id, 20).await;
-    let email = on(&ev, "email");
+    let email = on_channel(&ev, "email");
     assert_eq!(email.len(), 1, "{:#?}", ev.deliveries);
     assert_eq!(email[0].status, "sent");
     assert_eq!(email[0].cause, "fallback");
@@ -55,7 +51,7 @@ async fn a_user_without_a_line_id_gets_the_email_instead_once() {
         "{}",
         email[0].decision
     );
-    assert_eq!(on(&ev, "inapp")[0].cause, "planned");
+    assert_eq!(on_channel(&ev, "inapp")[0].cause, "planned");
     let line: Vec<_> = ev.skipped.iter().filter(|s| s.channel == "line").collect();
     assert_eq!(line.len(), 1);
     assert_eq!(line[0].reason, "no_line_user_id");
@@ -98,7 +94,10 @@ async fn a_line_delivery_that_fails_for_good_falls_back_to_email_once() {
         Duration::from_secs(20),
         async || {
             let ev = p.get_event(&created.event_id).await;
-            if on(&ev, "email").first().is_some_and(|d| d.status == "sent") {
+            if on_channel(&ev, "email")
+                .first()
+                .is_some_and(|d| d.status == "sent")
+            {
                 Ok(ev)
             } else {
                 Err(ev.deliveries)
@@ -106,10 +105,10 @@ async fn a_line_delivery_that_fails_for_good_falls_back_to_email_once() {
         },
     )
     .await;
-    let line = on(&ev, "line");
+    let line = on_channel(&ev, "line");
     assert_eq!(line.len(), 1);
     assert_eq!(line[0].status, "failed");
-    let email = on(&ev, "email");
+    let email = on_channel(&ev, "email");
     assert_eq!(email.len(), 1);
     assert_eq!(email[0].cause, "fallback");
     assert_eq!(email[0].caused_by, line[0].delivery_id);
@@ -167,18 +166,34 @@ async fn a_line_delivery_that_fails_for_good_falls_back_to_email_once() {
     .await;
 }
 
+/// An `invoice_due` type whose in-app notification escalates to email when still unread
+/// after `after_seconds`, a recipient with an email address, and one invoice sent to
+/// them: (user id, address, the created event).
+async fn escalating_invoice(
+    p: &Platform,
+    after_seconds: u32,
+) -> (String, String, pb::CreateEventResponse) {
+    p.add_derived_type(
+        "invoice_due",
+        &["inapp"],
+        &[],
+        Some(("inapp", "email", after_seconds)),
+    )
+    .await;
+    let (u, address) = p.add_email_recipient("u").await;
+    let created = p.send(&format!("invoice:{u}"), "invoice_due", &[&u]).await;
+    (u, address, created)
+}
+
 /// An in-app notification still unread after `after_seconds` (2 s) escalates to email:
 /// the email delivery exists from the start, pending until then, cause `escalation`,
 /// `caused_by` the in-app delivery, and goes out when due.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unread_in_app_notification_escalates_to_email_when_due() {
     let p = Platform::start().await;
-    p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 2)))
-        .await;
-    let (u, address) = p.add_email_recipient("u").await;
-    let created = p.send(&format!("invoice:{u}"), "invoice_due", &[&u]).await;
+    let (u, address, created) = escalating_invoice(&p, 2).await;
     let ev = p.get_event(&created.event_id).await;
-    let (inapp, email) = (on(&ev, "inapp")[0], on(&ev, "email")[0]);
+    let (inapp, email) = (on_channel(&ev, "inapp")[0], on_channel(&ev, "email")[0]);
     assert_eq!(email.cause, "escalation");
     assert_eq!(email.caused_by, inapp.delivery_id);
     assert!(
@@ -195,8 +210,8 @@ async fn an_unread_in_app_notification_escalates_to_email_when_due() {
         "due about 2 s after planning: {due:?}"
     );
     let ev = p.wait_final(&created.event_id, 20).await;
-    assert_eq!(on(&ev, "email")[0].status, "sent");
-    let sent_at = on(&ev, "email")[0].sent_at.expect("sent");
+    assert_eq!(on_channel(&ev, "email")[0].status, "sent");
+    let sent_at = on_channel(&ev, "email")[0].sent_at.expect("sent");
     assert!(sent_at.seconds >= due.seconds, "not before it was due");
     one_mail(&p, &address).await;
     let trail = p.explain(&created.event_id, &u, "email").await.trail;
@@ -209,15 +224,12 @@ async fn an_unread_in_app_notification_escalates_to_email_when_due() {
 async fn no_email_when_the_user_reads_the_notification_first() {
     let p = Platform::start().await;
     // 4 s leaves room to read it on a loaded machine.
-    p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 4)))
-        .await;
-    let (u, address) = p.add_email_recipient("u").await;
-    let created = p.send(&format!("invoice:{u}"), "invoice_due", &[&u]).await;
+    let (u, address, created) = escalating_invoice(&p, 4).await;
     InboxClient::of(&p, &u)
         .read_newest(Duration::from_secs(10))
         .await;
     let ev = p.wait_final(&created.event_id, 20).await;
-    let email = on(&ev, "email")[0];
+    let email = on_channel(&ev, "email")[0];
     assert_eq!(email.status, "skipped", "{email:#?}");
     assert_eq!(email.last_error, "read_before_escalation");
     assert_eq!(email.attempts, 0, "no provider call");
@@ -299,8 +311,6 @@ async fn bad_fallback_and_escalation_settings_are_refused_by_field() {
     let err = p
         .types()
         .upsert_notification_type(pb::UpsertNotificationTypeRequest {
-            key: "t".into(),
-            default_channels: vec!["inapp".into()],
             fallback_channels: vec!["line".into(), "fax".into(), "line".into()],
             escalations: vec![
                 pb::Escalation {
@@ -319,7 +329,7 @@ async fn bad_fallback_and_escalation_settings_are_refused_by_field() {
                     after_seconds: 7 * 86_400 + 1,
                 },
             ],
-            ..Default::default()
+            ..type_request("t", &["inapp"])
         })
         .await
         .unwrap_err();
@@ -478,7 +488,7 @@ async fn a_lost_last_attempt_and_a_spent_budget_fall_back_too() {
     );
     for (event, line) in events.iter().zip(&line_ids) {
         let ev = p.get_event(event).await;
-        let email = on(&ev, "email");
+        let email = on_channel(&ev, "email");
         assert_eq!(email.len(), 1, "{:#?}", ev.deliveries);
         assert_eq!(email[0].cause, "fallback");
         assert_eq!(email[0].caused_by, line.to_string());

@@ -104,13 +104,11 @@ async fn a_topic_event_reaches_every_subscriber_once_in_checkpointed_batches() {
     assert_eq!(p.count("notification_deliveries").await, 2_501);
 
     // Every in-app notification is written exactly once.
-    eventually(
+    p.wait_count(
+        "notifications",
+        2_500,
         "2,500 in-app notifications written",
         Duration::from_secs(60),
-        async || match p.count("notifications").await {
-            2_500 => Ok(()),
-            n => Err(n),
-        },
     )
     .await;
     assert_eq!(p.count("notifications").await, 2_500);

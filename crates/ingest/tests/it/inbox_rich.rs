@@ -12,7 +12,7 @@ use notify_proto::v1 as pb;
 use notify_store::clicks::clicks_of;
 use serde_json::Value;
 use std::time::Duration;
-use support::{InboxClient, Platform};
+use support::{InboxClient, Platform, type_request};
 
 /// Sends `req` and waits until its deliveries are final; returns the event.
 async fn deliver(p: &Platform, req: pb::CreateEventRequest) -> pb::GetEventResponse {
@@ -142,10 +142,8 @@ async fn a_bad_click_names_the_field_and_changes_nothing() {
 async fn a_digest_row_shows_its_latest_image_and_actions_and_forgets_the_old_click() {
     let p = Platform::start_with_workers(&[Channel::InApp]).await;
     p.upsert_type(pb::UpsertNotificationTypeRequest {
-        key: "order_update".into(),
-        default_channels: vec!["inapp".into()],
         digest_window_seconds: 600,
-        ..Default::default()
+        ..type_request("order_update", &["inapp"])
     })
     .await;
     let u = p.add_bare_recipient("u").await;

@@ -13,7 +13,7 @@ use serde_json::json;
 use std::time::Duration;
 use support::{
     Options, Platform, SendExt, api_key, cancel, cancel_req, db_now, delivery_of, eventually,
-    no_redirects, settle, uniq, violations, with_key,
+    no_redirects, on_channel, settle, type_request, uniq, violations, with_key,
 };
 use tonic::Code;
 
@@ -382,21 +382,15 @@ async fn a_failure_after_the_recipients_cancel_makes_no_fallback() {
         "{out:?}"
     );
     // The other recipient's LINE failure falls back to email as usual.
-    eventually(
+    p.wait_mails(
+        &other_mail,
+        1,
         "the other's fallback email",
         Duration::from_secs(20),
-        async || match p.mails_to(&other_mail).await.len() {
-            1 => Ok(()),
-            n => Err(n),
-        },
     )
     .await;
     let done = p.wait_final(&ev.event_id, 20).await;
-    let emails: Vec<&pb::Delivery> = done
-        .deliveries
-        .iter()
-        .filter(|d| d.channel == "email")
-        .collect();
+    let emails = on_channel(&done, "email");
     assert_eq!(emails.len(), 1, "{:?}", done.deliveries);
     assert_eq!(emails[0].user_id, other);
     assert_eq!(emails[0].cause, "fallback");
@@ -464,15 +458,13 @@ async fn another_caller_learns_nothing_of_derived_deliveries() {
         types
             .upsert_notification_type(with_key(
                 pb::UpsertNotificationTypeRequest {
-                    key: "order_paid".into(),
-                    default_channels: vec!["inapp".into(), "line".into()],
                     fallback_channels: vec!["line".into(), "email".into()],
                     escalations: vec![pb::Escalation {
                         from_channel: "inapp".into(),
                         to_channel: "push".into(),
                         after_seconds: 3600,
                     }],
-                    ..Default::default()
+                    ..type_request("order_paid", &["inapp", "line"])
                 },
                 &admin,
             ))
@@ -871,15 +863,8 @@ async fn an_unfollow_before_the_due_time_falls_back_to_email_when_due() {
             .status()
             .is_success()
     );
-    eventually(
-        "the fallback mail",
-        Duration::from_secs(20),
-        async || match p.mails_to(&mail).await.len() {
-            1 => Ok(()),
-            n => Err(n),
-        },
-    )
-    .await;
+    p.wait_mails(&mail, 1, "the fallback mail", Duration::from_secs(20))
+        .await;
     let done = p.wait_final(&ev.event_id, 20).await;
     let line = done
         .deliveries
@@ -916,15 +901,7 @@ async fn a_retry_recorded_while_the_cancel_waits_is_canceled_not_sent() {
     )
     .await;
     let ev = p.send("retry:1", "order_paid", &[&u]).await;
-    eventually(
-        "the provider call started",
-        Duration::from_secs(10),
-        async || match p.sim_count("line").await {
-            0 => Err(0),
-            n => Ok(n),
-        },
-    )
-    .await;
+    p.wait_provider_called("line").await;
     let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
     assert_eq!(
         (out.canceled, out.sent, out.in_flight, out.failed),
@@ -1255,15 +1232,8 @@ async fn a_failed_line_multicast_batch_falls_back_to_email_for_each_user() {
             done.deliveries,
             done.skipped
         );
-        eventually(
-            "the fallback mail",
-            Duration::from_secs(10),
-            async || match p.mails_to(mail).await.len() {
-                1 => Ok(()),
-                n => Err(n),
-            },
-        )
-        .await;
+        p.wait_mails(mail, 1, "the fallback mail", Duration::from_secs(10))
+            .await;
     }
 }
 
@@ -1281,22 +1251,11 @@ async fn a_multicast_broadcast_with_a_line_escalation_completes_and_escalates_ea
     let ev = p.create_event(req).await;
     wait_fanout_done(&p, &ev.event_id).await;
     for (_, _, mail) in &users {
-        eventually(
-            "the escalation mail",
-            Duration::from_secs(15),
-            async || match p.mails_to(mail).await.len() {
-                1 => Ok(()),
-                n => Err(n),
-            },
-        )
-        .await;
+        p.wait_mails(mail, 1, "the escalation mail", Duration::from_secs(15))
+            .await;
     }
     let done = p.wait_final(&ev.event_id, 20).await;
-    let line: Vec<&pb::Delivery> = done
-        .deliveries
-        .iter()
-        .filter(|d| d.channel == "line")
-        .collect();
+    let line = on_channel(&done, "line");
     assert_eq!(line.len(), 1, "one multicast batch: {:?}", done.deliveries);
     assert_eq!(line[0].provider, "line_multicast");
 }

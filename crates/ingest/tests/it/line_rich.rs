@@ -8,7 +8,7 @@ use crate::support;
 use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
-use support::{Platform, line_webhook, postback};
+use support::{Platform, line_template, line_webhook, postback};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rich_event_is_a_flex_card_and_a_postback_tap_is_one_click() {
@@ -98,15 +98,7 @@ async fn a_card_over_line_limits_fails_at_render_naming_the_rule_and_line_is_not
         default_channels: vec!["line".into()],
         default_locale: "th".into(),
         sample_payload: r#"{"order_id": 1, "note": "สั้น"}"#.into(),
-        templates: vec![pb::Template {
-            channel: "line".into(),
-            locale: "th".into(),
-            overrides: Some(pb::ChannelOverrides {
-                line_messages_json: card.to_string(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }],
+        templates: vec![line_template(&card)],
         ..Default::default()
     })
     .await;

@@ -1642,15 +1642,9 @@ async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
     let mut req = p.event(&uniq("clock-topic"), "order_paid", &[]);
     req.topic = "shop.promotions".into();
     let topic_event = p.create_event(req).await;
-    let fanned = eventually("fan-out done", Duration::from_secs(30), async || {
-        let ev = p.get_event(&topic_event.event_id).await;
-        if ev.fanout_status == "done" {
-            Ok(ev)
-        } else {
-            Err(ev.fanout_status)
-        }
-    })
-    .await;
+    let fanned = p
+        .wait_fanout_done(&topic_event.event_id, Duration::from_secs(30))
+        .await;
     let email = fanned
         .deliveries
         .iter()

@@ -9,7 +9,7 @@ use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
 use std::time::Duration;
-use support::{Options, Platform, eventually, uniq};
+use support::{Options, Platform, eventually, type_request, uniq};
 
 async fn delivery_row(p: &Platform, id: &str) -> (String, i32, Option<String>) {
     p.row(
@@ -507,10 +507,8 @@ async fn a_fatigue_slot_that_arrives_in_quiet_hours_waits_for_their_end() {
 async fn a_digest_that_closes_in_quiet_hours_waits_for_their_end() {
     let p = Platform::start_with_workers(&[Channel::Line]).await;
     p.upsert_type(pb::UpsertNotificationTypeRequest {
-        key: "comment_reply".into(),
-        default_channels: vec!["line".into()],
         digest_window_seconds: 3600,
-        ..Default::default()
+        ..type_request("comment_reply", &["line"])
     })
     .await;
     let (u, _) = p.add_line_recipient("u").await;

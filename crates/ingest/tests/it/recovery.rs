@@ -30,6 +30,16 @@ async fn status_of(p: &Platform, delivery_id: &str) -> (String, i32) {
     .await
 }
 
+/// The attempts of delivery `id` as (attempt, error code or outcome, worker id), in order.
+async fn attempts_of(p: &Platform, id: &str) -> Vec<(i32, String, String)> {
+    p.rows(
+        "SELECT attempt, coalesce(error_code, outcome), worker_id FROM delivery_attempts
+         WHERE delivery_id = $1::uuid ORDER BY attempt",
+        id,
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_that_died_after_claiming_is_recovered_by_the_sweeper_and_sent_once() {
     let mut p = Platform::start_with_type(&[], "order_paid", &["line"]).await;
@@ -818,13 +828,7 @@ async fn a_worker_frozen_after_its_claim_and_resumed_after_its_lease_was_taken_m
         frozen.log()
     );
     assert_eq!(p.smtp_sim.messages().len(), 1, "one message accepted");
-    let attempts: Vec<(i32, String, String)> = p
-        .rows(
-            "SELECT attempt, coalesce(error_code, outcome), worker_id FROM delivery_attempts
-         WHERE delivery_id = $1::uuid ORDER BY attempt",
-            &id,
-        )
-        .await;
+    let attempts = attempts_of(&p, &id).await;
     // Attempt 1 is the frozen worker's lost lease, recorded by the sweeper as a call
     // without an answer; it never reached DATA.
     assert_eq!(
@@ -1632,13 +1636,7 @@ async fn a_frozen_worker_holds_a_recovered_delivery_no_longer_than_three_heartbe
     );
 
     resume_until_idle(&frozen, Duration::from_secs(30)).await;
-    let attempts: Vec<(i32, String, String)> = p
-        .rows(
-            "SELECT attempt, coalesce(error_code, outcome), worker_id FROM delivery_attempts
-         WHERE delivery_id = $1::uuid ORDER BY attempt",
-            &id,
-        )
-        .await;
+    let attempts = attempts_of(&p, &id).await;
     assert_eq!(
         attempts,
         [

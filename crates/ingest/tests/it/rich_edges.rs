@@ -9,7 +9,7 @@ use crate::support;
 use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
-use support::{Platform, hs256, line_webhook, postback};
+use support::{Platform, hs256, line_template, line_webhook, postback, type_request};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -309,12 +309,10 @@ async fn template_rendering_javascript_action_fails_content_invalid() {
         ..Default::default()
     };
     p.upsert_type(pb::UpsertNotificationTypeRequest {
-        key: "jump".into(),
-        default_channels: vec!["inapp".into(), "email".into(), "line".into()],
         default_locale: "th".into(),
         sample_payload: r#"{"order_id": 1, "target": "https://shop.example.test/o/1"}"#.into(),
         templates: vec![tpl("inapp"), tpl("email"), tpl("line")],
-        ..Default::default()
+        ..type_request("jump", &["inapp", "email", "line"])
     })
     .await;
     let u = support::uniq("u");
@@ -870,15 +868,7 @@ async fn line_flex_template_payload_injection() {
         default_channels: vec!["line".into()],
         default_locale: "th".into(),
         sample_payload: r#"{"note": "สั้น", "go": "https://shop.example.test/o/1"}"#.into(),
-        templates: vec![pb::Template {
-            channel: "line".into(),
-            locale: "th".into(),
-            overrides: Some(pb::ChannelOverrides {
-                line_messages_json: card.to_string(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }],
+        templates: vec![line_template(&card)],
         ..Default::default()
     })
     .await;

@@ -366,28 +366,37 @@ struct Pki {
     dir: std::path::PathBuf,
 }
 
+/// `openssl req` arguments for a new, unencrypted P-256 key, written to the file named next.
+const NEW_P256_KEY: [&str; 6] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:P-256",
+    "-nodes",
+    "-keyout",
+];
+
 impl Pki {
     fn new() -> Pki {
         let dir = std::env::temp_dir().join(format!("notify-pki-{}", uniq("t")));
         std::fs::create_dir_all(&dir).unwrap();
         let pki = Pki { dir };
-        pki.run(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=notify-test-ca",
-        ]);
+        pki.run(
+            &[
+                &["req", "-x509"][..],
+                &NEW_P256_KEY,
+                &[
+                    "ca.key",
+                    "-out",
+                    "ca.pem",
+                    "-days",
+                    "1",
+                    "-subj",
+                    "/CN=notify-test-ca",
+                ],
+            ]
+            .concat(),
+        );
         pki.issue(
             "server",
             "localhost",
@@ -416,20 +425,15 @@ impl Pki {
             format!("{name}.csr"),
             format!("{name}.pem"),
         );
-        self.run(&[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            &format!("/CN={cn}"),
-        ]);
+        let subject = format!("/CN={cn}");
+        self.run(
+            &[
+                &["req"][..],
+                &NEW_P256_KEY,
+                &[key.as_str(), "-out", &csr, "-subj", &subject],
+            ]
+            .concat(),
+        );
         let ext_file = format!("{name}.ext");
         std::fs::write(
             self.dir.join(&ext_file),

@@ -6,7 +6,7 @@ use crate::support;
 
 use notify_proto::v1 as pb;
 use serde_json::Value;
-use support::{Platform, assert_all_sent, line_id, uniq};
+use support::{Platform, assert_all_sent, line_id, type_request, uniq};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -20,13 +20,11 @@ fn tpl(channel: &str, locale: &str) -> pb::Template {
 
 fn order_paid_type(templates: Vec<pb::Template>) -> pb::UpsertNotificationTypeRequest {
     pb::UpsertNotificationTypeRequest {
-        key: "order_paid".into(),
-        default_channels: vec!["email".into(), "line".into()],
         default_locale: "en".into(),
         sample_payload: r#"{"order_id": 1001, "total": "1250", "paid_at": "2026-11-30T18:30:00Z"}"#
             .into(),
         templates,
-        ..Default::default()
+        ..type_request("order_paid", &["email", "line"])
     }
 }
 
@@ -272,13 +270,11 @@ async fn five_replies_in_one_window_become_one_digest_per_channel() {
         ..tpl("*", "en")
     };
     p.upsert_type(pb::UpsertNotificationTypeRequest {
-        key: "comment_reply".into(),
-        default_channels: vec!["inapp".into(), "email".into(), "line".into()],
         default_locale: "en".into(),
         sample_payload: r#"{"thread_id": 55, "author": "somying"}"#.into(),
         digest_window_seconds: 4,
         templates: vec![digest],
-        ..Default::default()
+        ..type_request("comment_reply", &["inapp", "email", "line"])
     })
     .await;
     let u = uniq("u");

@@ -4,6 +4,7 @@
 //! message that cannot be sent at all).
 
 use super::{DeliveryJob, MAX_PROVIDER_RESPONSE_BYTES, pause_channel};
+use crate::webhooks::EventType;
 use crate::{Result, truncate_utf8};
 use chrono::{DateTime, Utc};
 use notify_core::{AttemptLabel, DeliveryStatus, FailReason};
@@ -42,14 +43,7 @@ pub async fn defer_claimed(
     .bind(DeliveryStatus::Sending.as_str())
     .execute(&mut *tx)
     .await?;
-    if !super::announce_change(
-        &mut tx,
-        done,
-        job.id,
-        crate::webhooks::EventType::DeliveryDeferred,
-    )
-    .await?
-    {
+    if !super::announce_change(&mut tx, done, job.id, EventType::DeliveryDeferred).await? {
         return Ok(false);
     }
     tx.commit().await?;
@@ -567,14 +561,7 @@ pub async fn fail_unclaimed(db: &PgPool, id: Uuid, reason: FailReason) -> Result
     .bind(DeliveryStatus::Pending.as_str())
     .execute(&mut *tx)
     .await?;
-    if !super::announce_change(
-        &mut tx,
-        done,
-        id,
-        crate::webhooks::EventType::DeliveryFailed,
-    )
-    .await?
-    {
+    if !super::announce_change(&mut tx, done, id, EventType::DeliveryFailed).await? {
         return Ok(false);
     }
     tx.commit().await?;

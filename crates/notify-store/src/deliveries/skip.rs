@@ -3,6 +3,7 @@
 
 use super::DeliveryJob;
 use crate::Result;
+use crate::webhooks::EventType;
 use notify_core::SkipReason;
 use sqlx::PgPool;
 
@@ -46,14 +47,7 @@ pub async fn skip_claimed(
     .bind(why)
     .execute(&mut *tx)
     .await?;
-    if !super::announce_change(
-        &mut tx,
-        done,
-        job.id,
-        crate::webhooks::EventType::DeliverySkipped,
-    )
-    .await?
-    {
+    if !super::announce_change(&mut tx, done, job.id, EventType::DeliverySkipped).await? {
         return Ok(false);
     }
     if UNREACHABLE.contains(&reason) {

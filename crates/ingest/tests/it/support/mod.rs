@@ -15,7 +15,7 @@ pub(crate) use http::{
     session_cookie,
 };
 pub(crate) use process::{Proc, free_addr};
-pub(crate) use seed::type_request;
+pub(crate) use seed::{line_template, type_request};
 pub(crate) use wait::{eventually, settle};
 
 use notify_broker::Topology;
@@ -51,6 +51,18 @@ pub(crate) fn violations(err: &tonic::Status) -> Vec<(String, String)> {
         .field_violations
         .into_iter()
         .map(|v| (v.field, v.description))
+        .collect()
+}
+
+/// The deliveries of `event` on `channel`, in the order `GetEvent` lists them.
+pub(crate) fn on_channel<'e>(
+    event: &'e pb::GetEventResponse,
+    channel: &str,
+) -> Vec<&'e pb::Delivery> {
+    event
+        .deliveries
+        .iter()
+        .filter(|d| d.channel == channel)
         .collect()
 }
 

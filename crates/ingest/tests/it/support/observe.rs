@@ -72,6 +72,15 @@ impl Platform {
         assert!(r.status().is_success());
     }
 
+    /// How many of `user_id`'s inbox notifications are unread, in the database.
+    pub(crate) async fn unread_count(&self, user_id: &str) -> i64 {
+        self.scalar(
+            "SELECT count(*) FROM notifications WHERE user_id = $1 AND status = 'unread'",
+            user_id,
+        )
+        .await
+    }
+
     /// Emails in MailDev addressed to `address`.
     pub(crate) async fn mails_to(&self, address: &str) -> Vec<Value> {
         let all: Vec<Value> = self

@@ -300,3 +300,17 @@ pub(crate) fn type_request(key: &str, channels: &[&str]) -> pb::UpsertNotificati
         ..Default::default()
     }
 }
+
+/// A Thai (`th`) LINE template whose messages are `messages` (a JSON array of LINE message
+/// objects, e.g. one Flex card), the rest default.
+pub(crate) fn line_template(messages: &serde_json::Value) -> pb::Template {
+    pb::Template {
+        channel: "line".into(),
+        locale: "th".into(),
+        overrides: Some(pb::ChannelOverrides {
+            line_messages_json: messages.to_string(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}

@@ -89,4 +89,56 @@ impl super::Platform {
         })
         .await;
     }
+
+    /// Waits (at most `within`, else panics naming `what`) until `table` holds `n` rows.
+    pub(crate) async fn wait_count(&self, table: &str, n: i64, what: &str, within: Duration) {
+        eventually(what, within, async || match self.count(table).await {
+            c if c == n => Ok(()),
+            c => Err(c),
+        })
+        .await;
+    }
+
+    /// Waits (10 s at most) until the simulator has seen a call to `provider` (a call
+    /// is in progress or done); returns how many it has seen.
+    pub(crate) async fn wait_provider_called(&self, provider: &str) -> usize {
+        eventually(
+            "the provider call started",
+            Duration::from_secs(10),
+            async || match self.sim_count(provider).await {
+                0 => Err(0),
+                n => Ok(n),
+            },
+        )
+        .await
+    }
+
+    /// Waits (at most `within`) until `event_id`'s fan-out is done; returns the event.
+    pub(crate) async fn wait_fanout_done(
+        &self,
+        event_id: &str,
+        within: Duration,
+    ) -> notify_proto::v1::GetEventResponse {
+        eventually("fan-out done", within, async || {
+            let e = self.get_event(event_id).await;
+            if e.fanout_status == "done" {
+                Ok(e)
+            } else {
+                Err(e.fanout_status)
+            }
+        })
+        .await
+    }
+
+    /// Waits (at most `within`, else panics naming `what`) until MailDev holds exactly `n`
+    /// emails to `address`.
+    pub(crate) async fn wait_mails(&self, address: &str, n: usize, what: &str, within: Duration) {
+        eventually(what, within, async || {
+            match self.mails_to(address).await.len() {
+                c if c == n => Ok(()),
+                c => Err(c),
+            }
+        })
+        .await;
+    }
 }
