@@ -90,13 +90,12 @@ impl RetentionConfig {
     pub fn from_env(env: &mut notify_core::config::Env) -> Self {
         let d = Self::default();
         let length = |env: &mut notify_core::config::Env, name: &str, default: Duration| {
-            env.parse_with(name, default, |s| {
-                notify_core::retry::parse_duration_in(
-                    s,
-                    Duration::from_secs(1),
-                    notify_core::retry::MAX_DURATION,
-                )
-            })
+            env.duration(
+                name,
+                default,
+                Duration::from_secs(1),
+                notify_core::retry::MAX_DURATION,
+            )
         };
         Self {
             lengths: notify_store::retention::Retention {
@@ -108,22 +107,20 @@ impl RetentionConfig {
                     d.lengths.archived_inbox,
                 ),
             },
-            interval: env.parse_with("NOTIFY_RETENTION_INTERVAL", d.interval, |s| {
-                notify_core::retry::parse_duration_in(
-                    s,
-                    Duration::from_secs(1),
-                    Duration::from_secs(86_400),
-                )
-            }),
+            interval: env.duration(
+                "NOTIFY_RETENTION_INTERVAL",
+                d.interval,
+                Duration::from_secs(1),
+                Duration::from_secs(86_400),
+            ),
             limits: notify_store::retention::PurgeLimits {
                 batch: env.number("NOTIFY_RETENTION_BATCH", d.limits.batch, 100, 5_000),
-                pause: env.parse_with("NOTIFY_RETENTION_PAUSE", d.limits.pause, |s| {
-                    notify_core::retry::parse_duration_in(
-                        s,
-                        Duration::ZERO,
-                        Duration::from_secs(10),
-                    )
-                }),
+                pause: env.duration(
+                    "NOTIFY_RETENTION_PAUSE",
+                    d.limits.pause,
+                    Duration::ZERO,
+                    Duration::from_secs(10),
+                ),
             },
             clock: clock::Clock::Database,
         }
@@ -216,32 +213,22 @@ impl IngestConfig {
         // `?`, so every problem is recorded.
         Ok(Self {
             max_attempts: env.number("NOTIFY_MAX_ATTEMPTS", 5, 1, 100),
-            request_timeout: env.parse_with(
+            request_timeout: env.duration(
                 "NOTIFY_REQUEST_TIMEOUT",
                 Duration::from_secs(30),
-                |s| {
-                    notify_core::retry::parse_duration_in(
-                        s,
-                        Duration::from_millis(100),
-                        Duration::from_secs(600),
-                    )
-                },
+                Duration::from_millis(100),
+                Duration::from_secs(600),
             ),
             sweep_interval: env
                 .parse_with("NOTIFY_SWEEP_INTERVAL", Duration::from_secs(10), dur)
                 .max(Duration::from_secs(1)),
             sweep_batch: 500,
             // 0 would republish a waiting backlog on every sweep.
-            republish_after: env.parse_with(
+            republish_after: env.duration(
                 "NOTIFY_REPUBLISH_AFTER",
                 Duration::from_secs(300),
-                |s| {
-                    notify_core::retry::parse_duration_in(
-                        s,
-                        Duration::from_secs(1),
-                        Duration::from_secs(86_400),
-                    )
-                },
+                Duration::from_secs(1),
+                Duration::from_secs(86_400),
             ),
             // Deltas wait at most this long; the overview reads them anyway, so this only
             // bounds how many it sums.
@@ -269,16 +256,11 @@ impl IngestConfig {
                 16 << 20,
             ),
             clock: clock::Clock::Database,
-            schedule_horizon: env.parse_with(
+            schedule_horizon: env.duration(
                 "NOTIFY_SCHEDULE_HORIZON",
                 Duration::from_secs(30 * 86_400),
-                |s| {
-                    notify_core::retry::parse_duration_in(
-                        s,
-                        Duration::from_secs(1),
-                        notify_core::retry::MAX_DURATION,
-                    )
-                },
+                Duration::from_secs(1),
+                notify_core::retry::MAX_DURATION,
             ),
             retention: RetentionConfig::from_env(env),
             relay: relay::RelayConfig {

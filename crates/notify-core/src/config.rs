@@ -178,6 +178,20 @@ impl Env {
         })
     }
 
+    /// An optional duration (`500ms`, `30s`, `5m`, `2h`, `1d`; see
+    /// [`crate::retry::parse_duration`]) in `min..=max`, with a default.
+    pub fn duration(
+        &mut self,
+        name: &str,
+        default: std::time::Duration,
+        min: std::time::Duration,
+        max: std::time::Duration,
+    ) -> std::time::Duration {
+        self.parse_with(name, default, |s| {
+            crate::retry::parse_duration_in(s, min, max)
+        })
+    }
+
     /// Records a problem found while validating related settings.
     pub fn error(&mut self, message: impl Into<String>) {
         self.errors.push(message.into());

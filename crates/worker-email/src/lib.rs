@@ -93,13 +93,12 @@ impl EmailConfig {
             .unwrap_or_default();
         let message_id_domain = env.string("NOTIFY_EMAIL_MESSAGE_ID_DOMAIN", &domain);
         // A total deadline of 0 would fail every message after it reached the server.
-        let timeout = env.parse_with("NOTIFY_SMTP_TIMEOUT", Duration::from_secs(15), |s| {
-            notify_core::retry::parse_duration_in(
-                s,
-                Duration::from_secs(1),
-                Duration::from_secs(600),
-            )
-        });
+        let timeout = env.duration(
+            "NOTIFY_SMTP_TIMEOUT",
+            Duration::from_secs(15),
+            Duration::from_secs(1),
+            Duration::from_secs(600),
+        );
         let unsubscribe_url = env.required("NOTIFY_UNSUBSCRIBE_URL");
         if let Ok(url) = &unsubscribe_url
             && !(url.starts_with("https://") || url.starts_with("http://"))
@@ -119,16 +118,11 @@ impl EmailConfig {
                 .filter(|n| *n >= 1)
                 .ok_or_else(|| "a whole number of at least 1".to_string())
         });
-        let cooldown = env.parse_with(
+        let cooldown = env.duration(
             "NOTIFY_EMAIL_BREAKER_COOLDOWN",
             Duration::from_secs(30),
-            |s| {
-                notify_core::retry::parse_duration_in(
-                    s,
-                    Duration::from_millis(100),
-                    Duration::from_secs(3600),
-                )
-            },
+            Duration::from_millis(100),
+            Duration::from_secs(3600),
         );
         let breaker = breaker::BreakerConfig {
             failures,

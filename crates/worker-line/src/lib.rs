@@ -56,13 +56,12 @@ impl LineConfig {
     ) -> Result<Self, notify_core::config::Missing> {
         Ok(Self {
             api_base: env.base_url("NOTIFY_LINE_API_BASE", "https://api.line.me"),
-            timeout: env.parse_with("NOTIFY_HTTP_TIMEOUT", Duration::from_secs(10), |s| {
-                notify_core::retry::parse_duration_in(
-                    s,
-                    Duration::from_secs(1),
-                    Duration::from_secs(600),
-                )
-            }),
+            timeout: env.duration(
+                "NOTIFY_HTTP_TIMEOUT",
+                Duration::from_secs(10),
+                Duration::from_secs(1),
+                Duration::from_secs(600),
+            ),
             channel_token: env.required("NOTIFY_LINE_CHANNEL_TOKEN")?,
         })
     }

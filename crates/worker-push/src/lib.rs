@@ -79,13 +79,12 @@ impl PushConfig {
     pub fn from_env(
         env: &mut notify_core::config::Env,
     ) -> Result<Self, notify_core::config::Missing> {
-        let timeout = env.parse_with("NOTIFY_HTTP_TIMEOUT", Duration::from_secs(10), |s| {
-            notify_core::retry::parse_duration_in(
-                s,
-                Duration::from_secs(1),
-                Duration::from_secs(600),
-            )
-        });
+        let timeout = env.duration(
+            "NOTIFY_HTTP_TIMEOUT",
+            Duration::from_secs(10),
+            Duration::from_secs(1),
+            Duration::from_secs(600),
+        );
         let apns = optional_key_file(env, "NOTIFY_APNS_KEY_FILE").map(|key_pem| {
             let api_base = env.base_url("NOTIFY_APNS_API_BASE", "https://api.push.apple.com");
             let key_id = env.required("NOTIFY_APNS_KEY_ID");

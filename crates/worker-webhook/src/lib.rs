@@ -80,19 +80,17 @@ impl WebhookConfig {
         let durs = notify_core::retry::parse_retry_delays;
         // As NOTIFY_SMTP_TIMEOUT: a timeout of 0 fails every POST, one of 11 min holds
         // a lease and a per-endpoint slot for longer than any receiver needs.
-        let timeout = env.parse_with("NOTIFY_WEBHOOK_TIMEOUT", Duration::from_secs(5), |s| {
-            notify_core::retry::parse_duration_in(s, TIMEOUT_RANGE.0, TIMEOUT_RANGE.1)
-        });
-        let disable_after = env.parse_with(
+        let timeout = env.duration(
+            "NOTIFY_WEBHOOK_TIMEOUT",
+            Duration::from_secs(5),
+            TIMEOUT_RANGE.0,
+            TIMEOUT_RANGE.1,
+        );
+        let disable_after = env.duration(
             "NOTIFY_WEBHOOK_DISABLE_AFTER",
             Duration::from_secs(5 * 86_400),
-            |s| {
-                notify_core::retry::parse_duration_in(
-                    s,
-                    MIN_DISABLE_AFTER,
-                    notify_core::retry::MAX_DURATION,
-                )
-            },
+            MIN_DISABLE_AFTER,
+            notify_core::retry::MAX_DURATION,
         );
         let delays = env.parse_with(
             "NOTIFY_WEBHOOK_RETRY_DELAYS",

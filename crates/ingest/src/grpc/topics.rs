@@ -9,8 +9,14 @@ use notify_store::topics;
 
 impl Services {
     /// Checks the topic key and the user ids, which are normalised in place by the one
-    /// id rule ([`Violations::id`]).
-    fn check_topic_users(v: &mut Violations, topic: &str, user_ids: &mut [String]) {
+    /// id rule ([`Violations::id`]): `INVALID_ARGUMENT` naming each bad field, then
+    /// `NOT_FOUND` when the topic does not exist.
+    async fn check_topic_users(
+        &self,
+        topic: &str,
+        user_ids: &mut [String],
+    ) -> Result<(), ApiError> {
+        let mut v = Violations::default();
         if !validate::is_type_key(topic) {
             v.add(
                 "topic",
@@ -28,9 +34,7 @@ impl Services {
                 *u = id;
             }
         }
-    }
-
-    async fn require_topic(&self, topic: &str) -> Result<(), ApiError> {
+        v.into_result(()).map_err(ApiError::Invalid)?;
         if topics::topic_exists(&self.pool, topic).await? {
             Ok(())
         } else {
@@ -59,10 +63,7 @@ impl Services {
         &self,
         mut r: pb::SubscribeRequest,
     ) -> Result<pb::SubscribeResponse, ApiError> {
-        let mut v = Violations::default();
-        Self::check_topic_users(&mut v, &r.topic, &mut r.user_ids);
-        v.into_result(()).map_err(ApiError::Invalid)?;
-        self.require_topic(&r.topic).await?;
+        self.check_topic_users(&r.topic, &mut r.user_ids).await?;
         let added = topics::subscribe(&self.pool, &r.topic, &r.user_ids).await?;
         Ok(pb::SubscribeResponse {
             added: added as u32,
@@ -73,10 +74,7 @@ impl Services {
         &self,
         mut r: pb::UnsubscribeRequest,
     ) -> Result<pb::UnsubscribeResponse, ApiError> {
-        let mut v = Violations::default();
-        Self::check_topic_users(&mut v, &r.topic, &mut r.user_ids);
-        v.into_result(()).map_err(ApiError::Invalid)?;
-        self.require_topic(&r.topic).await?;
+        self.check_topic_users(&r.topic, &mut r.user_ids).await?;
         let removed = topics::unsubscribe(&self.pool, &r.topic, &r.user_ids).await?;
         Ok(pb::UnsubscribeResponse {
             removed: removed as u32,

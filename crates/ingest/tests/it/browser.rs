@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use support::{Platform, hs256, status_attempts, uniq};
+use support::{Platform, click_triples, inbox_token, status_attempts, uniq};
 
 /// Copies `script` next to playwright-core (ES modules resolve packages from the script's
 /// folder) and returns the command that runs it, with the screenshot folder.
@@ -48,12 +48,6 @@ fn node(p: &Platform, script: &str) -> (Command, PathBuf) {
 }
 
 /// An inbox token for `user`, valid for ten minutes.
-fn token(user: &str) -> String {
-    hs256(
-        &json!({"sub": user, "exp": chrono::Utc::now().timestamp() + 600}),
-        support::INBOX_SECRET,
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_inbox_updates_live_and_marks_all_read_in_chromium() {
@@ -64,7 +58,7 @@ async fn the_example_inbox_updates_live_and_marks_all_read_in_chromium() {
 
     let (mut cmd, shots) = node(&p, "inbox.mjs");
     let mut child = cmd
-        .env("TOKEN", token(&u))
+        .env("TOKEN", inbox_token(&u, 600))
         .stdin(Stdio::piped())
         .spawn()
         .unwrap();
@@ -227,7 +221,7 @@ async fn the_example_inbox_shows_thai_dates_rich_items_pages_and_misses_nothing_
     let rich = p.wait_final(&rich.event_id, 30).await;
 
     let (mut cmd, shots) = node(&p, "inbox_rich.mjs");
-    cmd.env("TOKEN", token(&u));
+    cmd.env("TOKEN", inbox_token(&u, 600));
     let mut script = Script::spawn(cmd);
     // The page listed its first page and holds its stream: this one falls in the gap.
     script.expect("LISTED").await;
@@ -246,10 +240,7 @@ async fn the_example_inbox_shows_thai_dates_rich_items_pages_and_misses_nothing_
     let clicks = notify_store::clicks::clicks_of(&p.pool, delivery)
         .await
         .unwrap();
-    let clicks: Vec<(&str, &str, &str)> = clicks
-        .iter()
-        .map(|c| (c.user_id.as_str(), c.action_id.as_str(), c.source.as_str()))
-        .collect();
+    let clicks = click_triples(&clicks);
     assert_eq!(clicks, [(u.as_str(), "view", "inapp")]);
     script.expect("OK").await;
     let status = script.child.wait().unwrap();

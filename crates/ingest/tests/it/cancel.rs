@@ -12,11 +12,10 @@ use notify_proto::v1::cancel_event_request::Target;
 use serde_json::json;
 use std::time::Duration;
 use support::{
-    Options, Platform, api_key, cancel, cancel_req, console_login, db_now, eventually,
-    no_redirects, session_cookie, settle, type_request, uniq, with_key,
+    Platform, cancel, cancel_req, console_login, db_now, eventually, field_violations,
+    no_redirects, session_cookie, settle, uniq, with_key,
 };
 use tonic::Code;
-use tonic_types::StatusExt;
 
 /// The database clock now (the clock `sent_at` is written on).
 /// Deliveries of `event_id` by status.
@@ -37,8 +36,7 @@ fn total(r: &pb::CancelEventResponse) -> u32 {
 async fn a_broadcast_canceled_half_way_through_its_fan_out_sends_nothing_after_the_cancel() {
     let p = Platform::start_with_type(&[Channel::InApp], "promo", &["inapp"]).await;
     p.add_topic_audience("shop.sale", "s", 20_000).await;
-    let mut req = p.event("sale:2026-12", "promo", &[]);
-    req.topic = "shop.sale".into();
+    let req = p.topic_event("sale:2026-12", "promo", "shop.sale");
     let ev = p.create_event(req).await;
 
     // About half written: then cancel.
@@ -108,8 +106,7 @@ async fn a_broadcast_canceled_half_way_through_its_fan_out_sends_nothing_after_t
 async fn fifty_concurrent_cancels_and_replays_of_one_key_are_harmless() {
     let p = Platform::start_with_type(&[Channel::InApp], "promo", &["inapp"]).await;
     p.add_topic_audience("shop.flash", "f", 5_000).await;
-    let mut req = p.event("flash:1", "promo", &[]);
-    req.topic = "shop.flash".into();
+    let mut req = p.topic_event("flash:1", "promo", "shop.flash");
     req.cancellation_key = "flash:1:all".into();
     let first = p.create_event(req.clone()).await;
 
@@ -248,18 +245,9 @@ async fn cancels_by_event_key_by_cancellation_key_and_for_some_recipients() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_cancels_are_refused_by_field_and_the_key_is_checked_at_create() {
     let p = Platform::start_with_type(&[], "reminder", &["inapp"]).await;
-    let violations = |s: tonic::Status| -> Vec<String> {
-        assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
-        s.get_details_bad_request()
-            .expect("a BadRequest")
-            .field_violations
-            .into_iter()
-            .map(|v| v.field)
-            .collect()
-    };
     let refused = |r: pb::CancelEventRequest| {
         let mut c = p.ingest();
-        async move { violations(c.cancel_event(r).await.unwrap_err()) }
+        async move { field_violations(&c.cancel_event(r).await.unwrap_err()) }
     };
     assert_eq!(refused(pb::CancelEventRequest::default()).await, ["target"]);
     assert_eq!(
@@ -281,7 +269,7 @@ async fn bad_cancels_are_refused_by_field_and_the_key_is_checked_at_create() {
     let mut req = p.event("k:1", "reminder", &["u1"]);
     req.cancellation_key = "k".repeat(256);
     let s = p.ingest().create_event(req).await.unwrap_err();
-    assert_eq!(violations(s), ["cancellation_key"]);
+    assert_eq!(field_violations(&s), ["cancellation_key"]);
     // An unknown event by id or key: NOT_FOUND, as GetEvent answers.
     let unknown = p
         .ingest()
@@ -296,19 +284,7 @@ async fn bad_cancels_are_refused_by_field_and_the_key_is_checked_at_create() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_callers_cancel_is_not_found_and_changes_nothing() {
-    let p = Platform::start_with(Options::workers(&[]).auth(ingest::auth::AuthMode::ApiKey)).await;
-    let admin = api_key(&p, "ops-admin", true).await;
-    let shop = api_key(&p, "shop-orders", false).await;
-    let forum = api_key(&p, "forum-replies", false).await;
-    let mut types = pb::type_service_client::TypeServiceClient::new(p.grpc.clone());
-    eventually("the admin key works", Duration::from_secs(5), async || {
-        types
-            .upsert_notification_type(with_key(type_request("order_paid", &["inapp"]), &admin))
-            .await
-            .map(|_| ())
-    })
-    .await;
-    support::wait_keys_work(&p, &[&shop, &forum]).await;
+    let (p, admin, shop, forum) = support::two_callers(&["order_paid"]).await;
     let mut req = p.event("order:9", "order_paid", &["u-9"]);
     req.cancellation_key = "order:9:all".into();
     let ev = p.create_event(with_key(req, &shop)).await;
@@ -341,25 +317,9 @@ async fn another_callers_cancel_is_not_found_and_changes_nothing() {
     assert!(canceled_at.is_none(), "nothing changed");
 
     // The owner's own cancel works; so does one that may manage (idempotent after it).
-    let own = p
-        .ingest()
-        .cancel_event(with_key(
-            cancel_req(Target::CancellationKey("order:9:all".into()), &[]),
-            &shop,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let own = support::cancel_as(&p, Target::CancellationKey("order:9:all".into()), &shop).await;
     assert_eq!((own.events, own.canceled), (1, 1));
-    let managed = p
-        .ingest()
-        .cancel_event(with_key(
-            cancel_req(Target::EventId(ev.event_id.clone()), &[]),
-            &admin,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let managed = support::cancel_as(&p, Target::EventId(ev.event_id.clone()), &admin).await;
     assert_eq!(managed, own);
     let last_error: String = p
         .scalar(
@@ -374,11 +334,7 @@ async fn another_callers_cancel_is_not_found_and_changes_nothing() {
 async fn a_delivery_in_flight_finishes_and_is_reported_sent() {
     let p = Platform::start_with_type(&[Channel::Line], "order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
-    p.sim_fault(
-        json!({"provider": "line", "target_contains": lid, "status": 200,
-                       "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 2000, "times": 1}),
-    )
-    .await;
+    p.slow_line_once(&lid, "1", 2000).await;
     let ev = p.send("line-slow-cancel", "order_paid", &[&u]).await;
     p.wait_provider_called("line").await;
     let out = cancel(&p, Target::EventId(ev.event_id.clone()), &[]).await;
@@ -477,8 +433,7 @@ async fn recipients_canceled_during_a_fan_out_get_no_delivery_and_the_rest_do() 
     // No worker: every delivery the fan-out writes stays pending, so what it wrote shows.
     let p = Platform::start_with_type(&[], "promo", &["inapp"]).await;
     p.add_topic_audience("shop.news", "n", 5_000).await;
-    let mut req = p.event("news:1", "promo", &[]);
-    req.topic = "shop.news".into();
+    let req = p.topic_event("news:1", "promo", "shop.news");
     let ev = p.create_event(req).await;
     // The first and the last subscriber: one the fan-out has likely written, one it has
     // likely not; either way neither may end with a delivery that can be sent.

@@ -13,9 +13,10 @@
 //! `NOTIFY_EXAMPLES_PYTHON` (the venv's python) and `NOTIFY_EXAMPLES_DIR` to the stack's
 //! env file; this test never skips.
 
-use crate::support::{self, Options, Platform, api_key, eventually, free_addr, uniq, with_key};
+use crate::support::{
+    self, Options, Platform, api_key, event_request, eventually, free_addr, uniq, with_key,
+};
 use notify_core::Channel;
-use notify_proto::v1 as pb;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -198,13 +199,7 @@ async fn the_python_node_and_reflection_clients_each_send_an_event_that_reaches_
         );
         let ev = p
             .ingest()
-            .get_event(with_key(
-                pb::GetEventRequest {
-                    selector: Some(pb::get_event_request::Selector::EventId(event_id.into())),
-                    ..Default::default()
-                },
-                &key,
-            ))
+            .get_event(with_key(event_request(event_id), &key))
             .await
             .expect("GetEvent")
             .into_inner();

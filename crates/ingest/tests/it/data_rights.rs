@@ -13,9 +13,8 @@ use serde_json::{Value, json};
 use sha2::Digest;
 use std::collections::BTreeSet;
 use std::time::Duration;
-use support::{Options, Platform, api_key, eventually, line_id, settle, uniq, with_key};
+use support::{Options, Platform, eventually, field_violations, line_id, settle, uniq, with_key};
 use tonic::Code;
-use tonic_types::StatusExt;
 
 /// Every (table, column) of the public schema whose values can hold text: text, varchar,
 /// json, jsonb, arrays and bytea.
@@ -166,6 +165,31 @@ fn naming_event(
     c.title = format!("สวัสดี {name}");
     c.body = format!("ส่งใบเสร็จไปที่ {email} แล้ว");
     r
+}
+
+/// Sends `n` `line_notice` events (keys `<prefix>-<i>-<user>`) to `user` and waits (20 s
+/// at most) until all `n` LINE calls are in progress; returns the event ids.
+async fn calls_in_progress(p: &Platform, user: &str, prefix: &str, n: i64) -> Vec<String> {
+    let mut events = Vec::new();
+    for i in 0..n {
+        let key = format!("{prefix}-{i}-{user}");
+        events.push(
+            p.create_event(p.event(&key, "line_notice", &[user]))
+                .await
+                .event_id,
+        );
+    }
+    eventually("the calls are in progress", Duration::from_secs(20), async || {
+        let sending: i64 = p
+            .scalar(
+                "SELECT count(*) FROM notification_deliveries WHERE user_id = $1 AND status = 'sending'",
+                user,
+            )
+            .await;
+        if sending == n { Ok(()) } else { Err(sending) }
+    })
+    .await;
+    events
 }
 
 async fn erase(p: &Platform, user: &str) -> pb::EraseRecipientResponse {
@@ -488,22 +512,7 @@ async fn a_call_in_progress_at_the_erasure_is_recorded_as_it_ended_and_an_event_
         .unwrap()
         .error_for_status()
         .unwrap();
-    let mut events = Vec::new();
-    for i in 0..6 {
-        let ev = p
-            .create_event(p.event(&format!("call-{i}-{user}"), "line_notice", &[&user]))
-            .await;
-        events.push(ev.event_id);
-    }
-    eventually(
-        "the calls are in progress",
-        Duration::from_secs(20),
-        async || {
-            let n: i64 = p.scalar("SELECT count(*) FROM notification_deliveries WHERE user_id = $1 AND status = 'sending'", &user).await;
-            if n == 6 { Ok(()) } else { Err(n) }
-        },
-    )
-    .await;
+    let events = calls_in_progress(&p, &user, "call", 6).await;
     let erasure = {
         let (p, user) = (&p, user.clone());
         async move { erase(p, &user).await }
@@ -735,31 +744,14 @@ async fn an_export_holds_exactly_the_users_rows_streamed_in_pages() {
     else {
         panic!("a blank user id is refused");
     };
-    assert_eq!(violated_fields(&err), ["user_id"]);
-}
-
-fn violated_fields(err: &tonic::Status) -> Vec<String> {
-    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    err.get_details_bad_request()
-        .expect("a BadRequest detail")
-        .field_violations
-        .into_iter()
-        .map(|v| v.field)
-        .collect()
+    assert_eq!(field_violations(&err), ["user_id"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_recipient_shows_contact_data_with_masked_tokens() {
     let p = Platform::start_with(Options::workers(&[])).await;
     let (user, name, email, line, token) = full_recipient(&p, "get").await;
-    let r = p
-        .recipients()
-        .get_recipient(pb::GetRecipientRequest {
-            user_id: user.clone(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let r = p.try_get_recipient(&user).await.unwrap();
     assert_eq!(
         (
             r.user_id.as_str(),
@@ -785,49 +777,15 @@ async fn get_recipient_shows_contact_data_with_masked_tokens() {
             &token[token.len() - 4..]
         )
     );
-    let missing = p
-        .recipients()
-        .get_recipient(pb::GetRecipientRequest {
-            user_id: "nobody-here".into(),
-        })
-        .await
-        .unwrap_err();
+    let missing = p.try_get_recipient("nobody-here").await.unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
-    let bad = p
-        .recipients()
-        .get_recipient(pb::GetRecipientRequest {
-            user_id: "x".repeat(256),
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(violated_fields(&bad), ["user_id"]);
+    let bad = p.try_get_recipient(&"x".repeat(256)).await.unwrap_err();
+    assert_eq!(field_violations(&bad), ["user_id"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_events_filters_pages_and_shows_a_caller_only_its_own_events() {
-    let p = Platform::start_with(Options::workers(&[]).auth(ingest::auth::AuthMode::ApiKey)).await;
-    let admin = api_key(&p, "ops-admin", true).await;
-    let shop = api_key(&p, "shop-orders", false).await;
-    let forum = api_key(&p, "forum-replies", false).await;
-    let mut types = pb::type_service_client::TypeServiceClient::new(p.grpc.clone());
-    for t in ["order_paid", "order_shipped"] {
-        eventually("the admin key works", Duration::from_secs(5), async || {
-            types
-                .upsert_notification_type(with_key(
-                    pb::UpsertNotificationTypeRequest {
-                        key: t.into(),
-                        priority: "normal".into(),
-                        default_channels: vec!["inapp".into()],
-                        ..Default::default()
-                    },
-                    &admin,
-                ))
-                .await
-                .map(|_| ())
-        })
-        .await;
-    }
-    support::wait_keys_work(&p, &[&shop, &forum]).await;
+    let (p, admin, shop, forum) = support::two_callers(&["order_paid", "order_shipped"]).await;
     let send = |key: String, t: &'static str, users: Vec<String>, as_key: String| {
         let mut c = p.ingest();
         let users: Vec<&str> = users.iter().map(String::as_str).collect();
@@ -995,7 +953,7 @@ async fn list_events_filters_pages_and_shows_a_caller_only_its_own_events() {
     .await
     .unwrap_err();
     assert_eq!(
-        violated_fields(&err),
+        field_violations(&err),
         ["recipient", "created_before", "page_size", "page_token"]
     );
     // The data rights need the manage scope.
@@ -1039,22 +997,7 @@ async fn a_call_that_fails_while_the_erasure_waits_for_it_ends_canceled_and_is_n
                        "body": {"message": "try later"}, "delay_ms": 2000}),
     )
     .await;
-    let mut events = Vec::new();
-    for i in 0..3 {
-        let ev = p
-            .create_event(p.event(&format!("retry-{i}-{user}"), "line_notice", &[&user]))
-            .await;
-        events.push(ev.event_id);
-    }
-    eventually(
-        "the calls are in progress",
-        Duration::from_secs(20),
-        async || {
-            let n: i64 = p.scalar("SELECT count(*) FROM notification_deliveries WHERE user_id = $1 AND status = 'sending'", &user).await;
-            if n == 3 { Ok(()) } else { Err(n) }
-        },
-    )
-    .await;
+    let events = calls_in_progress(&p, &user, "retry", 3).await;
     let out = erase(&p, &user).await;
     // Each call failed; its retry ended canceled; no fallback, no second call.
     let states: Vec<(String, Option<String>, i32)> = p

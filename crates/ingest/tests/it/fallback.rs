@@ -13,6 +13,15 @@ use support::{
     uniq,
 };
 
+/// Asserts that an email's `decision` says it was planned as the fallback of a LINE
+/// delivery that could not reach a user without a LINE id.
+fn assert_line_fallback_decision(decision: &str) {
+    assert!(
+        decision.starts_with("fallback: LINE unreachable: no LINE user id; fallback to email\n"),
+        "{decision}"
+    );
+}
+
 /// Waits until MailDev holds exactly one mail to `address` and returns its subject.
 async fn one_mail(p: &Platform, address: &str) -> String {
     eventually("one mail", Duration::from_secs(20), async || {
@@ -44,13 +53,7 @@ async fn a_user_without_a_line_id_gets_the_email_instead_once() {
         email[0].caused_by, "",
         "decided at planning: no delivery to point at"
     );
-    assert!(
-        email[0]
-            .decision
-            .starts_with("fallback: LINE unreachable: no LINE user id; fallback to email\n"),
-        "{}",
-        email[0].decision
-    );
+    assert_line_fallback_decision(&email[0].decision);
     assert_eq!(on_channel(&ev, "inapp")[0].cause, "planned");
     let line: Vec<_> = ev.skipped.iter().filter(|s| s.channel == "line").collect();
     assert_eq!(line.len(), 1);
@@ -166,32 +169,13 @@ async fn a_line_delivery_that_fails_for_good_falls_back_to_email_once() {
     .await;
 }
 
-/// An `invoice_due` type whose in-app notification escalates to email when still unread
-/// after `after_seconds`, a recipient with an email address, and one invoice sent to
-/// them: (user id, address, the created event).
-async fn escalating_invoice(
-    p: &Platform,
-    after_seconds: u32,
-) -> (String, String, pb::CreateEventResponse) {
-    p.add_derived_type(
-        "invoice_due",
-        &["inapp"],
-        &[],
-        Some(("inapp", "email", after_seconds)),
-    )
-    .await;
-    let (u, address) = p.add_email_recipient("u").await;
-    let created = p.send(&format!("invoice:{u}"), "invoice_due", &[&u]).await;
-    (u, address, created)
-}
-
 /// An in-app notification still unread after `after_seconds` (2 s) escalates to email:
 /// the email delivery exists from the start, pending until then, cause `escalation`,
 /// `caused_by` the in-app delivery, and goes out when due.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unread_in_app_notification_escalates_to_email_when_due() {
     let p = Platform::start().await;
-    let (u, address, created) = escalating_invoice(&p, 2).await;
+    let (u, address, created) = p.escalating_invoice(2, "u").await;
     let ev = p.get_event(&created.event_id).await;
     let (inapp, email) = (on_channel(&ev, "inapp")[0], on_channel(&ev, "email")[0]);
     assert_eq!(email.cause, "escalation");
@@ -224,7 +208,7 @@ async fn an_unread_in_app_notification_escalates_to_email_when_due() {
 async fn no_email_when_the_user_reads_the_notification_first() {
     let p = Platform::start().await;
     // 4 s leaves room to read it on a loaded machine.
-    let (u, address, created) = escalating_invoice(&p, 4).await;
+    let (u, address, created) = p.escalating_invoice(4, "u").await;
     InboxClient::of(&p, &u)
         .read_newest(Duration::from_secs(10))
         .await;
@@ -266,13 +250,7 @@ async fn the_fallback_email_respects_an_email_opt_out() {
     let email: Vec<_> = ev.skipped.iter().filter(|s| s.channel == "email").collect();
     assert_eq!(email.len(), 1);
     assert_eq!(email[0].reason, "opted_out");
-    assert!(
-        email[0]
-            .decision
-            .starts_with("fallback: LINE unreachable: no LINE user id; fallback to email\n"),
-        "{}",
-        email[0].decision
-    );
+    assert_line_fallback_decision(&email[0].decision);
     // After a failure.
     p.sim_fault(
         serde_json::json!({"provider": "line", "target_contains": lid, "status": 400,
@@ -394,8 +372,7 @@ async fn the_topic_fan_out_plans_the_fallback_too() {
     p.add_recipient(&b, "", &format!("{b}@example.test"), &line_id())
         .await;
     p.subscribe("shop.news", &[&a, &b]).await;
-    let mut req = p.event("news:1", "promo", &[]);
-    req.topic = "shop.news".into();
+    let req = p.topic_event("news:1", "promo", "shop.news");
     let created = p.create_event(req).await;
     let ev = eventually("fan-out planned", Duration::from_secs(20), async || {
         let ev = p.get_event(&created.event_id).await;

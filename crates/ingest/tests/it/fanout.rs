@@ -66,8 +66,7 @@ async fn a_topic_event_reaches_every_subscriber_once_in_checkpointed_batches() {
     )
     .await;
 
-    let mut req = p.event("promo:2026-12", "promo", &[]);
-    req.topic = "shop.promotions".into();
+    let req = p.topic_event("promo:2026-12", "promo", "shop.promotions");
     let started = Instant::now();
     let reply = p.create_event(req.clone()).await;
     assert!(
@@ -125,26 +124,11 @@ async fn topic_calls_validate_their_input() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    let err = p
-        .topics()
-        .subscribe(pb::SubscribeRequest {
-            topic: "nope".into(),
-            user_ids: vec!["u1".into()],
-        })
-        .await
-        .unwrap_err();
+    let err = p.try_subscribe("nope", &["u1"]).await.unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
-    let err = p
-        .topics()
-        .subscribe(pb::SubscribeRequest {
-            topic: "nope".into(),
-            user_ids: vec![],
-        })
-        .await
-        .unwrap_err();
+    let err = p.try_subscribe("nope", &[]).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    let mut req = p.event("x", "promo", &[]);
-    req.topic = "nope".into();
+    let req = p.topic_event("x", "promo", "nope");
     assert_eq!(
         p.ingest().create_event(req).await.unwrap_err().code(),
         Code::NotFound
@@ -188,8 +172,7 @@ async fn line_multicast_sends_topic_broadcasts_in_batches_of_at_most_500() {
     p.sim_fault(serde_json::json!({"provider": "line", "status": 500, "times": 1}))
         .await;
 
-    let mut req = p.event("promo:multicast", "promo", &[]);
-    req.topic = "shop.promotions".into();
+    let mut req = p.topic_event("promo:multicast", "promo", "shop.promotions");
     req.line_multicast = true;
     let reply = p.create_event(req).await;
     wait_fanout_done(&p, &reply.event_id).await;

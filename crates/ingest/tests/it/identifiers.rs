@@ -87,13 +87,6 @@ async fn a_user_id_typed_in_nfd_is_the_same_user_at_every_door() {
         assert_eq!(ev.deliveries[0].user_id, nfc);
     }
     // The other RecipientService calls find the same user however it is spelt.
-    let got = p
-        .recipients()
-        .get_recipient(pb::GetRecipientRequest {
-            user_id: nfd.clone(),
-        })
-        .await
-        .expect("found in NFD")
-        .into_inner();
+    let got = p.try_get_recipient(&nfd).await.expect("found in NFD");
     assert_eq!(got.user_id, nfc);
 }

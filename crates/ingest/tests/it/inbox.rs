@@ -719,6 +719,30 @@ async fn items_for(
     out
 }
 
+/// `writers` concurrent writers, each sending `each` `news` events (keys
+/// `<prefix>:<writer>:<n>`) to `user`, one after the other; their tasks.
+fn burst(
+    p: &Platform,
+    user: &str,
+    prefix: &str,
+    writers: usize,
+    each: usize,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..writers)
+        .map(|w| {
+            let mut ingest = p.ingest();
+            let reqs: Vec<_> = (0..each)
+                .map(|n| p.event(&format!("{prefix}:{w}:{n}"), "news", &[user]))
+                .collect();
+            tokio::spawn(async move {
+                for req in reqs {
+                    ingest.create_event(req).await.unwrap();
+                }
+            })
+        })
+        .collect()
+}
+
 /// Eight callers send 400 in-app notifications to one user at once, written by two in-app
 /// workers whose batches commit in any order (each commit is slowed by a random few
 /// milliseconds, as a busy disk or a synchronous replica would); a client that reconnects
@@ -729,31 +753,18 @@ async fn a_client_reconnecting_every_300_ms_sees_each_of_400_concurrent_notifica
     p.start_worker_named(Channel::InApp, "second-inapp-worker");
     p.add_type("news", &["inapp"]).await;
     let a = p.add_bare_recipient("a").await;
-    sqlx::raw_sql(
+    p.execute(
         "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN PERFORM pg_sleep(random() * 0.004); RETURN NULL; END $$;
          CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON notifications
              DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
     )
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     let t = token(&a, support::INBOX_SECRET, 600);
 
     const WRITERS: usize = 8;
     const EACH: usize = 50;
-    let mut writers = Vec::new();
-    for w in 0..WRITERS {
-        let (mut ingest, user) = (p.ingest(), a.clone());
-        let reqs: Vec<_> = (0..EACH)
-            .map(|n| p.event(&format!("burst:{w}:{n}"), "news", &[&user]))
-            .collect();
-        writers.push(tokio::spawn(async move {
-            for req in reqs {
-                ingest.create_event(req).await.unwrap();
-            }
-        }));
-    }
+    let writers = burst(&p, &a, "burst", WRITERS, EACH);
 
     // The client: connected for 300 ms at a time, resuming after the last id it saw.
     let mut seen: Vec<(String, String)> = Vec::new();
@@ -1150,33 +1161,20 @@ async fn read_changes_made_during_a_burst_reach_a_resuming_client_in_order() {
     p.start_worker_named(Channel::InApp, "second-inapp-worker");
     p.add_type("news", &["inapp"]).await;
     let a = p.add_bare_recipient("a").await;
-    sqlx::raw_sql(
+    p.execute(
         "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN PERFORM pg_sleep(random() * 0.004); RETURN NULL; END $$;
          CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT OR UPDATE ON notifications
              DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();",
     )
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     let c = InboxClient {
         p: &p,
         token: token(&a, support::INBOX_SECRET, 600),
     };
     const WRITERS: usize = 8;
     const EACH: usize = 25;
-    let mut writers = Vec::new();
-    for w in 0..WRITERS {
-        let (mut ingest, user) = (p.ingest(), a.clone());
-        let reqs: Vec<_> = (0..EACH)
-            .map(|n| p.event(&format!("read-burst:{w}:{n}"), "news", &[&user]))
-            .collect();
-        writers.push(tokio::spawn(async move {
-            for req in reqs {
-                ingest.create_event(req).await.unwrap();
-            }
-        }));
-    }
+    let writers = burst(&p, &a, "read-burst", WRITERS, EACH);
 
     let mut status: std::collections::HashMap<String, String> = Default::default();
     let mut last: i64 = 0;

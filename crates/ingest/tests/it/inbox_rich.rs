@@ -12,7 +12,7 @@ use notify_proto::v1 as pb;
 use notify_store::clicks::clicks_of;
 use serde_json::Value;
 use std::time::Duration;
-use support::{InboxClient, Platform, type_request};
+use support::{InboxClient, Platform, click_triples, type_request};
 
 /// Sends `req` and waits until its deliveries are final; returns the event.
 async fn deliver(p: &Platform, req: pb::CreateEventRequest) -> pb::GetEventResponse {
@@ -74,10 +74,7 @@ async fn an_action_click_marks_the_item_read_answers_its_link_and_is_counted_onc
     assert_eq!(itself["action_id"], "");
 
     let clicks = clicks_of(&p.pool, delivery_id(&ev)).await.unwrap();
-    let seen: Vec<(&str, &str, &str)> = clicks
-        .iter()
-        .map(|k| (k.user_id.as_str(), k.action_id.as_str(), k.source.as_str()))
-        .collect();
+    let seen = click_triples(&clicks);
     assert_eq!(
         seen,
         [

@@ -12,8 +12,8 @@ use notify_proto::v1::cancel_event_request::Target;
 use serde_json::json;
 use std::time::Duration;
 use support::{
-    Options, Platform, SendExt, api_key, cancel, cancel_req, db_now, delivery_of, eventually,
-    no_redirects, on_channel, settle, type_request, uniq, violations, with_key,
+    Options, Platform, SendExt, api_key, cancel, cancel_req, db_now, delivery_of, event_request,
+    eventually, no_redirects, on_channel, settle, type_request, uniq, violations, with_key,
 };
 use tonic::Code;
 
@@ -62,8 +62,7 @@ async fn a_recipient_canceled_after_their_multicast_batch_was_written_is_not_in_
         })
         .await
         .unwrap();
-    let mut req = p.event("mc:1", "promo", &[]);
-    req.topic = "shop.mc".into();
+    let mut req = p.topic_event("mc:1", "promo", "shop.mc");
     req.line_multicast = true;
     let ev = p.create_event(req).await;
     wait_fanout_done(&p, &ev.event_id).await;
@@ -258,8 +257,7 @@ async fn a_canceled_scheduled_event_replayed_stays_canceled() {
 async fn a_scheduled_broadcast_canceled_before_it_is_due_sends_nothing() {
     let p = Platform::start_with_type(&[Channel::InApp], "promo", &["inapp"]).await;
     p.add_topic_audience("shop.sale", "s", 2500).await;
-    let mut req = p.event("sale:1", "promo", &[]);
-    req.topic = "shop.sale".into();
+    let mut req = p.topic_event("sale:1", "promo", "shop.sale");
     req.delay = "3s".into();
     req.cancellation_key = "sale:all".into();
     let ev = p.create_event(req).await;
@@ -307,18 +305,12 @@ async fn a_subscriber_who_leaves_the_topic_before_the_due_time_gets_nothing() {
     req.delay = "3s".into();
     let ev = p.create_event(req).await;
     // Both deliveries are planned (and wait) before the unsubscribe.
-    eventually(
+    p.wait_scalar(
         "the fan-out planned both",
         Duration::from_secs(10),
-        async || {
-            let n: i64 = p
-                .scalar(
-                    "SELECT count(*) FROM notification_deliveries WHERE event_id = $1::uuid",
-                    &ev.event_id,
-                )
-                .await;
-            if n == 2 { Ok(()) } else { Err(n) }
-        },
+        "SELECT count(*) FROM notification_deliveries WHERE event_id = $1::uuid",
+        &ev.event_id,
+        2,
     )
     .await;
     p.topics()
@@ -431,11 +423,7 @@ async fn the_escalation_of_a_canceled_event_is_canceled_and_never_sent() {
     )
     .await;
     let got = p.get_event(&ev.event_id).await;
-    let email = got
-        .deliveries
-        .iter()
-        .find(|d| d.channel == "email")
-        .expect("the escalation is shown");
+    let email = on_channel(&got, "email")[0];
     assert_eq!(
         (email.status.as_str(), email.cause.as_str()),
         ("canceled", "escalation")
@@ -477,12 +465,7 @@ async fn another_caller_learns_nothing_of_derived_deliveries() {
             let r = p
                 .ingest()
                 .get_event(with_key(
-                    pb::GetEventRequest {
-                        selector: Some(pb::get_event_request::Selector::EventId(
-                            uuid::Uuid::new_v4().to_string(),
-                        )),
-                        ..Default::default()
-                    },
+                    event_request(&uuid::Uuid::new_v4().to_string()),
                     key,
                 ))
                 .await;
@@ -530,15 +513,7 @@ async fn another_caller_learns_nothing_of_derived_deliveries() {
     }
     let get = p
         .ingest()
-        .get_event(with_key(
-            pb::GetEventRequest {
-                selector: Some(pb::get_event_request::Selector::EventId(
-                    ev.event_id.clone(),
-                )),
-                ..Default::default()
-            },
-            &bob,
-        ))
+        .get_event(with_key(event_request(&ev.event_id), &bob))
         .await
         .unwrap_err();
     assert_eq!(get.code(), Code::NotFound);
@@ -553,15 +528,7 @@ async fn another_caller_learns_nothing_of_derived_deliveries() {
             .unwrap_err();
         assert_eq!(e.code(), Code::NotFound);
     }
-    let none = p
-        .ingest()
-        .cancel_event(with_key(
-            cancel_req(Target::CancellationKey("secret:group".into()), &[]),
-            &bob,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let none = support::cancel_as(&p, Target::CancellationKey("secret:group".into()), &bob).await;
     assert_eq!(none, pb::CancelEventResponse::default());
     let pending: i64 = p.query_scalar("SELECT count(*) FROM notification_deliveries WHERE status = 'pending' AND cause <> 'planned'").await;
     assert!(pending >= 1, "alice's derived deliveries untouched");
@@ -866,16 +833,8 @@ async fn an_unfollow_before_the_due_time_falls_back_to_email_when_due() {
     p.wait_mails(&mail, 1, "the fallback mail", Duration::from_secs(20))
         .await;
     let done = p.wait_final(&ev.event_id, 20).await;
-    let line = done
-        .deliveries
-        .iter()
-        .find(|d| d.channel == "line")
-        .unwrap();
-    let email = done
-        .deliveries
-        .iter()
-        .find(|d| d.channel == "email")
-        .unwrap();
+    let line = on_channel(&done, "line")[0];
+    let email = on_channel(&done, "email")[0];
     assert_eq!(
         (line.status.as_str(), line.last_error.as_str()),
         ("skipped", "line_unfollowed")
@@ -930,17 +889,8 @@ async fn a_retry_recorded_while_the_cancel_waits_is_canceled_not_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_at_the_moment_an_escalation_is_due_leaves_nothing_sent_after_it() {
     let p = Platform::start_with_workers(&[Channel::InApp, Channel::Email]).await;
-    p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 1)))
-        .await;
-    let (u, mail) = p.add_email_recipient("esc-race").await;
-    let ev = p.send("inv:race", "invoice_due", &[&u]).await;
-    let due: DateTime<Utc> = p
-        .scalar(
-            "SELECT next_attempt_at FROM notification_deliveries
-         WHERE event_id = $1::uuid AND cause = 'escalation'",
-            &ev.event_id,
-        )
-        .await;
+    let (_u, mail, ev) = p.escalating_invoice(1, "esc-race").await;
+    let due = p.escalation_due(&ev.event_id).await;
     eventually(
         "the escalation is due",
         Duration::from_secs(5),
@@ -1208,8 +1158,7 @@ async fn a_failed_line_multicast_batch_falls_back_to_email_for_each_user() {
     p.sim_fault(json!({"provider": "line", "status": 400,
                        "body": {"message": "The request body has 1 error(s)"}, "times": 1}))
         .await;
-    let mut req = p.event("mcfail:1", "promo", &[]);
-    req.topic = "shop.mcfail".into();
+    let mut req = p.topic_event("mcfail:1", "promo", "shop.mcfail");
     req.line_multicast = true;
     let ev = p.create_event(req).await;
     wait_fanout_done(&p, &ev.event_id).await;
@@ -1245,8 +1194,7 @@ async fn a_multicast_broadcast_with_a_line_escalation_completes_and_escalates_ea
     p.add_derived_type("promo", &["line"], &[], Some(("line", "email", 1)))
         .await;
     let users = line_topic_with_mail(&p, "shop.mcesc").await;
-    let mut req = p.event("mcesc:1", "promo", &[]);
-    req.topic = "shop.mcesc".into();
+    let mut req = p.topic_event("mcesc:1", "promo", "shop.mcesc");
     req.line_multicast = true;
     let ev = p.create_event(req).await;
     wait_fanout_done(&p, &ev.event_id).await;
@@ -1303,17 +1251,8 @@ async fn quiet_hours_at_a_due_time_across_a_dst_change_end_at_the_local_morning(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notification_read_exactly_at_the_escalation_due_time_cancels_it() {
     let mut p = Platform::start_with_workers(&[Channel::InApp]).await;
-    p.add_derived_type("invoice_due", &["inapp"], &[], Some(("inapp", "email", 1)))
-        .await;
-    let (u, mail) = p.add_email_recipient("exact").await;
-    let ev = p.send("inv:exact", "invoice_due", &[&u]).await;
-    let due: DateTime<Utc> = p
-        .scalar(
-            "SELECT next_attempt_at FROM notification_deliveries
-         WHERE event_id = $1::uuid AND cause = 'escalation'",
-            &ev.event_id,
-        )
-        .await;
+    let (_u, mail, ev) = p.escalating_invoice(1, "exact").await;
+    let due = p.escalation_due(&ev.event_id).await;
     eventually("the inbox row", Duration::from_secs(10), async || {
         let n = sqlx::query(
             "UPDATE notifications SET status = 'read', read_at = $2
@@ -1331,11 +1270,7 @@ async fn a_notification_read_exactly_at_the_escalation_due_time_cancels_it() {
     .await;
     p.start_worker(Channel::Email);
     let done = p.wait_final(&ev.event_id, 20).await;
-    let email = done
-        .deliveries
-        .iter()
-        .find(|d| d.channel == "email")
-        .unwrap();
+    let email = on_channel(&done, "email")[0];
     assert_eq!(
         (
             email.status.as_str(),

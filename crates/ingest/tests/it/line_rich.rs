@@ -8,17 +8,15 @@ use crate::support;
 use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
-use support::{Platform, line_template, line_webhook, postback};
+use support::{Platform, click_triples, line_template, line_webhook, postback};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rich_event_is_a_flex_card_and_a_postback_tap_is_one_click() {
     let p = Platform::start_with_type(&[Channel::Line], "order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
-    let ev = p
-        .create_event(p.rich_event("order:1001:paid", "order_paid", &[&u]))
+    let (_, done) = p
+        .deliver_all(p.rich_event("order:1001:paid", "order_paid", &[&u]))
         .await;
-    let done = p.wait_final(&ev.event_id, 30).await;
-    support::assert_all_sent(&done);
     let delivery = done.deliveries[0].delivery_id.clone();
 
     let reqs = p.sim_requests("line").await;
@@ -73,10 +71,7 @@ async fn a_rich_event_is_a_flex_card_and_a_postback_tap_is_one_click() {
     let clicks = notify_store::clicks::clicks_of(&p.pool, delivery.parse().unwrap())
         .await
         .unwrap();
-    let got: Vec<(&str, &str, &str)> = clicks
-        .iter()
-        .map(|c| (c.user_id.as_str(), c.action_id.as_str(), c.source.as_str()))
-        .collect();
+    let got = click_triples(&clicks);
     assert_eq!(
         got,
         [(lid.as_str(), "track", "line")],

@@ -8,8 +8,8 @@ use serde_json::json;
 use std::collections::HashSet;
 use std::time::Duration;
 use support::{
-    Platform, assert_all_sent, assert_sent, delivery_of, eventually, field_violations, line_id,
-    status_attempts, uniq,
+    Platform, assert_all_sent, assert_sent, delivery_of, event_request, eventually,
+    field_violations, line_id, on_channel, status_attempts, uniq,
 };
 use tonic::Code;
 use tonic_types::StatusExt;
@@ -295,18 +295,13 @@ async fn one_failing_request_among_sixty(writers: usize) {
     .await;
     p.add_type("order_paid", &["inapp"]).await;
     // A database-side failure for one key only (as a constraint or a trigger would raise).
-    sqlx::raw_sql(
-        "CREATE FUNCTION test_reject_key() RETURNS trigger LANGUAGE plpgsql AS $$
+    p.execute("CREATE FUNCTION test_reject_key() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
              IF NEW.event_key LIKE 'poison:%' THEN RAISE EXCEPTION 'rejected by test trigger'; END IF;
              RETURN NEW;
          END $$;
          CREATE TRIGGER test_reject_key BEFORE INSERT ON notification_events
-             FOR EACH ROW EXECUTE FUNCTION test_reject_key();",
-    )
-    .execute(&p.pool)
-    .await
-    .unwrap();
+             FOR EACH ROW EXECUTE FUNCTION test_reject_key();").await;
     let calls = (0..60).map(|i| {
         let key = if i % 20 == 7 {
             format!("poison:{i}")
@@ -384,13 +379,7 @@ async fn long_line_text_is_split_into_up_to_five_messages_at_grapheme_boundaries
     let ev = p.create_event(exact).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     assert_eq!(done.deliveries[0].status, "sent");
-    let reqs = p.sim_requests("line").await;
-    let texts: Vec<String> = reqs[1]["body"]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["text"].as_str().unwrap().to_string())
-        .collect();
+    let texts = p.line_texts(1).await;
     assert_eq!(texts.len(), 2);
     assert_eq!(
         texts.concat().as_bytes(),
@@ -1411,12 +1400,7 @@ async fn an_unroutable_publish_stays_in_the_outbox_until_the_route_is_back() {
     assert_eq!(last_error.as_deref(), Some("unroutable"));
     let got = p
         .ingest()
-        .get_event(pb::GetEventRequest {
-            selector: Some(pb::get_event_request::Selector::EventId(
-                ev.event_id.clone(),
-            )),
-            ..Default::default()
-        })
+        .get_event(event_request(&ev.event_id))
         .await
         .unwrap()
         .into_inner();
@@ -1517,11 +1501,7 @@ async fn a_burst_is_spread_to_the_providers_rate_limit() {
 async fn a_line_push_accepted_then_timed_out_ends_sent_with_one_message() {
     let p = Platform::start_with_type(&[notify_core::Channel::Line], "order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
-    p.sim_fault(
-        json!({"provider": "line", "target_contains": lid, "status": 200,
-                       "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 7000, "times": 1}),
-    )
-    .await;
+    p.slow_line_once(&lid, "1", 7000).await;
     let ev = p.send("line-slow", "order_paid", &[&u]).await;
     let done = p.wait_final(&ev.event_id, 30).await;
     let d = &done.deliveries[0];
@@ -1645,11 +1625,7 @@ async fn quiet_hours_are_decided_on_the_database_clock_not_the_hosts() {
     let fanned = p
         .wait_fanout_done(&topic_event.event_id, Duration::from_secs(30))
         .await;
-    let email = fanned
-        .deliveries
-        .iter()
-        .find(|d| d.channel == "email")
-        .expect("a fanned-out email delivery");
+    let email = on_channel(&fanned, "email")[0];
     assert_eq!(
         email.deferred_until.as_ref().map(|t| t.seconds),
         Some(expected_end.timestamp()),

@@ -239,7 +239,7 @@ async fn a_lost_workers_attempt_says_the_provider_may_not_have_been_called() {
 async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_again() {
     let p = Platform::start_with(Options::workers(&[Channel::Line]).lease(Duration::from_secs(3)))
         .await;
-    sqlx::raw_sql(
+    p.execute(
         "CREATE FUNCTION refuse_attempts() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
              IF NEW.error_code IS DISTINCT FROM 'record_failed' THEN
@@ -250,9 +250,7 @@ async fn a_record_the_database_refuses_ends_the_delivery_instead_of_calling_agai
          CREATE TRIGGER refuse_attempts BEFORE INSERT ON delivery_attempts
              FOR EACH ROW EXECUTE FUNCTION refuse_attempts();",
     )
-    .execute(&p.pool)
-    .await
-    .unwrap();
+    .await;
     p.add_type("order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
     p.sim_fault(

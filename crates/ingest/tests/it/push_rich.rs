@@ -65,9 +65,7 @@ async fn a_rich_event_reaches_fcm_apns_and_web_push_with_every_field() {
         webpush_icon: "https://cdn.shop.example.test/icon-192.png".into(),
         ..Default::default()
     });
-    let ev = p.create_event(req).await;
-    let done = p.wait_final(&ev.event_id, 30).await;
-    support::assert_all_sent(&done);
+    let (ev, done) = p.deliver_all(req).await;
     assert_eq!(unread(&p, &u).await, 3, "the badge the devices got");
     let delivery = |endpoint: &str| {
         done.deliveries

@@ -77,7 +77,7 @@ async fn a_worker_whose_lease_was_taken_writes_nothing_and_the_retry_key_prevent
     p.add_type("order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
     // LINE answers after 2 s: the worker is "frozen" in the call meanwhile.
-    p.sim_fault(json!({"provider": "line", "target_contains": lid, "status": 200, "body": {"sentMessages": [{"id": "1"}]}, "delay_ms": 2000, "times": 1})).await;
+    p.slow_line_once(&lid, "1", 2000).await;
     let ev = p.send("frozen", "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
     wait_line_calls(&p, 1).await;
@@ -225,19 +225,13 @@ async fn write_group(
 /// Waits until no delivery of `events` is pending or sending, then answers how many of
 /// them ended in each status, by status name.
 async fn final_statuses(p: &Platform, events: &[uuid::Uuid]) -> Vec<(String, i64)> {
-    eventually(
+    p.wait_scalar(
         "every delivery of the events final",
         Duration::from_secs(30),
-        async || {
-            let open: i64 = p
-                .scalar(
-                    "SELECT count(*) FROM notification_deliveries
+        "SELECT count(*) FROM notification_deliveries
                  WHERE event_id = ANY($1) AND status IN ('pending', 'sending')",
-                    events,
-                )
-                .await;
-            if open == 0 { Ok(()) } else { Err(open) }
-        },
+        events,
+        0,
     )
     .await;
     p.rows(
@@ -528,11 +522,7 @@ async fn a_message_redelivered_during_a_slow_call_is_not_sent_again() {
     let (u, lid) = p.add_line_recipient("u").await;
     // LINE takes 4.5 s for this user: longer than the 3 s lease, shorter than the
     // LINE worker's 5 s provider timeout in these tests.
-    p.sim_fault(
-        json!({"provider": "line", "target_contains": lid, "status": 200,
-        "body": {"sentMessages": [{"id": "slow-1"}]}, "delay_ms": 4500, "times": 1}),
-    )
-    .await;
+    p.slow_line_once(&lid, "slow-1", 4500).await;
     let ev = p.send("slow-redelivered", "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
     wait_line_calls(&p, 1).await;
@@ -856,7 +846,7 @@ async fn a_late_success_on_an_unclaimed_delivery_is_recorded_and_not_sent_again(
     p.add_type("order_paid", &["line"]).await;
     let (u, lid) = p.add_line_recipient("u").await;
     // LINE accepts, but answers only after 3 s.
-    p.sim_fault(json!({"provider": "line", "target_contains": lid, "status": 200, "body": {"sentMessages": [{"id": "late-1"}]}, "delay_ms": 3000, "times": 1})).await;
+    p.slow_line_once(&lid, "late-1", 3000).await;
     let ev = p.send("late", "order_paid", &[&u]).await;
     let id = ev.deliveries[0].delivery_id.clone();
     wait_line_calls(&p, 1).await;
@@ -1083,15 +1073,12 @@ async fn held_rows_the_relay_cannot_take_are_released_and_published_before_their
     drop(relay_end);
     let asked = std::time::Instant::now();
     direct.publish(rows);
-    eventually(
+    p.wait_scalar(
         "the released rows published by the running relay",
         Duration::from_secs(10),
-        async || {
-            let left: i64 = p
-                .scalar("SELECT count(*) FROM outbox WHERE id = ANY($1)", &ids)
-                .await;
-            if left == 0 { Ok(()) } else { Err(left) }
-        },
+        "SELECT count(*) FROM outbox WHERE id = ANY($1)",
+        &ids,
+        0,
     )
     .await;
     assert!(
@@ -1433,11 +1420,7 @@ async fn a_late_success_after_the_last_attempt_was_given_up(with_fallback: bool)
     let address = format!("{u}@example.test");
     p.add_recipient(&u, "", &address, &lid).await;
     // LINE accepts, answering after 1.5 s: the worker is stopped before it reads that.
-    p.sim_fault(
-        json!({"provider": "line", "target_contains": lid, "status": 200,
-        "body": {"sentMessages": [{"id": "late-1"}]}, "delay_ms": 1500, "times": 1}),
-    )
-    .await;
+    p.slow_line_once(&lid, "late-1", 1500).await;
     let admin = support::free_addr();
     let frozen = p.spawn(
         "worker-line",

@@ -247,15 +247,11 @@ async fn both_reference_libraries_verify_every_webhook_of_a_run_and_see_every_fi
         "{finals:?}"
     );
     // Every message answered 2xx: each receiver's library verified it.
-    eventually(
+    p.wait_query_scalar(
         "every webhook answered 2xx",
         Duration::from_secs(60),
-        async || {
-            let left: i64 = p
-                .query_scalar("SELECT count(*) FROM webhook_messages WHERE status <> 'sent'")
-                .await;
-            if left == 0 { Ok(()) } else { Err(left) }
-        },
+        "SELECT count(*) FROM webhook_messages WHERE status <> 'sent'",
+        0,
     )
     .await;
     println!(

@@ -133,10 +133,7 @@ async fn old_final_deliveries_attempts_inbox_rows_and_events_go_and_pending_ones
         assert_eq!(rows_of_event(&p, gone).await, (0, 0, 0, 0));
         let e = p
             .ingest()
-            .get_event(pb::GetEventRequest {
-                selector: Some(pb::get_event_request::Selector::EventId(gone.clone())),
-                ..Default::default()
-            })
+            .get_event(event_request(gone))
             .await
             .unwrap_err();
         assert_eq!(e.code(), Code::NotFound);

@@ -9,7 +9,9 @@ use crate::support;
 use notify_core::Channel;
 use notify_proto::v1 as pb;
 use serde_json::{Value, json};
-use support::{Platform, hs256, line_template, line_webhook, postback, type_request};
+use support::{
+    Platform, inbox_token, line_template, line_webhook, on_channel, postback, type_request,
+};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -17,13 +19,6 @@ fn fields(err: &tonic::Status) -> Vec<String> {
     err.get_details_bad_request()
         .map(|b| b.field_violations.into_iter().map(|v| v.field).collect())
         .unwrap_or_default()
-}
-
-fn token(user: &str) -> String {
-    hs256(
-        &json!({"sub": user, "exp": chrono::Utc::now().timestamp() + 300}),
-        support::INBOX_SECRET,
-    )
 }
 
 /// docs/channels.md "Rich content": a deep link stands only on a button, never as the tap
@@ -377,25 +372,11 @@ async fn line_postback_forgeries_are_not_clicks() {
     .await;
     let (a, lid_a) = p.add_line_recipient("a").await;
     let (_b, lid_b) = p.add_line_recipient("b").await;
-    let ev = p
-        .create_event(p.rich_event("order:1:paid", "order_paid", &[&a]))
+    let (_, done) = p
+        .deliver_all(p.rich_event("order:1:paid", "order_paid", &[&a]))
         .await;
-    let done = p.wait_final(&ev.event_id, 30).await;
-    support::assert_all_sent(&done);
-    let line_d = done
-        .deliveries
-        .iter()
-        .find(|d| d.channel == "line")
-        .unwrap()
-        .delivery_id
-        .clone();
-    let inapp_d = done
-        .deliveries
-        .iter()
-        .find(|d| d.channel == "inapp")
-        .unwrap()
-        .delivery_id
-        .clone();
+    let line_d = on_channel(&done, "line")[0].delivery_id.clone();
+    let inapp_d = on_channel(&done, "inapp")[0].delivery_id.clone();
     let mut problems = Vec::new();
     let cases = [
         (
@@ -485,7 +466,7 @@ async fn inbox_click_on_archived_item() {
         .create_event(p.rich_event("order:1:paid", "order_paid", &[&u]))
         .await;
     p.wait_final(&ev.event_id, 30).await;
-    let t = token(&u);
+    let t = inbox_token(&u, 300);
     let call = |method: &str, path: &str, body: &str| {
         let url = format!("{}{path}", p.http_url);
         let rb = if method == "GET" {
@@ -940,13 +921,7 @@ async fn line_thai_split_at_word_boundaries() {
     let done = p.wait_final(&ev.event_id, 30).await;
     let d = &done.deliveries[0];
     assert_eq!(d.status, "sent", "{}", d.last_error);
-    let reqs = p.sim_requests("line").await;
-    let texts: Vec<String> = reqs[0]["body"]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["text"].as_str().unwrap().to_string())
-        .collect();
+    let texts = p.line_texts(0).await;
     let mut problems = Vec::new();
     let combining =
         |c: char| matches!(c, '\u{0E31}' | '\u{0E34}'..='\u{0E3A}' | '\u{0E47}'..='\u{0E4E}');
@@ -1012,7 +987,7 @@ async fn positional_action_id_collides_with_an_explicit_one() {
             let stored = p.get_event(&ev.event_id).await.content.unwrap();
             let ids: Vec<&str> = stored.actions.iter().map(|a| a.id.as_str()).collect();
             // What the user gets when clicking the second button ("cancel").
-            let t = token(&u);
+            let t = inbox_token(&u, 300);
             let page: Value = p
                 .http
                 .get(format!("{}/v1/inbox/notifications", p.http_url))
@@ -1084,7 +1059,7 @@ async fn template_actions_without_ids_get_positional_ids() {
         "{}",
         done.deliveries[0].last_error
     );
-    let t = token(&u);
+    let t = inbox_token(&u, 300);
     let page: Value = p
         .http
         .get(format!("{}/v1/inbox/notifications", p.http_url))

@@ -7,7 +7,9 @@ use notify_proto::v1 as pb;
 use notify_store::api_keys::{self, NewApiKey};
 use serde_json::json;
 use std::time::{Duration, Instant};
-use support::{Options, Platform, eventually, line_id, type_request, uniq, violations, with_key};
+use support::{
+    Options, Platform, event_request, eventually, line_id, type_request, uniq, violations, with_key,
+};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -135,16 +137,7 @@ async fn keys_are_checked_scoped_and_recorded_on_the_event() {
     let get = |k: &str| {
         let (mut c, k) = (ingest(&p.grpc), k.to_string());
         let id = ok.event_id.clone();
-        async move {
-            c.get_event(with_key(
-                pb::GetEventRequest {
-                    selector: Some(pb::get_event_request::Selector::EventId(id)),
-                    ..Default::default()
-                },
-                &k,
-            ))
-            .await
-        }
+        async move { c.get_event(with_key(event_request(&id), &k)).await }
     };
     // (Until the replica's cache has the new key, it is unknown.)
     let code = eventually(
@@ -218,15 +211,7 @@ async fn keys_are_checked_scoped_and_recorded_on_the_event() {
 
     // Reading needs only a valid key; the health service needs none.
     ingest(&p.grpc)
-        .get_event(with_key(
-            pb::GetEventRequest {
-                selector: Some(pb::get_event_request::Selector::EventId(
-                    ok.event_id.clone(),
-                )),
-                ..Default::default()
-            },
-            &orders,
-        ))
+        .get_event(with_key(event_request(&ok.event_id), &orders))
         .await
         .unwrap();
     let health = tonic_health::pb::health_client::HealthClient::new(p.grpc.clone())

@@ -84,9 +84,7 @@ async fn thai_templates_with_thai_money_and_dates_and_an_english_fallback() {
     let mut req = p.event("tpl:1", "order_paid", &[&th, &ja]);
     req.payload =
         r#"{"order_id": 1001, "total": "1250", "paid_at": "2026-11-30T18:30:00Z"}"#.into();
-    let ev = p.create_event(req).await;
-    let done = p.wait_final(&ev.event_id, 30).await;
-    assert_all_sent(&done);
+    let (_ev, done) = p.deliver_all(req).await;
 
     // Thai email: Thai subject, amount in baht, date in the Buddhist era (01:30 on 1 December
     // in Bangkok).

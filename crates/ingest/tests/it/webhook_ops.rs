@@ -185,6 +185,18 @@ async fn get(url: &str) -> Option<(u16, String)> {
     Some((r.status().as_u16(), r.text().await.unwrap_or_default()))
 }
 
+/// Waits (20 s at most, else panics naming `what`) until `/readyz` at `addr` answers
+/// `status`; returns its body.
+async fn readyz_answers(addr: std::net::SocketAddr, status: u16, what: &str) -> String {
+    eventually(what, Duration::from_secs(20), async || {
+        match get(&format!("http://{addr}/readyz")).await {
+            Some((s, body)) if s == status => Ok(body),
+            other => Err(other),
+        }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_webhook_is_ready_only_while_it_consumes_from_rabbitmq() {
     let p = support::Platform::start_with_workers(&[]).await;
@@ -201,13 +213,10 @@ async fn worker_webhook_is_ready_only_while_it_consumes_from_rabbitmq() {
             ),
         ],
     );
-    let body = eventually(
+    let body = readyz_answers(
+        cut_off,
+        503,
         "worker-webhook without RabbitMQ answers /readyz 503",
-        Duration::from_secs(20),
-        async || match get(&format!("http://{cut_off}/readyz")).await {
-            Some((503, body)) => Ok(body),
-            other => Err(other),
-        },
     )
     .await;
     assert!(
@@ -228,15 +237,7 @@ async fn worker_webhook_is_ready_only_while_it_consumes_from_rabbitmq() {
         &[],
         &[("NOTIFY_ADMIN_ADDR", admin.to_string())],
     );
-    eventually(
-        "worker-webhook with RabbitMQ ready",
-        Duration::from_secs(20),
-        async || match get(&format!("http://{admin}/readyz")).await {
-            Some((200, body)) => Ok(body),
-            other => Err(other),
-        },
-    )
-    .await;
+    readyz_answers(admin, 200, "worker-webhook with RabbitMQ ready").await;
     let (_, metrics) = get(&format!("http://{admin}/metrics")).await.unwrap();
     let line = metrics
         .lines()

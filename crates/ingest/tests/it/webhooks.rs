@@ -237,6 +237,15 @@ fn distinct(got: &[Got], secret: &str) -> BTreeMap<String, Value> {
     out
 }
 
+/// The `UpdateWebhookEndpoint` request that disables endpoint `id`.
+fn disable(id: &str) -> pb::UpdateWebhookEndpointRequest {
+    pb::UpdateWebhookEndpointRequest {
+        id: id.into(),
+        enabled: Some(false),
+        ..Default::default()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_state_change_of_a_run_of_deliveries_arrives_as_one_verified_webhook() {
     let p = platform(&[Channel::InApp, Channel::Email]).await;
@@ -921,14 +930,7 @@ async fn a_caller_manages_and_receives_only_its_own_endpoints_and_a_managing_key
     };
     assert_eq!(list(&forum).await, vec![forum_ep.id.clone()]);
     let e = webhooks(&p)
-        .update_webhook_endpoint(with_key(
-            pb::UpdateWebhookEndpointRequest {
-                id: shop_ep.id.clone(),
-                enabled: Some(false),
-                ..Default::default()
-            },
-            &forum,
-        ))
+        .update_webhook_endpoint(with_key(disable(&shop_ep.id), &forum))
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
@@ -965,14 +967,7 @@ async fn a_caller_manages_and_receives_only_its_own_endpoints_and_a_managing_key
     both.sort();
     assert_eq!(all, both);
     let disabled = webhooks(&p)
-        .update_webhook_endpoint(with_key(
-            pb::UpdateWebhookEndpointRequest {
-                id: forum_ep.id.clone(),
-                enabled: Some(false),
-                ..Default::default()
-            },
-            &admin,
-        ))
+        .update_webhook_endpoint(with_key(disable(&forum_ep.id), &admin))
         .await
         .unwrap()
         .into_inner()
@@ -1064,11 +1059,11 @@ async fn a_thousand_deliveries_arrive_as_a_thousand_verified_webhooks_across_a_w
         "webhooks: distinct=1000 received={received} duplicates={}",
         received - 1000
     );
-    eventually("every message sent", Duration::from_secs(30), async || {
-        let left: i64 = p
-            .query_scalar("SELECT count(*) FROM webhook_messages WHERE status <> 'sent'")
-            .await;
-        if left == 0 { Ok(()) } else { Err(left) }
-    })
+    p.wait_query_scalar(
+        "every message sent",
+        Duration::from_secs(30),
+        "SELECT count(*) FROM webhook_messages WHERE status <> 'sent'",
+        0,
+    )
     .await;
 }

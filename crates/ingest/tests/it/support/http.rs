@@ -110,6 +110,15 @@ pub(crate) fn postback(user: &str, data: &str, event_id: &str) -> String {
     .to_string()
 }
 
+/// An inbox API token for `user` ([`super::INBOX_SECRET`], HS256) that expires in
+/// `seconds`.
+pub(crate) fn inbox_token(user: &str, seconds: i64) -> String {
+    hs256(
+        &serde_json::json!({"sub": user, "exp": chrono::Utc::now().timestamp() + seconds}),
+        super::INBOX_SECRET,
+    )
+}
+
 /// `POST {base}/webhooks/line` with `body` and the `x-line-signature` LINE computes over
 /// it with [`LINE_SECRET`]; returns the response.
 pub(crate) async fn line_webhook(p: &Platform, base: &str, body: &str) -> reqwest::Response {
@@ -155,11 +164,10 @@ pub(crate) struct InboxClient<'a> {
 impl<'a> InboxClient<'a> {
     /// A client acting for `user` with a token valid for 5 minutes.
     pub(crate) fn of(p: &'a super::Platform, user: &str) -> Self {
-        let token = hs256(
-            &serde_json::json!({"sub": user, "exp": chrono::Utc::now().timestamp() + 300}),
-            super::INBOX_SECRET,
-        );
-        InboxClient { p, token }
+        InboxClient {
+            p,
+            token: inbox_token(user, 300),
+        }
     }
 
     /// `GET path`: the status and the JSON body (`null` when there is none).

@@ -11,8 +11,8 @@ mod wait;
 mod workers;
 
 pub(crate) use http::{
-    InboxClient, SendExt, console_login, csrf_token, hs256, line_webhook, no_redirects, postback,
-    session_cookie,
+    InboxClient, SendExt, console_login, csrf_token, hs256, inbox_token, line_webhook,
+    no_redirects, postback, session_cookie,
 };
 pub(crate) use process::{Proc, free_addr};
 pub(crate) use seed::{line_template, type_request};
@@ -29,15 +29,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// The fields a refusal names (its `BadRequest` field violations, in order); panics if
-/// it carries none.
+/// The fields an `INVALID_ARGUMENT` refusal names (its `BadRequest` field violations, in
+/// order); panics on another code or when it carries none.
 pub(crate) fn field_violations(err: &tonic::Status) -> Vec<String> {
-    use tonic_types::StatusExt;
-    err.get_details_bad_request()
-        .expect("field violations")
-        .field_violations
+    violations(err)
         .into_iter()
-        .map(|f| f.field)
+        .map(|(field, _)| field)
         .collect()
 }
 
@@ -51,6 +48,22 @@ pub(crate) fn violations(err: &tonic::Status) -> Vec<(String, String)> {
         .field_violations
         .into_iter()
         .map(|v| (v.field, v.description))
+        .collect()
+}
+
+/// The `GetEvent` request of event `event_id` (the first page, of the default size).
+pub(crate) fn event_request(event_id: &str) -> pb::GetEventRequest {
+    pb::GetEventRequest {
+        selector: Some(pb::get_event_request::Selector::EventId(event_id.into())),
+        ..Default::default()
+    }
+}
+
+/// Recorded clicks as (user id, action id, source), in their order.
+pub(crate) fn click_triples(clicks: &[notify_store::clicks::Click]) -> Vec<(&str, &str, &str)> {
+    clicks
+        .iter()
+        .map(|c| (c.user_id.as_str(), c.action_id.as_str(), c.source.as_str()))
         .collect()
 }
 
@@ -652,6 +665,18 @@ impl Platform {
             .into_inner()
     }
 
+    /// `CreateEvent` for `req`, then waits (30 s at most) until every delivery is final and
+    /// asserts each was sent; returns the created event and its final state.
+    pub(crate) async fn deliver_all(
+        &self,
+        req: pb::CreateEventRequest,
+    ) -> (pb::CreateEventResponse, pb::GetEventResponse) {
+        let created = self.create_event(req).await;
+        let done = self.wait_final(&created.event_id, 30).await;
+        assert_all_sent(&done);
+        (created, done)
+    }
+
     /// `CreateEvent` for the standard request [`Platform::event`]; panics on an error.
     pub(crate) async fn send(
         &self,
@@ -685,6 +710,19 @@ impl Platform {
                 ..Default::default()
             }),
             ..Default::default()
+        }
+    }
+
+    /// [`Platform::event`] broadcast to `topic`'s subscribers (no listed recipients).
+    pub(crate) fn topic_event(
+        &self,
+        key: &str,
+        type_key: &str,
+        topic: &str,
+    ) -> pb::CreateEventRequest {
+        pb::CreateEventRequest {
+            topic: topic.into(),
+            ..self.event(key, type_key, &[])
         }
     }
 
@@ -736,10 +774,7 @@ impl Platform {
     /// GetEvent by id (first page of deliveries); panics on an error.
     pub(crate) async fn get_event(&self, event_id: &str) -> pb::GetEventResponse {
         self.ingest()
-            .get_event(pb::GetEventRequest {
-                selector: Some(pb::get_event_request::Selector::EventId(event_id.into())),
-                ..Default::default()
-            })
+            .get_event(event_request(event_id))
             .await
             .expect("get event")
             .into_inner()
@@ -879,6 +914,29 @@ pub(crate) async fn wait_keys_work(p: &Platform, keys: &[&str]) {
     }
 }
 
+/// A platform with API keys required and no workers, and three keys that work: `ops-admin`
+/// (may manage), `shop-orders` and `forum-replies` (two callers kept apart); the in-app
+/// types `types` are registered with the admin key. Returns (platform, admin, shop,
+/// forum).
+pub(crate) async fn two_callers(types: &[&str]) -> (Platform, String, String, String) {
+    let p = Platform::start_with(Options::workers(&[]).auth(ingest::auth::AuthMode::ApiKey)).await;
+    let admin = api_key(&p, "ops-admin", true).await;
+    let shop = api_key(&p, "shop-orders", false).await;
+    let forum = api_key(&p, "forum-replies", false).await;
+    let mut client = p.types();
+    for t in types {
+        eventually("the admin key works", Duration::from_secs(5), async || {
+            client
+                .upsert_notification_type(with_key(seed::type_request(t, &["inapp"]), &admin))
+                .await
+                .map(|_| ())
+        })
+        .await;
+    }
+    wait_keys_work(&p, &[&shop, &forum]).await;
+    (p, admin, shop, forum)
+}
+
 /// A `CancelEvent` request for `target`, for `recipients` only when not empty.
 pub(crate) fn cancel_req(
     target: notify_proto::v1::cancel_event_request::Target,
@@ -898,6 +956,20 @@ pub(crate) async fn cancel(
 ) -> pb::CancelEventResponse {
     p.ingest()
         .cancel_event(cancel_req(target, recipients))
+        .await
+        .expect("CancelEvent")
+        .into_inner()
+}
+
+/// `CancelEvent` of `target` (every recipient) sent with API key `key`; panics on an
+/// error.
+pub(crate) async fn cancel_as(
+    p: &Platform,
+    target: notify_proto::v1::cancel_event_request::Target,
+    key: &str,
+) -> pb::CancelEventResponse {
+    p.ingest()
+        .cancel_event(with_key(cancel_req(target, &[]), key))
         .await
         .expect("CancelEvent")
         .into_inner()

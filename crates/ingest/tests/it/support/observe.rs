@@ -72,6 +72,27 @@ impl Platform {
         assert!(r.status().is_success());
     }
 
+    /// LINE takes `delay_ms` to answer the next push to `line_user_id`, then accepts it
+    /// (200, sent message id `message_id`): a provider call that is slow but succeeds.
+    pub(crate) async fn slow_line_once(&self, line_user_id: &str, message_id: &str, delay_ms: u64) {
+        self.sim_fault(serde_json::json!({
+            "provider": "line", "target_contains": line_user_id, "status": 200,
+            "body": {"sentMessages": [{"id": message_id}]}, "delay_ms": delay_ms, "times": 1,
+        }))
+        .await;
+    }
+
+    /// The `text` of every message of the `i`-th LINE call the simulator recorded (a
+    /// message without text, such as a Flex card, gives an empty string).
+    pub(crate) async fn line_texts(&self, i: usize) -> Vec<String> {
+        self.sim_requests("line").await[i]["body"]["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .map(|m| m["text"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
     /// How many of `user_id`'s inbox notifications are unread, in the database.
     pub(crate) async fn unread_count(&self, user_id: &str) -> i64 {
         self.scalar(

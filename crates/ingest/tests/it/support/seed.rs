@@ -124,13 +124,23 @@ impl Platform {
 
     /// Subscribes `user_ids` to `topic`; panics on an error.
     pub(crate) async fn subscribe(&self, topic: &str, user_ids: &[&str]) {
+        self.try_subscribe(topic, user_ids)
+            .await
+            .expect("subscribe");
+    }
+
+    /// `Subscribe` of `user_ids` to `topic`: ingest's answer.
+    pub(crate) async fn try_subscribe(
+        &self,
+        topic: &str,
+        user_ids: &[&str],
+    ) -> Result<tonic::Response<pb::SubscribeResponse>, tonic::Status> {
         self.topics()
             .subscribe(pb::SubscribeRequest {
                 topic: topic.into(),
                 user_ids: user_ids.iter().map(|u| u.to_string()).collect(),
             })
             .await
-            .expect("subscribe");
     }
 
     /// Registers a recipient `uniq(prefix)` with no email and no LINE id (reached in-app,
@@ -248,6 +258,51 @@ impl Platform {
         .execute(&self.pool)
         .await
         .unwrap();
+    }
+
+    /// An `invoice_due` type whose in-app notification escalates to email when still
+    /// unread after `after_seconds`, a recipient `uniq(prefix)` with an email address, and
+    /// one invoice (key `invoice:<user>`) sent to them: (user id, address, the event).
+    pub(crate) async fn escalating_invoice(
+        &self,
+        after_seconds: u32,
+        prefix: &str,
+    ) -> (String, String, pb::CreateEventResponse) {
+        self.add_derived_type(
+            "invoice_due",
+            &["inapp"],
+            &[],
+            Some(("inapp", "email", after_seconds)),
+        )
+        .await;
+        let (u, address) = self.add_email_recipient(prefix).await;
+        let created = self
+            .send(&format!("invoice:{u}"), "invoice_due", &[&u])
+            .await;
+        (u, address, created)
+    }
+
+    /// When the escalation of `event_id` is due (its `next_attempt_at`).
+    pub(crate) async fn escalation_due(&self, event_id: &str) -> chrono::DateTime<chrono::Utc> {
+        self.scalar(
+            "SELECT next_attempt_at FROM notification_deliveries
+             WHERE event_id = $1::uuid AND cause = 'escalation'",
+            event_id,
+        )
+        .await
+    }
+
+    /// `GetRecipient` of `user_id`: ingest's answer.
+    pub(crate) async fn try_get_recipient(
+        &self,
+        user_id: &str,
+    ) -> Result<pb::GetRecipientResponse, tonic::Status> {
+        self.recipients()
+            .get_recipient(pb::GetRecipientRequest {
+                user_id: user_id.into(),
+            })
+            .await
+            .map(tonic::Response::into_inner)
     }
 
     /// `user_id`'s preferences as `GetPreferences` answers them; panics on an error.

@@ -141,4 +141,39 @@ impl super::Platform {
         })
         .await;
     }
+
+    /// Waits (at most `within`, else panics naming `what`) until the count `sql` returns
+    /// with `arg` bound as `$1` is `want`.
+    pub(crate) async fn wait_scalar<'q, A>(
+        &self,
+        what: &str,
+        within: Duration,
+        sql: &'static str,
+        arg: A,
+        want: i64,
+    ) where
+        A: 'q + sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Clone,
+    {
+        eventually(what, within, async || {
+            let got: i64 = self.scalar(sql, arg.clone()).await;
+            if got == want { Ok(()) } else { Err(got) }
+        })
+        .await;
+    }
+
+    /// Waits (at most `within`, else panics naming `what`) until the count `sql` (no
+    /// parameters) returns is `want`.
+    pub(crate) async fn wait_query_scalar(
+        &self,
+        what: &str,
+        within: Duration,
+        sql: &'static str,
+        want: i64,
+    ) {
+        eventually(what, within, async || {
+            let got: i64 = self.query_scalar(sql).await;
+            if got == want { Ok(()) } else { Err(got) }
+        })
+        .await;
+    }
 }
