@@ -131,11 +131,7 @@ async fn old_final_deliveries_attempts_inbox_rows_and_events_go_and_pending_ones
     );
     for gone in [&sent.event_id, &archived.event_id] {
         assert_eq!(rows_of_event(&p, gone).await, (0, 0, 0, 0));
-        let e = p
-            .ingest()
-            .get_event(event_request(gone))
-            .await
-            .unwrap_err();
+        let e = p.ingest().get_event(event_request(gone)).await.unwrap_err();
         assert_eq!(e.code(), Code::NotFound);
     }
     let (events, deliveries, _, _) = rows_of_event(&p, &later.event_id).await;
