@@ -2,6 +2,8 @@
 //! deleted only after the broker confirmed them.
 
 use crate::Result;
+use crate::row::parse;
+use notify_core::Channel;
 use sqlx::{PgPool, Row};
 use std::time::Duration;
 use uuid::Uuid;
@@ -18,13 +20,60 @@ pub struct OutboxRow {
     /// version-2 batch messages, with other rows of the channel when the row fits whole,
     /// cut at the message limit otherwise. Empty for a row naming one delivery.
     pub more_delivery_ids: Vec<Uuid>,
-    /// Routing key.
-    pub channel: String,
+    /// Where the message goes (stored as `outbox.channel`, its routing key).
+    pub queue: OutboxQueue,
     /// Where each delivery the row names comes from, in [`Self::delivery_ids`] order, for
     /// the relay's producer spans; shorter (or empty) when not known. Not stored in the
     /// table: the writer that hands rows over fills it, and [`read_origins`] reads it
     /// back from the deliveries and their events for rows [`claim_due`] claims.
     pub origins: Vec<Origin>,
+}
+
+/// The queue an outbox row's message is published to: one channel's deliveries, or the
+/// status webhooks. Stored in `outbox.channel` as its routing key (a CHECK constraint lists
+/// the names); read back with [`str::parse`], which refuses any other name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutboxQueue {
+    /// The deliveries of a channel (`deliveries.<channel>`).
+    Deliveries(Channel),
+    /// The status webhooks (`deliveries.webhook`, [`crate::webhooks::OUTBOX_CHANNEL`]).
+    Webhooks,
+}
+
+impl OutboxQueue {
+    /// The routing key, as stored in `outbox.channel`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            OutboxQueue::Deliveries(channel) => channel.as_str(),
+            OutboxQueue::Webhooks => crate::webhooks::OUTBOX_CHANNEL,
+        }
+    }
+
+    /// Whether several of its deliveries may travel in one (version-2) message: a status
+    /// webhook goes one a message.
+    pub const fn batches(self) -> bool {
+        matches!(self, OutboxQueue::Deliveries(_))
+    }
+}
+
+impl std::fmt::Display for OutboxQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for OutboxQueue {
+    type Err = String;
+
+    /// A channel's name, or `webhook`.
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s == crate::webhooks::OUTBOX_CHANNEL {
+            return Ok(OutboxQueue::Webhooks);
+        }
+        s.parse::<Channel>()
+            .map(OutboxQueue::Deliveries)
+            .map_err(|_| format!("{s:?} is not an outbox queue (a channel or `webhook`)"))
+    }
 }
 
 /// The event a delivery belongs to, and that event's trace.
@@ -84,16 +133,18 @@ pub async fn claim_due(db: &PgPool, limit: i64, hold: Duration) -> Result<Vec<Ou
     .await?;
     let mut out: Vec<OutboxRow> = rows
         .into_iter()
-        .map(|r| OutboxRow {
-            id: r.get("id"),
-            delivery_id: r.get("delivery_id"),
-            more_delivery_ids: r
-                .get::<Option<Vec<Uuid>>, _>("more_delivery_ids")
-                .unwrap_or_default(),
-            channel: r.get("channel"),
-            origins: Vec::new(),
+        .map(|r| {
+            Ok(OutboxRow {
+                id: r.get("id"),
+                delivery_id: r.get("delivery_id"),
+                more_delivery_ids: r
+                    .get::<Option<Vec<Uuid>>, _>("more_delivery_ids")
+                    .unwrap_or_default(),
+                queue: parse(&r, "channel")?,
+                origins: Vec::new(),
+            })
         })
-        .collect();
+        .collect::<Result<_>>()?;
     out.sort_by_key(|r| r.id);
     Ok(out)
 }
@@ -212,3 +263,23 @@ pub async fn publish_failed(
 pub(crate) const RELAY_BEHIND: &str = "EXISTS (SELECT 1 FROM outbox
                                     WHERE available_at < now() - $1 * interval '1 millisecond'
                                     ORDER BY available_at, id OFFSET $2 LIMIT 1)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_queue_reads_back_as_itself_and_other_names_are_refused() {
+        let all = Channel::ALL
+            .iter()
+            .map(|&c| OutboxQueue::Deliveries(c))
+            .chain([OutboxQueue::Webhooks]);
+        for q in all {
+            assert_eq!(q.as_str().parse::<OutboxQueue>(), Ok(q));
+            assert_eq!(q.batches(), q != OutboxQueue::Webhooks);
+        }
+        assert_eq!("webhook".parse::<OutboxQueue>(), Ok(OutboxQueue::Webhooks));
+        assert!("sms".parse::<OutboxQueue>().is_err());
+        assert!("Webhook".parse::<OutboxQueue>().is_err());
+    }
+}

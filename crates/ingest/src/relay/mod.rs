@@ -232,7 +232,7 @@ mod tests {
             id,
             delivery_id: uuid::Uuid::new_v4(),
             more_delivery_ids: Vec::new(),
-            channel: channel.into(),
+            queue: channel.parse().expect("an outbox queue"),
             origins: Vec::new(),
         }
     }

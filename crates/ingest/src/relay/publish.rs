@@ -56,7 +56,7 @@ pub(super) async fn publish_rows(
         .map(|g| DeliveryMessage {
             v: 1,
             delivery_id: units[g[0]].delivery_id,
-            channel: rows[units[g[0]].row].channel.clone(),
+            channel: rows[units[g[0]].row].queue.to_string(),
         })
         .collect();
     let single_headers: Vec<_> = singles
@@ -67,7 +67,7 @@ pub(super) async fn publish_rows(
         .iter()
         .map(|g| DeliveryBatch {
             v: 2,
-            channel: rows[units[g[0]].row].channel.clone(),
+            channel: rows[units[g[0]].row].queue.to_string(),
             deliveries: g
                 .iter()
                 .map(|&u| Pointer {
@@ -172,12 +172,13 @@ pub(super) fn message_groups(
     per_message: usize,
 ) -> Vec<Vec<usize>> {
     let per_message = per_message.max(1);
-    let mut open: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    let mut open: std::collections::HashMap<outbox::OutboxQueue, usize> =
+        std::collections::HashMap::new();
     let mut groups: Vec<Vec<usize>> = Vec::new();
     let mut row_started: Option<usize> = None; // the row whose first unit was placed
     for (u, unit) in units.iter().enumerate() {
         let row = &rows[unit.row];
-        let batched = per_message > 1 && row.channel != notify_store::webhooks::OUTBOX_CHANNEL;
+        let batched = per_message > 1 && row.queue.batches();
         if !batched {
             groups.push(vec![u]);
             continue;
@@ -192,10 +193,10 @@ pub(super) fn message_groups(
                 room > 0
             }
         };
-        match open.get(row.channel.as_str()) {
+        match open.get(&row.queue) {
             Some(&g) if fits(g) => groups[g].push(u),
             _ => {
-                open.insert(row.channel.as_str(), groups.len());
+                open.insert(row.queue, groups.len());
                 groups.push(vec![u]);
             }
         }
@@ -211,7 +212,7 @@ fn producer_span(
     delivery_id: uuid::Uuid,
     origin: Option<&outbox::Origin>,
 ) -> tracing::Span {
-    let queue = cfg.topology.queue(&row.channel);
+    let queue = cfg.topology.queue(row.queue.as_str());
     let span = tracing::info_span!(
         "publish",
         otel.name = %format!("{queue} publish"),
@@ -221,11 +222,11 @@ fn producer_span(
         messaging.operation.type = "publish",
         messaging.operation.name = "publish",
         messaging.destination.name = %queue,
-        messaging.rabbitmq.destination.routing_key = %row.channel,
+        messaging.rabbitmq.destination.routing_key = %row.queue,
         messaging.message.id = %delivery_id,
         notify.delivery_id = %delivery_id,
         notify.event_id = tracing::field::Empty,
-        notify.channel = %row.channel,
+        notify.channel = %row.queue,
         notify.publish_outcome = tracing::field::Empty,
     );
     if let Some(id) = origin.and_then(|o| o.event_id) {

@@ -1064,7 +1064,7 @@ async fn held_rows_the_relay_cannot_take_are_released_and_published_before_their
             id,
             delivery_id: uuid::Uuid::new_v4(),
             more_delivery_ids: Vec::new(),
-            channel: "inapp".into(),
+            queue: notify_store::outbox::OutboxQueue::Deliveries(Channel::InApp),
             origins: Vec::new(),
         })
         .collect();

@@ -378,7 +378,7 @@ async fn write_deliveries(
                 id: r.get("id"),
                 delivery_id: r.get("delivery_id"),
                 more_delivery_ids: more,
-                channel: r.get("channel"),
+                queue: crate::row::parse(&r, "channel")?,
                 origins: Vec::new(),
             };
             row.origins = row
@@ -388,9 +388,9 @@ async fn write_deliveries(
                     trace_context: None,
                 })
                 .collect();
-            row
+            Ok(row)
         })
-        .collect();
+        .collect::<Result<_>>()?;
     held.sort_by_key(|r| r.id);
     Ok((inserted, held))
 }
