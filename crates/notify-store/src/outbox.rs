@@ -45,7 +45,7 @@ impl OutboxQueue {
     pub const fn as_str(self) -> &'static str {
         match self {
             OutboxQueue::Deliveries(channel) => channel.as_str(),
-            OutboxQueue::Webhooks => crate::webhooks::OUTBOX_CHANNEL,
+            OutboxQueue::Webhooks => "webhook",
         }
     }
 
@@ -67,7 +67,7 @@ impl std::str::FromStr for OutboxQueue {
 
     /// A channel's name, or `webhook`.
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        if s == crate::webhooks::OUTBOX_CHANNEL {
+        if s == OutboxQueue::Webhooks.as_str() {
             return Ok(OutboxQueue::Webhooks);
         }
         s.parse::<Channel>()

@@ -46,7 +46,7 @@ pub const ENQUEUE_SQL: &str = "WITH t AS (
          INSERT INTO outbox (delivery_id, channel) SELECT id, 'webhook' FROM m";
 
 /// The outbox `channel` (and routing key) of webhook messages.
-pub const OUTBOX_CHANNEL: &str = "webhook";
+pub const OUTBOX_CHANNEL: &str = crate::outbox::OutboxQueue::Webhooks.as_str();
 
 /// Writes one webhook message (and its outbox row) per enabled endpoint of the
 /// delivery's caller whose filter takes the event type, for each `(delivery, type)`, with
