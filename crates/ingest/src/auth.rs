@@ -447,6 +447,20 @@ mod tests {
         assert!(!type_allowed(&[], "order_paid"));
     }
 
+    /// Production's clock (no manual one) is the monotonic time since the `Auth` was made,
+    /// so the buckets refill as real time passes; the refill arithmetic is the one the
+    /// manual-clock test below checks.
+    #[test]
+    fn buckets_read_monotonic_time_since_start_without_a_manual_clock() {
+        let clock = QuotaClock {
+            start: std::time::Instant::now() - Duration::from_secs(5),
+            planning: PlanningClock::Database,
+        };
+        let (a, b) = (clock.now(), clock.now());
+        assert!(Duration::from(a) >= Duration::from_secs(5), "{a:?}");
+        assert!(b >= a, "never backwards");
+    }
+
     #[test]
     fn buckets_refill_by_the_manual_clock_when_a_test_sets_one() {
         let manual = crate::clock::ManualClock::new(chrono::Utc::now());

@@ -33,7 +33,8 @@ pub async fn head(db: &sqlx::PgPool, user_id: &str) -> Result<Vec<(&'static str,
              '[]')
          FROM notification_endpoints WHERE user_id = $1",
         user_id,
-    );
+    )
+    .await?;
     let preferences = user_json(
         db,
         "SELECT coalesce(jsonb_agg(jsonb_build_object(
@@ -42,16 +43,16 @@ pub async fn head(db: &sqlx::PgPool, user_id: &str) -> Result<Vec<(&'static str,
              '[]')
          FROM notification_preferences WHERE user_id = $1",
         user_id,
-    );
+    )
+    .await?;
     let subscriptions = user_json(
         db,
         "SELECT coalesce(jsonb_agg(jsonb_build_object('topic', topic, 'created_at', created_at)
              ORDER BY topic), '[]')
          FROM topic_subscriptions WHERE user_id = $1",
         user_id,
-    );
-    let (endpoints, preferences, subscriptions) =
-        (endpoints.await?, preferences.await?, subscriptions.await?);
+    )
+    .await?;
     Ok(vec![
         ("recipient", recipient.unwrap_or(Value::Null)),
         ("endpoints", endpoints),
